@@ -1,0 +1,23 @@
+"""npumem: accelerator device memory for Ascend NPUs and GPUs, with a simulated NPU built in.
+
+    import npumem
+    npumem.init(); npumem.set_device(0)
+    ptr = npumem.malloc(1 << 20)
+    ...
+    npumem.free(ptr); npumem.reset_device(0); npumem.finalize()
+
+`npumem.acl` is a pyACL-compatible module (return codes instead of exceptions).
+"""
+
+from . import errors
+from .constants import DataType, EventStatus, Format, MallocPolicy, MemAttr, MemcpyKind, RunMode
+from .errors import AclError
+from .runtime import *  # noqa: F401,F403 - the runtime API is the top-level API
+from .runtime import __all__ as _runtime_all
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "errors", "AclError", "DataType", "EventStatus", "Format", "MallocPolicy", "MemAttr",
+    "MemcpyKind", "RunMode", "__version__", *_runtime_all,
+]

@@ -1,0 +1,59 @@
+"""pyACL's return convention: an int code, or a tuple with the code last.
+
+npumem's runtime raises; this module turns an `AclError` into its code, remembers the message for
+`acl.get_recent_err_msg()` and logs it (pyACL writes its errors to the log too).
+
+Some published code (the seed article's test framework among it) unpacks results the other way
+round, `ret, value = ...`. Set NPUMEM_ACL_RET_FIRST=1 or call `acl.set_result_order("ret_first")`
+to run such code unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from ..errors import ACL_SUCCESS, AclError
+
+log = logging.getLogger("npumem.acl")
+_last_error = threading.local()
+_ret_first = os.environ.get("NPUMEM_ACL_RET_FIRST", "").strip().lower() in ("1", "true", "yes")
+
+
+def set_result_order(order: str) -> None:
+    """'ret_last' (pyACL's own convention, the default) or 'ret_first'."""
+    global _ret_first
+    if order not in ("ret_last", "ret_first"):
+        raise ValueError(f"result order must be 'ret_last' or 'ret_first', got {order!r}")
+    _ret_first = order == "ret_first"
+
+
+def recent_error_message() -> str:
+    return getattr(_last_error, "message", "")
+
+
+def _failed(exc: AclError) -> int:
+    _last_error.message = str(exc)
+    log.warning("%s", exc)
+    return exc.code
+
+
+def code_of(function, *args) -> int:
+    """Call `function`; return 0 on success, the ACL code on failure."""
+    try:
+        function(*args)
+    except AclError as exc:
+        return _failed(exc)
+    return ACL_SUCCESS
+
+
+def values_and_code(function, *args, failed=(0,)) -> tuple:
+    """Call `function`; return its value(s) then the code (or code first, see module doc)."""
+    try:
+        values = function(*args)
+        values = values if isinstance(values, tuple) else (values,)
+        ret = ACL_SUCCESS
+    except AclError as exc:
+        values, ret = failed, _failed(exc)
+    return (ret, *values) if _ret_first else (*values, ret)

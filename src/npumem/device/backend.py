@@ -1,0 +1,121 @@
+"""The device backend interface: the only layer that touches device bytes.
+
+A backend owns device memory for one or more devices. The runtime validates API arguments and
+calls the backend to reserve and release memory, to resolve a pointer range to the allocation
+that holds it (the sanitizer check), to move and fill bytes, and to report memory info.
+
+Subclasses implement the abstract methods. The byte movers (`write`, `read`, `copy`, `fill`) have
+defaults for backends whose memory is visible to the host process through `Allocation.host_address`
+(the simulator, torch on cpu); a backend whose memory is not (a GPU) overrides them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+from ..constants import MallocPolicy, MemAttr
+from ..errors import MemoryAccessError
+from .address_index import Allocation
+
+
+class DeviceRange(NamedTuple):
+    """`nbytes` bytes at `offset` inside a live `allocation`: the result of a bounds check."""
+
+    allocation: Allocation
+    offset: int
+    nbytes: int
+
+    @property
+    def address(self) -> int:
+        return self.allocation.start + self.offset
+
+    def host_address(self, what: str) -> int:
+        """Where these bytes live in this process; fails if the allocation was freed meanwhile."""
+        if not self.allocation.live:
+            raise MemoryAccessError(
+                f"{what}: 0x{self.address:x} (+{self.nbytes} bytes) is inside "
+                f"{self.allocation.describe()}: use after free (it was freed while the work "
+                "was queued)"
+            )
+        return self.allocation.host_address + self.offset
+
+
+class DeviceBackend(ABC):
+    """What the runtime needs from a device. See the module docstring for the contract."""
+
+    name: str = "abstract"
+
+    @property
+    @abstractmethod
+    def device_count(self) -> int:
+        """How many devices this backend drives (ids 0 .. device_count - 1)."""
+
+    @abstractmethod
+    def allocate(self, device: int, size: int, reserved: int, policy: MallocPolicy,
+                 api: str) -> Allocation:
+        """Reserve `reserved` bytes on `device`, of which the first `size` are usable.
+
+        The start is aligned to at least 128 bytes. Raises MemoryAllocationError with the numbers
+        when the device cannot hold it; on failure nothing changes.
+        """
+
+    @abstractmethod
+    def free(self, pointer: int, api: str) -> Allocation:
+        """Release the allocation starting at `pointer`, made by the family of `api`.
+
+        Raises MemoryFreeError (double free, unknown pointer, wrong free call) and changes
+        nothing then.
+        """
+
+    @abstractmethod
+    def resolve(self, pointer: int, nbytes: int, what: str) -> DeviceRange:
+        """The live allocation holding [pointer, pointer + nbytes); MemoryAccessError if none."""
+
+    @abstractmethod
+    def is_device_pointer(self, pointer: int) -> bool:
+        """Whether `pointer` lies in any device's address range (live or not)."""
+
+    @abstractmethod
+    def device_of(self, pointer: int) -> int:
+        """The device whose address range holds `pointer`."""
+
+    @abstractmethod
+    def mem_info(self, device: int, attr: MemAttr) -> tuple[int, int]:
+        """(free, total) bytes of the memory `attr` names on `device`."""
+
+    @abstractmethod
+    def live_allocations(self, device: int) -> list[Allocation]:
+        """Allocations on `device` not yet freed, oldest address first."""
+
+    def release_device(self, device: int) -> list[Allocation]:
+        """Free everything still allocated on `device` (reset_device); returns what was live."""
+        live = self.live_allocations(device)
+        for allocation in live:
+            self.free(allocation.start, allocation.free_api)
+        return live
+
+    def close(self) -> None:
+        """Release every device's memory (finalize)."""
+        for device in range(self.device_count):
+            self.release_device(device)
+
+    # Byte movers for host-visible memory.
+
+    def write(self, dst: DeviceRange, src_address: int) -> None:
+        """Host bytes at `src_address` -> device range."""
+        ctypes.memmove(dst.host_address("copy to device"), src_address, dst.nbytes)
+
+    def read(self, dst_address: int, src: DeviceRange) -> None:
+        """Device range -> host bytes at `dst_address`."""
+        ctypes.memmove(dst_address, src.host_address("copy from device"), src.nbytes)
+
+    def copy(self, dst: DeviceRange, src: DeviceRange) -> None:
+        """Device range -> device range (same or different device); overlap is allowed."""
+        ctypes.memmove(dst.host_address("device copy destination"),
+                       src.host_address("device copy source"), dst.nbytes)
+
+    def fill(self, dst: DeviceRange, value: int) -> None:
+        """Set every byte of the range to `value` (0..255)."""
+        ctypes.memset(dst.host_address("memset"), value, dst.nbytes)

@@ -1,0 +1,33 @@
+"""Real bytes for simulated memory, backed lazily by the operating system.
+
+Large buffers are anonymous private mappings with MAP_NORESERVE: the kernel hands out a page only
+when it is first touched, so a 30 GiB allocation that is never written costs no RAM, and dropping
+the last reference unmaps it at once. Small buffers come from numpy's heap, because one mapping
+each would run into the kernel's limit on the number of mappings (vm.max_map_count, ~65k).
+"""
+
+from __future__ import annotations
+
+import mmap
+import sys
+
+import numpy as np
+
+# Not exported by Python's mmap module before 3.12; the value is the same on every Linux arch.
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+MMAP_THRESHOLD = 1 << 20
+
+
+def allocate_bytes(nbytes: int, align: int = 64) -> np.ndarray:
+    """A writable uint8 array of `nbytes` whose first byte is `align`-aligned (align <= 4096)."""
+    if nbytes >= MMAP_THRESHOLD:
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+        return np.frombuffer(mapping, dtype=np.uint8)  # page-aligned; the array keeps it mapped
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    skip = -raw.ctypes.data % align
+    return raw[skip:skip + nbytes]
+
+
+def address_of(buffer: np.ndarray) -> int:
+    """The process address of a buffer's first byte."""
+    return buffer.__array_interface__["data"][0]

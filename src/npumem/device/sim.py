@@ -1,0 +1,218 @@
+"""The simulated NPU: real bytes, CANN's size and page rules, and a sanitizer's eye.
+
+Each device owns a 4 PiB slice of a 64-bit address space far above any host address, so a device
+pointer can never be mistaken for a host pointer (and is never dereferenced as one). Addresses are
+handed out by a bump pointer and never reused, so a stale pointer always lands in a freed range
+and is reported as use after free instead of silently hitting a newer allocation.
+
+Configuration (environment, read at `init`): NPUMEM_SIM_DEVICES (default 1), NPUMEM_SIM_MEMORY
+per device (default 32GiB), NPUMEM_SIM_HUGE_MEMORY (the part kept as 2 MiB huge pages, default
+three quarters), NPUMEM_SIM_MEMORY_KIND (hbm or ddr, default hbm).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from ..constants import MallocPolicy, MemAttr
+from ..errors import (
+    InternalError, InvalidDeviceError, InvalidParamError, MemoryAccessError, MemoryAllocationError,
+    MemoryFreeError,
+)
+from ..units import GiB, align_up, format_size, parse_size
+from .address_index import AddressIndex, Allocation
+from .backend import DeviceBackend, DeviceRange
+from .backing import address_of, allocate_bytes
+from .pages import PageAccounting, PagePool
+
+ADDRESS_BASE = 1 << 60
+DEVICE_SPAN = 1 << 52
+MAX_DEVICES = 64
+
+# Which free call releases memory made by which allocation call (default: free).
+FREE_CALL = {"dvpp_malloc": "dvpp_free"}
+
+_MEMORY_ATTRS = {
+    "hbm": (MemAttr.HBM_MEM, MemAttr.HBM_MEM_HUGE, MemAttr.HBM_MEM_NORMAL),
+    "ddr": (MemAttr.DDR_MEM, MemAttr.DDR_MEM_HUGE, MemAttr.DDR_MEM_NORMAL),
+}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Shape of the simulated machine."""
+
+    devices: int = 1
+    memory: int = 32 * GiB
+    huge_memory: int | None = None     # default: three quarters of `memory`
+    memory_kind: str = "hbm"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.devices <= MAX_DEVICES:
+            raise InvalidParamError(f"simulated device count must be 1..{MAX_DEVICES}, got {self.devices}")
+        if self.memory < 4096:
+            raise InvalidParamError(f"simulated device memory must be at least 4 KiB, got {self.memory} bytes")
+        if self.memory_kind not in _MEMORY_ATTRS:
+            raise InvalidParamError(f"simulated memory kind must be 'hbm' or 'ddr', got {self.memory_kind!r}")
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "SimConfig":
+        env = os.environ if environ is None else environ
+
+        def read(name: str, parse, default):
+            text = env.get(name, "").strip()
+            if not text:
+                return default
+            try:
+                return parse(text)
+            except ValueError as exc:
+                raise InvalidParamError(f"environment variable {name}={text!r}: {exc}") from None
+
+        return cls(
+            devices=read("NPUMEM_SIM_DEVICES", int, 1),
+            memory=read("NPUMEM_SIM_MEMORY", parse_size, 32 * GiB),
+            huge_memory=read("NPUMEM_SIM_HUGE_MEMORY", parse_size, None),
+            memory_kind=read("NPUMEM_SIM_MEMORY_KIND", str.lower, "hbm"),
+        )
+
+
+class SimDevice:
+    """One simulated device: its address range, page pools and live allocations."""
+
+    def __init__(self, index: int, config: SimConfig):
+        self.index = index
+        self.base = ADDRESS_BASE + index * DEVICE_SPAN
+        huge = config.memory * 3 // 4 if config.huge_memory is None else config.huge_memory
+        self.pages = PageAccounting(config.memory, huge)
+        self.allocations = AddressIndex()
+        self.lock = threading.RLock()
+        self._next_address = self.base
+
+    def allocate(self, size: int, reserved: int, policy: MallocPolicy, api: str) -> Allocation:
+        with self.lock:
+            pool = self.pages.take(reserved, policy)
+            if pool is None:
+                raise MemoryAllocationError(self._no_room_message(size, reserved, policy, api))
+            try:
+                buffer = allocate_bytes(reserved)
+            except (MemoryError, OSError) as exc:
+                self.pages.give_back(pool, reserved)
+                raise MemoryAllocationError(
+                    f"{api}({size}): the simulator could not back {format_size(reserved)} with "
+                    f"host memory ({exc}); lower NPUMEM_SIM_MEMORY or free host RAM"
+                ) from None
+            start = align_up(self._next_address, pool.page_size)
+            if start + reserved > self.base + DEVICE_SPAN:
+                self.pages.give_back(pool, reserved)
+                raise InternalError(f"device {self.index} ran out of simulated address space")
+            self._next_address = start + pool.cost(reserved)
+            allocation = Allocation(start=start, size=size, reserved=reserved, api=api,
+                                    device=self.index, buffer=buffer,
+                                    host_address=address_of(buffer), page_kind=pool.kind,
+                                    free_api=FREE_CALL.get(api, "free"))
+            allocation.extra["pool"] = pool
+            self.allocations.add(allocation)
+            return allocation
+
+    def _no_room_message(self, size: int, reserved: int, policy: MallocPolicy, api: str) -> str:
+        pools = self.pages.candidates(reserved, policy)
+        state = ", ".join(
+            f"{p.kind} pages {format_size(p.free)} free of {format_size(p.total)}" for p in pools
+        )
+        hint = ""
+        if policy.name.startswith("HUGE_ONLY") and self.pages.normal.fits(reserved):
+            hint = "; normal pages could hold it: use HUGE_FIRST to fall back to them"
+        return (
+            f"{api}({size}) on device {self.index} needs {reserved} bytes "
+            f"({format_size(reserved)}) under {policy.name}: {state}; "
+            f"device total {format_size(self.pages.total)}, {format_size(self.pages.free)} free{hint}"
+        )
+
+    def free(self, pointer: int, api: str) -> Allocation:
+        with self.lock:
+            allocation = self.allocations.get(pointer)
+            if allocation is None:
+                raise MemoryFreeError(f"{api}(0x{pointer:x}): {self._explain_bad_free(pointer)}")
+            if allocation.free_api != api:
+                raise MemoryFreeError(
+                    f"{api}(0x{pointer:x}): {allocation.describe()} came from {allocation.api}; "
+                    f"release it with {allocation.free_api}"
+                )
+            self.allocations.remove(pointer)
+            self.pages.give_back(allocation.extra.pop("pool"), allocation.reserved)
+            allocation.buffer = None      # the bytes go back to the OS once no view holds them
+            return allocation
+
+    def _explain_bad_free(self, pointer: int) -> str:
+        freed = self.allocations.was_freed(pointer)
+        if freed is not None:
+            return f"double free of {freed.describe()}"
+        inside = self.allocations.containing(pointer)
+        if inside is not None:
+            return (f"points {pointer - inside.start} bytes into {inside.describe()}; "
+                    "free takes the start address")
+        return "not a pointer this device handed out; " + self.allocations.explain_miss(pointer, 0)
+
+    def resolve(self, pointer: int, nbytes: int, what: str) -> DeviceRange:
+        with self.lock:
+            allocation, offset = self.allocations.check_range(pointer, nbytes, what)
+        return DeviceRange(allocation, offset, nbytes)
+
+    def pool_info(self, attr: MemAttr, kind: str) -> tuple[int, int]:
+        whole, huge, normal = _MEMORY_ATTRS[kind]
+        if attr == whole:
+            return self.pages.free, self.pages.total
+        pool: PagePool | None = {huge: self.pages.huge, normal: self.pages.normal}.get(attr)
+        return (pool.free, pool.total) if pool is not None else (0, 0)
+
+
+class SimBackend(DeviceBackend):
+    """The default backend: simulated NPUs in this process."""
+
+    name = "sim"
+
+    def __init__(self, config: SimConfig | None = None, **overrides):
+        if config is None:
+            config = SimConfig(**overrides) if overrides else SimConfig.from_env()
+        self.config = config
+        self.devices = [SimDevice(i, config) for i in range(config.devices)]
+
+    @property
+    def device_count(self) -> int:
+        return len(self.devices)
+
+    def _device(self, device: int) -> SimDevice:
+        if not 0 <= device < len(self.devices):
+            raise InvalidDeviceError(
+                f"device {device} does not exist; the simulator has {len(self.devices)} "
+                f"device(s), ids 0..{len(self.devices) - 1} (set NPUMEM_SIM_DEVICES for more)"
+            )
+        return self.devices[device]
+
+    def allocate(self, device, size, reserved, policy, api):
+        return self._device(device).allocate(size, reserved, policy, api)
+
+    def free(self, pointer, api):
+        if not self.is_device_pointer(pointer):
+            raise MemoryFreeError(f"{api}(0x{pointer:x}): not a device address")
+        return self.devices[self.device_of(pointer)].free(pointer, api)
+
+    def resolve(self, pointer, nbytes, what):
+        if not self.is_device_pointer(pointer):
+            raise MemoryAccessError(f"{what}: 0x{pointer:x} is not a device address")
+        return self.devices[self.device_of(pointer)].resolve(pointer, nbytes, what)
+
+    def is_device_pointer(self, pointer):
+        return ADDRESS_BASE <= pointer < ADDRESS_BASE + len(self.devices) * DEVICE_SPAN
+
+    def device_of(self, pointer):
+        return (pointer - ADDRESS_BASE) // DEVICE_SPAN
+
+    def mem_info(self, device, attr):
+        return self._device(device).pool_info(attr, self.config.memory_kind)
+
+    def live_allocations(self, device):
+        with self._device(device).lock:
+            return self._device(device).allocations.live()

@@ -1,0 +1,140 @@
+"""ACL error codes and the exceptions that carry them.
+
+Every exception npumem raises for a runtime failure is an `AclError` with `.code` set to the
+AscendCL return code (REFERENCE.md section 1), so the `npumem.acl` shim can turn it back into the
+integer a pyACL program expects. Subclasses also derive from the matching built-in exception
+(`ValueError`, `MemoryError`, ...) so ordinary Python code can catch them naturally.
+"""
+
+from __future__ import annotations
+
+ACL_SUCCESS = 0
+ACL_ERROR_INVALID_PARAM = 100000
+ACL_ERROR_UNINITIALIZE = 100001
+ACL_ERROR_REPEAT_INITIALIZE = 100002
+ACL_ERROR_INVALID_FILE = 100003
+ACL_ERROR_REPEAT_FINALIZE = 100037
+ACL_ERROR_BAD_ALLOC = 200000
+ACL_ERROR_API_NOT_SUPPORT = 200001
+ACL_ERROR_INVALID_DEVICE = 200002
+ACL_ERROR_MEMORY_ADDRESS_UNALIGNED = 200003
+ACL_ERROR_INTERNAL_ERROR = 500000
+ACL_ERROR_FAILURE = 500001
+ACL_ERROR_RT_PARAM_INVALID = 107000
+ACL_ERROR_RT_INVALID_DEVICEID = 107001
+ACL_ERROR_RT_CONTEXT_NULL = 107002
+ACL_ERROR_RT_ADDR_UNALIGNED = 107008
+ACL_ERROR_RT_INVALID_MEMORY_TYPE = 107016
+ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
+ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
+ACL_ERROR_RT_MEMORY_FREE = 207002
+ACL_ERROR_RT_NO_DEVICE = 207004
+ACL_ERROR_RT_INTERNAL_ERROR = 507000
+ACL_ERROR_RT_STREAM_NOT_COMPLETE = 507004
+
+ERROR_NAMES = {
+    value: name for name, value in globals().items()
+    if name.startswith("ACL_") and isinstance(value, int)
+}
+
+
+def error_name(code: int) -> str:
+    """'ACL_ERROR_RT_MEMORY_FREE' for 207002; 'unknown error' for codes npumem does not know."""
+    return ERROR_NAMES.get(code, "unknown error")
+
+
+class AclError(RuntimeError):
+    """A failed runtime call. `.code` is the ACL return code, `str()` says what and why."""
+
+    default_code = ACL_ERROR_FAILURE
+
+    def __init__(self, message: str, code: int | None = None):
+        self.code = self.default_code if code is None else code
+        self.message = message
+        super().__init__(f"{message} [{error_name(self.code)} {self.code}]")
+
+
+class InvalidParamError(AclError, ValueError):
+    """An argument is out of range: a bad size, policy, copy kind, or count above its maximum."""
+
+    default_code = ACL_ERROR_INVALID_PARAM
+
+
+class UninitializedError(AclError):
+    """A call that needs `init()` came before it, or after `finalize()`."""
+
+    default_code = ACL_ERROR_UNINITIALIZE
+
+
+class RepeatInitializeError(AclError):
+    default_code = ACL_ERROR_REPEAT_INITIALIZE
+
+
+class RepeatFinalizeError(AclError):
+    default_code = ACL_ERROR_REPEAT_FINALIZE
+
+
+class InvalidDeviceError(AclError, ValueError):
+    default_code = ACL_ERROR_RT_INVALID_DEVICEID
+
+
+class ContextNullError(AclError):
+    """No device or context is current on this thread."""
+
+    default_code = ACL_ERROR_RT_CONTEXT_NULL
+
+
+class InvalidHandleError(AclError, ValueError):
+    """A stream, event or context handle that was destroyed or never existed."""
+
+    default_code = ACL_ERROR_RT_PARAM_INVALID
+
+
+class MemoryAccessError(AclError):
+    """A copy or fill touches bytes outside a live allocation (out of bounds, use after free)."""
+
+    default_code = ACL_ERROR_RT_PARAM_INVALID
+
+
+class AddressUnalignedError(AclError, ValueError):
+    default_code = ACL_ERROR_RT_ADDR_UNALIGNED
+
+
+class InvalidMemoryTypeError(AclError, ValueError):
+    """Memory of the wrong kind: pageable host memory for an async copy, host memory to `free`."""
+
+    default_code = ACL_ERROR_RT_INVALID_MEMORY_TYPE
+
+
+class FeatureNotSupportedError(AclError):
+    default_code = ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+
+
+class MemoryAllocationError(AclError, MemoryError):
+    """The device (or its huge or normal pages) cannot hold the request."""
+
+    default_code = ACL_ERROR_RT_MEMORY_ALLOCATION
+
+
+class MemoryFreeError(AclError):
+    """Double free, or freeing a pointer this allocator never handed out."""
+
+    default_code = ACL_ERROR_RT_MEMORY_FREE
+
+
+class StreamNotCompleteError(AclError):
+    default_code = ACL_ERROR_RT_STREAM_NOT_COMPLETE
+
+
+class AsyncTaskError(AclError):
+    """Work queued on a stream failed while running; raised at the next synchronize."""
+
+    default_code = ACL_ERROR_RT_INTERNAL_ERROR
+
+
+class InternalError(AclError):
+    default_code = ACL_ERROR_RT_INTERNAL_ERROR
+
+
+class LiveAllocationsWarning(ResourceWarning):
+    """Device or pinned host memory was still allocated at reset_device / finalize."""

@@ -1,0 +1,18 @@
+"""The AscendCL-style runtime, Pythonic: functions raise `npumem.errors.AclError` subclasses."""
+
+from .control import (
+    create_context, create_event, create_stream, destroy_context, destroy_event, destroy_stream,
+    event_elapsed_time, finalize, get_context, get_device, get_device_count, init,
+    is_initialized, query_event, query_stream, record_event, reset_device, reset_event,
+    set_context, set_device, stream_wait_event, synchronize_device, synchronize_event,
+    synchronize_stream,
+)
+from .memory import (
+    dvpp_free, dvpp_malloc, free, free_host, get_mem_info, get_run_mode, malloc, malloc_align32,
+    malloc_cached, malloc_host, mem_flush, mem_invalidate, memcpy, memcpy_async, memset,
+    memset_async,
+)
+from .state import RUNTIME, Context
+from .stream import Event, Stream
+
+__all__ = [name for name in dir() if not name.startswith("_")]

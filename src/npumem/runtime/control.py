@@ -1,0 +1,128 @@
+"""Lifecycle, devices, contexts, streams and events: the Pythonic AscendCL control API."""
+
+from __future__ import annotations
+
+from ..device.address_index import Allocation
+from ..device.backend import DeviceBackend
+from .handles import lookup
+from .state import RUNTIME, Context
+from .stream import Event, Stream
+
+
+def init(config_path: str = "", *, backend: DeviceBackend | None = None) -> None:
+    """Start the runtime. Without `backend`, a simulated NPU configured from NPUMEM_SIM_*.
+
+    `config_path` is the aclInit JSON file; npumem reads an optional "npumem_sim" section
+    (devices, memory, huge_memory, memory_kind) from it.
+    """
+    RUNTIME.init(config_path, backend)
+
+
+def finalize() -> list[Allocation]:
+    """Stop the runtime; memory still allocated is reported (a warning) and released."""
+    return RUNTIME.finalize()
+
+
+def is_initialized() -> bool:
+    return RUNTIME.initialized
+
+
+def set_device(device: int) -> None:
+    """Use `device` on this thread (its default context); counts references."""
+    RUNTIME.set_device(device)
+
+
+def reset_device(device: int) -> list[Allocation]:
+    """Undo one set_device; the last one releases the device and returns leaked allocations."""
+    return RUNTIME.reset_device(device)
+
+
+def get_device() -> int:
+    return RUNTIME.current_context().device
+
+
+def get_device_count() -> int:
+    return RUNTIME.require().device_count
+
+
+def synchronize_device() -> None:
+    """Wait for every stream of every context on the current device."""
+    device = RUNTIME.current_context().device
+    for context in [c for c in RUNTIME.contexts if c.device == device]:
+        for stream in [context.default_stream, *context.streams]:
+            stream.synchronize()
+
+
+def create_context(device: int) -> Context:
+    """A new context on `device`, made current on this thread."""
+    return RUNTIME.create_context(device)
+
+
+def destroy_context(context) -> None:
+    RUNTIME.destroy_context(context)
+
+
+def set_context(context) -> None:
+    RUNTIME.require()
+    RUNTIME.make_current(lookup(context, Context, "set_context"))
+
+
+def get_context() -> Context:
+    return RUNTIME.current_context()
+
+
+def create_stream() -> Stream:
+    """A new stream in the current context, with its own worker thread."""
+    return RUNTIME.create_stream()
+
+
+def destroy_stream(stream) -> None:
+    """Finish the stream's work and stop it."""
+    RUNTIME.destroy_stream(stream)
+
+
+def synchronize_stream(stream=None, timeout: float | None = None) -> None:
+    """Wait until `stream` (None: the default stream) is idle; raise errors its work hit."""
+    RUNTIME.stream(stream, "synchronize_stream").synchronize(timeout)
+
+
+def query_stream(stream=None) -> bool:
+    """True when every task queued on `stream` has finished."""
+    return RUNTIME.stream(stream, "query_stream").query()
+
+
+def create_event() -> Event:
+    RUNTIME.require()
+    return Event()
+
+
+def destroy_event(event) -> None:
+    lookup(event, Event, "destroy_event").destroyed = True
+
+
+def record_event(event, stream=None) -> None:
+    lookup(event, Event, "record_event").record(RUNTIME.stream(stream, "record_event"))
+
+
+def reset_event(event, stream=None) -> None:
+    RUNTIME.stream(stream, "reset_event")
+    lookup(event, Event, "reset_event").reset()
+
+
+def query_event(event) -> bool:
+    return lookup(event, Event, "query_event").query()
+
+
+def synchronize_event(event, timeout: float | None = None) -> None:
+    lookup(event, Event, "synchronize_event").synchronize(timeout)
+
+
+def stream_wait_event(stream, event) -> None:
+    """Work queued on `stream` after this call waits until `event` is reached."""
+    lookup(event, Event, "stream_wait_event").make_wait(RUNTIME.stream(stream, "stream_wait_event"))
+
+
+def event_elapsed_time(start, end) -> float:
+    """Milliseconds between two reached events."""
+    return lookup(start, Event, "event_elapsed_time").elapsed_ms(
+        lookup(end, Event, "event_elapsed_time"))

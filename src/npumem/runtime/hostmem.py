@@ -1,0 +1,131 @@
+"""Pinned host memory (malloc_host / free_host) and the reading of host-side arguments.
+
+Host arguments may be numpy arrays, any bytes-like object, or integer host pointers. Pinned
+allocations are real, 64-byte aligned host buffers registered in an `AddressIndex`, so a pointer
+into them is bounds-checked like device memory; a raw pointer into other host memory is trusted,
+as the C runtime would trust it (the OS reuses freed host addresses, so a stale host pointer
+cannot be told apart from a fresh one).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..constants import DEVICE_START_ALIGN
+from ..device.address_index import AddressIndex, Allocation
+from ..device.backing import address_of, allocate_bytes
+from ..errors import InvalidParamError, MemoryAccessError, MemoryFreeError
+
+
+class PinnedHostMemory:
+    """Registry of page-locked host buffers handed out by malloc_host."""
+
+    def __init__(self):
+        self.index = AddressIndex()
+        self.lock = threading.Lock()
+
+    def allocate(self, size: int) -> Allocation:
+        buffer = allocate_bytes(size, DEVICE_START_ALIGN)
+        start = address_of(buffer)
+        allocation = Allocation(start=start, size=size, reserved=size, api="malloc_host",
+                                device=-1, buffer=buffer, host_address=start,
+                                free_api="free_host")
+        with self.lock:
+            self.index.add(allocation)
+        return allocation
+
+    def free(self, pointer: int) -> Allocation:
+        with self.lock:
+            allocation = self.index.get(pointer)
+            if allocation is None:
+                freed = self.index.was_freed(pointer)
+                inside = self.index.containing(pointer)
+                if freed is not None:
+                    reason = f"double free of {freed.describe()}"
+                elif inside is not None:
+                    reason = (f"points {pointer - inside.start} bytes into {inside.describe()}; "
+                              "free_host takes the start address")
+                else:
+                    reason = "not memory from malloc_host"
+                raise MemoryFreeError(f"free_host(0x{pointer:x}): {reason}")
+            self.index.remove(pointer)
+        allocation.buffer = None
+        return allocation
+
+    def find(self, address: int) -> Allocation | None:
+        with self.lock:
+            return self.index.containing(address)
+
+    def live(self) -> list[Allocation]:
+        with self.lock:
+            return self.index.live()
+
+    def release_all(self) -> list[Allocation]:
+        live = self.live()
+        for allocation in live:
+            self.free(allocation.start)
+        return live
+
+
+PINNED = PinnedHostMemory()
+
+
+@dataclass
+class HostRange:
+    """`nbytes` host bytes at `address`; `keep` holds the Python object that owns them."""
+
+    address: int
+    nbytes: int
+    pinned: Allocation | None
+    keep: object = None
+
+    def check_live(self, what: str) -> None:
+        """For pinned memory used by queued work: it must not have been freed meanwhile."""
+        if self.pinned is not None and not self.pinned.live:
+            raise MemoryAccessError(f"{what}: 0x{self.address:x} is inside "
+                                    f"{self.pinned.describe()}: use after free")
+
+
+def host_range(obj, nbytes: int, what: str, writable: bool) -> HostRange:
+    """Resolve a host argument (array, bytes-like or pointer) holding at least `nbytes`."""
+    if isinstance(obj, bool):
+        raise InvalidParamError(f"{what}: expected a host pointer, array or bytes-like object, got a bool")
+    if isinstance(obj, int):
+        if obj <= 0:
+            raise InvalidParamError(f"{what}: null or negative host pointer {obj}")
+        pinned = PINNED.find(obj)
+        if pinned is not None:
+            if obj + nbytes > pinned.end:
+                raise MemoryAccessError(
+                    f"{what}: {nbytes} bytes at 0x{obj:x} run {obj + nbytes - pinned.end} bytes past "
+                    f"the end of {pinned.describe()}"
+                )
+        return HostRange(obj, nbytes, pinned)
+    array = _as_byte_array(obj, what, writable)
+    if array.nbytes < nbytes:
+        raise InvalidParamError(f"{what}: the host buffer holds {array.nbytes} bytes, "
+                                f"{nbytes} are needed")
+    address = address_of(array)
+    return HostRange(address, nbytes, PINNED.find(address), keep=obj)
+
+
+def _as_byte_array(obj, what: str, writable: bool) -> np.ndarray:
+    if isinstance(obj, np.ndarray):
+        array = obj
+    else:
+        try:
+            array = np.frombuffer(obj, dtype=np.uint8)
+        except (TypeError, ValueError, BufferError):
+            raise InvalidParamError(
+                f"{what}: expected a host pointer (int), numpy array or bytes-like object, "
+                f"got {type(obj).__name__}"
+            ) from None
+    if not array.flags.c_contiguous:
+        raise InvalidParamError(f"{what}: the host array is not contiguous; pass np.ascontiguousarray(...)")
+    if writable and not array.flags.writeable:
+        raise InvalidParamError(f"{what}: the host buffer is read-only ({type(obj).__name__}); "
+                                "use a bytearray or a writable numpy array")
+    return array

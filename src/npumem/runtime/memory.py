@@ -1,0 +1,281 @@
+"""The driver-level memory API: malloc/free, pinned host memory, memset, memcpy, memory info.
+
+This level does no caching (that is the pool's job): every malloc goes to the device backend.
+Arguments are validated here, before anything changes, so a rejected call leaves all memory as it
+was. Size rules (REFERENCE.md section 2): malloc takes ALIGN_UP(size, 32) + 32 bytes,
+malloc_align32 takes ALIGN_UP(size, 32); device addresses start 64-byte aligned (dvpp: 128).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+
+from ..constants import (
+    ASYNC_COPY_ALIGN, MALLOC_ALIGN, MALLOC_PADDING, MallocPolicy, MemAttr, MemcpyKind, RunMode,
+)
+from ..device.backend import DeviceRange
+from ..errors import (
+    AddressUnalignedError, FeatureNotSupportedError, InvalidMemoryTypeError, InvalidParamError,
+    MemoryFreeError,
+)
+from ..units import align_up
+from .hostmem import PINNED, HostRange, host_range
+from .state import RUNTIME
+
+# --- argument checks -------------------------------------------------------------------------
+
+
+def _integer(value, what: str) -> int:
+    if isinstance(value, bool):
+        raise InvalidParamError(f"{what} must be an integer, got a bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidParamError(f"{what} must be an integer, got {type(value).__name__}") from None
+
+
+def _size(size, api: str) -> int:
+    size = _integer(size, f"{api}: size")
+    if size <= 0:
+        raise InvalidParamError(f"{api}: size must be positive, got {size}")
+    return size
+
+
+def _enum(value, enum, api: str, what: str):
+    try:
+        return enum(_integer(value, f"{api}: {what}"))
+    except ValueError:
+        choices = ", ".join(f"{m.name}={m.value}" for m in enum)
+        raise InvalidParamError(f"{api}: unknown {what} {value!r}; expected one of {choices}") from None
+
+
+def _count(count, limit, api: str, count_name: str, limit_name: str) -> tuple[int, int]:
+    count = _integer(count, f"{api}: {count_name}")
+    limit = _integer(limit, f"{api}: {limit_name}")
+    if count < 0 or limit < 0:
+        raise InvalidParamError(f"{api}: {count_name}={count} and {limit_name}={limit} must not be negative")
+    if count > limit:
+        raise InvalidParamError(f"{api}: {count_name}={count} exceeds {limit_name}={limit}")
+    return count, limit
+
+
+# --- allocation ------------------------------------------------------------------------------
+
+
+def _device_malloc(size, policy, api: str, padding: int) -> int:
+    size = _size(size, api)
+    policy = _enum(policy, MallocPolicy, api, "malloc policy")
+    device = RUNTIME.current_context().device
+    reserved = align_up(size, MALLOC_ALIGN) + padding
+    return RUNTIME.backend.allocate(device, size, reserved, policy, api).start
+
+
+def malloc(size: int, policy: MallocPolicy | int = MallocPolicy.HUGE_FIRST) -> int:
+    """Device memory of at least `size` bytes on the current device; returns the device pointer.
+
+    Reserves ALIGN_UP(size, 32) + 32 bytes; the address is 64-byte aligned; contents undefined.
+    """
+    return _device_malloc(size, policy, "malloc", MALLOC_PADDING)
+
+
+def malloc_align32(size: int, policy: MallocPolicy | int = MallocPolicy.HUGE_FIRST) -> int:
+    """Like `malloc` but reserves only ALIGN_UP(size, 32): for blocks you carve up yourself."""
+    return _device_malloc(size, policy, "malloc_align32", 0)
+
+
+def malloc_cached(size: int, policy: MallocPolicy | int = MallocPolicy.HUGE_FIRST) -> int:
+    """Like `malloc`, for memory the device's CPU caches (see `mem_flush` / `mem_invalidate`)."""
+    return _device_malloc(size, policy, "malloc_cached", MALLOC_PADDING)
+
+
+def dvpp_malloc(size: int) -> int:
+    """Media-processing (DVPP) device memory: huge pages first, start 128-byte aligned."""
+    return _device_malloc(size, MallocPolicy.HUGE_FIRST, "dvpp_malloc", MALLOC_PADDING)
+
+
+def _pointer(pointer, api: str) -> int:
+    return _integer(pointer, f"{api}: pointer")
+
+
+def free(pointer: int) -> None:
+    """Release memory from malloc, malloc_align32 or malloc_cached."""
+    pointer = _pointer(pointer, "free")
+    backend = RUNTIME.require()
+    if not backend.is_device_pointer(pointer):
+        if PINNED.find(pointer) is not None:
+            raise MemoryFreeError(f"free(0x{pointer:x}): this is pinned host memory from "
+                                  "malloc_host; release it with free_host")
+        raise MemoryFreeError(f"free(0x{pointer:x}): not a device pointer")
+    backend.free(pointer, "free")
+
+
+def dvpp_free(pointer: int) -> None:
+    """Release memory from dvpp_malloc."""
+    pointer = _pointer(pointer, "dvpp_free")
+    RUNTIME.require().free(pointer, "dvpp_free")
+
+
+def malloc_host(size: int) -> int:
+    """Pinned (page-locked) host memory, 64-byte aligned; release it with `free_host` only."""
+    size = _size(size, "malloc_host")
+    RUNTIME.require()
+    return PINNED.allocate(size).start
+
+
+def free_host(pointer: int) -> None:
+    """Release memory from malloc_host."""
+    pointer = _pointer(pointer, "free_host")
+    if RUNTIME.require().is_device_pointer(pointer):
+        raise MemoryFreeError(f"free_host(0x{pointer:x}): this is device memory; release it "
+                              "with free (or dvpp_free)")
+    PINNED.free(pointer)
+
+
+# --- bytes: memset and memcpy ----------------------------------------------------------------
+
+
+def _endpoint(obj, nbytes: int, what: str, writable: bool) -> DeviceRange | HostRange:
+    """Resolve a copy end: device pointers are bounds-checked against live allocations."""
+    backend = RUNTIME.backend
+    if isinstance(obj, int) and not isinstance(obj, bool) and backend.is_device_pointer(obj):
+        return backend.resolve(obj, nbytes, what)
+    return host_range(obj, nbytes, what, writable)
+
+
+def _fill(dst, value: int) -> None:
+    if isinstance(dst, DeviceRange):
+        RUNTIME.backend.fill(dst, value)
+    else:
+        dst.check_live("memset")
+        ctypes.memset(dst.address, value, dst.nbytes)
+
+
+def _memset_args(dst, max_count, value, count, api):
+    RUNTIME.current_context()
+    count, _ = _count(count, max_count, api, "count", "max_count")
+    value = _integer(value, f"{api}: value")
+    if not 0 <= value <= 255:
+        raise InvalidParamError(f"{api}: value {value} is not a byte value (0..255)")
+    return _endpoint(dst, count, api, writable=True), value
+
+
+def memset(dst, max_count: int, value: int, count: int) -> None:
+    """Set `count` bytes at `dst` (device or host memory) to `value`; count <= max_count."""
+    target, value = _memset_args(dst, max_count, value, count, "memset")
+    _fill(target, value)
+
+
+def memset_async(dst, max_count: int, value: int, count: int, stream=None) -> None:
+    """`memset` queued on `stream` (None: the default stream)."""
+    target, value = _memset_args(dst, max_count, value, count, "memset_async")
+    RUNTIME.stream(stream, "memset_async").enqueue(lambda: _fill(target, value),
+                                                    f"memset_async of {count} bytes")
+
+
+_KIND_OF = {
+    (False, False): MemcpyKind.HOST_TO_HOST,
+    (False, True): MemcpyKind.HOST_TO_DEVICE,
+    (True, False): MemcpyKind.DEVICE_TO_HOST,
+    (True, True): MemcpyKind.DEVICE_TO_DEVICE,
+}
+
+
+def _describe(end) -> str:
+    return "device memory" if isinstance(end, DeviceRange) else "host memory"
+
+
+def _copy_args(dst, dest_max, src, count, kind, api):
+    RUNTIME.current_context()
+    count, _ = _count(count, dest_max, api, "count", "dest_max")
+    kind = _enum(kind, MemcpyKind, api, "memcpy kind")
+    target = _endpoint(dst, count, f"{api} destination", writable=True)
+    source = _endpoint(src, count, f"{api} source", writable=False)
+    actual = _KIND_OF[isinstance(source, DeviceRange), isinstance(target, DeviceRange)]
+    if kind != MemcpyKind.DEFAULT and kind != actual:
+        raise InvalidParamError(
+            f"{api}: kind is {kind.name} but the destination is {_describe(target)} and the "
+            f"source is {_describe(source)} ({actual.name}); pass {actual.name} or DEFAULT"
+        )
+    return target, source, actual
+
+
+def _transfer(target, source, kind: MemcpyKind) -> None:
+    backend = RUNTIME.backend
+    if kind == MemcpyKind.HOST_TO_DEVICE:
+        source.check_live("memcpy source")
+        backend.write(target, source.address)
+    elif kind == MemcpyKind.DEVICE_TO_HOST:
+        target.check_live("memcpy destination")
+        backend.read(target.address, source)
+    elif kind == MemcpyKind.DEVICE_TO_DEVICE:
+        backend.copy(target, source)
+    else:
+        source.check_live("memcpy source")
+        target.check_live("memcpy destination")
+        ctypes.memmove(target.address, source.address, source.nbytes)
+
+
+def memcpy(dst, dest_max: int, src, count: int, kind: MemcpyKind | int) -> None:
+    """Copy `count` bytes from `src` to `dst` now; count <= dest_max; kind must match the ends."""
+    target, source, kind = _copy_args(dst, dest_max, src, count, kind, "memcpy")
+    if count:
+        _transfer(target, source, kind)
+
+
+def memcpy_async(dst, dest_max: int, src, count: int, kind: MemcpyKind | int, stream=None) -> None:
+    """Queue a copy on `stream` (None: the default stream) and return at once.
+
+    Both ends must be 64-byte aligned, host memory must be pinned (malloc_host), and
+    host-to-host copies are not supported, as in AscendCL.
+    """
+    api = "memcpy_async"
+    target, source, kind = _copy_args(dst, dest_max, src, count, kind, api)
+    if kind == MemcpyKind.HOST_TO_HOST:
+        raise FeatureNotSupportedError(f"{api}: host-to-host copies cannot be asynchronous; use memcpy")
+    for end, name in ((target, "destination"), (source, "source")):
+        if end.address % ASYNC_COPY_ALIGN:
+            raise AddressUnalignedError(
+                f"{api}: {name} 0x{end.address:x} is not {ASYNC_COPY_ALIGN}-byte aligned "
+                f"(it is {end.address % ASYNC_COPY_ALIGN} bytes past a boundary)"
+            )
+        if isinstance(end, HostRange) and end.pinned is None:
+            raise InvalidMemoryTypeError(
+                f"{api}: {name} 0x{end.address:x} is pageable host memory; asynchronous copies "
+                "need pinned memory from malloc_host"
+            )
+    stream = RUNTIME.stream(stream, api)
+    if count:
+        stream.enqueue(lambda: _transfer(target, source, kind), f"{api} {kind.name} of {count} bytes")
+
+
+# --- information -----------------------------------------------------------------------------
+
+
+def get_mem_info(attr: MemAttr | int) -> tuple[int, int]:
+    """(free, total) bytes of the memory `attr` names, on the current device."""
+    attr = _enum(attr, MemAttr, "get_mem_info", "memory attribute")
+    device = RUNTIME.current_context().device
+    return RUNTIME.backend.mem_info(device, attr)
+
+
+def get_run_mode() -> RunMode:
+    """Where this program runs: always ACL_HOST (a host driving the device)."""
+    RUNTIME.require()
+    return RunMode.HOST
+
+
+def _cached_range(pointer, size, api: str) -> None:
+    RUNTIME.current_context()
+    size = _size(size, api)
+    RUNTIME.backend.resolve(_pointer(pointer, api), size, api)
+
+
+def mem_flush(pointer: int, size: int) -> None:
+    """Write cached device memory back (coherence point); checks the range is allocated."""
+    _cached_range(pointer, size, "mem_flush")
+
+
+def mem_invalidate(pointer: int, size: int) -> None:
+    """Drop cached copies of device memory (coherence point); checks the range is allocated."""
+    _cached_range(pointer, size, "mem_invalidate")

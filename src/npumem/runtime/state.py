@@ -1,0 +1,250 @@
+"""Process-wide runtime state: init/finalize, devices, contexts, the current context per thread.
+
+Like AscendCL, `set_device` makes the device's default context current on the calling thread and
+counts references; `reset_device` releases the device when the count drops to zero, reporting
+(and freeing) memory still allocated on it. A thread that never set a device or context uses the
+context most recently made current in the process, so worker threads of a program that called
+`set_device` once keep working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+import warnings
+
+from ..device.address_index import Allocation, summarize
+from ..device.backend import DeviceBackend
+from ..errors import (
+    ContextNullError, InvalidDeviceError, InvalidHandleError, InvalidParamError, AclError,
+    RepeatFinalizeError, RepeatInitializeError, UninitializedError, LiveAllocationsWarning,
+    ACL_ERROR_INVALID_FILE,
+)
+from .handles import lookup, new_handle
+from .stream import Stream
+
+log = logging.getLogger("npumem")
+
+
+class Context:
+    """A device plus the streams created in it; every context has its own default stream."""
+
+    def __init__(self, device: int, is_default: bool):
+        self.handle = new_handle(self)
+        self.device = device
+        self.is_default = is_default
+        self.destroyed = False
+        self.default_stream = Stream(device, self, is_default=True)
+        self.streams: list[Stream] = []
+
+    def __repr__(self) -> str:
+        return f"<npumem context 0x{self.handle:x} on device {self.device}>"
+
+    def check_alive(self) -> None:
+        if self.destroyed:
+            raise InvalidHandleError(f"context 0x{self.handle:x} was destroyed")
+
+    def destroy(self) -> None:
+        """Finish and stop every stream of this context."""
+        errors = []
+        for stream in [*self.streams, self.default_stream]:
+            if not stream.destroyed:
+                try:
+                    stream.destroy()
+                except AclError as exc:
+                    errors.append(exc)
+        self.streams.clear()
+        self.destroyed = True
+        for exc in errors:
+            log.warning("work pending at context teardown failed: %s", exc)
+
+
+class Runtime:
+    """The one runtime of this process (module-level `RUNTIME`)."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.backend: DeviceBackend | None = None
+        self.device_refs: dict[int, int] = {}
+        self.default_contexts: dict[int, Context] = {}
+        self.contexts: list[Context] = []
+        self.process_context: Context | None = None
+        self._thread = threading.local()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def initialized(self) -> bool:
+        return self.backend is not None
+
+    def init(self, config_path: str = "", backend: DeviceBackend | None = None) -> None:
+        with self.lock:
+            if self.initialized:
+                raise RepeatInitializeError("init was already called; call finalize first")
+            if backend is None:
+                from ..device.sim import SimBackend, SimConfig
+                config = dataclasses.replace(SimConfig.from_env(), **_read_config_file(config_path))
+                backend = SimBackend(config)
+            self.backend = backend
+
+    def finalize(self) -> list[Allocation]:
+        """Tear everything down; returns the device allocations that were still live."""
+        from .hostmem import PINNED
+        with self.lock:
+            if not self.initialized:
+                raise RepeatFinalizeError("finalize called without a matching init")
+            leaked = []
+            for device in sorted(set(self.device_refs) | {c.device for c in self.contexts}):
+                leaked += self._release_device(device)
+            host_leaks = PINNED.release_all()
+            if host_leaks:
+                _report_leaks("finalize: pinned host memory", host_leaks)
+            self.backend.close()
+            self.backend = None
+            self.process_context = None
+            self._thread = threading.local()
+            return leaked + host_leaks
+
+    def require(self) -> DeviceBackend:
+        backend = self.backend
+        if backend is None:
+            raise UninitializedError("the runtime is not initialized; call npumem.init() (acl.init()) first")
+        return backend
+
+    # --- devices and contexts ---------------------------------------------------------------
+
+    def check_device(self, device: int) -> int:
+        backend = self.require()
+        if not isinstance(device, int) or not 0 <= device < backend.device_count:
+            raise InvalidDeviceError(
+                f"invalid device id {device!r}: this process has {backend.device_count} "
+                f"{backend.name} device(s), ids 0..{backend.device_count - 1}"
+            )
+        return device
+
+    def set_device(self, device: int) -> Context:
+        with self.lock:
+            self.check_device(device)
+            self.device_refs[device] = self.device_refs.get(device, 0) + 1
+            context = self.default_contexts.get(device)
+            if context is None:
+                context = self.default_contexts[device] = Context(device, is_default=True)
+                self.contexts.append(context)
+            self.make_current(context)
+            return context
+
+    def reset_device(self, device: int) -> list[Allocation]:
+        """Drop one reference to `device`; at zero, release it and return what was still live."""
+        with self.lock:
+            self.check_device(device)
+            refs = self.device_refs.get(device, 0)
+            if refs > 1:
+                self.device_refs[device] = refs - 1
+                return []
+            return self._release_device(device)
+
+    def _release_device(self, device: int) -> list[Allocation]:
+        self.device_refs.pop(device, None)
+        for context in [c for c in self.contexts if c.device == device]:
+            self._drop_context(context)
+        self.default_contexts.pop(device, None)
+        leaked = self.backend.release_device(device)
+        if leaked:
+            _report_leaks(f"reset of device {device}", leaked)
+        return leaked
+
+    def make_current(self, context: Context) -> None:
+        self._thread.context = context
+        self.process_context = context
+
+    def current_context(self) -> Context:
+        self.require()
+        context = getattr(self._thread, "context", None) or self.process_context
+        if context is None or context.destroyed:
+            raise ContextNullError("no device is set on this thread; call set_device(id) first")
+        return context
+
+    def create_context(self, device: int) -> Context:
+        with self.lock:
+            self.check_device(device)
+            context = Context(device, is_default=False)
+            self.contexts.append(context)
+            self.make_current(context)
+            return context
+
+    def destroy_context(self, context_or_handle) -> None:
+        with self.lock:
+            context = lookup(context_or_handle, Context, "destroy_context")
+            if context.is_default:
+                raise InvalidParamError(
+                    f"{context!r} is the default context of device {context.device}; "
+                    "it goes away with reset_device"
+                )
+            self._drop_context(context)
+
+    def _drop_context(self, context: Context) -> None:
+        context.destroy()
+        self.contexts.remove(context)
+        if getattr(self._thread, "context", None) is context:
+            self._thread.context = None
+        if self.process_context is context:
+            self.process_context = None
+
+    # --- streams ----------------------------------------------------------------------------
+
+    def stream(self, stream_or_handle, what: str) -> Stream:
+        """Resolve a stream argument; None or 0 means the current context's default stream."""
+        self.require()
+        if stream_or_handle is None or (isinstance(stream_or_handle, int)
+                                        and not isinstance(stream_or_handle, bool)
+                                        and stream_or_handle == 0):
+            return self.current_context().default_stream
+        return lookup(stream_or_handle, Stream, what)
+
+    def create_stream(self) -> Stream:
+        context = self.current_context()
+        stream = Stream(context.device, context)
+        context.streams.append(stream)
+        return stream
+
+    def destroy_stream(self, stream_or_handle) -> None:
+        stream = self.stream(stream_or_handle, "destroy_stream")
+        if stream.is_default:
+            raise InvalidParamError(f"{stream!r} is a default stream; it cannot be destroyed")
+        try:
+            stream.destroy()
+        finally:
+            owner = stream.context
+            if stream in owner.streams:
+                owner.streams.remove(stream)
+
+
+def _report_leaks(where: str, allocations: list[Allocation]) -> None:
+    warnings.warn(f"{where}: {summarize(allocations)}", LiveAllocationsWarning, stacklevel=4)
+
+
+def _read_config_file(path: str) -> dict:
+    """The optional aclInit JSON file; npumem reads its "npumem_sim" section if present."""
+    if not path:
+        return {}
+    if not os.path.isfile(path):
+        raise AclError(f"init: config file {path!r} does not exist", ACL_ERROR_INVALID_FILE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle) if os.path.getsize(path) else {}
+    except (OSError, ValueError) as exc:
+        raise AclError(f"init: cannot read {path!r} as JSON: {exc}", ACL_ERROR_INVALID_FILE) from None
+    section = config.get("npumem_sim", {}) if isinstance(config, dict) else {}
+    allowed = {"devices", "memory", "huge_memory", "memory_kind"}
+    unknown = set(section) - allowed
+    if unknown:
+        raise AclError(f"init: {path!r}: unknown npumem_sim keys {sorted(unknown)}; "
+                       f"allowed: {sorted(allowed)}", ACL_ERROR_INVALID_FILE)
+    from ..units import parse_size
+    return {k: parse_size(v) if k in ("memory", "huge_memory") else v for k, v in section.items()}
+
+
+RUNTIME = Runtime()
