@@ -6,8 +6,8 @@ handed out by a bump pointer and never reused, so a stale pointer always lands i
 and is reported as use after free instead of silently hitting a newer allocation.
 
 Configuration (environment, read at `init`): NPUMEM_SIM_DEVICES (default 1), NPUMEM_SIM_MEMORY
-per device (default 32GiB), NPUMEM_SIM_HUGE_MEMORY (the part kept as 2 MiB huge pages, default
-three quarters), NPUMEM_SIM_MEMORY_KIND (hbm or ddr, default hbm).
+per device (default 32GiB), NPUMEM_SIM_HUGE_MEMORY (how much of it may be mapped as 2 MiB huge
+pages, default all), NPUMEM_SIM_MEMORY_KIND (hbm or ddr, default hbm).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..units import GiB, align_up, format_size, parse_size
 from .address_index import AddressIndex, Allocation
 from .backend import DeviceBackend, DeviceRange
 from .backing import address_of, allocate_bytes
-from .pages import PageAccounting, PagePool
+from .pages import PAGE_SIZE, PageAccounting
 
 ADDRESS_BASE = 1 << 60
 DEVICE_SPAN = 1 << 52
@@ -46,7 +46,7 @@ class SimConfig:
 
     devices: int = 1
     memory: int = 32 * GiB
-    huge_memory: int | None = None     # default: three quarters of `memory`
+    huge_memory: int | None = None     # huge-page limit; default: all of `memory`
     memory_kind: str = "hbm"
 
     def __post_init__(self) -> None:
@@ -84,45 +84,44 @@ class SimDevice:
     def __init__(self, index: int, config: SimConfig):
         self.index = index
         self.base = ADDRESS_BASE + index * DEVICE_SPAN
-        huge = config.memory * 3 // 4 if config.huge_memory is None else config.huge_memory
-        self.pages = PageAccounting(config.memory, huge)
+        self.pages = PageAccounting(config.memory, config.huge_memory)
         self.allocations = AddressIndex()
         self.lock = threading.RLock()
         self._next_address = self.base
 
     def allocate(self, size: int, reserved: int, policy: MallocPolicy, api: str) -> Allocation:
         with self.lock:
-            pool = self.pages.take(reserved, policy)
-            if pool is None:
+            kind = self.pages.take(reserved, policy)
+            if kind is None:
                 raise MemoryAllocationError(self._no_room_message(size, reserved, policy, api))
             try:
                 buffer = allocate_bytes(reserved)
             except (MemoryError, OSError) as exc:
-                self.pages.give_back(pool, reserved)
+                self.pages.give_back(kind, reserved)
                 raise MemoryAllocationError(
                     f"{api}({size}): the simulator could not back {format_size(reserved)} with "
                     f"host memory ({exc}); lower NPUMEM_SIM_MEMORY or free host RAM"
                 ) from None
-            start = align_up(self._next_address, pool.page_size)
+            start = align_up(self._next_address, PAGE_SIZE[kind])
             if start + reserved > self.base + DEVICE_SPAN:
-                self.pages.give_back(pool, reserved)
+                self.pages.give_back(kind, reserved)
                 raise InternalError(f"device {self.index} ran out of simulated address space")
-            self._next_address = start + pool.cost(reserved)
+            self._next_address = start + self.pages.cost(kind, reserved)
             allocation = Allocation(start=start, size=size, reserved=reserved, api=api,
                                     device=self.index, buffer=buffer,
-                                    host_address=address_of(buffer), page_kind=pool.kind,
+                                    host_address=address_of(buffer), page_kind=kind,
                                     free_api=FREE_CALL.get(api, "free"))
-            allocation.extra["pool"] = pool
             self.allocations.add(allocation)
             return allocation
 
     def _no_room_message(self, size: int, reserved: int, policy: MallocPolicy, api: str) -> str:
-        pools = self.pages.candidates(reserved, policy)
+        pages = self.pages
         state = ", ".join(
-            f"{p.kind} pages {format_size(p.free)} free of {format_size(p.total)}" for p in pools
+            f"{kind} pages: {format_size(pages.available(kind))} available of "
+            f"{format_size(pages.capacity(kind))}" for kind in pages.candidates(reserved, policy)
         )
         hint = ""
-        if policy.name.startswith("HUGE_ONLY") and self.pages.normal.fits(reserved):
+        if policy.name.startswith("HUGE_ONLY") and pages.cost("normal", reserved) <= pages.free:
             hint = "; normal pages could hold it: use HUGE_FIRST to fall back to them"
         return (
             f"{api}({size}) on device {self.index} needs {reserved} bytes "
@@ -141,7 +140,7 @@ class SimDevice:
                     f"release it with {allocation.free_api}"
                 )
             self.allocations.remove(pointer)
-            self.pages.give_back(allocation.extra.pop("pool"), allocation.reserved)
+            self.pages.give_back(allocation.page_kind, allocation.reserved)
             allocation.buffer = None      # the bytes go back to the OS once no view holds them
             return allocation
 
@@ -160,12 +159,16 @@ class SimDevice:
             allocation, offset = self.allocations.check_range(pointer, nbytes, what)
         return DeviceRange(allocation, offset, nbytes)
 
-    def pool_info(self, attr: MemAttr, kind: str) -> tuple[int, int]:
-        whole, huge, normal = _MEMORY_ATTRS[kind]
-        if attr == whole:
-            return self.pages.free, self.pages.total
-        pool: PagePool | None = {huge: self.pages.huge, normal: self.pages.normal}.get(attr)
-        return (pool.free, pool.total) if pool is not None else (0, 0)
+    def memory_info(self, attr: MemAttr, memory_kind: str) -> tuple[int, int]:
+        """(free, total): the whole memory, or what huge / normal pages could still take."""
+        whole, huge, normal = _MEMORY_ATTRS[memory_kind]
+        with self.lock:
+            if attr == whole:
+                return self.pages.free, self.pages.total
+            page_kind = {huge: "huge", normal: "normal"}.get(attr)
+            if page_kind is None:
+                return 0, 0           # this device has no memory of that kind
+            return self.pages.available(page_kind), self.pages.capacity(page_kind)
 
 
 class SimBackend(DeviceBackend):
@@ -211,7 +214,7 @@ class SimBackend(DeviceBackend):
         return (pointer - ADDRESS_BASE) // DEVICE_SPAN
 
     def mem_info(self, device, attr):
-        return self._device(device).pool_info(attr, self.config.memory_kind)
+        return self._device(device).memory_info(attr, self.config.memory_kind)
 
     def live_allocations(self, device):
         with self._device(device).lock:

@@ -1,0 +1,44 @@
+import warnings
+
+import numpy as np
+import pytest
+
+import npumem
+from npumem.device import SimBackend, SimConfig
+from npumem.units import MiB
+
+SMALL_SIM = SimConfig(devices=2, memory=256 * MiB, huge_memory=128 * MiB)
+
+
+@pytest.fixture(autouse=True)
+def _clean_runtime():
+    """Every test starts and ends with the runtime finalized."""
+    if npumem.is_initialized():
+        npumem.finalize()
+    yield
+    if npumem.is_initialized():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            npumem.finalize()
+
+
+@pytest.fixture
+def rt():
+    """The runtime on a small two-device simulator, device 0 current."""
+    npumem.init(backend=SimBackend(SMALL_SIM))
+    npumem.set_device(0)
+    yield npumem
+
+
+def read_device(pointer: int, nbytes: int) -> bytes:
+    out = bytearray(nbytes)
+    npumem.memcpy(out, nbytes, pointer, nbytes, npumem.MemcpyKind.DEVICE_TO_HOST)
+    return bytes(out)
+
+
+def write_device(pointer: int, data: bytes) -> None:
+    npumem.memcpy(pointer, len(data), data, len(data), npumem.MemcpyKind.HOST_TO_DEVICE)
+
+
+def pattern(nbytes: int, seed: int = 0) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
