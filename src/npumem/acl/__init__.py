@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from .. import runtime as _rt
 from ..errors import InvalidHandleError, InvalidParamError
-from ..runtime.handles import lookup, new_handle
+from ..runtime.handles import forget, new_handle
 from . import constants, media, rt, util
-from ._result import code_of, recent_error_message, set_result_order, values_and_code
+from ._result import code_of, recent_error_message, report_failure, set_result_order, values_and_code
 from .constants import *  # noqa: F401,F403
 
 
@@ -33,7 +33,6 @@ class _DataBuffer:
 
     def __init__(self, data: int, size: int):
         self.handle = new_handle(self)
-        self.destroyed = False
         self.update(data, size)
 
     def update(self, data: int, size: int) -> None:
@@ -41,36 +40,37 @@ class _DataBuffer:
             raise InvalidParamError(f"data buffer needs a pointer and a size >= 0, got {data!r}, {size!r}")
         self.data, self.size = data, size
 
-    def check_alive(self) -> None:
-        if self.destroyed:
-            raise InvalidHandleError(f"data buffer 0x{self.handle:x} was destroyed")
+
+_buffers: dict[int, _DataBuffer] = {}   # live data buffers by handle, until destroy_data_buffer
 
 
-_buffers: dict[int, _DataBuffer] = {}   # keeps buffers alive until destroy_data_buffer
+def _buffer(handle) -> _DataBuffer:
+    buffer = _buffers.get(handle)
+    if buffer is None:
+        raise InvalidHandleError(f"0x{handle:x} is not a live data buffer" if isinstance(handle, int)
+                                 else f"{handle!r} is not a data buffer handle")
+    return buffer
 
 
 def create_data_buffer(data: int, size: int) -> int:
-    """A data buffer handle for `size` bytes at `data` (0 on bad arguments, as pyACL)."""
+    """A data buffer handle for `size` bytes at `data`; 0 on bad arguments, as pyACL."""
     try:
         buffer = _DataBuffer(data, size)
     except InvalidParamError as exc:
-        from ._result import _failed
-        _failed(exc)
+        report_failure(exc)
         return 0
     _buffers[buffer.handle] = buffer
     return buffer.handle
 
 
-def _buffer(handle) -> _DataBuffer:
-    return lookup(handle, _DataBuffer, "data buffer")
-
-
 def get_data_buffer_addr(data_buffer: int) -> int:
-    return _buffer(data_buffer).data if data_buffer in _buffers else 0
+    buffer = _buffers.get(data_buffer)
+    return buffer.data if buffer else 0
 
 
 def get_data_buffer_size_v2(data_buffer: int) -> int:
-    return _buffer(data_buffer).size if data_buffer in _buffers else 0
+    buffer = _buffers.get(data_buffer)
+    return buffer.size if buffer else 0
 
 
 get_data_buffer_size = get_data_buffer_size_v2
@@ -82,13 +82,23 @@ def update_data_buffer(data_buffer: int, data: int, size: int) -> int:
 
 def destroy_data_buffer(data_buffer: int) -> int:
     def destroy():
-        _buffer(data_buffer).destroyed = True
-        _buffers.pop(data_buffer, None)
+        handle = _buffer(data_buffer).handle
+        del _buffers[handle]
+        forget(handle)
     return code_of(destroy)
 
 
-__all__ = [
-    "init", "finalize", "get_recent_err_msg", "create_data_buffer", "get_data_buffer_addr",
-    "get_data_buffer_size", "get_data_buffer_size_v2", "update_data_buffer",
-    "destroy_data_buffer", "set_result_order", "rt", "util", "media", "constants",
-]
+def install_as_acl(force: bool = False) -> None:
+    """Make `import acl` (and `acl.rt`, `acl.util`, `acl.media`) load this module.
+
+    For running pyACL programs unchanged. A real pyACL already importable wins unless `force`.
+    """
+    import importlib.util
+    import sys
+
+    if not force and "acl" not in sys.modules and importlib.util.find_spec("acl") is not None:
+        return
+    module = sys.modules[__name__]
+    sys.modules["acl"] = module
+    for name in ("rt", "util", "media", "constants"):
+        sys.modules[f"acl.{name}"] = getattr(module, name)

@@ -33,7 +33,8 @@ def recent_error_message() -> str:
     return getattr(_last_error, "message", "")
 
 
-def _failed(exc: AclError) -> int:
+def report_failure(exc: AclError) -> int:
+    """Remember and log a failed call's message; returns its code."""
     _last_error.message = str(exc)
     log.warning("%s", exc)
     return exc.code
@@ -44,7 +45,7 @@ def code_of(function, *args) -> int:
     try:
         function(*args)
     except AclError as exc:
-        return _failed(exc)
+        return report_failure(exc)
     return ACL_SUCCESS
 
 
@@ -55,5 +56,5 @@ def values_and_code(function, *args, failed=(0,)) -> tuple:
         values = values if isinstance(values, tuple) else (values,)
         ret = ACL_SUCCESS
     except AclError as exc:
-        values, ret = failed, _failed(exc)
+        values, ret = failed, report_failure(exc)
     return (ret, *values) if _ret_first else (*values, ret)

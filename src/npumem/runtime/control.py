@@ -97,7 +97,7 @@ def create_event() -> Event:
 
 
 def destroy_event(event) -> None:
-    lookup(event, Event, "destroy_event").destroyed = True
+    lookup(event, Event, "destroy_event").destroy()
 
 
 def record_event(event, stream=None) -> None:

@@ -1,19 +1,19 @@
 """Integer handles for runtime objects, as pyACL hands them out (streams, events, contexts).
 
 Handles are nonzero and unique for the life of the process; 0 keeps its pyACL meaning of
-"the default". The registry holds weak references so a forgotten object can still be collected.
+"the default". A pyACL program holds only the integer, so the registry keeps each object alive
+until it is destroyed (`forget`).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-import weakref
 
 from ..errors import InvalidHandleError
 
 _counter = itertools.count(1)
-_objects: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+_objects: dict[int, object] = {}
 _lock = threading.Lock()
 
 
@@ -22,6 +22,12 @@ def new_handle(obj: object) -> int:
         handle = 0x5A0000000000 + next(_counter) * 0x40
         _objects[handle] = obj
     return handle
+
+
+def forget(handle: int) -> None:
+    """Drop the registry's reference to a destroyed object."""
+    with _lock:
+        _objects.pop(handle, None)
 
 
 def lookup(handle_or_object, kind: type, what: str):
@@ -34,6 +40,7 @@ def lookup(handle_or_object, kind: type, what: str):
                                      f"{type(handle_or_object).__name__}")
         obj = _objects.get(handle_or_object)
         if not isinstance(obj, kind):
-            raise InvalidHandleError(f"{what}: 0x{handle_or_object:x} is not a {kind.__name__} handle")
+            raise InvalidHandleError(f"{what}: 0x{handle_or_object:x} is not the handle of a live "
+                                     f"{kind.__name__} (destroyed, or never created)")
     obj.check_alive()
     return obj

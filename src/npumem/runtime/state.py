@@ -23,7 +23,7 @@ from ..errors import (
     RepeatFinalizeError, RepeatInitializeError, UninitializedError, LiveAllocationsWarning,
     ACL_ERROR_INVALID_FILE,
 )
-from .handles import lookup, new_handle
+from .handles import forget, lookup, new_handle
 from .stream import Stream
 
 log = logging.getLogger("npumem")
@@ -58,6 +58,7 @@ class Context:
                     errors.append(exc)
         self.streams.clear()
         self.destroyed = True
+        forget(self.handle)
         for exc in errors:
             log.warning("work pending at context teardown failed: %s", exc)
 

@@ -14,7 +14,7 @@ import time
 from typing import Callable
 
 from ..errors import AclError, AsyncTaskError, InvalidHandleError, StreamNotCompleteError
-from .handles import new_handle
+from .handles import forget, new_handle
 
 Task = Callable[[], None]
 
@@ -97,6 +97,7 @@ class Stream:
         finally:
             self.destroyed = True
             self._tasks.put(None)
+            forget(self.handle)
 
     def check_alive(self) -> None:
         if self.destroyed:
@@ -138,6 +139,11 @@ class Event:
             reached.set()
 
         stream.enqueue(mark, f"record {self!r}")
+
+    def destroy(self) -> None:
+        self.check_alive()
+        self.destroyed = True
+        forget(self.handle)
 
     def reset(self) -> None:
         self.check_alive()
