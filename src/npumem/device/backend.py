@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from typing import NamedTuple
 
 from ..constants import MallocPolicy, MemAttr
-from ..errors import MemoryAccessError
+from ..errors import FeatureNotSupportedError, MemoryAccessError
 from .address_index import Allocation
 
 
@@ -88,6 +88,25 @@ class DeviceBackend(ABC):
     @abstractmethod
     def live_allocations(self, device: int) -> list[Allocation]:
         """Allocations on `device` not yet freed, oldest address first."""
+
+    # Virtual memory (optional): reserve an address range, back pages of it on demand.
+    supports_virtual_memory = False
+    page_granularity = 2 << 20
+
+    def reserve(self, device: int, nbytes: int) -> Allocation:
+        """Reserve `nbytes` of address space on `device` with no memory behind it yet.
+
+        Released with `free(start, "release")`, which also returns any pages still mapped.
+        """
+        raise FeatureNotSupportedError(f"the {self.name} backend has no virtual memory")
+
+    def map(self, reservation: Allocation, offset: int, nbytes: int) -> None:
+        """Back [offset, offset + nbytes) of a reservation with pages (granularity-aligned)."""
+        raise FeatureNotSupportedError(f"the {self.name} backend has no virtual memory")
+
+    def unmap(self, reservation: Allocation, offset: int, nbytes: int) -> None:
+        """Return the pages behind [offset, offset + nbytes) of a reservation."""
+        raise FeatureNotSupportedError(f"the {self.name} backend has no virtual memory")
 
     def release_device(self, device: int) -> list[Allocation]:
         """Free everything still allocated on `device` (reset_device); returns what was live."""

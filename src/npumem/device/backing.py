@@ -31,3 +31,10 @@ def allocate_bytes(nbytes: int, align: int = 64) -> np.ndarray:
 def address_of(buffer: np.ndarray) -> int:
     """The process address of a buffer's first byte."""
     return buffer.__array_interface__["data"][0]
+
+
+def release_pages(buffer: np.ndarray, offset: int, nbytes: int) -> None:
+    """Give the RAM behind part of a mapped buffer back to the OS (it reads as zeros after)."""
+    mapping = buffer.base.obj if isinstance(buffer.base, memoryview) else None
+    if isinstance(mapping, mmap.mmap):
+        mapping.madvise(mmap.MADV_DONTNEED, offset, nbytes)

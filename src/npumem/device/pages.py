@@ -34,7 +34,7 @@ class PageAccounting:
     @staticmethod
     def cost(kind: str, nbytes: int) -> int:
         """Bytes of `kind` pages that `nbytes` occupies."""
-        return align_up(max(nbytes, 1), PAGE_SIZE[kind])
+        return align_up(nbytes, PAGE_SIZE[kind])
 
     def available(self, kind: str) -> int:
         """Bytes of `kind` pages that could still be handed out."""

@@ -16,7 +16,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from ..constants import MallocPolicy, MemAttr
+from ..constants import HUGE_PAGE_SIZE, MallocPolicy, MemAttr
 from ..errors import (
     InternalError, InvalidDeviceError, InvalidParamError, MemoryAccessError, MemoryAllocationError,
     MemoryFreeError,
@@ -24,7 +24,7 @@ from ..errors import (
 from ..units import GiB, align_up, format_size, parse_size
 from .address_index import AddressIndex, Allocation
 from .backend import DeviceBackend, DeviceRange
-from .backing import address_of, allocate_bytes
+from .backing import address_of, allocate_bytes, release_pages
 from .pages import PAGE_SIZE, PageAccounting
 
 ADDRESS_BASE = 1 << 60
@@ -32,7 +32,7 @@ DEVICE_SPAN = 1 << 52
 MAX_DEVICES = 64
 
 # Which free call releases memory made by which allocation call (default: free).
-FREE_CALL = {"dvpp_malloc": "dvpp_free"}
+FREE_CALL = {"dvpp_malloc": "dvpp_free", "reserve": "release"}
 
 _MEMORY_ATTRS = {
     "hbm": (MemAttr.HBM_MEM, MemAttr.HBM_MEM_HUGE, MemAttr.HBM_MEM_NORMAL),
@@ -139,6 +139,8 @@ class SimDevice:
                     f"{api}(0x{pointer:x}): {allocation.describe()} came from {allocation.api}; "
                     f"release it with {allocation.free_api}"
                 )
+            if allocation.api == "reserve":
+                self.unmap(allocation, 0, allocation.size)
             self.allocations.remove(pointer)
             self.pages.give_back(allocation.page_kind, allocation.reserved)
             allocation.buffer = None      # the bytes go back to the OS once no view holds them
@@ -157,7 +159,77 @@ class SimDevice:
     def resolve(self, pointer: int, nbytes: int, what: str) -> DeviceRange:
         with self.lock:
             allocation, offset = self.allocations.check_range(pointer, nbytes, what)
+            if allocation.api == "reserve" and nbytes:
+                self._check_mapped(allocation, offset, nbytes, what)
         return DeviceRange(allocation, offset, nbytes)
+
+    # --- virtual memory: a reservation is address space whose huge pages come and go ---------
+
+    def reserve(self, nbytes: int) -> Allocation:
+        size = align_up(max(nbytes, 1), HUGE_PAGE_SIZE)
+        with self.lock:
+            start = align_up(self._next_address, HUGE_PAGE_SIZE)
+            if start + size > self.base + DEVICE_SPAN:
+                raise MemoryAllocationError(f"reserve({nbytes}): device {self.index} has no "
+                                            "address space left")
+            buffer = allocate_bytes(size)           # lazily backed: costs RAM only when written
+            self._next_address = start + size
+            allocation = Allocation(start=start, size=size, reserved=0, api="reserve",
+                                    device=self.index, buffer=buffer,
+                                    host_address=address_of(buffer), page_kind="huge",
+                                    free_api="release")
+            allocation.extra["mapped"] = bytearray(size // HUGE_PAGE_SIZE)
+            self.allocations.add(allocation)
+            return allocation
+
+    def _pages(self, reservation: Allocation, offset: int, nbytes: int, what: str) -> range:
+        if reservation.api != "reserve" or not reservation.live:
+            raise InvalidParamError(f"{what}: {reservation.describe()} is not a live reservation")
+        if offset % HUGE_PAGE_SIZE or nbytes % HUGE_PAGE_SIZE or offset < 0 or \
+                offset + nbytes > reservation.size:
+            raise InvalidParamError(
+                f"{what}: [{offset}, {offset + nbytes}) must be {HUGE_PAGE_SIZE}-byte aligned and "
+                f"inside the {reservation.size}-byte reservation"
+            )
+        return range(offset // HUGE_PAGE_SIZE, (offset + nbytes) // HUGE_PAGE_SIZE)
+
+    def map(self, reservation: Allocation, offset: int, nbytes: int) -> None:
+        with self.lock:
+            mapped = reservation.extra["mapped"]
+            missing = [page for page in self._pages(reservation, offset, nbytes, "map") if not mapped[page]]
+            need = len(missing) * HUGE_PAGE_SIZE
+            if need > self.pages.available("huge"):
+                raise MemoryAllocationError(
+                    f"map of {format_size(nbytes)} at offset {offset} of {reservation.describe()} "
+                    f"needs {format_size(need)} of huge pages; "
+                    f"{format_size(self.pages.available('huge'))} available of "
+                    f"{format_size(self.pages.capacity('huge'))} on device {self.index}"
+                )
+            for page in missing:
+                mapped[page] = 1
+            self.pages.used["huge"] += need
+            reservation.reserved += need
+
+    def unmap(self, reservation: Allocation, offset: int, nbytes: int) -> None:
+        with self.lock:
+            mapped = reservation.extra["mapped"]
+            pages = [page for page in self._pages(reservation, offset, nbytes, "unmap") if mapped[page]]
+            for page in pages:
+                mapped[page] = 0
+                release_pages(reservation.buffer, page * HUGE_PAGE_SIZE, HUGE_PAGE_SIZE)
+            self.pages.used["huge"] -= len(pages) * HUGE_PAGE_SIZE
+            reservation.reserved -= len(pages) * HUGE_PAGE_SIZE
+
+    @staticmethod
+    def _check_mapped(reservation: Allocation, offset: int, nbytes: int, what: str) -> None:
+        mapped = reservation.extra["mapped"]
+        first, last = offset // HUGE_PAGE_SIZE, (offset + nbytes - 1) // HUGE_PAGE_SIZE
+        for page in range(first, last + 1):
+            if not mapped[page]:
+                raise MemoryAccessError(
+                    f"{what}: {nbytes} bytes at 0x{reservation.start + offset:x} touch the unmapped "
+                    f"page at 0x{reservation.start + page * HUGE_PAGE_SIZE:x} of {reservation.describe()}"
+                )
 
     def memory_info(self, attr: MemAttr, memory_kind: str) -> tuple[int, int]:
         """(free, total): the whole memory, or what huge / normal pages could still take."""
@@ -212,6 +284,17 @@ class SimBackend(DeviceBackend):
 
     def device_of(self, pointer):
         return (pointer - ADDRESS_BASE) // DEVICE_SPAN
+
+    supports_virtual_memory = True
+
+    def reserve(self, device, nbytes):
+        return self._device(device).reserve(nbytes)
+
+    def map(self, reservation, offset, nbytes):
+        self.devices[reservation.device].map(reservation, offset, nbytes)
+
+    def unmap(self, reservation, offset, nbytes):
+        self.devices[reservation.device].unmap(reservation, offset, nbytes)
 
     def mem_info(self, device, attr):
         return self._device(device).memory_info(attr, self.config.memory_kind)
