@@ -1,0 +1,351 @@
+"""The caching pool: what npumem tensors and workspaces allocate from.
+
+`CachingAllocator` is a MemoryResource over one device of a backend. It rounds each request by
+the carving rules, finds a cached block best-fit (reused at once on the stream that freed it),
+and asks the device for more only when nothing cached fits — through one of two strategies:
+
+- expandable (default; `expandable.py`): an address range per stream, 2 MiB pages mapped on
+  demand and unmapped once unused and their stream idle;
+- segments (`expandable_segments:False`; `segments.py`): PyTorch's policy of cached segments.
+
+When the device is full it frees what it caches (after the streams using it are done), retries,
+and then raises OutOfMemoryError with the numbers and a concrete hint. A block also used on other
+streams (`record_stream`) is reused only after events recorded on those streams at free time
+have completed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from ..constants import MemAttr
+from ..device.backend import DeviceBackend
+from ..errors import InvalidParamError, MemoryAllocationError, MemoryFreeError
+from ..units import format_size
+from .block import Block
+from .expandable import ExpandableStrategy
+from .resource import MemoryResource
+from .segments import SegmentStrategy
+from .settings import AllocatorSettings
+from .sizes import SMALL_SIZE, round_request
+from .stats import PoolStats, Stat
+
+
+class OutOfMemoryError(MemoryAllocationError):
+    """The pool could not serve a request even after releasing its cache."""
+
+
+def _always_idle(stream) -> bool:
+    return True
+
+
+class CachingAllocator(MemoryResource):
+    """Best-fit caching pool with split/merge, stream-ordered reuse and PyTorch-style stats.
+
+    `stream_idle(stream)`, `synchronize(stream)` and `record_event(stream)` connect it to real
+    streams (the runtime's); by default every stream counts as idle, as in trace replay.
+    """
+
+    def __init__(self, backend: DeviceBackend, device: int = 0,
+                 settings: AllocatorSettings | None = None, *, flavour: str = "npu",
+                 stream_idle=_always_idle, synchronize=None, record_event=None,
+                 history: int = 0):
+        if flavour not in ("npu", "torch"):
+            raise InvalidParamError(f"unknown size flavour {flavour!r}; use 'npu' or 'torch'")
+        self.backend, self.device, self.flavour = backend, device, flavour
+        self.settings = settings or AllocatorSettings()
+        self.stream_idle = stream_idle
+        self._synchronize = synchronize or (lambda stream: None)
+        self._record_event = record_event
+        self.lock = threading.RLock()
+        self.stats = PoolStats()
+        self.capacity = backend.mem_info(device, MemAttr.HBM_MEM)[1] or \
+            backend.mem_info(device, MemAttr.DDR_MEM)[1]
+        self.limit = int(self.capacity * self.settings.per_process_memory_fraction)
+        self._allocated: dict[int, Block] = {}
+        self._pending: list[Block] = []
+        self.history: deque | None = deque(maxlen=history) if history else None
+        self._strategy = self._make_strategy()
+
+    def _make_strategy(self):
+        if self.settings.expandable_segments and self.backend.supports_virtual_memory:
+            return ExpandableStrategy(self)
+        return SegmentStrategy(self)
+
+    @property
+    def expandable(self) -> bool:
+        return self._strategy.expandable
+
+    # --- the hot path --------------------------------------------------------------------
+
+    def allocate(self, nbytes: int, stream=None) -> int:
+        if nbytes < 0:
+            raise InvalidParamError(f"allocate: size must not be negative, got {nbytes}")
+        size = round_request(nbytes, self.flavour, self.settings.roundup_power2_divisions)
+        with self.lock:
+            if self._pending:
+                self._free_completed_pending()
+            taken = self._strategy.take(size, stream)
+            if taken is None:
+                taken = self._retry_after_releasing_cache(nbytes, size, stream)
+            block, hit = taken
+            block.allocated = True
+            block.requested = nbytes
+            self._allocated[block.start] = block
+            small = size <= SMALL_SIZE
+            stats = self.stats
+            stats.add("allocation", small, 1)
+            stats.add("allocated_bytes", small, size)
+            stats.add("requested_bytes", small, nbytes)
+            stats.add("active", small, 1)
+            stats.add("active_bytes", small, size)
+            stats.counters["num_cache_hits" if hit else "num_cache_misses"] += 1
+            if self.history is not None:
+                self._record("alloc", block.start, size, stream)
+            return block.start
+
+    def deallocate(self, pointer: int, nbytes: int | None = None, stream=None) -> None:
+        with self.lock:
+            block = self._allocated.get(pointer)
+            if block is None:
+                raise MemoryFreeError(f"deallocate(0x{pointer:x}): {self._explain_unknown(pointer)}")
+            if nbytes is not None and nbytes != block.requested:
+                raise InvalidParamError(f"deallocate(0x{pointer:x}, {nbytes}): the block was "
+                                        f"allocated for {block.requested} bytes")
+            del self._allocated[pointer]
+            small = block.size <= SMALL_SIZE
+            stats = self.stats
+            stats.add("allocation", small, -1)
+            stats.add("allocated_bytes", small, -block.size)
+            stats.add("requested_bytes", small, -block.requested)
+            if self.history is not None:
+                self._record("free_requested", block.start, block.size, block.stream)
+            if block.other_streams and self._record_event is not None:
+                block.pending_events = [self._record_event(s) for s in block.other_streams]
+                self._pending.append(block)
+                return
+            self._release_block(block)
+
+    def _release_block(self, block: Block) -> None:
+        small = block.size <= SMALL_SIZE
+        self.stats.add("active", small, -1)
+        self.stats.add("active_bytes", small, -block.size)
+        block.allocated = False
+        block.other_streams = block.pending_events = None
+        if self.history is not None:
+            self._record("free_completed", block.start, block.size, block.stream)
+        self._strategy.give_back(block)
+
+    def _free_completed_pending(self) -> None:
+        still = []
+        for block in self._pending:
+            if all(event.query() for event in block.pending_events):
+                self._release_block(block)
+            else:
+                still.append(block)
+        self._pending = still
+
+    def _explain_unknown(self, pointer: int) -> str:
+        for block in self._allocated.values():
+            if block.start < pointer < block.end:
+                return f"points {pointer - block.start} bytes into a {block.size}-byte block at " \
+                       f"0x{block.start:x}; deallocate takes the start address"
+        return "not allocated from this pool (double free, or memory from another allocator)"
+
+    # --- out of memory -------------------------------------------------------------------
+
+    def _retry_after_releasing_cache(self, nbytes: int, size: int, stream):
+        self.stats.counters["num_alloc_retries"] += 1
+        self._release_cache()
+        taken = self._strategy.take(size, stream)
+        if taken is not None:
+            return taken
+        self.stats.counters["num_ooms"] += 1
+        if self.history is not None:
+            self._record("oom", 0, size, stream)
+        raise OutOfMemoryError(self.oom_message(nbytes))
+
+    def _release_cache(self) -> int:
+        """Finish every stream's work, then give all cached memory back to the device."""
+        for stream in self._strategy.streams():
+            self._synchronize(stream)
+        self.stats.counters["num_sync_all_streams"] += 1
+        self._free_completed_pending()
+        return self._strategy.release_cached()
+
+    def oom_message(self, nbytes: int) -> str:
+        free, total = self.backend.mem_info(self.device, MemAttr.HBM_MEM)
+        if not total:
+            free, total = self.backend.mem_info(self.device, MemAttr.DDR_MEM)
+        allocated = self.stats.current("allocated_bytes")
+        reserved = self.stats.current("reserved_bytes")
+        unallocated = reserved - allocated
+        if self.limit < total and reserved + nbytes > self.limit:
+            hint = (f"The per-process memory fraction caps this pool at {format_size(self.limit)}; "
+                    "raise it with npumem.memory.set_per_process_memory_fraction().")
+        elif not self.expandable and unallocated > nbytes // 4:
+            hint = ("Reserved but unallocated memory is large: set "
+                    "NPUMEM_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+        else:
+            hint = ("Free tensors you no longer need (check for leaks with npumem's tracker) or "
+                    "reduce the batch size.")
+        return (f"NPU out of memory. Tried to allocate {format_size(nbytes)}. Device {self.device} "
+                f"has a total capacity of {format_size(total)} of which {format_size(free)} is free. "
+                f"Of the allocated memory {format_size(allocated)} is allocated by npumem, and "
+                f"{format_size(unallocated)} is reserved by npumem but unallocated. {hint}")
+
+    # --- device memory bookkeeping (called by the strategies) ------------------------------
+
+    def on_device_memory(self, nbytes: int, small: bool, segments: int = 0, calls: int = 1) -> None:
+        if nbytes:
+            self.stats.add("reserved_bytes", small, nbytes)
+            key = "num_device_alloc" if nbytes > 0 else "num_device_free"
+            self.stats.counters[key] += abs(calls)
+            if self.history is not None:
+                self._record("segment_alloc" if nbytes > 0 else "segment_free", 0, abs(nbytes), None)
+        if segments:
+            self.stats.add("segment", small, segments)
+
+    # --- cache control -------------------------------------------------------------------
+
+    def record_stream(self, pointer: int, stream) -> None:
+        """Mark that work on `stream` uses this block: its reuse waits for that work."""
+        with self.lock:
+            block = self._allocated.get(pointer)
+            if block is None:
+                raise MemoryFreeError(f"record_stream(0x{pointer:x}): {self._explain_unknown(pointer)}")
+            if stream is not block.stream and stream != block.stream:
+                if block.other_streams is None:
+                    block.other_streams = set()
+                block.other_streams.add(stream)
+
+    def empty_cache(self) -> int:
+        """Give cached memory back to the device; returns the bytes released."""
+        with self.lock:
+            return self._release_cache()
+
+    def set_memory_fraction(self, fraction: float) -> None:
+        if not 0 < fraction <= 1:
+            raise InvalidParamError(f"memory fraction must be in (0, 1], got {fraction}")
+        with self.lock:
+            self.settings = self.settings.replace(per_process_memory_fraction=fraction)
+            self.limit = int(self.capacity * fraction)
+
+    def owns(self, pointer: int) -> bool:
+        return pointer in self._allocated
+
+    def block_of(self, pointer: int) -> Block | None:
+        return self._allocated.get(pointer)
+
+    def close(self) -> list[Block]:
+        """Release everything (cached and live) to the device; returns blocks still live."""
+        with self.lock:
+            live = list(self._allocated.values())
+            for block in live:
+                self.deallocate(block.start)
+            for block in self._pending:
+                self._release_block(block)
+            self._pending = []
+            self._strategy.release_cached()
+            if self.expandable:
+                for arena in list(self._strategy.arenas.values()):
+                    self.backend.free(arena.reservation.start, "release")
+                self._strategy.arenas.clear()
+            return live
+
+    # --- reports --------------------------------------------------------------------------
+
+    def _record(self, action: str, address: int, size: int, stream) -> None:
+        self.history.append({"action": action, "addr": address, "size": size,
+                             "stream": getattr(stream, "handle", stream) or 0,
+                             "time_us": time.time_ns() // 1000, "frames": []})
+
+    def memory_stats(self) -> dict[str, int | float]:
+        """PyTorch-named statistics plus cache hit rate and fragmentation."""
+        with self.lock:
+            split = {pool: Stat() for pool in ("all", "small_pool", "large_pool")}
+            split_bytes = {pool: Stat() for pool in ("all", "small_pool", "large_pool")}
+            for start, size, stream, small, blocks, mapped in self._strategy.views():
+                if len(blocks) > 1:
+                    for block in blocks:
+                        if not block.allocated and (not self.expandable or block.size < size):
+                            pool = "small_pool" if small else "large_pool"
+                            for target in (split["all"], split[pool]):
+                                target.current += 1
+                            for target in (split_bytes["all"], split_bytes[pool]):
+                                target.current += self._mapped_part(block, mapped)
+            out = self.stats.flat({"inactive_split": split, "inactive_split_bytes": split_bytes})
+            counters = self.stats.counters
+            requests = counters["num_cache_hits"] + counters["num_cache_misses"]
+            out["cache_hit_rate"] = counters["num_cache_hits"] / requests if requests else 1.0
+            out["fragmentation"] = self.fragmentation()["ratio"]
+            return out
+
+    @staticmethod
+    def _mapped_part(block: Block, mapped: list[tuple[int, int]]) -> int:
+        total = 0
+        for start, length in mapped:
+            low, high = max(start, block.start), min(start + length, block.end)
+            if high > low:
+                total += high - low
+        return total
+
+    def fragmentation(self) -> dict:
+        """Free bytes in reserved memory, the largest free run, ratio = (free - largest) / free;
+        for the pool and for each segment (expandable arenas: each mapped range)."""
+        with self.lock:
+            segments, pool_free, pool_largest = [], 0, 0
+            for start, size, stream, small, blocks, mapped in self._strategy.views():
+                for run_start, run_length in mapped:
+                    free, largest, current = 0, 0, 0
+                    for block in blocks:
+                        if block.end <= run_start or block.start >= run_start + run_length:
+                            continue
+                        part = min(block.end, run_start + run_length) - max(block.start, run_start)
+                        if block.allocated:
+                            current = 0
+                        else:
+                            free += part
+                            current += part
+                            largest = max(largest, current)
+                    segments.append({"address": run_start, "size": run_length, "free": free,
+                                     "largest_free": largest,
+                                     "ratio": (free - largest) / free if free else 0.0})
+                    pool_free += free
+                    pool_largest = max(pool_largest, largest)
+            ratio = (pool_free - pool_largest) / pool_free if pool_free else 0.0
+            return {"free": pool_free, "largest_free": pool_largest, "ratio": ratio,
+                    "segments": segments}
+
+    def snapshot(self) -> dict:
+        """PyTorch's snapshot structure: {"segments": [...], "device_traces": [[...]]}."""
+        with self.lock:
+            segments = []
+            for start, size, stream, small, blocks, mapped in self._strategy.views():
+                for run_start, run_length in mapped:
+                    entries = []
+                    for block in blocks:
+                        low = max(block.start, run_start)
+                        high = min(block.end, run_start + run_length)
+                        if high <= low:
+                            continue
+                        pending = block in self._pending
+                        state = "active_pending_free" if pending else \
+                            "active_allocated" if block.allocated else "inactive"
+                        entries.append({"address": low, "size": high - low,
+                                        "requested_size": block.requested if block.allocated else 0,
+                                        "state": state, "frames": []})
+                    allocated = sum(e["size"] for e in entries if e["state"] == "active_allocated")
+                    segments.append({
+                        "device": self.device, "address": run_start, "total_size": run_length,
+                        "allocated_size": allocated,
+                        "active_size": sum(e["size"] for e in entries if e["state"] != "inactive"),
+                        "requested_size": sum(e["requested_size"] for e in entries),
+                        "stream": getattr(stream, "handle", stream) or 0,
+                        "segment_type": "small" if small else "large",
+                        "is_expandable": self.expandable, "blocks": entries,
+                    })
+            traces = list(self.history) if self.history is not None else []
+            return {"segments": segments, "device_traces": [traces]}

@@ -1,0 +1,150 @@
+"""Segment mode: PyTorch's caching policy (also npumem's `torch` emulation for replay).
+
+Device memory comes in segments — 2 MiB for small requests, `segment_size_mb` for requests under
+10 MiB, the request rounded to 2 MiB above. Cached blocks are kept per (stream, small/large
+pool) and found best-fit. Small blocks split whenever the remainder is at least the minimum
+block; large blocks only when more than 1 MiB would remain. With `max_split_size_mb`, blocks that
+large are never split for a smaller request. Free blocks merge with free neighbours of the same
+segment; only entirely free segments go back to the device.
+"""
+
+from __future__ import annotations
+
+from ..constants import MallocPolicy
+from ..errors import MemoryAllocationError
+from .block import Block, FreeList
+from .sizes import LARGE_BUFFER, MIN_BLOCK, SMALL_SIZE, segment_size
+
+
+class Segment:
+    """One device allocation carved into blocks."""
+
+    __slots__ = ("allocation", "start", "size", "stream", "small", "first")
+
+    def __init__(self, allocation, stream, small: bool):
+        self.allocation = allocation
+        self.start, self.size = allocation.start, allocation.size
+        self.stream, self.small = stream, small
+        self.first = Block(self.start, self.size, stream, self)
+
+    def is_free(self) -> bool:
+        return not self.first.allocated and self.first.next is None and self.first.size == self.size
+
+    def blocks(self):
+        block = self.first
+        while block is not None:
+            yield block
+            block = block.next
+
+
+class SegmentStrategy:
+    """Cached whole segments, PyTorch style. `owner` is the CachingAllocator."""
+
+    expandable = False
+
+    def __init__(self, owner):
+        self.owner = owner
+        self.min_block = MIN_BLOCK[owner.flavour]
+        self.free_lists: dict[tuple, FreeList] = {}
+        self.segments: dict[int, Segment] = {}
+
+    def _free_list(self, stream, small: bool) -> FreeList:
+        key = (stream, small)
+        free_list = self.free_lists.get(key)
+        if free_list is None:
+            free_list = self.free_lists[key] = FreeList()
+        return free_list
+
+    def take(self, size: int, stream) -> tuple[Block, bool] | None:
+        """A block of `size` bytes for `stream` and whether it came from the cache."""
+        small = size <= SMALL_SIZE
+        free_list = self._free_list(stream, small)
+        block = free_list.best_fit(size)
+        if block is not None and not self._may_use(block.size, size):
+            block = None
+        hit = block is not None
+        if block is None:
+            self._collect_garbage()
+            segment = self._new_segment(size, stream, small)
+            if segment is None:
+                return None
+            block = segment.first
+        else:
+            free_list.remove(block)
+        remainder = block.size - size
+        if remainder >= self.min_block and (small or remainder > SMALL_SIZE):
+            free_list.add(block.split(size))
+        return block, hit
+
+    def _may_use(self, block_size: int, size: int) -> bool:
+        limit = self.owner.settings.max_split_size_mb
+        if limit is None:
+            return True
+        limit = int(limit * (1 << 20))
+        if size < limit:
+            return block_size < limit
+        return block_size < size + LARGE_BUFFER
+
+    def _new_segment(self, size: int, stream, small: bool) -> Segment | None:
+        owner = self.owner
+        nbytes = segment_size(size, owner.settings.segment_size_mb)
+        if owner.stats.current("reserved_bytes") + nbytes > owner.limit:
+            return None
+        try:
+            allocation = owner.backend.allocate(owner.device, nbytes, nbytes, MallocPolicy.HUGE_FIRST,
+                                                "malloc_align32")
+        except MemoryAllocationError:
+            return None
+        segment = Segment(allocation, stream, small)
+        self.segments[segment.start] = segment
+        owner.on_device_memory(+nbytes, small, segments=+1)
+        return segment
+
+    def give_back(self, block: Block) -> None:
+        """Merge a freed block with free neighbours and cache it."""
+        free_list = self._free_list(block.stream, block.segment.small)
+        following = block.next
+        if following is not None and not following.allocated:
+            free_list.remove(following)
+            block.absorb_next()
+        previous = block.prev
+        if previous is not None and not previous.allocated:
+            free_list.remove(previous)
+            previous.absorb_next()
+            block = previous
+        free_list.add(block)
+
+    def release_cached(self, streams=None, below: int | None = None) -> int:
+        """Return entirely free segments (of `streams`, or all) to the device; bytes released.
+
+        With `below`, stop once reserved memory is at most that many bytes.
+        """
+        owner = self.owner
+        released = 0
+        for segment in sorted(self.segments.values(), key=lambda s: -s.size):
+            if below is not None and owner.stats.current("reserved_bytes") <= below:
+                break
+            if not segment.is_free() or (streams is not None and segment.stream not in streams):
+                continue
+            self._free_list(segment.stream, segment.small).remove(segment.first)
+            del self.segments[segment.start]
+            owner.backend.free(segment.start, "free")
+            owner.on_device_memory(-segment.size, segment.small, segments=-1)
+            released += segment.size
+        return released
+
+    def _collect_garbage(self) -> None:
+        threshold = self.owner.settings.garbage_collection_threshold
+        if threshold is not None:
+            limit = int(threshold * self.owner.limit)
+            if self.owner.stats.current("reserved_bytes") > limit:
+                self.release_cached(below=limit)
+
+    def streams(self) -> set:
+        return {segment.stream for segment in self.segments.values()}
+
+    def views(self):
+        """(start, size, stream, small, blocks, mapped_ranges) per segment, for reports."""
+        for segment in sorted(self.segments.values(), key=lambda s: s.start):
+            yield segment.start, segment.size, segment.stream, segment.small, \
+                list(segment.blocks()), [(segment.start, segment.size)]

@@ -1,0 +1,103 @@
+"""Allocator settings: NPUMEM_ALLOC_CONF ("key:value,key:value") and set_allocator_settings.
+
+The keys and their meaning follow PYTORCH_CUDA_ALLOC_CONF / PYTORCH_NPU_ALLOC_CONF
+(REFERENCE.md section 4), so a setting people already use means the same thing here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from ..errors import InvalidParamError
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class AllocatorSettings:
+    """How the caching pool behaves. Defaults keep reserved memory close to what is live."""
+
+    expandable_segments: bool = True
+    """Map pages of one growing address range per stream (True), or cache whole segments as
+    PyTorch does by default (False)."""
+    max_split_size_mb: float | None = None
+    """Segment mode: cached blocks at least this large are not split for smaller requests."""
+    garbage_collection_threshold: float | None = None
+    """Segment mode: when reserved memory passes this fraction of the limit, free cached blocks
+    that were not reused before asking the device for more."""
+    roundup_power2_divisions: int = 0
+    """Round requests above 256 bytes up to one of this many steps between powers of two
+    (0 disables); fewer distinct sizes reuse better."""
+    base_addr_aligned_kb: int = 16
+    """Start alignment of device segments in KiB (torch_npu's key, 0..16)."""
+    segment_size_mb: float = 20
+    """Segment mode: size of the segments that serve mid-sized requests (1 MiB .. 10 MiB)."""
+    per_process_memory_fraction: float = 1.0
+    """Share of the device's memory this pool may reserve."""
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_split_size_mb is None or self.max_split_size_mb > 20,
+             "max_split_size_mb must be greater than 20"),
+            (self.garbage_collection_threshold is None or 0 < self.garbage_collection_threshold < 1,
+             "garbage_collection_threshold must be between 0 and 1"),
+            (0 <= self.roundup_power2_divisions <= 64 and
+             (self.roundup_power2_divisions & (self.roundup_power2_divisions - 1)) == 0,
+             "roundup_power2_divisions must be 0 or a power of two up to 64"),
+            (0 <= self.base_addr_aligned_kb <= 16, "base_addr_aligned_kb must be 0..16"),
+            (self.segment_size_mb > 0, "segment_size_mb must be positive"),
+            (0 < self.per_process_memory_fraction <= 1, "per_process_memory_fraction must be in (0, 1]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidParamError(f"allocator settings: {message}")
+
+    def replace(self, **changes) -> "AllocatorSettings":
+        return dataclasses.replace(self, **changes)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(AllocatorSettings) if f.name != "extra"}
+
+
+def _convert(key: str, text: str):
+    kind = _FIELDS[key].type
+    text = text.strip()
+    try:
+        if "bool" in kind:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "1")
+        if key == "max_split_size_mb" or key == "garbage_collection_threshold":
+            return None if text.lower() in ("none", "") else float(text)
+        if "int" in kind:
+            return int(text)
+        return float(text)
+    except ValueError:
+        raise InvalidParamError(f"allocator settings: {key}={text!r} is not a valid {kind}") from None
+
+
+def parse_settings(text: str | None, base: AllocatorSettings | None = None) -> AllocatorSettings:
+    """Settings from "key:value,key:value" (also "key=value"), on top of `base`."""
+    base = base or AllocatorSettings()
+    if not text or not text.strip():
+        return base
+    changes = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.replace("=", ":", 1).partition(":")
+        key = key.strip()
+        if not sep:
+            raise InvalidParamError(f"allocator settings: {item!r} is not key:value")
+        if key not in _FIELDS:
+            raise InvalidParamError(f"allocator settings: unknown key {key!r}; known keys: "
+                                    f"{', '.join(sorted(_FIELDS))}")
+        changes[key] = _convert(key, value)
+    return base.replace(**changes)
+
+
+def settings_from_env() -> AllocatorSettings:
+    return parse_settings(os.environ.get("NPUMEM_ALLOC_CONF", ""))
