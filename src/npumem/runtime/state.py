@@ -74,6 +74,9 @@ class Runtime:
         self.contexts: list[Context] = []
         self.process_context: Context | None = None
         self._thread = threading.local()
+        # Layers above (the caching pools) release what they hold on a device before it goes.
+        self.device_release_hooks: list = []
+        self.finalize_hooks: list = []
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -98,8 +101,10 @@ class Runtime:
             if not self.initialized:
                 raise RepeatFinalizeError("finalize called without a matching init")
             leaked = []
-            for device in sorted(set(self.device_refs) | {c.device for c in self.contexts}):
+            for device in range(self.backend.device_count):
                 leaked += self._release_device(device)
+            for hook in self.finalize_hooks:
+                hook()
             host_leaks = PINNED.release_all()
             if host_leaks:
                 _report_leaks("finalize: pinned host memory", host_leaks)
@@ -149,6 +154,8 @@ class Runtime:
 
     def _release_device(self, device: int) -> list[Allocation]:
         self.device_refs.pop(device, None)
+        for hook in self.device_release_hooks:
+            hook(device)
         for context in [c for c in self.contexts if c.device == device]:
             self._drop_context(context)
         self.default_contexts.pop(device, None)

@@ -1,0 +1,63 @@
+"""memory_summary(): PyTorch's 75-column table, plus the pool's hit rate and fragmentation."""
+
+from __future__ import annotations
+
+WIDTH = 77   # 75 columns inside the frame, as PyTorch prints it
+
+
+def _bytes(value: int) -> str:
+    unit, scale = "B", 1
+    for name, shift in (("KiB", 10), ("MiB", 20), ("GiB", 30)):
+        if abs(value) >= 10 << shift:           # switch units once there are two digits
+            unit, scale = name, 1 << shift
+    return f"{round(value / scale)} {unit}"
+
+
+def _cell(value, is_bytes: bool) -> str:
+    return f" {_bytes(value) if is_bytes else value:>10} "
+
+
+def _line(char: str = "-") -> str:
+    return "|" + char * (WIDTH - 2) + "|"
+
+
+def _centered(text: str) -> str:
+    return "|" + text.center(WIDTH - 2) + "|"
+
+
+ROWS = [
+    ("allocated_bytes", "Allocated memory", True),
+    ("active_bytes", "Active memory", True),
+    ("requested_bytes", "Requested memory", True),
+    ("reserved_bytes", "NPU reserved memory", True),
+    ("inactive_split_bytes", "Non-releasable memory", True),
+    ("allocation", "Allocations", False),
+    ("active", "Active allocs", False),
+    ("segment", "NPU reserved segments", False),
+    ("inactive_split", "Non-releasable allocs", False),
+]
+
+
+def format_summary(stats: dict, device: int, abbreviated: bool = False) -> str:
+    """The table for one device's `memory_stats()`."""
+    lines = [_line("="), _centered(f"npumem NPU memory summary, device ID {device}"), _line()]
+    left = f"NPU OOMs: {stats.get('num_ooms', 0)}"
+    right = f"device alloc retries: {stats.get('num_alloc_retries', 0)}"
+    half = (WIDTH - 3) // 2
+    lines.append("|" + left.center(half) + "|" + right.center(WIDTH - 3 - half) + "|")
+    lines += [_line("="), "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |",
+              _line()]
+    for index, (key, title, is_bytes) in enumerate(ROWS):
+        pools = [("all", title)] if abbreviated else \
+            [("all", title), ("large_pool", "      from large pool"), ("small_pool", "      from small pool")]
+        for pool, label in pools:
+            values = [stats.get(f"{key}.{pool}.{metric}", 0)
+                      for metric in ("current", "peak", "allocated", "freed")]
+            lines.append(f"| {label:<21} |" + "|".join(_cell(v, is_bytes) for v in values) + "|")
+        if index in (4, 8):
+            lines.append(_line())
+    hit = f"Pool hit rate: {stats.get('cache_hit_rate', 1.0) * 100:.1f}%"
+    frag = f"Fragmentation: {stats.get('fragmentation', 0.0) * 100:.1f}%"
+    lines.append("|" + hit.center(half) + "|" + frag.center(WIDTH - 3 - half) + "|")
+    lines.append(_line("="))
+    return "\n".join(lines) + "\n"

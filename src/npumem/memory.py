@@ -1,0 +1,220 @@
+"""`npumem.memory`: the caching pool behind a `torch.npu.memory`-shaped API.
+
+    import npumem, npumem.memory as mem
+    npumem.init(); npumem.set_device(0)
+    ptr = mem.caching_allocator_alloc(1 << 20)
+    mem.caching_allocator_delete(ptr)
+    print(mem.memory_summary())
+
+One pool per device, created on first use with settings from NPUMEM_ALLOC_CONF (or
+`set_allocator_settings`). Streams are the runtime's: `None` means the current default stream.
+Pools are released with their device (reset_device / finalize); blocks still live are reported.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+from .alloc.caching_allocator import CachingAllocator, OutOfMemoryError
+from .alloc.host_pool import HostPool
+from .alloc.settings import AllocatorSettings, parse_settings, settings_from_env
+from .alloc.summary import format_summary
+from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError
+from .runtime.state import RUNTIME
+from .runtime.stream import Event, Stream
+
+__all__ = [
+    "OutOfMemoryError", "caching_allocator_alloc", "caching_allocator_delete", "empty_cache",
+    "get_allocator", "get_allocator_settings", "host_pool", "max_memory_allocated",
+    "max_memory_reserved", "memory_allocated", "memory_reserved", "memory_snapshot",
+    "memory_stats", "memory_summary", "record_stream", "reset_peak_memory_stats",
+    "set_allocator_settings", "set_per_process_memory_fraction",
+]
+
+_lock = threading.RLock()
+_pools: dict[int, CachingAllocator] = {}
+_settings: AllocatorSettings | None = None
+_host_pool: HostPool | None = None
+
+
+def _stream_idle(stream) -> bool:
+    return stream.query() if isinstance(stream, Stream) else True
+
+
+def _synchronize(stream) -> None:
+    if isinstance(stream, Stream) and not stream.destroyed:
+        stream.synchronize()
+
+
+def _record_event(stream) -> Event:
+    event = Event()
+    if isinstance(stream, Stream) and not stream.destroyed:
+        event.record(stream)
+    return event
+
+
+def get_allocator_settings() -> AllocatorSettings:
+    global _settings
+    with _lock:
+        if _settings is None:
+            _settings = settings_from_env()
+        return _settings
+
+
+def set_allocator_settings(config: str | AllocatorSettings) -> None:
+    """Change settings ("expandable_segments:False,max_split_size_mb:128" or an object).
+
+    Pools without live blocks are rebuilt; a pool with live blocks takes every change except
+    expandable_segments, which it refuses with an error until its blocks are freed.
+    """
+    global _settings
+    with _lock:
+        new = parse_settings(config, get_allocator_settings()) if isinstance(config, str) else config
+        for device, pool in list(_pools.items()):
+            if new.expandable_segments != pool.settings.expandable_segments:
+                if pool.stats.current("allocation"):
+                    raise InvalidParamError(
+                        f"expandable_segments cannot change while device {device}'s pool has "
+                        f"{pool.stats.current('allocation')} live blocks; free them first")
+                pool.close()
+                del _pools[device]
+            else:
+                pool.settings = new
+                pool.set_memory_fraction(new.per_process_memory_fraction)
+        _settings = new
+
+
+def _device(device) -> int:
+    return RUNTIME.current_context().device if device is None else RUNTIME.check_device(device)
+
+
+def get_allocator(device: int | None = None) -> CachingAllocator:
+    """The caching pool of `device` (default: the current device)."""
+    device = _device(device)
+    with _lock:
+        pool = _pools.get(device)
+        if pool is None:
+            pool = _pools[device] = CachingAllocator(
+                RUNTIME.backend, device, get_allocator_settings(), stream_idle=_stream_idle,
+                synchronize=_synchronize, record_event=_record_event)
+        return pool
+
+
+def _stream(stream):
+    return RUNTIME.stream(stream, "caching allocator")
+
+
+def caching_allocator_alloc(size: int, device: int | None = None, stream=None) -> int:
+    """A device pointer from the pool, ordered on `stream` (None: the default stream)."""
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise InvalidParamError(f"size must be an integer, got {type(size).__name__}")
+    pool = get_allocator(device)
+    return pool.allocate(size, _stream(stream))
+
+
+def _pool_of(pointer: int) -> CachingAllocator:
+    backend = RUNTIME.require()
+    pool = _pools.get(backend.device_of(pointer)) if backend.is_device_pointer(pointer) else None
+    if pool is None or not pool.owns(pointer):
+        raise MemoryFreeError(f"0x{pointer:x} was not allocated by the caching allocator "
+                              "(double free, or memory from malloc)")
+    return pool
+
+
+def caching_allocator_delete(pointer: int) -> None:
+    _pool_of(pointer).deallocate(pointer)
+
+
+def record_stream(pointer: int, stream) -> None:
+    """Work on `stream` uses this block: its memory is reused only after that work."""
+    _pool_of(pointer).record_stream(pointer, _stream(stream))
+
+
+def empty_cache() -> None:
+    """Give the memory cached by every pool (and the pinned host pool) back to the device."""
+    with _lock:
+        for pool in _pools.values():
+            pool.empty_cache()
+        if _host_pool is not None:
+            _host_pool.empty_cache()
+
+
+def set_per_process_memory_fraction(fraction: float, device: int | None = None) -> None:
+    get_allocator(device).set_memory_fraction(fraction)
+
+
+def memory_stats(device: int | None = None) -> dict:
+    return get_allocator(device).memory_stats()
+
+
+def memory_allocated(device: int | None = None) -> int:
+    return get_allocator(device).stats.current("allocated_bytes")
+
+
+def memory_reserved(device: int | None = None) -> int:
+    return get_allocator(device).stats.current("reserved_bytes")
+
+
+def max_memory_allocated(device: int | None = None) -> int:
+    return get_allocator(device).stats.peak("allocated_bytes")
+
+
+def max_memory_reserved(device: int | None = None) -> int:
+    return get_allocator(device).stats.peak("reserved_bytes")
+
+
+def reset_peak_memory_stats(device: int | None = None) -> None:
+    pool = get_allocator(device)
+    with pool.lock:
+        pool.stats.reset_peaks()
+
+
+def memory_summary(device: int | None = None, abbreviated: bool = False) -> str:
+    device = _device(device)
+    return format_summary(memory_stats(device), device, abbreviated)
+
+
+def memory_snapshot() -> dict:
+    """PyTorch's snapshot structure over every device's pool (save it with pickle)."""
+    segments, traces = [], []
+    with _lock:
+        for device in sorted(_pools):
+            snap = _pools[device].snapshot()
+            segments += snap["segments"]
+            traces += snap["device_traces"]
+    return {"segments": segments, "device_traces": traces}
+
+
+def host_pool() -> HostPool:
+    """The pinned host memory pool (staging buffers)."""
+    global _host_pool
+    RUNTIME.require()
+    with _lock:
+        if _host_pool is None:
+            _host_pool = HostPool()
+        return _host_pool
+
+
+def _release_device(device: int) -> None:
+    with _lock:
+        pool = _pools.pop(device, None)
+    if pool is not None:
+        live = pool.close()
+        if live:
+            total = sum(block.size for block in live)
+            warnings.warn(f"caching pool of device {device}: {len(live)} block(s), {total} bytes, "
+                          "were still allocated", LiveAllocationsWarning, stacklevel=5)
+
+
+def _finalize() -> None:
+    global _host_pool, _settings
+    with _lock:
+        if _host_pool is not None:
+            _host_pool.forget()
+            _host_pool = None
+        _settings = None
+
+
+RUNTIME.device_release_hooks.append(_release_device)
+RUNTIME.finalize_hooks.append(_finalize)
