@@ -13,8 +13,8 @@ import bisect
 class Block:
     """A piece of a segment: allocated to a caller, or free in the cache."""
 
-    __slots__ = ("start", "size", "requested", "allocated", "prev", "next", "stream", "segment",
-                 "other_streams", "pending_events")
+    __slots__ = ("start", "size", "requested", "allocated", "small", "prev", "next", "stream",
+                 "segment", "other_streams", "pending_events")
 
     def __init__(self, start: int, size: int, stream, segment, prev: "Block | None" = None,
                  next: "Block | None" = None):
@@ -22,6 +22,7 @@ class Block:
         self.size = size
         self.requested = 0
         self.allocated = False
+        self.small = False          # counted in the small pool's statistics
         self.prev = prev
         self.next = next
         self.stream = stream

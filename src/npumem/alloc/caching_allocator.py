@@ -93,14 +93,14 @@ class CachingAllocator(MemoryResource):
             block, hit = taken
             block.allocated = True
             block.requested = nbytes
+            block.small = small = size <= SMALL_SIZE
             self._allocated[block.start] = block
-            small = size <= SMALL_SIZE
             stats = self.stats
             stats.add("allocation", small, 1)
-            stats.add("allocated_bytes", small, size)
+            stats.add("allocated_bytes", small, block.size)
             stats.add("requested_bytes", small, nbytes)
             stats.add("active", small, 1)
-            stats.add("active_bytes", small, size)
+            stats.add("active_bytes", small, block.size)
             stats.counters["num_cache_hits" if hit else "num_cache_misses"] += 1
             if self.history is not None:
                 self._record("alloc", block.start, size, stream)
@@ -115,7 +115,7 @@ class CachingAllocator(MemoryResource):
                 raise InvalidParamError(f"deallocate(0x{pointer:x}, {nbytes}): the block was "
                                         f"allocated for {block.requested} bytes")
             del self._allocated[pointer]
-            small = block.size <= SMALL_SIZE
+            small = block.small
             stats = self.stats
             stats.add("allocation", small, -1)
             stats.add("allocated_bytes", small, -block.size)
@@ -129,7 +129,7 @@ class CachingAllocator(MemoryResource):
             self._release_block(block)
 
     def _release_block(self, block: Block) -> None:
-        small = block.size <= SMALL_SIZE
+        small = block.small
         self.stats.add("active", small, -1)
         self.stats.add("active_bytes", small, -block.size)
         block.allocated = False

@@ -1,0 +1,195 @@
+"""The caching pool: exact split/merge arithmetic, carving rules, streams, OOM, cache control."""
+
+import pytest
+
+from npumem.alloc.caching_allocator import CachingAllocator, OutOfMemoryError
+from npumem.alloc.settings import AllocatorSettings
+from npumem.alloc.sizes import round_request
+from npumem.device import SimBackend, SimConfig
+from npumem.errors import InvalidParamError, MemoryFreeError
+from npumem.units import MiB, align_up
+
+MODES = {"expandable": AllocatorSettings(), "segments": AllocatorSettings(expandable_segments=False)}
+
+
+@pytest.fixture(params=sorted(MODES))
+def pool(request):
+    backend = SimBackend(SimConfig(memory=64 * MiB))
+    allocator = CachingAllocator(backend, 0, MODES[request.param])
+    yield allocator
+    allocator.close()
+    assert backend.live_allocations(0) == []
+
+
+def test_block_sizes_follow_the_carving_rule():
+    for n in (1, 31, 32, 33, 100, 4096, 10_000):
+        size = round_request(n, "npu")
+        assert size >= align_up(n, 32) + 32 and size % 64 == 0 and size - (align_up(n, 32) + 32) < 64
+    assert round_request(1, "torch") == 512 and round_request(513, "torch") == 1024
+    assert round_request(1200 << 10, "npu", divisions=4) == align_up(align_up(1280 << 10, 32) + 32, 64)
+
+
+def test_split_and_merge_pointer_arithmetic(pool):
+    a = pool.allocate(1000)                      # 1000 -> 1056 -> 1088 bytes
+    b = pool.allocate(1000)
+    c = pool.allocate(100)
+    assert a % 64 == 0 and b == a + 1088 and c == b + 1088
+    pool.deallocate(b)
+    assert pool.allocate(900) == b               # best fit reuses the hole, same stream
+    pool.deallocate(a)
+    pool.deallocate(b)                           # a and b merge into one 2176-byte hole
+    d = pool.allocate(2000)                      # 2000 -> 2048 + 32 -> 2112 bytes: fits the merged hole
+    assert d == a
+    pool.deallocate(c)
+    pool.deallocate(d)
+
+
+def test_best_fit_prefers_the_smallest_hole(pool):
+    pointers = [pool.allocate(n) for n in (4000, 64, 1000, 64, 2000, 64)]
+    pool.deallocate(pointers[0])
+    pool.deallocate(pointers[2])
+    pool.deallocate(pointers[4])
+    assert pool.allocate(900) == pointers[2]
+    assert pool.allocate(1500) == pointers[4]
+
+
+def test_every_block_is_aligned_and_disjoint(pool):
+    sizes = [1, 63, 64, 65, 511, 4097, 100_000, 1 << 20, 3 << 20]
+    pointers = [pool.allocate(n) for n in sizes]
+    spans = sorted((p, p + round_request(n, "npu")) for p, n in zip(pointers, sizes))
+    assert all(start % 64 == 0 for start, _ in spans)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+
+
+def test_streams_do_not_share_cached_blocks(pool):
+    a = pool.allocate(4096, stream="A")
+    pool.deallocate(a)
+    assert pool.allocate(4096, stream="A") == a            # reused at once on its own stream
+    b = pool.allocate(4096, stream="B")
+    assert b != a
+
+
+def test_record_stream_defers_reuse_until_the_event_completes():
+    class FakeEvent:
+        done = False
+
+        def query(self):
+            return self.done
+
+    events = []
+
+    def record(stream):
+        events.append(FakeEvent())
+        return events[-1]
+
+    backend = SimBackend(SimConfig(memory=64 * MiB))
+    pool = CachingAllocator(backend, 0, record_event=record)
+    a = pool.allocate(4096, "A")
+    pool.record_stream(a, "B")
+    pool.deallocate(a)
+    assert pool.stats.current("allocated_bytes") == 0 and pool.stats.current("active_bytes") > 0
+    assert pool.allocate(4096, "A") != a                    # still pending on B
+    events[0].done = True
+    c = pool.allocate(100, "A")
+    assert pool.stats.current("active") == 2 and c == a     # released, reused
+    pool.close()
+
+
+def test_oom_message_and_nothing_lost(pool):
+    keep = pool.allocate(8 * MiB)
+    before = pool.memory_stats()
+    with pytest.raises(OutOfMemoryError) as info:
+        pool.allocate(100 * MiB)
+    message = str(info.value)
+    assert "Tried to allocate 100.00 MiB" in message and "total capacity of 64.00 MiB" in message
+    assert "allocated by npumem" in message and "reserved by npumem but unallocated" in message
+    after = pool.memory_stats()
+    assert after["num_ooms"] == 1 and after["num_alloc_retries"] == 1
+    for key in ("allocated_bytes.all.current", "allocation.all.current"):
+        assert after[key] == before[key]
+    pool.deallocate(keep)
+
+
+def test_oom_path_frees_the_cache_then_succeeds():
+    backend = SimBackend(SimConfig(memory=64 * MiB))
+    pool = CachingAllocator(backend, 0, AllocatorSettings(expandable_segments=False))
+    small = [pool.allocate(900_000) for _ in range(40)]     # many cached 2 MiB segments
+    for pointer in small:
+        pool.deallocate(pointer)
+    assert pool.stats.current("reserved_bytes") > 30 * MiB
+    big = pool.allocate(50 * MiB)                            # only fits after empty-cache-and-retry
+    assert pool.stats.counters["num_alloc_retries"] == 1 and pool.stats.counters["num_ooms"] == 0
+    pool.deallocate(big)
+    pool.close()
+
+
+def test_memory_fraction_caps_the_pool(pool):
+    pool.set_memory_fraction(0.25)
+    with pytest.raises(OutOfMemoryError, match="memory fraction caps this pool at 16.00 MiB"):
+        pool.allocate(20 * MiB)
+    pool.deallocate(pool.allocate(10 * MiB))
+    with pytest.raises(InvalidParamError):
+        pool.set_memory_fraction(0)
+
+
+def test_empty_cache_returns_free_memory(pool):
+    pointers = [pool.allocate(12 * MiB) for _ in range(4)]   # one segment each in segment mode
+    for pointer in pointers[:3]:
+        pool.deallocate(pointer)
+    reserved = pool.stats.current("reserved_bytes")
+    released = pool.empty_cache()
+    assert released > 0 and pool.stats.current("reserved_bytes") == reserved - released
+    assert pool.stats.current("reserved_bytes") >= 12 * MiB
+    pool.deallocate(pointers[3])
+    pool.empty_cache()
+    assert pool.stats.current("reserved_bytes") == 0
+
+
+def test_bad_frees_change_nothing(pool):
+    a = pool.allocate(1000)
+    before = pool.memory_stats()
+    with pytest.raises(MemoryFreeError, match="points 64 bytes into"):
+        pool.deallocate(a + 64)
+    with pytest.raises(MemoryFreeError, match="not allocated from this pool"):
+        pool.deallocate(12345)
+    with pytest.raises(InvalidParamError, match="allocated for 1000 bytes"):
+        pool.deallocate(a, 999)
+    assert pool.memory_stats() == before
+    pool.deallocate(a)
+    with pytest.raises(MemoryFreeError):
+        pool.deallocate(a)
+    with pytest.raises(InvalidParamError):
+        pool.allocate(-1)
+
+
+def test_statistics_hit_rate_and_fragmentation(pool):
+    a, b, c = pool.allocate(1 << 20), pool.allocate(1 << 20), pool.allocate(1 << 20)
+    pool.deallocate(b)
+    stats = pool.memory_stats()
+    assert stats["allocation.all.current"] == 2 and stats["allocation.all.peak"] == 3
+    assert stats["allocated_bytes.all.freed"] == round_request(1 << 20, "npu")
+    assert stats["requested_bytes.all.current"] == 2 << 20
+    assert 0 < stats["cache_hit_rate"] < 1
+    frag = pool.fragmentation()
+    assert frag["free"] >= frag["largest_free"] > 0
+    assert frag["ratio"] == (frag["free"] - frag["largest_free"]) / frag["free"]
+    assert all(0 <= s["ratio"] <= 1 for s in frag["segments"])
+    pool.deallocate(a)
+    pool.deallocate(c)
+
+
+def test_segment_mode_policies():
+    backend = SimBackend(SimConfig(memory=256 * MiB))
+    pool = CachingAllocator(backend, 0, AllocatorSettings(expandable_segments=False,
+                                                          max_split_size_mb=21))
+    small = pool.allocate(1000)
+    mid = pool.allocate(3 * MiB)
+    big = pool.allocate(30 * MiB - 64)                       # exactly 30 MiB with the carving
+    sizes = sorted(a.size for a in backend.live_allocations(0))
+    assert sizes == [2 * MiB, 20 * MiB, 30 * MiB]           # 2 MiB small, 20 MiB mid, rounded large
+    pool.deallocate(big)
+    other = pool.allocate(5 * MiB)                           # an oversize cached block is not split
+    assert not (big <= other < big + 30 * MiB)
+    for pointer in (small, mid, other):
+        pool.deallocate(pointer)
+    pool.close()
