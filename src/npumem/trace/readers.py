@@ -107,5 +107,8 @@ def _read_chrome(path: str) -> list[TraceEvent]:
                                    "args.Bytes and args.Addr")
         action = "alloc" if nbytes >= 0 else "free"
         out.append(TraceEvent(float(event.get("ts", 0.0)), action, addr, abs(nbytes), 0))
+    if not out:
+        raise TraceFormatError(path, "traceEvents", "no [memory] events; record the trace with "
+                               "torch.profiler.profile(profile_memory=True)")
     out.sort(key=lambda e: e.t_us)
     return out

@@ -1,0 +1,117 @@
+"""Trace readers and `npumem replay`."""
+
+import gzip
+import json
+import pathlib
+
+import pytest
+from click.testing import CliRunner
+
+from npumem.cli import main
+from npumem.trace import TraceFormatError, read_trace
+from npumem.trace.replay import replay
+
+SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data not beside the repo")
+
+EVENTS = [
+    {"t_us": 0, "action": "alloc", "addr": 1, "size": 3000},
+    {"t_us": 1, "action": "alloc", "addr": 2, "size": 5 << 20},
+    {"t_us": 2, "action": "free", "addr": 1, "size": 3000},
+    {"t_us": 3, "action": "alloc", "addr": 3, "size": 2000, "stream": 1},
+    {"t_us": 4, "action": "free", "addr": 99, "size": 10},
+    {"t_us": 5, "action": "free", "addr": 2, "size": 5 << 20},
+]
+
+
+def _write_jsonl(path, events, compress=False):
+    text = "\n".join(json.dumps(e) for e in events) + "\n"
+    if compress:
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_jsonl_plain_and_gzip(tmp_path):
+    for compress in (False, True):
+        path = _write_jsonl(tmp_path / f"t{compress}.jsonl", EVENTS, compress)
+        events = list(read_trace(path))
+        assert [e.action for e in events] == [e["action"] for e in EVENTS]
+        assert events[3].stream == 1 and events[1].size == 5 << 20
+
+
+def test_chrome_trace_memory_events(tmp_path):
+    doc = {"traceEvents": [
+        {"ph": "X", "name": "aten::add", "ts": 1},
+        {"ph": "i", "name": "[memory]", "ts": 20, "args": {"Addr": 5, "Bytes": -64}},
+        {"ph": "i", "name": "[memory]", "ts": 10, "args": {"Addr": 5, "Bytes": 64}},
+    ]}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(doc))
+    events = list(read_trace(path))
+    assert [(e.action, e.size) for e in events] == [("alloc", 64), ("free", 64)]
+
+
+@pytest.mark.parametrize("lines, where, reason", [
+    (['{"action": "alloc", "addr": 1, "size": 8}', "not json"], ":2:", "not JSON"),
+    (['{"action": "grow", "addr": 1, "size": 8}'], ":1:", "action must be"),
+    (['{"action": "free", "addr": -1, "size": 8}'], ":1:", "addr must be"),
+    (['[1, 2]'], ":traceEvents:", "no [memory] events"),
+])
+def test_malformed_traces_name_file_line_and_reason(tmp_path, lines, where, reason):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceFormatError) as info:
+        list(read_trace(path))
+    assert str(path) in str(info.value) and where in str(info.value) and reason in str(info.value)
+
+
+def test_truncated_gzip(tmp_path):
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(gzip.compress(("\n".join(json.dumps(e) for e in EVENTS * 200)).encode())[:300])
+    with pytest.raises(TraceFormatError, match="truncated or corrupt"):
+        list(read_trace(path))
+
+
+def test_replay_results(tmp_path):
+    events = list(read_trace(_write_jsonl(tmp_path / "t.jsonl", EVENTS)))
+    result = replay(events, "pool", trace_name="t")
+    assert result.events == 6 and result.unmatched_frees == 1
+    assert result.peak_allocated_bytes == 3000 + (5 << 20)
+    assert result.peak_reserved_bytes >= result.peak_allocated_bytes
+    device = replay(events, "device")
+    assert device.device_allocs == 3 and device.cache_hit_rate == 0.0
+    with pytest.raises(ValueError, match="unknown allocator"):
+        replay(events, "magic")
+
+
+def test_cli_json_fields(tmp_path):
+    path = _write_jsonl(tmp_path / "t.jsonl", EVENTS)
+    result = CliRunner().invoke(main, ["replay", str(path), "--json", "--set", "max_split_size_mb=64"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [r["allocator"] for r in rows] == ["pool", "torch", "device"]
+    for key in ("trace", "allocator", "events", "peak_allocated_bytes", "peak_reserved_bytes",
+                "reserved_over_allocated", "device_allocs", "cache_hit_rate", "mean_alloc_us"):
+        assert key in rows[0]
+
+
+def test_cli_errors(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"action": "alloc"}\n')
+    result = CliRunner().invoke(main, ["replay", str(bad)])
+    assert result.exit_code == 2 and "bad.jsonl:1:" in result.output
+    good = _write_jsonl(tmp_path / "t.jsonl", EVENTS)
+    assert CliRunner().invoke(main, ["replay", str(good), "--allocator", "magic"]).exit_code == 2
+    assert CliRunner().invoke(main, ["replay", str(good), "--set", "nonsense=1"]).exit_code == 2
+    assert CliRunner().invoke(main, ["replay", str(tmp_path / "missing.jsonl")]).exit_code == 2
+
+
+@needs_shared
+def test_real_traces_pool_beats_torch_emulation():
+    for name in ("resnet_train.jsonl.gz", "opt_generate.jsonl.gz"):
+        events = list(read_trace(SHARED / name))
+        pool, torch = replay(events, "pool"), replay(events, "torch")
+        assert pool.peak_reserved_bytes < torch.peak_reserved_bytes
+        assert pool.unmatched_frees == 0 and pool.events == len(events)
