@@ -87,11 +87,15 @@ def test_record_stream_defers_reuse_until_the_event_completes():
     a = pool.allocate(4096, "A")
     pool.record_stream(a, "B")
     pool.deallocate(a)
-    assert pool.stats.current("allocated_bytes") == 0 and pool.stats.current("active_bytes") > 0
+    stats = pool.memory_stats()
+    assert stats["allocated_bytes.all.current"] == 0 and stats["active_bytes.all.current"] == 4160
+    assert stats["active.all.current"] == 1 and stats["active_bytes.all.peak"] == 4160
     assert pool.allocate(4096, "A") != a                    # still pending on B
     events[0].done = True
     c = pool.allocate(100, "A")
-    assert pool.stats.current("active") == 2 and c == a     # released, reused
+    stats = pool.memory_stats()
+    assert stats["active.all.current"] == 2 and c == a      # released, reused
+    assert stats["active.all.peak"] == 2 and stats["active.all.freed"] == 1
     pool.close()
 
 

@@ -96,11 +96,9 @@ class CachingAllocator(MemoryResource):
             block.small = small = size <= SMALL_SIZE
             self._allocated[block.start] = block
             stats = self.stats
-            stats.add("allocation", small, 1)
-            stats.add("allocated_bytes", small, block.size)
-            stats.add("requested_bytes", small, nbytes)
-            stats.add("active", small, 1)
-            stats.add("active_bytes", small, block.size)
+            stats.block_allocated(small, block.size, nbytes)
+            if self._pending:
+                stats.note_active_peak()
             stats.counters["num_cache_hits" if hit else "num_cache_misses"] += 1
             if self.history is not None:
                 self._record("alloc", block.start, size, stream)
@@ -115,23 +113,18 @@ class CachingAllocator(MemoryResource):
                 raise InvalidParamError(f"deallocate(0x{pointer:x}, {nbytes}): the block was "
                                         f"allocated for {block.requested} bytes")
             del self._allocated[pointer]
-            small = block.small
-            stats = self.stats
-            stats.add("allocation", small, -1)
-            stats.add("allocated_bytes", small, -block.size)
-            stats.add("requested_bytes", small, -block.requested)
+            self.stats.block_freed(block.small, block.size, block.requested)
             if self.history is not None:
                 self._record("free_requested", block.start, block.size, block.stream)
             if block.other_streams and self._record_event is not None:
                 block.pending_events = [self._record_event(s) for s in block.other_streams]
                 self._pending.append(block)
+                self.stats.add("pending", block.small, 1)
+                self.stats.add("pending_bytes", block.small, block.size)
                 return
             self._release_block(block)
 
     def _release_block(self, block: Block) -> None:
-        small = block.small
-        self.stats.add("active", small, -1)
-        self.stats.add("active_bytes", small, -block.size)
         block.allocated = False
         block.other_streams = block.pending_events = None
         if self.history is not None:
@@ -142,6 +135,8 @@ class CachingAllocator(MemoryResource):
         still = []
         for block in self._pending:
             if all(event.query() for event in block.pending_events):
+                self.stats.add("pending", block.small, -1)
+                self.stats.add("pending_bytes", block.small, -block.size)
                 self._release_block(block)
             else:
                 still.append(block)
@@ -246,6 +241,8 @@ class CachingAllocator(MemoryResource):
             for block in live:
                 self.deallocate(block.start)
             for block in self._pending:
+                self.stats.add("pending", block.small, -1)
+                self.stats.add("pending_bytes", block.small, -block.size)
                 self._release_block(block)
             self._pending = []
             self._strategy.release_cached()
