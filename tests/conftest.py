@@ -42,3 +42,23 @@ def write_device(pointer: int, data: bytes) -> None:
 
 def pattern(nbytes: int, seed: int = 0) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+
+
+def run_threads(worker, count: int = 8) -> list:
+    """Run worker(i) on `count` threads at once; returns the exceptions they raised."""
+    import threading
+
+    errors = []
+
+    def guarded(index):
+        try:
+            worker(index)
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors

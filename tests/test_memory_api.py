@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import npumem
-from npumem import MallocPolicy as P, MemAttr, MemcpyKind as K
+from npumem import MemAttr, MemcpyKind as K
 from npumem.units import align_up
 
 from .conftest import pattern, read_device, write_device

@@ -11,7 +11,7 @@ import npumem.memory as mem
 from npumem import MemcpyKind as K
 from npumem import errors as E
 
-from .conftest import read_device
+from .conftest import read_device, run_threads
 
 
 def test_alloc_delete_and_counters(rt):
@@ -140,29 +140,19 @@ def test_host_pool_reuses_pinned_buffers(rt):
 
 
 def test_eight_threads_statistics_exact(rt):
-    errors = []
-
     def worker(seed):
-        try:
-            stream = npumem.create_stream()
-            rng = np.random.default_rng(seed)
-            mine = []
-            for _ in range(300):
-                if mine and rng.random() < 0.45:
-                    mem.caching_allocator_delete(mine.pop())
-                else:
-                    mine.append(mem.caching_allocator_alloc(int(rng.integers(1, 200_000)), stream=stream))
-            for pointer in mine:
-                mem.caching_allocator_delete(pointer)
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+        stream = npumem.create_stream()
+        rng = np.random.default_rng(seed)
+        mine = []
+        for _ in range(300):
+            if mine and rng.random() < 0.45:
+                mem.caching_allocator_delete(mine.pop())
+            else:
+                mine.append(mem.caching_allocator_alloc(int(rng.integers(1, 200_000)), stream=stream))
+        for pointer in mine:
+            mem.caching_allocator_delete(pointer)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    assert run_threads(worker) == []
     stats = mem.memory_stats()
     assert stats["allocation.all.current"] == 0 and stats["allocated_bytes.all.current"] == 0
     assert stats["allocation.all.allocated"] == stats["allocation.all.freed"]

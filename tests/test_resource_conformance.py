@@ -14,6 +14,8 @@ from npumem.device import SimBackend, SimConfig
 from npumem.errors import InvalidParamError, MemoryAllocationError, MemoryFreeError
 from npumem.units import MiB
 
+from .conftest import run_threads
+
 RESOURCES = {
     "device": lambda b: DeviceResource(b),
     "pool": lambda b: CachingAllocator(b),
@@ -82,28 +84,20 @@ def test_reuse_after_free(resource):
 
 
 def test_threads_on_their_own_streams(resource):
-    errors, pointers, lock = [], [], threading.Lock()
+    pointers, lock = [], threading.Lock()
 
     def worker(stream):
-        try:
-            rng = np.random.default_rng(stream)
-            mine = []
-            for _ in range(150):
-                if mine and rng.random() < 0.4:
-                    resource.deallocate(mine.pop(int(rng.integers(len(mine)))))
-                else:
-                    mine.append(resource.allocate(int(rng.integers(1, 64_000)), stream))
-            with lock:
-                pointers.extend(mine)
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+        rng = np.random.default_rng(stream)
+        mine = []
+        for _ in range(150):
+            if mine and rng.random() < 0.4:
+                resource.deallocate(mine.pop(int(rng.integers(len(mine)))))
+            else:
+                mine.append(resource.allocate(int(rng.integers(1, 64_000)), stream))
+        with lock:
+            pointers.extend(mine)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    assert run_threads(worker) == []
     assert len(set(pointers)) == len(pointers)
     assert all(resource.owns(p) for p in pointers)
     for pointer in pointers:

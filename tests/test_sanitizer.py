@@ -9,7 +9,7 @@ import npumem
 from npumem import MemcpyKind as K
 from npumem import errors as E
 
-from .conftest import pattern, read_device
+from .conftest import read_device
 
 
 def _error(call, *args):

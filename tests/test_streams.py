@@ -10,7 +10,7 @@ import npumem
 from npumem import MemcpyKind as K
 from npumem import errors as E
 
-from .conftest import pattern, read_device
+from .conftest import pattern, read_device, run_threads
 
 
 def _gate(stream):
@@ -189,34 +189,26 @@ def test_default_stream_cannot_be_destroyed(rt):
 
 
 def test_concurrent_allocation_from_many_threads(rt):
-    errors, pointers = [], []
+    pointers = []
     lock = threading.Lock()
 
     def worker(seed):
-        try:
-            npumem.set_device(0)
-            stream = npumem.create_stream()
-            rng = np.random.default_rng(seed)
-            mine = []
-            for _ in range(200):
-                size = int(rng.integers(1, 100_000))
-                pointer = npumem.malloc(size)
-                npumem.memset_async(pointer, size, seed, size, stream)
-                mine.append((pointer, size))
-            npumem.synchronize_stream(stream)
-            for pointer, size in mine:
-                assert read_device(pointer, size) == bytes([seed]) * size
-            with lock:
-                pointers.extend(mine)
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+        npumem.set_device(0)
+        stream = npumem.create_stream()
+        rng = np.random.default_rng(seed)
+        mine = []
+        for _ in range(200):
+            size = int(rng.integers(1, 100_000))
+            pointer = npumem.malloc(size)
+            npumem.memset_async(pointer, size, seed, size, stream)
+            mine.append((pointer, size))
+        npumem.synchronize_stream(stream)
+        for pointer, size in mine:
+            assert read_device(pointer, size) == bytes([seed]) * size
+        with lock:
+            pointers.extend(mine)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    assert run_threads(worker) == []
     spans = sorted(pointers)
     assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
     assert len(npumem.RUNTIME.backend.live_allocations(0)) == 1600

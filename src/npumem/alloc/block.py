@@ -90,3 +90,16 @@ class FreeList:
 
     def largest(self) -> int:
         return self._keys[-1][0] if self._keys else 0
+
+    def merge_and_add(self, block: Block) -> None:
+        """Add a freed block, first absorbing free neighbours (which must be in this list)."""
+        following = block.next
+        if following is not None and not following.allocated:
+            self.remove(following)
+            block.absorb_next()
+        previous = block.prev
+        if previous is not None and not previous.allocated:
+            self.remove(previous)
+            previous.absorb_next()
+            block = previous
+        self.add(block)

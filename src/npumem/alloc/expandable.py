@@ -90,7 +90,7 @@ class ExpandableStrategy:
         missing = [page for page in range(first, last + 1) if not mapped[page]]
         if missing and not self._map(arena, missing):
             self._unclaim(arena, first, last)
-            self._merge_and_cache(arena, block)
+            arena.free.merge_and_add(block)
             return None
         return block, not missing
 
@@ -126,20 +126,7 @@ class ExpandableStrategy:
         arena = block.segment
         self._unclaim(arena, (block.start - arena.base) >> self.shift,
                       (block.start + block.size - 1 - arena.base) >> self.shift)
-        self._merge_and_cache(arena, block)
-
-    def _merge_and_cache(self, arena: Arena, block: Block) -> None:
-        free = arena.free
-        following = block.next
-        if following is not None and not following.allocated:
-            free.remove(following)
-            block.absorb_next()
-        previous = block.prev
-        if previous is not None and not previous.allocated:
-            free.remove(previous)
-            previous.absorb_next()
-            block = previous
-        free.add(block)
+        arena.free.merge_and_add(block)
 
     def unmap_idle(self, streams=None, only_idle_streams: bool = False) -> int:
         """Unmap mapped pages no live block touches; bytes released."""

@@ -102,17 +102,7 @@ class SegmentStrategy:
 
     def give_back(self, block: Block) -> None:
         """Merge a freed block with free neighbours and cache it."""
-        free_list = self._free_list(block.stream, block.segment.small)
-        following = block.next
-        if following is not None and not following.allocated:
-            free_list.remove(following)
-            block.absorb_next()
-        previous = block.prev
-        if previous is not None and not previous.allocated:
-            free_list.remove(previous)
-            previous.absorb_next()
-            block = previous
-        free_list.add(block)
+        self._free_list(block.stream, block.segment.small).merge_and_add(block)
 
     def release_cached(self, streams=None, below: int | None = None) -> int:
         """Return entirely free segments (of `streams`, or all) to the device; bytes released.
