@@ -3,7 +3,7 @@
 # test_framework.py - 完整的测试框架
 import numpy as np
 import time
-from typing import Tuple
+from typing import Tuple, Optional
 import acl
 
 class AclnnTestFramework:
