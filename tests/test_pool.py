@@ -197,3 +197,17 @@ def test_segment_mode_policies():
     for pointer in (small, mid, other):
         pool.deallocate(pointer)
     pool.close()
+
+
+@pytest.mark.parametrize("expandable", [True, False])
+def test_128_byte_block_alignment_for_media_memory(expandable):
+    backend = SimBackend(SimConfig(memory=64 * MiB))
+    pool = CachingAllocator(backend, 0, AllocatorSettings(expandable_segments=expandable,
+                                                          block_alignment=128))
+    pointers = [pool.allocate(n) for n in (1, 100, 200, 3000, 70_000, 2 << 20)]
+    assert all(p % 128 == 0 for p in pointers)
+    pool.deallocate(pointers[2])
+    assert pool.allocate(150) % 128 == 0
+    pool.close()
+    with pytest.raises(InvalidParamError, match="block_alignment"):
+        AllocatorSettings(block_alignment=96)

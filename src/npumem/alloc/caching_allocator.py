@@ -83,7 +83,9 @@ class CachingAllocator(MemoryResource):
     def allocate(self, nbytes: int, stream=None) -> int:
         if nbytes < 0:
             raise InvalidParamError(f"allocate: size must not be negative, got {nbytes}")
-        size = round_request(nbytes, self.flavour, self.settings.roundup_power2_divisions)
+        settings = self.settings
+        size = round_request(nbytes, self.flavour, settings.roundup_power2_divisions,
+                             settings.block_alignment)
         with self.lock:
             if self._pending:
                 self._free_completed_pending()

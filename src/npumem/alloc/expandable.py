@@ -78,7 +78,7 @@ class ExpandableStrategy:
         if block is None:
             return None
         arena.free.remove(block)
-        if block.size - size >= self.min_block:
+        if block.size - size >= max(self.min_block, self.owner.settings.block_alignment):
             arena.free.add(block.split(size))
         first = (block.start - arena.base) >> self.shift
         last = (block.start + size - 1 - arena.base) >> self.shift

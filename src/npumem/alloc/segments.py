@@ -72,7 +72,8 @@ class SegmentStrategy:
         else:
             free_list.remove(block)
         remainder = block.size - size
-        if remainder >= self.min_block and (small or remainder > SMALL_SIZE):
+        if remainder >= max(self.min_block, self.owner.settings.block_alignment) and \
+                (small or remainder > SMALL_SIZE):
             free_list.add(block.split(size))
         return block, hit
 

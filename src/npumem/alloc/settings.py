@@ -34,6 +34,8 @@ class AllocatorSettings:
     """Start alignment of device segments in KiB (torch_npu's key, 0..16)."""
     segment_size_mb: float = 20
     """Segment mode: size of the segments that serve mid-sized requests (1 MiB .. 10 MiB)."""
+    block_alignment: int = 64
+    """Start alignment of every block: 64 (the carving rule) or 128 (media / DVPP memory)."""
     per_process_memory_fraction: float = 1.0
     """Share of the device's memory this pool may reserve."""
     extra: dict = field(default_factory=dict, compare=False, repr=False)
@@ -49,6 +51,7 @@ class AllocatorSettings:
              "roundup_power2_divisions must be 0 or a power of two up to 64"),
             (0 <= self.base_addr_aligned_kb <= 16, "base_addr_aligned_kb must be 0..16"),
             (self.segment_size_mb > 0, "segment_size_mb must be positive"),
+            (self.block_alignment in (64, 128), "block_alignment must be 64 or 128"),
             (0 < self.per_process_memory_fraction <= 1, "per_process_memory_fraction must be in (0, 1]"),
         ]
         for ok, message in checks:

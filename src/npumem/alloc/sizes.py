@@ -18,8 +18,12 @@ LARGE_BUFFER = 20 << 20         # an oversize block may serve a request at most 
 MIN_BLOCK = {"npu": 64, "torch": 512}
 
 
-def round_request(nbytes: int, flavour: str, divisions: int = 0) -> int:
-    """The block size that serves a request of `nbytes`."""
+def round_request(nbytes: int, flavour: str, divisions: int = 0, alignment: int = 64) -> int:
+    """The block size that serves a request of `nbytes`.
+
+    Block sizes are multiples of `alignment`, and segments start page-aligned, so every block
+    starts on an `alignment` boundary.
+    """
     nbytes = max(nbytes, 1)
     if divisions > 1 and nbytes > 256:
         floor = 1 << (nbytes.bit_length() - 1)
@@ -27,7 +31,7 @@ def round_request(nbytes: int, flavour: str, divisions: int = 0) -> int:
         if step > 0 and nbytes != floor:
             nbytes = align_up(nbytes, step)
     if flavour == "npu":
-        return align_up(align_up(nbytes, 32) + 32, 64)
+        return align_up(align_up(nbytes, 32) + 32, alignment)
     return align_up(nbytes, 512)
 
 
