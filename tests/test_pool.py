@@ -211,3 +211,24 @@ def test_128_byte_block_alignment_for_media_memory(expandable):
     pool.close()
     with pytest.raises(InvalidParamError, match="block_alignment"):
         AllocatorSettings(block_alignment=96)
+
+
+def test_unsplit_remainder_pages_are_claimed_and_released():
+    """A tail too small to split stays with its block; its pages are counted with the block."""
+    backend = SimBackend(SimConfig(memory=64 * MiB))
+    pool = CachingAllocator(backend, 0)
+    page = backend.page_granularity
+    head = pool.allocate(page - 32)                 # [0, page)
+    middle = pool.allocate(page + 32)               # [page, 2 page + 64)
+    tail = pool.allocate(4096)                      # starts 64 bytes into page 2
+    pool.deallocate(middle)
+    pool.settings = pool.settings.replace(block_alignment=128)
+    again = pool.allocate(page - 32)                # rounds to one page: a 64-byte tail stays unsplit
+    assert again == middle
+    pool.deallocate(again)                          # must not drop the claim `tail` holds on page 2
+    arena = next(iter(pool._strategy.arenas.values()))
+    assert arena.users[2] == 1 and arena.mapped[2]
+    pool.deallocate(tail)
+    pool.deallocate(head)
+    assert not any(arena.users)
+    pool.close()

@@ -59,8 +59,7 @@ class ExpandableStrategy:
 
     def __init__(self, owner):
         self.owner = owner
-        self.page = owner.backend.page_granularity
-        self.shift = self.page.bit_length() - 1
+        self.shift = owner.backend.page_granularity.bit_length() - 1
         self.min_block = MIN_BLOCK[owner.flavour]
         self.arenas: dict[object, Arena] = {}
 
@@ -80,8 +79,7 @@ class ExpandableStrategy:
         arena.free.remove(block)
         if block.size - size >= max(self.min_block, self.owner.settings.block_alignment):
             arena.free.add(block.split(size))
-        first = (block.start - arena.base) >> self.shift
-        last = (block.start + size - 1 - arena.base) >> self.shift
+        first, last = self._page_span(arena, block)   # the whole block, unsplit tail included
         users, idle, mapped = arena.users, arena.idle, arena.mapped
         for page in range(first, last + 1):       # claim the pages before anything is unmapped
             if not users[page]:
@@ -93,6 +91,11 @@ class ExpandableStrategy:
             arena.free.merge_and_add(block)
             return None
         return block, not missing
+
+    def _page_span(self, arena: Arena, block: Block) -> tuple[int, int]:
+        """First and last page a block touches."""
+        return ((block.start - arena.base) >> self.shift,
+                (block.start + block.size - 1 - arena.base) >> self.shift)
 
     def _unclaim(self, arena: Arena, first: int, last: int) -> None:
         users, idle, mapped = arena.users, arena.idle, arena.mapped
@@ -124,8 +127,7 @@ class ExpandableStrategy:
     def give_back(self, block: Block) -> None:
         """A block's caller is done with it: release its pages' use, merge, cache."""
         arena = block.segment
-        self._unclaim(arena, (block.start - arena.base) >> self.shift,
-                      (block.start + block.size - 1 - arena.base) >> self.shift)
+        self._unclaim(arena, *self._page_span(arena, block))
         arena.free.merge_and_add(block)
 
     def unmap_idle(self, streams=None, only_idle_streams: bool = False) -> int:
