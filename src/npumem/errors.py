@@ -132,9 +132,5 @@ class AsyncTaskError(AclError):
     default_code = ACL_ERROR_RT_INTERNAL_ERROR
 
 
-class InternalError(AclError):
-    default_code = ACL_ERROR_RT_INTERNAL_ERROR
-
-
 class LiveAllocationsWarning(ResourceWarning):
     """Device or pinned host memory was still allocated at reset_device / finalize."""

@@ -73,9 +73,16 @@ class AddressIndex:
         """The live allocation that starts exactly at `start`."""
         return self._by_start.get(start)
 
-    def was_freed(self, start: int) -> Allocation | None:
-        """A remembered freed allocation that started at `start` (for double-free messages)."""
-        return self._freed.get(start)
+    def explain_bad_free(self, pointer: int, call: str, owner: str) -> str:
+        """Why `call(pointer)` cannot free anything: double free, interior pointer, or unknown."""
+        freed = self._freed.get(pointer)
+        if freed is not None:
+            return f"double free of {freed.describe()}"
+        inside = self.containing(pointer)
+        if inside is not None:
+            return (f"points {pointer - inside.start} bytes into {inside.describe()}; "
+                    f"{call} takes the start address")
+        return f"not memory from {owner}; " + self.explain_miss(pointer, 0)
 
     def remove(self, start: int) -> Allocation:
         allocation = self._by_start.pop(start)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..constants import HUGE_PAGE_SIZE, MallocPolicy, MemAttr
 from ..errors import (
-    InternalError, InvalidDeviceError, InvalidParamError, MemoryAccessError, MemoryAllocationError,
+    InvalidDeviceError, InvalidParamError, MemoryAccessError, MemoryAllocationError,
     MemoryFreeError,
 )
 from ..units import GiB, align_up, format_size, parse_size
@@ -89,6 +89,14 @@ class SimDevice:
         self.lock = threading.RLock()
         self._next_address = self.base
 
+    def _claim_addresses(self, nbytes: int, align: int, what: str) -> int:
+        """The next `align`-aligned start for `nbytes`; addresses are never handed out twice."""
+        start = align_up(self._next_address, align)
+        if start + nbytes > self.base + DEVICE_SPAN:
+            raise MemoryAllocationError(f"{what}: device {self.index} has no address space left")
+        self._next_address = start + nbytes
+        return start
+
     def allocate(self, size: int, reserved: int, policy: MallocPolicy, api: str) -> Allocation:
         with self.lock:
             kind = self.pages.take(reserved, policy)
@@ -102,11 +110,11 @@ class SimDevice:
                     f"{api}({size}): the simulator could not back {format_size(reserved)} with "
                     f"host memory ({exc}); lower NPUMEM_SIM_MEMORY or free host RAM"
                 ) from None
-            start = align_up(self._next_address, PAGE_SIZE[kind])
-            if start + reserved > self.base + DEVICE_SPAN:
+            try:
+                start = self._claim_addresses(self.pages.cost(kind, reserved), PAGE_SIZE[kind], api)
+            except MemoryAllocationError:
                 self.pages.give_back(kind, reserved)
-                raise InternalError(f"device {self.index} ran out of simulated address space")
-            self._next_address = start + self.pages.cost(kind, reserved)
+                raise
             allocation = Allocation(start=start, size=size, reserved=reserved, api=api,
                                     device=self.index, buffer=buffer,
                                     host_address=address_of(buffer), page_kind=kind,
@@ -133,7 +141,8 @@ class SimDevice:
         with self.lock:
             allocation = self.allocations.get(pointer)
             if allocation is None:
-                raise MemoryFreeError(f"{api}(0x{pointer:x}): {self._explain_bad_free(pointer)}")
+                reason = self.allocations.explain_bad_free(pointer, api, f"device {self.index}")
+                raise MemoryFreeError(f"{api}(0x{pointer:x}): {reason}")
             if allocation.free_api != api:
                 raise MemoryFreeError(
                     f"{api}(0x{pointer:x}): {allocation.describe()} came from {allocation.api}; "
@@ -145,16 +154,6 @@ class SimDevice:
             self.pages.give_back(allocation.page_kind, allocation.reserved)
             allocation.buffer = None      # the bytes go back to the OS once no view holds them
             return allocation
-
-    def _explain_bad_free(self, pointer: int) -> str:
-        freed = self.allocations.was_freed(pointer)
-        if freed is not None:
-            return f"double free of {freed.describe()}"
-        inside = self.allocations.containing(pointer)
-        if inside is not None:
-            return (f"points {pointer - inside.start} bytes into {inside.describe()}; "
-                    "free takes the start address")
-        return "not a pointer this device handed out; " + self.allocations.explain_miss(pointer, 0)
 
     def resolve(self, pointer: int, nbytes: int, what: str) -> DeviceRange:
         with self.lock:
@@ -168,12 +167,8 @@ class SimDevice:
     def reserve(self, nbytes: int) -> Allocation:
         size = align_up(max(nbytes, 1), HUGE_PAGE_SIZE)
         with self.lock:
-            start = align_up(self._next_address, HUGE_PAGE_SIZE)
-            if start + size > self.base + DEVICE_SPAN:
-                raise MemoryAllocationError(f"reserve({nbytes}): device {self.index} has no "
-                                            "address space left")
+            start = self._claim_addresses(size, HUGE_PAGE_SIZE, f"reserve({nbytes})")
             buffer = allocate_bytes(size)           # lazily backed: costs RAM only when written
-            self._next_address = start + size
             allocation = Allocation(start=start, size=size, reserved=0, api="reserve",
                                     device=self.index, buffer=buffer,
                                     host_address=address_of(buffer), page_kind="huge",
@@ -198,7 +193,7 @@ class SimDevice:
             mapped = reservation.extra["mapped"]
             missing = [page for page in self._pages(reservation, offset, nbytes, "map") if not mapped[page]]
             need = len(missing) * HUGE_PAGE_SIZE
-            if need > self.pages.available("huge"):
+            if self.pages.take(need, MallocPolicy.HUGE_ONLY) is None:
                 raise MemoryAllocationError(
                     f"map of {format_size(nbytes)} at offset {offset} of {reservation.describe()} "
                     f"needs {format_size(need)} of huge pages; "
@@ -207,7 +202,6 @@ class SimDevice:
                 )
             for page in missing:
                 mapped[page] = 1
-            self.pages.used["huge"] += need
             reservation.reserved += need
 
     def unmap(self, reservation: Allocation, offset: int, nbytes: int) -> None:
@@ -217,7 +211,7 @@ class SimDevice:
             for page in pages:
                 mapped[page] = 0
                 release_pages(reservation.buffer, page * HUGE_PAGE_SIZE, HUGE_PAGE_SIZE)
-            self.pages.used["huge"] -= len(pages) * HUGE_PAGE_SIZE
+            self.pages.give_back("huge", len(pages) * HUGE_PAGE_SIZE)
             reservation.reserved -= len(pages) * HUGE_PAGE_SIZE
 
     @staticmethod
@@ -247,6 +241,7 @@ class SimBackend(DeviceBackend):
     """The default backend: simulated NPUs in this process."""
 
     name = "sim"
+    supports_virtual_memory = True
 
     def __init__(self, config: SimConfig | None = None, **overrides):
         if config is None:
@@ -285,8 +280,6 @@ class SimBackend(DeviceBackend):
     def device_of(self, pointer):
         return (pointer - ADDRESS_BASE) // DEVICE_SPAN
 
-    supports_virtual_memory = True
-
     def reserve(self, device, nbytes):
         return self._device(device).reserve(nbytes)
 
@@ -300,5 +293,6 @@ class SimBackend(DeviceBackend):
         return self._device(device).memory_info(attr, self.config.memory_kind)
 
     def live_allocations(self, device):
-        with self._device(device).lock:
-            return self._device(device).allocations.live()
+        sim_device = self._device(device)
+        with sim_device.lock:
+            return sim_device.allocations.live()

@@ -41,15 +41,7 @@ class PinnedHostMemory:
         with self.lock:
             allocation = self.index.get(pointer)
             if allocation is None:
-                freed = self.index.was_freed(pointer)
-                inside = self.index.containing(pointer)
-                if freed is not None:
-                    reason = f"double free of {freed.describe()}"
-                elif inside is not None:
-                    reason = (f"points {pointer - inside.start} bytes into {inside.describe()}; "
-                              "free_host takes the start address")
-                else:
-                    reason = "not memory from malloc_host"
+                reason = self.index.explain_bad_free(pointer, "free_host", "malloc_host")
                 raise MemoryFreeError(f"free_host(0x{pointer:x}): {reason}")
             self.index.remove(pointer)
         allocation.buffer = None
