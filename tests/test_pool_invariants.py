@@ -87,7 +87,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.pool.empty_cache()
         held = sum(length for *_, mapped in self.pool._strategy.views() for _, length in mapped)
         assert held == self.pool.stats.current("reserved_bytes")
-        for start, size, stream, small, blocks, mapped in self.pool._strategy.views():
+        for stream, small, blocks, mapped in self.pool._strategy.views():
             for run_start, run_length in mapped:
                 assert any(b.allocated and b.start < run_start + run_length and b.end > run_start
                            for b in blocks), "empty_cache left memory no live block uses"

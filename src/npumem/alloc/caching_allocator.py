@@ -121,10 +121,13 @@ class CachingAllocator(MemoryResource):
             if block.other_streams and self._record_event is not None:
                 block.pending_events = [self._record_event(s) for s in block.other_streams]
                 self._pending.append(block)
-                self.stats.add("pending", block.small, 1)
-                self.stats.add("pending_bytes", block.small, block.size)
+                self._count_pending(block, +1)
                 return
             self._release_block(block)
+
+    def _count_pending(self, block: Block, sign: int) -> None:
+        self.stats.add("pending", block.small, sign)
+        self.stats.add("pending_bytes", block.small, sign * block.size)
 
     def _release_block(self, block: Block) -> None:
         block.allocated = False
@@ -133,12 +136,12 @@ class CachingAllocator(MemoryResource):
             self._record("free_completed", block.start, block.size, block.stream)
         self._strategy.give_back(block)
 
-    def _free_completed_pending(self) -> None:
+    def _free_completed_pending(self, wait: bool = False) -> None:
+        """Release pending blocks whose events completed (all of them with `wait`)."""
         still = []
         for block in self._pending:
-            if all(event.query() for event in block.pending_events):
-                self.stats.add("pending", block.small, -1)
-                self.stats.add("pending_bytes", block.small, -block.size)
+            if wait or all(event.query() for event in block.pending_events):
+                self._count_pending(block, -1)
                 self._release_block(block)
             else:
                 still.append(block)
@@ -213,7 +216,7 @@ class CachingAllocator(MemoryResource):
             block = self._allocated.get(pointer)
             if block is None:
                 raise MemoryFreeError(f"record_stream(0x{pointer:x}): {self._explain_unknown(pointer)}")
-            if stream is not block.stream and stream != block.stream:
+            if stream != block.stream:
                 if block.other_streams is None:
                     block.other_streams = set()
                 block.other_streams.add(stream)
@@ -233,25 +236,14 @@ class CachingAllocator(MemoryResource):
     def owns(self, pointer: int) -> bool:
         return pointer in self._allocated
 
-    def block_of(self, pointer: int) -> Block | None:
-        return self._allocated.get(pointer)
-
     def close(self) -> list[Block]:
         """Release everything (cached and live) to the device; returns blocks still live."""
         with self.lock:
             live = list(self._allocated.values())
             for block in live:
                 self.deallocate(block.start)
-            for block in self._pending:
-                self.stats.add("pending", block.small, -1)
-                self.stats.add("pending_bytes", block.small, -block.size)
-                self._release_block(block)
-            self._pending = []
-            self._strategy.release_cached()
-            if self.expandable:
-                for arena in list(self._strategy.arenas.values()):
-                    self.backend.free(arena.reservation.start, "release")
-                self._strategy.arenas.clear()
+            self._free_completed_pending(wait=True)
+            self._strategy.close()
             return live
 
     # --- reports --------------------------------------------------------------------------
@@ -261,20 +253,30 @@ class CachingAllocator(MemoryResource):
                              "stream": getattr(stream, "handle", stream) or 0,
                              "time_us": time.time_ns() // 1000, "frames": []})
 
+    def _mapped_pieces(self):
+        """For each mapped range: (stream, small, start, length, [(block, low, high), ...]),
+        the blocks cut to the part of them that lies in the range."""
+        for stream, small, blocks, mapped in self._strategy.views():
+            for start, length in mapped:
+                end = start + length
+                pieces = [(block, max(block.start, start), min(block.end, end))
+                          for block in blocks if block.start < end and block.end > start]
+                yield stream, small, start, length, pieces
+
     def memory_stats(self) -> dict[str, int | float]:
         """PyTorch-named statistics plus cache hit rate and fragmentation."""
         with self.lock:
+            # Non-releasable ("inactive split"): free pieces of a range that also holds live blocks.
             split = {pool: Stat() for pool in ("all", "small_pool", "large_pool")}
             split_bytes = {pool: Stat() for pool in ("all", "small_pool", "large_pool")}
-            for start, size, stream, small, blocks, mapped in self._strategy.views():
-                if len(blocks) > 1:
-                    for block in blocks:
-                        if not block.allocated and (not self.expandable or block.size < size):
-                            pool = "small_pool" if small else "large_pool"
-                            for target in (split["all"], split[pool]):
-                                target.current += 1
-                            for target in (split_bytes["all"], split_bytes[pool]):
-                                target.current += self._mapped_part(block, mapped)
+            for _, small, _, _, pieces in self._mapped_pieces():
+                if not any(block.allocated for block, _, _ in pieces):
+                    continue
+                for block, low, high in pieces:
+                    if not block.allocated:
+                        for pool in ("all", "small_pool" if small else "large_pool"):
+                            split[pool].current += 1
+                            split_bytes[pool].current += high - low
             out = self.stats.flat({"inactive_split": split, "inactive_split_bytes": split_bytes})
             counters = self.stats.counters
             requests = counters["num_cache_hits"] + counters["num_cache_misses"]
@@ -282,38 +284,22 @@ class CachingAllocator(MemoryResource):
             out["fragmentation"] = self.fragmentation()["ratio"]
             return out
 
-    @staticmethod
-    def _mapped_part(block: Block, mapped: list[tuple[int, int]]) -> int:
-        total = 0
-        for start, length in mapped:
-            low, high = max(start, block.start), min(start + length, block.end)
-            if high > low:
-                total += high - low
-        return total
-
     def fragmentation(self) -> dict:
         """Free bytes in reserved memory, the largest free run, ratio = (free - largest) / free;
         for the pool and for each segment (expandable arenas: each mapped range)."""
         with self.lock:
             segments, pool_free, pool_largest = [], 0, 0
-            for start, size, stream, small, blocks, mapped in self._strategy.views():
-                for run_start, run_length in mapped:
-                    free, largest, current = 0, 0, 0
-                    for block in blocks:
-                        if block.end <= run_start or block.start >= run_start + run_length:
-                            continue
-                        part = min(block.end, run_start + run_length) - max(block.start, run_start)
-                        if block.allocated:
-                            current = 0
-                        else:
-                            free += part
-                            current += part
-                            largest = max(largest, current)
-                    segments.append({"address": run_start, "size": run_length, "free": free,
-                                     "largest_free": largest,
-                                     "ratio": (free - largest) / free if free else 0.0})
-                    pool_free += free
-                    pool_largest = max(pool_largest, largest)
+            for _, _, start, length, pieces in self._mapped_pieces():
+                free = largest = run = 0
+                for block, low, high in pieces:
+                    run = 0 if block.allocated else run + high - low
+                    free += 0 if block.allocated else high - low
+                    largest = max(largest, run)
+                segments.append({"address": start, "size": length, "free": free,
+                                 "largest_free": largest,
+                                 "ratio": (free - largest) / free if free else 0.0})
+                pool_free += free
+                pool_largest = max(pool_largest, largest)
             ratio = (pool_free - pool_largest) / pool_free if pool_free else 0.0
             return {"free": pool_free, "largest_free": pool_largest, "ratio": ratio,
                     "segments": segments}
@@ -322,29 +308,22 @@ class CachingAllocator(MemoryResource):
         """PyTorch's snapshot structure: {"segments": [...], "device_traces": [[...]]}."""
         with self.lock:
             segments = []
-            for start, size, stream, small, blocks, mapped in self._strategy.views():
-                for run_start, run_length in mapped:
-                    entries = []
-                    for block in blocks:
-                        low = max(block.start, run_start)
-                        high = min(block.end, run_start + run_length)
-                        if high <= low:
-                            continue
-                        pending = block in self._pending
-                        state = "active_pending_free" if pending else \
-                            "active_allocated" if block.allocated else "inactive"
-                        entries.append({"address": low, "size": high - low,
-                                        "requested_size": block.requested if block.allocated else 0,
-                                        "state": state, "frames": []})
-                    allocated = sum(e["size"] for e in entries if e["state"] == "active_allocated")
-                    segments.append({
-                        "device": self.device, "address": run_start, "total_size": run_length,
-                        "allocated_size": allocated,
-                        "active_size": sum(e["size"] for e in entries if e["state"] != "inactive"),
-                        "requested_size": sum(e["requested_size"] for e in entries),
-                        "stream": getattr(stream, "handle", stream) or 0,
-                        "segment_type": "small" if small else "large",
-                        "is_expandable": self.expandable, "blocks": entries,
-                    })
+            for stream, small, start, length, pieces in self._mapped_pieces():
+                entries = []
+                for block, low, high in pieces:
+                    state = "active_pending_free" if block.pending_events is not None else \
+                        "active_allocated" if block.allocated else "inactive"
+                    entries.append({"address": low, "size": high - low,
+                                    "requested_size": block.requested if block.allocated else 0,
+                                    "state": state, "frames": []})
+                segments.append({
+                    "device": self.device, "address": start, "total_size": length,
+                    "allocated_size": sum(e["size"] for e in entries if e["state"] == "active_allocated"),
+                    "active_size": sum(e["size"] for e in entries if e["state"] != "inactive"),
+                    "requested_size": sum(e["requested_size"] for e in entries),
+                    "stream": getattr(stream, "handle", stream) or 0,
+                    "segment_type": "small" if small else "large",
+                    "is_expandable": self.expandable, "blocks": entries,
+                })
             traces = list(self.history) if self.history is not None else []
             return {"segments": segments, "device_traces": [traces]}

@@ -146,7 +146,7 @@ class ExpandableStrategy:
                     arena.mapped[page] = 0
             nbytes = len(arena.idle) << self.shift
             arena.idle.clear()
-            owner.on_device_memory(-nbytes, False, calls=-len(runs))
+            owner.on_device_memory(-nbytes, False, calls=len(runs))
             released += nbytes
         return released
 
@@ -156,10 +156,16 @@ class ExpandableStrategy:
     def streams(self) -> set:
         return set(self.arenas)
 
+    def close(self) -> None:
+        """Give everything back: pages, then the address ranges (all blocks must be free)."""
+        self.unmap_idle()
+        for arena in self.arenas.values():
+            self.owner.backend.free(arena.reservation.start, "release")
+        self.arenas.clear()
+
     def views(self):
-        """(start, size, stream, small, blocks, mapped_ranges) per arena, for reports."""
+        """(stream, small, blocks, mapped ranges) per arena, for reports."""
         for arena in self.arenas.values():
             runs = _runs([page for page, on in enumerate(arena.mapped) if on])
             mapped = [(arena.base + (first << self.shift), count << self.shift) for first, count in runs]
-            size = sum(length for _, length in mapped)
-            yield arena.base, size, arena.stream, False, list(arena.blocks()), mapped
+            yield arena.stream, False, list(arena.blocks()), mapped

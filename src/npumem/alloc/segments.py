@@ -134,8 +134,11 @@ class SegmentStrategy:
     def streams(self) -> set:
         return {segment.stream for segment in self.segments.values()}
 
+    def close(self) -> None:
+        """Give every segment back (all blocks must be free)."""
+        self.release_cached()
+
     def views(self):
-        """(start, size, stream, small, blocks, mapped_ranges) per segment, for reports."""
+        """(stream, small, blocks, mapped ranges) per segment, for reports."""
         for segment in sorted(self.segments.values(), key=lambda s: s.start):
-            yield segment.start, segment.size, segment.stream, segment.small, \
-                list(segment.blocks()), [(segment.start, segment.size)]
+            yield segment.stream, segment.small, list(segment.blocks()), [(segment.start, segment.size)]
