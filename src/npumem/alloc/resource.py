@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 
 from ..constants import MallocPolicy
 from ..device.backend import DeviceBackend
-from ..units import align_up
+from ..units import carve_size
 
 
 class MemoryResource(ABC):
@@ -50,7 +50,7 @@ class DeviceResource(MemoryResource):
         self._live: dict[int, int] = {}
 
     def allocate(self, nbytes: int, stream=None) -> int:
-        reserved = align_up(max(nbytes, 1), 32) + 32
+        reserved = carve_size(max(nbytes, 1))       # aclrtMalloc's size rule
         pointer = self.backend.allocate(self.device, max(nbytes, 1), reserved, self.policy, "malloc").start
         self._live[pointer] = nbytes
         return pointer

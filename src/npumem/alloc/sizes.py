@@ -8,7 +8,7 @@ Both can first round to one of N steps between powers of two (roundup_power2_div
 
 from __future__ import annotations
 
-from ..units import align_up
+from ..units import align_up, carve_size
 
 SMALL_SIZE = 1 << 20            # requests up to this go to the small pool
 SMALL_SEGMENT = 2 << 20         # small-pool segments (segment mode)
@@ -31,7 +31,7 @@ def round_request(nbytes: int, flavour: str, divisions: int = 0, alignment: int 
         if step > 0 and nbytes != floor:
             nbytes = align_up(nbytes, step)
     if flavour == "npu":
-        return align_up(align_up(nbytes, 32) + 32, alignment)
+        return align_up(carve_size(nbytes), alignment)
     return align_up(nbytes, 512)
 
 
