@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import InvalidParamError
 
@@ -38,7 +38,6 @@ class AllocatorSettings:
     """Start alignment of every block: 64 (the carving rule) or 128 (media / DVPP memory)."""
     per_process_memory_fraction: float = 1.0
     """Share of the device's memory this pool may reserve."""
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         checks = [
@@ -62,7 +61,15 @@ class AllocatorSettings:
         return dataclasses.replace(self, **changes)
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(AllocatorSettings) if f.name != "extra"}
+_FIELDS = {f.name: f for f in dataclasses.fields(AllocatorSettings)}
+
+
+def describe_changes(settings: AllocatorSettings) -> str:
+    """"key:value,..." for the settings that differ from the defaults ("defaults" if none)."""
+    default = AllocatorSettings()
+    changed = [f"{name}:{getattr(settings, name)}" for name in _FIELDS
+               if getattr(settings, name) != getattr(default, name)]
+    return ",".join(changed) or "defaults"
 
 
 def _convert(key: str, text: str):

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from ..alloc.caching_allocator import CachingAllocator
 from ..alloc.resource import DeviceResource
-from ..alloc.settings import AllocatorSettings
+from ..alloc.settings import AllocatorSettings, describe_changes
 from ..constants import MemAttr
 from ..device.sim import SimBackend, SimConfig
 from ..units import GiB
@@ -109,14 +109,5 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
         device_allocs=device_allocs, cache_hit_rate=hit_rate,
         mean_alloc_us=alloc_seconds / allocs * 1e6 if allocs else 0.0,
         unmatched_frees=unmatched,
-        settings="" if allocator != "pool" else _describe(settings),
+        settings="" if allocator != "pool" else describe_changes(settings or AllocatorSettings()),
     )
-
-
-def _describe(settings: AllocatorSettings | None) -> str:
-    settings = settings or AllocatorSettings()
-    default = AllocatorSettings()
-    changed = [f"{k}:{getattr(settings, k)}" for k in ("expandable_segments", "max_split_size_mb",
-               "garbage_collection_threshold", "roundup_power2_divisions", "segment_size_mb",
-               "per_process_memory_fraction") if getattr(settings, k) != getattr(default, k)]
-    return ",".join(changed) or "defaults"
