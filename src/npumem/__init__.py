@@ -14,10 +14,15 @@ from .constants import DataType, EventStatus, Format, MallocPolicy, MemAttr, Mem
 from .errors import AclError
 from .runtime import *  # noqa: F401,F403 - the runtime API is the top-level API
 from .runtime import __all__ as _runtime_all
+from . import ops
+from .ops import Scalar, Tensor, aclnn, create_tensor, empty, from_numpy, zeros
+from .ops.dlpack import from_dlpack
+from .zero_copy import ZeroCopyMemory
 
 __version__ = "0.1.0"
 
 __all__ = [
     "errors", "AclError", "DataType", "EventStatus", "Format", "MallocPolicy", "MemAttr",
-    "MemcpyKind", "RunMode", "__version__", *_runtime_all,
+    "MemcpyKind", "RunMode", "__version__", "ops", "aclnn", "Tensor", "Scalar", "empty", "zeros",
+    "from_numpy", "from_dlpack", "create_tensor", "ZeroCopyMemory", *_runtime_all,
 ]

@@ -31,10 +31,13 @@ ACL_ERROR_RT_MEMORY_FREE = 207002
 ACL_ERROR_RT_NO_DEVICE = 207004
 ACL_ERROR_RT_INTERNAL_ERROR = 507000
 ACL_ERROR_RT_STREAM_NOT_COMPLETE = 507004
+ACLNN_ERR_PARAM_NULLPTR = 161001
+ACLNN_ERR_PARAM_INVALID = 161002
+ACLNN_ERR_INNER_NULLPTR = 561103
 
 ERROR_NAMES = {
     value: name for name, value in globals().items()
-    if name.startswith("ACL_") and isinstance(value, int)
+    if name.startswith(("ACL_", "ACLNN_")) and isinstance(value, int)
 }
 
 
@@ -130,6 +133,24 @@ class AsyncTaskError(AclError):
     """Work queued on a stream failed while running; raised at the next synchronize."""
 
     default_code = ACL_ERROR_RT_INTERNAL_ERROR
+
+
+class OpNullptrError(AclError, ValueError):
+    """An aclnn call got no tensor, workspace or output where one is required."""
+
+    default_code = ACLNN_ERR_PARAM_NULLPTR
+
+
+class OpParamError(AclError, ValueError):
+    """An aclnn argument is wrong: shapes, dtypes, a too-small workspace."""
+
+    default_code = ACLNN_ERR_PARAM_INVALID
+
+
+class ExecutorError(AclError, ValueError):
+    """The executor was already run (and is single-use), destroyed, or never existed."""
+
+    default_code = ACLNN_ERR_INNER_NULLPTR
 
 
 class LiveAllocationsWarning(ResourceWarning):

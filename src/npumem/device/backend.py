@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import ctypes
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..constants import MallocPolicy, MemAttr
 from ..errors import FeatureNotSupportedError, MemoryAccessError
 from .address_index import Allocation
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class DeviceRange(NamedTuple):
@@ -108,6 +111,14 @@ class DeviceBackend(ABC):
         """Return the pages behind [offset, offset + nbytes) of a reservation."""
         raise FeatureNotSupportedError(f"the {self.name} backend has no virtual memory")
 
+    def register_host(self, device: int, host: Allocation, offset: int, nbytes: int) -> Allocation:
+        """Give [offset, offset + nbytes) of pinned host allocation `host` a device address.
+
+        The device reads and writes the host bytes themselves (zero copy). Released with
+        `free(start, "host_unregister")`.
+        """
+        raise FeatureNotSupportedError(f"the {self.name} backend cannot map host memory")
+
     def release_device(self, device: int) -> list[Allocation]:
         """Free everything still allocated on `device` (reset_device); returns what was live."""
         live = self.live_allocations(device)
@@ -121,6 +132,14 @@ class DeviceBackend(ABC):
             self.release_device(device)
 
     # Byte movers for host-visible memory.
+
+    host_visible = True     # device bytes can be read in place (simulator, torch on cpu)
+
+    def host_view(self, rng: DeviceRange, what: str) -> "np.ndarray":
+        """The bytes of a device range as a writable uint8 array (host-visible backends only)."""
+        rng.host_address(what)               # raises on use after free
+        buffer = rng.allocation.buffer
+        return buffer[rng.offset:rng.offset + rng.nbytes]
 
     def write(self, dst: DeviceRange, src_address: int) -> None:
         """Host bytes at `src_address` -> device range."""

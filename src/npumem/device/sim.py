@@ -32,7 +32,7 @@ DEVICE_SPAN = 1 << 52
 MAX_DEVICES = 64
 
 # Which free call releases memory made by which allocation call (default: free).
-FREE_CALL = {"dvpp_malloc": "dvpp_free", "reserve": "release"}
+FREE_CALL = {"dvpp_malloc": "dvpp_free", "reserve": "release", "host_register": "host_unregister"}
 
 _MEMORY_ATTRS = {
     "hbm": (MemAttr.HBM_MEM, MemAttr.HBM_MEM_HUGE, MemAttr.HBM_MEM_NORMAL),
@@ -151,8 +151,23 @@ class SimDevice:
             if allocation.api == "reserve":
                 self.unmap(allocation, 0, allocation.size)
             self.allocations.remove(pointer)
-            self.pages.give_back(allocation.page_kind, allocation.reserved)
+            if allocation.page_kind:
+                self.pages.give_back(allocation.page_kind, allocation.reserved)
+            else:                         # registered host memory: it costs the device no pages
+                allocation.extra["host"].extra["registered"].remove(pointer)
             allocation.buffer = None      # the bytes go back to the OS once no view holds them
+            return allocation
+
+    def register_host(self, host: Allocation, offset: int, nbytes: int) -> Allocation:
+        """Map `nbytes` of pinned host memory into this device's address space (zero copy)."""
+        with self.lock:
+            start = self._claim_addresses(nbytes, 64, "host_register")
+            allocation = Allocation(start=start, size=nbytes, reserved=0, api="host_register",
+                                    device=self.index, buffer=host.buffer[offset:offset + nbytes],
+                                    host_address=host.host_address + offset,
+                                    free_api="host_unregister", extra={"host": host})
+            self.allocations.add(allocation)
+            host.extra.setdefault("registered", []).append(start)
             return allocation
 
     def resolve(self, pointer: int, nbytes: int, what: str) -> DeviceRange:
@@ -282,6 +297,9 @@ class SimBackend(DeviceBackend):
 
     def reserve(self, device, nbytes):
         return self._device(device).reserve(nbytes)
+
+    def register_host(self, device, host, offset, nbytes):
+        return self._device(device).register_host(host, offset, nbytes)
 
     def map(self, reservation, offset, nbytes):
         self.devices[reservation.device].map(reservation, offset, nbytes)

@@ -8,11 +8,15 @@ from .control import (
     synchronize_stream,
 )
 from .memory import (
-    dvpp_free, dvpp_malloc, free, free_host, get_mem_info, get_run_mode, malloc, malloc_align32,
+    copy_stats, dvpp_free, dvpp_malloc, free, free_host, get_mem_info, get_run_mode,
+    host_register, host_unregister, malloc, malloc_align32,
     malloc_cached, malloc_host, mem_flush, mem_invalidate, memcpy, memcpy_async, memset,
     memset_async,
 )
 from .state import RUNTIME, Context
 from .stream import Event, Stream
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+import types as _types
+
+__all__ = [name for name, value in globals().items()
+           if not name.startswith("_") and not isinstance(value, _types.ModuleType)]

@@ -43,6 +43,10 @@ class PinnedHostMemory:
             if allocation is None:
                 reason = self.index.explain_bad_free(pointer, "free_host", "malloc_host")
                 raise MemoryFreeError(f"free_host(0x{pointer:x}): {reason}")
+            if allocation.extra.get("registered"):
+                mapped = ", ".join(f"0x{d:x}" for d in allocation.extra["registered"])
+                raise MemoryFreeError(f"free_host(0x{pointer:x}): {allocation.describe()} is still "
+                                      f"mapped into device memory at {mapped}; host_unregister it first")
             self.index.remove(pointer)
         allocation.buffer = None
         return allocation

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import threading
 
 from ..constants import (
     ASYNC_COPY_ALIGN, MALLOC_ALIGN, MALLOC_PADDING, MallocPolicy, MemAttr, MemcpyKind, RunMode,
@@ -132,6 +133,38 @@ def free_host(pointer: int) -> None:
     PINNED.free(pointer)
 
 
+# --- zero copy: pinned host memory with a device address ------------------------------------
+
+
+def host_register(host_pointer: int, size: int) -> int:
+    """Map `size` bytes of pinned host memory (malloc_host) into the current device's address
+    space; returns the device pointer. Device work on it reads and writes the host bytes
+    directly, so no copy is needed. Undo with `host_unregister` before `free_host`."""
+    api = "host_register"
+    size = _size(size, api)
+    host_pointer = _pointer(host_pointer, api)
+    device = RUNTIME.current_context().device
+    pinned = PINNED.find(host_pointer)
+    if pinned is None:
+        raise InvalidMemoryTypeError(f"{api}(0x{host_pointer:x}): only pinned host memory from "
+                                     "malloc_host can be mapped into the device")
+    offset = host_pointer - pinned.start
+    if offset + size > pinned.size:
+        raise InvalidParamError(f"{api}(0x{host_pointer:x}, {size}): runs {offset + size - pinned.size} "
+                                f"bytes past the end of {pinned.describe()}")
+    return RUNTIME.backend.register_host(device, pinned, offset, size).start
+
+
+def host_unregister(device_pointer: int) -> None:
+    """Remove a mapping made by `host_register` (the host memory stays allocated)."""
+    device_pointer = _pointer(device_pointer, "host_unregister")
+    backend = RUNTIME.require()
+    if not backend.is_device_pointer(device_pointer):
+        raise MemoryFreeError(f"host_unregister(0x{device_pointer:x}): pass the device pointer "
+                              "that host_register returned")
+    backend.free(device_pointer, "host_unregister")
+
+
 # --- bytes: memset and memcpy ----------------------------------------------------------------
 
 
@@ -200,7 +233,42 @@ def _copy_args(dst, dest_max, src, count, kind, api):
     return target, source, actual
 
 
+class CopyCounter:
+    """Bytes and calls moved by memcpy per direction: zero copy shows up as nothing moved."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes = {kind.name: 0 for kind in MemcpyKind if kind != MemcpyKind.DEFAULT}
+            self.calls = dict.fromkeys(self.bytes, 0)
+
+    def add(self, kind: MemcpyKind, nbytes: int) -> None:
+        with self._lock:
+            self.bytes[kind.name] += nbytes
+            self.calls[kind.name] += 1
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"bytes": dict(self.bytes), "calls": dict(self.calls),
+                    "total_bytes": sum(self.bytes.values())}
+
+
+COPIES = CopyCounter()
+
+
+def copy_stats(reset: bool = False) -> dict:
+    """{"bytes": {direction: n}, "calls": {direction: n}, "total_bytes": n} since the last reset."""
+    stats = COPIES.snapshot()
+    if reset:
+        COPIES.reset()
+    return stats
+
+
 def _transfer(target, source, kind: MemcpyKind) -> None:
+    COPIES.add(kind, source.nbytes)
     backend = RUNTIME.backend
     if kind == MemcpyKind.HOST_TO_DEVICE:
         source.check_live("memcpy source")

@@ -1,0 +1,190 @@
+"""DLPack exchange without copies (the "dltensor" capsule protocol, written with ctypes).
+
+Export: zero-copy tensors (host memory mapped into the device) go out as CPU tensors at their
+host address, so numpy and torch read them in place. Device tensors report kDLExtDev from
+`__dlpack_device__` but refuse `__dlpack__` with a BufferError: no consumer could read simulated
+device memory (and a refused capsule would reach its destructor with the consumer's exception
+pending). `from_dlpack` of an npumem tensor is a view of the same storage.
+
+Import (`from_dlpack`): CPU memory from numpy or torch is mapped into the current device's
+address space (zero copy), and the producer is kept alive for as long as a tensor uses it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+import weakref
+
+import numpy as np
+
+from ..constants import DataType
+from ..device.address_index import Allocation
+from ..errors import OpParamError
+from ..runtime.state import RUNTIME
+from .tensor import Storage, Tensor
+
+KDL_CPU, KDL_EXT_DEV = 1, 12
+_INT, _UINT, _FLOAT, _BFLOAT, _BOOL = 0, 1, 2, 4, 6
+_CODES = {
+    DataType.INT8: (_INT, 8), DataType.INT16: (_INT, 16), DataType.INT32: (_INT, 32),
+    DataType.INT64: (_INT, 64), DataType.UINT8: (_UINT, 8), DataType.UINT16: (_UINT, 16),
+    DataType.UINT32: (_UINT, 32), DataType.UINT64: (_UINT, 64), DataType.FLOAT16: (_FLOAT, 16),
+    DataType.FLOAT: (_FLOAT, 32), DataType.DOUBLE: (_FLOAT, 64), DataType.BF16: (_BFLOAT, 16),
+    DataType.BOOL: (_BOOL, 8),
+}
+_DTYPES = {code: dtype for dtype, code in _CODES.items()}
+_DTYPES[(_UINT, 1)] = DataType.BOOL          # older producers
+
+
+class _Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _Device), ("ndim", ctypes.c_int32),
+                ("dtype", _DataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Managed(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_Managed))
+_Managed._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                     ("deleter", _DELETER)]
+
+_api = ctypes.pythonapi
+# The destructor gets the dying capsule as a raw address and reads its fields (PyObject header,
+# then pointer and name): wrapping it in a py_object would resurrect an object being deallocated.
+_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_HEADER = object.__basicsize__
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _CAPSULE_DESTRUCTOR]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_IsValid.restype = ctypes.c_int
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+# Exported tensors stay alive here until the consumer calls the deleter.
+_exported: dict[int, tuple] = {}
+_keys = itertools.count(1)
+_lock = threading.Lock()
+
+
+@_DELETER
+def _delete(managed) -> None:
+    with _lock:
+        _exported.pop(managed.contents.manager_ctx or 0, None)
+
+
+@_CAPSULE_DESTRUCTOR
+def _capsule_gone(capsule) -> None:
+    pointer = ctypes.c_void_p.from_address(capsule + _HEADER).value
+    name = ctypes.c_char_p.from_address(capsule + _HEADER + ctypes.sizeof(ctypes.c_void_p)).value
+    if name == b"dltensor" and pointer:          # never consumed: drop our reference
+        _delete(ctypes.cast(pointer, ctypes.POINTER(_Managed)))
+
+
+def dlpack_device(tensor: Tensor) -> tuple[int, int]:
+    return (KDL_CPU, 0) if tensor.storage.host_address else (KDL_EXT_DEV, tensor.device)
+
+
+def to_dlpack(tensor: Tensor, stream=None):
+    """A "dltensor" capsule viewing a host-visible tensor's bytes, after its queued work."""
+    device_type, device_id = dlpack_device(tensor)
+    if device_type != KDL_CPU:
+        raise BufferError(f"{tensor!r} is in device memory, which the host cannot read in "
+                          "place; copy it with .numpy(), or build it on zero-copy memory")
+    tensor.storage.wait()
+    base = tensor.storage.host_address
+    shape = (ctypes.c_int64 * max(tensor.ndim, 1))(*tensor.shape)
+    strides = (ctypes.c_int64 * max(tensor.ndim, 1))(*tensor.strides)
+    code, bits = _CODES[tensor.dtype]
+    managed = _Managed()
+    managed.dl_tensor = _DLTensor(base, _Device(device_type, device_id), tensor.ndim,
+                                  _DataType(code, bits, 1), shape, strides,
+                                  tensor.storage_offset * tensor.itemsize)
+    key = next(_keys)
+    managed.manager_ctx = key
+    managed.deleter = _delete
+    with _lock:
+        _exported[key] = (tensor, managed, shape, strides)
+    return _api.PyCapsule_New(ctypes.addressof(managed), b"dltensor", _capsule_gone)
+
+
+def from_dlpack(obj) -> Tensor:
+    """An npumem tensor over the same bytes as `obj` (anything with `__dlpack__`)."""
+    if isinstance(obj, Tensor):
+        return Tensor(obj.storage, obj.shape, obj.strides, obj.storage_offset, obj.dtype,
+                      obj.format, obj.storage_shape)
+    if not hasattr(obj, "__dlpack__"):
+        raise OpParamError(f"from_dlpack: {type(obj).__name__} does not support DLPack")
+    capsule = obj.__dlpack__()
+    if not _api.PyCapsule_IsValid(capsule, b"dltensor"):
+        raise OpParamError("from_dlpack: expected an unused 'dltensor' capsule")
+    managed = ctypes.cast(_api.PyCapsule_GetPointer(capsule, b"dltensor"),
+                          ctypes.POINTER(_Managed)).contents
+    dl = managed.dl_tensor
+    if dl.device.device_type != KDL_CPU:
+        raise OpParamError(f"from_dlpack: memory on DLPack device type {dl.device.device_type} "
+                           "cannot be used by this backend; npumem imports CPU memory")
+    try:
+        dtype = _DTYPES[(dl.dtype.code, dl.dtype.bits)]
+    except KeyError:
+        raise OpParamError(f"from_dlpack: unsupported DLPack dtype code {dl.dtype.code} with "
+                           f"{dl.dtype.bits} bits") from None
+    if dl.dtype.lanes != 1:
+        raise OpParamError("from_dlpack: vector (multi-lane) dtypes are not supported")
+    shape = [dl.shape[i] for i in range(dl.ndim)]
+    itemsize = dl.dtype.bits // 8
+    strides = [dl.strides[i] for i in range(dl.ndim)] if dl.strides else None
+    probe = Tensor(Storage(0, 1 << 62, -1), shape, strides, 0, dtype)
+    _, nbytes = probe.span()
+    address = dl.data + dl.byte_offset
+    # Consume the capsule: from now on we own the producer's reference and call its deleter.
+    _api.PyCapsule_SetName(capsule, b"used_dltensor")
+    keeper = _ProducerRef(ctypes.addressof(managed), managed.deleter)
+    storage = map_host_memory(address, max(nbytes, itemsize), keeper)
+    return Tensor(storage, shape, probe.strides, 0, dtype)
+
+
+class _ProducerRef:
+    """Calls the producer's deleter once nothing of ours uses its memory any more."""
+
+    def __init__(self, managed_address: int, deleter):
+        self.managed_address, self.deleter = managed_address, deleter
+
+    def __del__(self):
+        if self.deleter:
+            self.deleter(ctypes.cast(self.managed_address, ctypes.POINTER(_Managed)))
+
+
+def map_host_memory(address: int, nbytes: int, owner) -> Storage:
+    """Storage on the current device over `nbytes` of host memory at `address` (zero copy).
+
+    `owner` is kept alive until the mapping is gone.
+    """
+    device = RUNTIME.current_context().device
+    view = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+    host = Allocation(start=address, size=nbytes, reserved=nbytes, api="dlpack import",
+                      device=-1, buffer=view, host_address=address, extra={"owner": owner})
+    mapped = RUNTIME.backend.register_host(device, host, 0, nbytes)
+    storage = Storage(mapped.start, nbytes, device, host_address=address)
+    weakref.finalize(storage, _unmap, mapped.start, host)
+    return storage
+
+
+def _unmap(pointer: int, host: Allocation) -> None:
+    """Drop the mapping (and with `host`, the producer) unless its device already did."""
+    backend = RUNTIME.backend
+    if backend is not None and pointer in host.extra.get("registered", ()):
+        backend.free(pointer, "host_unregister")

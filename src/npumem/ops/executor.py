@@ -1,0 +1,219 @@
+"""Executors: what phase 1 (`*_get_workspace_size`) hands to phase 2 (`*(workspace, ...)`).
+
+Phase 1 checks the arguments, picks the implementation and lays out the workspace: a contiguous
+copy of every non-contiguous input the kernel needs dense, then the implementation's own scratch
+regions (intermediates, reduction buffers), each starting on a 64-byte boundary, the total
+rounded up to 64 bytes. Phase 2 checks the workspace and queues the kernel on the stream; the
+kernel runs on the stream's worker over views of the device bytes.
+
+An executor runs once and is then freed, unless `set_executor_repeatable` is called before its
+first run; a repeatable one lives until `destroy_executor`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ExecutorError, OpNullptrError, OpParamError
+from ..runtime.handles import forget, new_handle
+from ..runtime.state import RUNTIME
+from ..units import align_up
+from .registry import REGISTRY, OpImpl
+from .tensor import Tensor
+
+WORKSPACE_ALIGN = 64
+
+
+@dataclass
+class OpCall:
+    """An op applied to tensors: what phase 1 validated."""
+
+    op: str
+    inputs: dict[str, Tensor]
+    outputs: dict[str, Tensor]
+    attrs: dict = field(default_factory=dict)
+    dense_inputs: bool = True      # the kernel reads inputs as contiguous arrays
+
+    def tensors(self):
+        yield from (("input " + k, t) for k, t in self.inputs.items())
+        yield from (("output " + k, t) for k, t in self.outputs.items())
+
+
+@dataclass
+class WorkspacePlan:
+    regions: dict[str, tuple[int, int]]    # name -> (offset, bytes)
+    size: int
+
+    @classmethod
+    def build(cls, needs: dict[str, int]) -> "WorkspacePlan":
+        regions, end = {}, 0
+        for name, nbytes in needs.items():
+            if nbytes > 0:
+                offset = align_up(end, WORKSPACE_ALIGN)
+                regions[name] = (offset, nbytes)
+                end = offset + nbytes
+        return cls(regions, align_up(end, WORKSPACE_ALIGN))
+
+
+@dataclass
+class KernelArgs:
+    """What a kernel sees: numpy views of device memory, attributes and scratch regions."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    attrs: dict
+    scratch: dict[str, np.ndarray]
+
+    def buffer(self, name: str, shape, dtype) -> np.ndarray:
+        """Scratch region `name` typed as an array of `shape`."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        return self.scratch[name][:count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+class Executor:
+    """aclOpExecutor: a planned op waiting for its workspace and stream."""
+
+    def __init__(self, call: OpCall, impl: OpImpl, plan: WorkspacePlan):
+        self.call, self.impl, self.plan = call, impl, plan
+        self.op = call.op
+        self.handle = new_handle(self)
+        self.repeatable = False
+        self.state = "planned"          # planned | launched | freed
+        self.runs = 0
+        self.touched: list[tuple[str, int, int, str]] = []   # role, address, bytes, allocation
+        self._lock = threading.Lock()
+
+    @property
+    def workspace_size(self) -> int:
+        return self.plan.size
+
+    def __repr__(self) -> str:
+        return (f"<npumem executor 0x{self.handle:x} {self.op} workspace {self.workspace_size} "
+                f"bytes, {self.state}{', repeatable' if self.repeatable else ''}>")
+
+    def check_usable(self, what: str) -> None:
+        if self.state == "freed":
+            reason = "was destroyed" if self.repeatable else \
+                "already ran and single-use executors are freed by their run; call " \
+                "set_executor_repeatable(executor) right after phase 1 to run it again"
+            raise ExecutorError(f"{what}: {self!r} {reason}")
+
+    def free(self) -> None:
+        """Queued runs keep what they need; the executor stops pinning its tensors."""
+        self.state = "freed"
+        self.call = None
+        forget(self.handle)
+
+
+def plan(call: OpCall) -> tuple[int, Executor]:
+    """Phase 1 common part: pick the implementation, lay out the workspace."""
+    for role, tensor in call.tensors():
+        if tensor is None:
+            raise OpNullptrError(f"{call.op}: {role} is null")
+        if not isinstance(tensor, Tensor):
+            raise OpParamError(f"{call.op}: {role} must be an npumem.Tensor, got "
+                               f"{type(tensor).__name__}")
+        RUNTIME.require().resolve(*tensor.span(), f"{call.op} {role}")   # live, in bounds
+    first = next(iter(call.inputs.values()), None) or next(iter(call.outputs.values()))
+    impl = REGISTRY.lookup(call.op, RUNTIME.backend.name, first.dtype)
+    needs = {}
+    if call.dense_inputs:
+        needs = {f"contiguous {name}": t.nbytes for name, t in call.inputs.items()
+                 if not t.is_contiguous()}
+    if impl.scratch is not None:
+        needs.update(impl.scratch(call))
+    layout = WorkspacePlan.build(needs)
+    return layout.size, Executor(call, impl, layout)
+
+
+def set_executor_repeatable(executor: Executor) -> None:
+    """Keep `executor` after it runs, so phase 2 can run it again (until destroy_executor)."""
+    _check_executor(executor, "set_executor_repeatable")
+    if executor.state != "planned":
+        raise ExecutorError(f"set_executor_repeatable: {executor!r} already ran; call it right "
+                            "after phase 1")
+    executor.repeatable = True
+
+
+def destroy_executor(executor: Executor) -> None:
+    _check_executor(executor, "destroy_executor")
+    executor.free()
+
+
+def _check_executor(executor, what: str) -> None:
+    if executor is None:
+        raise ExecutorError(f"{what}: executor is null")
+    if not isinstance(executor, Executor):
+        raise ExecutorError(f"{what}: expected an executor from a *_get_workspace_size call, "
+                            f"got {type(executor).__name__}")
+    executor.check_usable(what)
+
+
+def launch(op: str, workspace: int | None, workspace_size: int, executor: Executor,
+           stream=None) -> None:
+    """Phase 2 common part: check the workspace, queue the kernel on `stream`."""
+    what = op
+    _check_executor(executor, what)
+    if executor.op != op:
+        raise OpParamError(f"{what}: the executor was planned for {executor.op}")
+    need = executor.workspace_size
+    backend = RUNTIME.require()
+    for role, tensor in executor.call.tensors():     # freed since phase 1?
+        backend.resolve(*tensor.span(), f"{op} {role}")
+    if need:
+        if not workspace:
+            raise OpNullptrError(f"{what}: the op needs a {need}-byte workspace, got a null pointer")
+        if workspace_size < need:
+            raise OpParamError(f"{what}: workspace_size {workspace_size} is smaller than the "
+                               f"{need} bytes phase 1 asked for")
+        backend.resolve(workspace, need, f"{what} workspace")
+    queue = RUNTIME.stream(stream, what)
+    with executor._lock:
+        executor.check_usable(what)
+        call = executor.call
+        executor.state = "launched"
+        if not executor.repeatable:
+            executor.free()
+    queue.enqueue(lambda: _run(executor, call, workspace if need else 0),
+                  f"{op} (executor 0x{executor.handle:x})")
+    for _, tensor in call.tensors():
+        tensor.storage.used_on(queue)
+
+
+def _run(executor: Executor, call: OpCall, workspace: int) -> None:
+    """On the stream worker: views of the device bytes, dense copies, then the kernel."""
+    backend = RUNTIME.backend
+    touched = []
+
+    def device_bytes(address: int, nbytes: int, role: str) -> np.ndarray:
+        rng = backend.resolve(address, nbytes, f"{call.op} {role}")
+        touched.append((role, address, nbytes, rng.allocation.describe()))
+        return backend.host_view(rng, f"{call.op} {role}")
+
+    def view(tensor: Tensor, role: str) -> np.ndarray:
+        address, nbytes = tensor.span()
+        return tensor._strided(device_bytes(address, nbytes, role) if nbytes else
+                               np.empty(0, np.uint8))
+
+    scratch = {}
+    if workspace:
+        raw = device_bytes(workspace, executor.workspace_size, "workspace")
+        scratch = {name: raw[offset:offset + nbytes]
+                   for name, (offset, nbytes) in executor.plan.regions.items()}
+    inputs = {}
+    for name, tensor in call.inputs.items():
+        array = view(tensor, "input " + name)
+        dense_name = f"contiguous {name}"
+        if dense_name in scratch:
+            dense = scratch[dense_name].view(array.dtype).reshape(array.shape)
+            np.copyto(dense, array)
+            array = dense
+        inputs[name] = array
+    outputs = {name: view(tensor, "output " + name) for name, tensor in call.outputs.items()}
+    executor.impl.kernel(KernelArgs(inputs, outputs, call.attrs, scratch))
+    executor.touched = touched
+    executor.runs += 1

@@ -1,0 +1,345 @@
+"""Tensors on the device: a view (shape, strides, offset, dtype, format) of device storage.
+
+Like aclTensor, a `Tensor` does not own bytes by itself: it points into a `Storage`. Storage made
+by `empty`/`zeros`/`from_numpy` comes from the device's caching pool and goes back to it when the
+last tensor viewing it is dropped (or at `Storage.free()`); storage given to `create_tensor` stays
+the caller's. Views (`t()`, `transpose`, slicing) share storage and never copy.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import weakref
+
+import numpy as np
+
+from .. import memory as pool_api
+from ..constants import DataType, Format, MemcpyKind
+from ..errors import InvalidParamError, OpNullptrError, OpParamError
+from ..runtime import memory as rt_memory
+from ..runtime.state import RUNTIME
+from .dtypes import as_data_type, itemsize, numpy_dtype
+
+DATA_ALIGN = 32      # aclCreateTensor: tensor data starts 32-byte aligned
+
+
+class Storage:
+    """Device bytes behind tensors, and the streams whose queued work may still use them."""
+
+    def __init__(self, pointer: int, nbytes: int, device: int, *, pool=None,
+                 host_address: int = 0):
+        self.pointer, self.nbytes, self.device = pointer, nbytes, device
+        self.pool = pool                      # the caching pool it came from (None: not ours)
+        self.host_address = host_address      # zero-copy memory: where the host sees the bytes
+        self.streams: set = set()             # streams with queued work on these bytes
+        self._finalizer = weakref.finalize(self, _give_back, pool, pointer) if pool else None
+
+    def used_on(self, stream) -> None:
+        """Queued work on `stream` uses these bytes: reuse them only after it."""
+        self.streams.add(stream)
+        if self.pool is not None and self.pool.owns(self.pointer):
+            self.pool.record_stream(self.pointer, stream)
+
+    def wait(self) -> None:
+        """Block until every stream that queued work on these bytes has finished it."""
+        for stream in list(self.streams):
+            if not stream.destroyed:
+                stream.synchronize()
+        self.streams.clear()
+
+    def free(self) -> None:
+        """Give pool memory back now instead of when the last tensor is dropped."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+
+def _give_back(pool, pointer: int) -> None:
+    if pool.owns(pointer):            # not already released with its device
+        pool.deallocate(pointer)
+
+
+def _dims(values, what: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise OpParamError(f"{what} must be a sequence of integers, got {values!r}") from None
+    if any(d < 0 for d in dims):
+        raise OpParamError(f"{what} must not be negative, got {dims}")
+    return dims
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(strides))
+
+
+class Tensor:
+    """A strided view of device storage. Strides and offset count elements, as in aclCreateTensor."""
+
+    def __init__(self, storage: Storage, shape, strides=None, offset: int = 0,
+                 dtype=DataType.FLOAT, format: Format = Format.ND, storage_shape=None):
+        self.storage = storage
+        self.shape = _dims(shape, "shape")
+        self.strides = contiguous_strides(self.shape) if strides is None else _dims(strides, "strides")
+        if len(self.strides) != len(self.shape):
+            raise OpParamError(f"{len(self.shape)}-d shape {self.shape} needs {len(self.shape)} "
+                               f"strides, got {self.strides}")
+        self.storage_offset = operator.index(offset)
+        self.dtype = as_data_type(dtype)
+        self.format = Format(format)
+        self.storage_shape = (self.storage_offset + self._extent(),) if storage_shape is None \
+            else _dims(storage_shape, "storage shape")
+        need = (self.storage_offset + self._extent()) * self.itemsize
+        if self.storage_offset < 0 or need > storage.nbytes:
+            raise OpParamError(
+                f"a {self.shape} view with strides {self.strides} at offset {self.storage_offset} "
+                f"reaches {need} bytes but its storage holds {storage.nbytes}")
+
+    # --- geometry -------------------------------------------------------------------------
+
+    def _extent(self) -> int:
+        """Elements from the first to one past the last element the view can reach."""
+        if self.numel == 0:
+            return 0
+        return sum((d - 1) * s for d, s in zip(self.shape, self.strides)) + 1
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return itemsize(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def device(self) -> int:
+        return self.storage.device
+
+    @property
+    def data_ptr(self) -> int:
+        """The storage start (aclCreateTensor's tensorData)."""
+        return self.storage.pointer
+
+    @property
+    def address(self) -> int:
+        """Device address of the first element."""
+        return self.storage.pointer + self.storage_offset * self.itemsize
+
+    def span(self) -> tuple[int, int]:
+        """(device address, bytes) of the storage range this view touches."""
+        return self.address, self._extent() * self.itemsize
+
+    def is_contiguous(self) -> bool:
+        expected = contiguous_strides(self.shape)
+        return all(s == e for d, s, e in zip(self.shape, self.strides, expected) if d != 1)
+
+    def _view(self, shape, strides, offset) -> "Tensor":
+        return Tensor(self.storage, shape, strides, offset, self.dtype, self.format,
+                      self.storage_shape)
+
+    def transpose(self, dim0: int = 0, dim1: int = 1) -> "Tensor":
+        """Swap two dimensions: a view, no copy."""
+        dims = list(range(self.ndim))
+        try:
+            dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+        except IndexError:
+            raise OpParamError(f"transpose({dim0}, {dim1}) of a {self.ndim}-d tensor") from None
+        return self.permute(dims)
+
+    def t(self) -> "Tensor":
+        if self.ndim > 2:
+            raise OpParamError(f"t() takes a tensor of at most 2 dims, got shape {self.shape}; "
+                               "use transpose(dim0, dim1)")
+        return self.transpose(0, 1) if self.ndim == 2 else self
+
+    @property
+    def T(self) -> "Tensor":
+        return self.t()
+
+    def permute(self, dims) -> "Tensor":
+        dims = [operator.index(d) % max(self.ndim, 1) for d in dims]
+        if sorted(dims) != list(range(self.ndim)):
+            raise OpParamError(f"permute{tuple(dims)} is not a permutation of {self.ndim} dims")
+        return self._view([self.shape[d] for d in dims], [self.strides[d] for d in dims],
+                          self.storage_offset)
+
+    def reshape(self, *shape) -> "Tensor":
+        """A view with a new shape (contiguous tensors only; use contiguous() first)."""
+        shape = list(shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+        if shape.count(-1) == 1:
+            known = math.prod(d for d in shape if d != -1)
+            shape[shape.index(-1)] = self.numel // known if known else 0
+        if math.prod(shape) != self.numel:
+            raise OpParamError(f"cannot reshape {self.shape} ({self.numel} elements) to {tuple(shape)}")
+        if not self.is_contiguous():
+            raise OpParamError(f"reshape of a non-contiguous {self.shape} view would need a copy; "
+                               "call contiguous() first")
+        return self._view(shape, None, self.storage_offset)
+
+    def __getitem__(self, index) -> "Tensor":
+        """Basic indexing with ints and slices (positive steps): a view, no copy."""
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) > self.ndim:
+            raise OpParamError(f"{len(index)} indices for a {self.ndim}-d tensor")
+        shape, strides, offset = [], [], self.storage_offset
+        for dim, (size, stride) in enumerate(zip(self.shape, self.strides)):
+            item = index[dim] if dim < len(index) else slice(None)
+            if isinstance(item, slice):
+                start, stop, step = item.indices(size)
+                if step <= 0:
+                    raise OpParamError("negative slice steps are not supported (aclTensor "
+                                       "strides are non-negative)")
+                shape.append(len(range(start, stop, step)))
+                strides.append(stride * step)
+                offset += start * stride
+            else:
+                i = operator.index(item)
+                if not -size <= i < size:
+                    raise OpParamError(f"index {i} is out of range for dim {dim} of size {size}")
+                offset += (i % size) * stride
+        return self._view(shape, strides, offset)
+
+    # --- host access ----------------------------------------------------------------------
+
+    def numpy(self) -> np.ndarray:
+        """A host copy of the data, after the queued work on this tensor's storage has run."""
+        self.storage.wait()
+        address, nbytes = self.span()
+        raw = np.empty(max(nbytes, 1), dtype=np.uint8)
+        if nbytes:
+            rt_memory.memcpy(raw, nbytes, address, nbytes, MemcpyKind.DEVICE_TO_HOST)
+        return self._strided(raw).copy()
+
+    def _strided(self, raw: np.ndarray) -> np.ndarray:
+        """The view laid over `raw`, a uint8 array that starts at the first element."""
+        item = self.itemsize
+        return np.lib.stride_tricks.as_strided(
+            raw.view(numpy_dtype(self.dtype)) if raw.nbytes % item == 0 else
+            raw[:raw.nbytes // item * item].view(numpy_dtype(self.dtype)),
+            self.shape, [s * item for s in self.strides])
+
+    @property
+    def __array_interface__(self) -> dict:
+        """Host-visible (zero-copy) tensors only: numpy reads the bytes in place."""
+        if not self.storage.host_address:
+            raise AttributeError("device tensors are not host-visible; use .numpy() to copy")
+        host = self.storage.host_address + self.storage_offset * self.itemsize
+        return {"version": 3, "shape": self.shape, "typestr": numpy_dtype(self.dtype).str,
+                "data": (host, False), "strides": tuple(s * self.itemsize for s in self.strides)}
+
+    def __dlpack__(self, stream=None):
+        from .dlpack import to_dlpack
+        return to_dlpack(self, stream)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from .dlpack import dlpack_device
+        return dlpack_device(self)
+
+    def __repr__(self) -> str:
+        layout = "" if self.is_contiguous() else f", strides={self.strides}"
+        return (f"npumem.Tensor(shape={self.shape}, dtype={self.dtype.name.lower()}{layout}, "
+                f"device={self.device}, address=0x{self.address:x})")
+
+
+class Scalar:
+    """aclScalar: one value with a data type (alpha of Add, the value of Fill)."""
+
+    def __init__(self, value, dtype=None):
+        self.dtype = as_data_type(dtype if dtype is not None else np.asarray(value).dtype)
+        self.value = numpy_dtype(self.dtype).type(value)
+
+    def __repr__(self) -> str:
+        return f"npumem.Scalar({self.value!r}, {self.dtype.name.lower()})"
+
+
+def as_scalar(value) -> Scalar:
+    return value if isinstance(value, Scalar) else Scalar(value)
+
+
+# --- constructors ---------------------------------------------------------------------------
+
+
+def _pool_storage(nbytes: int, device: int | None, stream) -> Storage:
+    pool = pool_api.get_allocator(device)
+    pointer = pool.allocate(nbytes, RUNTIME.stream(stream, "tensor allocation"))
+    return Storage(pointer, nbytes, pool.device, pool=pool)
+
+
+def empty(shape, dtype=DataType.FLOAT, *, stream=None, device: int | None = None,
+          format: Format = Format.ND) -> Tensor:
+    """An uninitialised contiguous tensor in pool memory, ordered on `stream`."""
+    shape = _dims(shape if isinstance(shape, (tuple, list)) else (shape,), "shape")
+    dtype = as_data_type(dtype)
+    storage = _pool_storage(math.prod(shape) * itemsize(dtype), device, stream)
+    return Tensor(storage, shape, None, 0, dtype, format)
+
+
+def zeros(shape, dtype=DataType.FLOAT, *, stream=None, device: int | None = None) -> Tensor:
+    tensor = empty(shape, dtype, stream=stream, device=device)
+    if tensor.nbytes:
+        if stream is None:
+            rt_memory.memset(tensor.address, tensor.nbytes, 0, tensor.nbytes)
+        else:
+            rt_memory.memset_async(tensor.address, tensor.nbytes, 0, tensor.nbytes, stream)
+            tensor.storage.used_on(RUNTIME.stream(stream, "zeros"))
+    return tensor
+
+
+def from_numpy(array, stream=None, *, device: int | None = None) -> Tensor:
+    """A device copy of a host array. With a stream, the copy is staged through the pinned
+    host pool and queued on it (the call returns at once)."""
+    array = np.ascontiguousarray(array)
+    tensor = empty(array.shape, as_data_type(array.dtype), stream=stream, device=device)
+    nbytes = array.nbytes
+    if not nbytes:
+        return tensor
+    if stream is None:
+        rt_memory.memcpy(tensor.address, nbytes, array, nbytes, MemcpyKind.HOST_TO_DEVICE)
+        return tensor
+    staging_pool = pool_api.host_pool()
+    staging = staging_pool.allocate(nbytes)
+    rt_memory.memcpy(staging, nbytes, array, nbytes, MemcpyKind.HOST_TO_HOST)
+    rt_memory.memcpy_async(tensor.address, nbytes, staging, nbytes, MemcpyKind.HOST_TO_DEVICE, stream)
+    staging_pool.free(staging, RUNTIME.stream(stream, "from_numpy"))
+    tensor.storage.used_on(RUNTIME.stream(stream, "from_numpy"))
+    return tensor
+
+
+def create_tensor(shape, dtype, strides=None, offset: int = 0, format: Format = Format.ND,
+                  data_ptr: int = 0, storage_shape=None) -> Tensor:
+    """aclCreateTensor: a view of device memory the caller owns (it is never freed for you).
+
+    `data_ptr` must be a live, 32-byte aligned device pointer holding the storage.
+    """
+    if not data_ptr:
+        raise OpNullptrError("create_tensor: data_ptr is null")
+    if data_ptr % DATA_ALIGN:
+        raise OpParamError(f"create_tensor: data_ptr 0x{data_ptr:x} must be {DATA_ALIGN}-byte "
+                           f"aligned (it is {data_ptr % DATA_ALIGN} bytes past a boundary)")
+    dtype = as_data_type(dtype)
+    shape = _dims(shape, "shape")
+    strides = contiguous_strides(shape) if strides is None else _dims(strides, "strides")
+    if storage_shape is None:
+        probe = Tensor(Storage(data_ptr, 1 << 62, -1), shape, strides, offset, dtype, format)
+        storage_shape = probe.storage_shape
+    nbytes = math.prod(_dims(storage_shape, "storage shape")) * itemsize(dtype)
+    backend = RUNTIME.require()
+    if not backend.is_device_pointer(data_ptr):
+        raise InvalidParamError(f"create_tensor: 0x{data_ptr:x} is not a device pointer")
+    rng = backend.resolve(data_ptr, nbytes, "create_tensor storage")
+    host_address = rng.allocation.host_address + rng.offset \
+        if rng.allocation.api == "host_register" else 0
+    storage = Storage(data_ptr, nbytes, backend.device_of(data_ptr), host_address=host_address)
+    return Tensor(storage, shape, strides, offset, dtype, format, storage_shape)
