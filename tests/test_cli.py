@@ -1,3 +1,4 @@
+import pickle
 import subprocess
 import sys
 
@@ -11,7 +12,19 @@ def test_demo_passes_and_cleans_up():
     assert result.exit_code == 0, result.output
     assert "Result verification: PASS" in result.output
     assert "live allocations left: 0" in result.output
-    assert "[9/9]" in result.output
+    assert "[10/10]" in result.output
+    assert "workspace 0 bytes" in result.output          # Add on contiguous tensors
+    assert "non-contiguous view): phase 1 -> workspace 262144 bytes" in result.output
+
+
+def test_demo_writes_a_snapshot(tmp_path):
+    result = CliRunner().invoke(main, ["demo", "--size", "16K", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    with open(tmp_path / "snapshot.pickle", "rb") as f:
+        snapshot = pickle.load(f)
+    assert snapshot["segments"] and snapshot["segments"][0]["blocks"]
+    actions = {entry["action"] for entry in snapshot["device_traces"][0]}
+    assert {"alloc", "free_requested"} <= actions
 
 
 def test_demo_rejects_bad_options():

@@ -26,16 +26,20 @@ def main() -> None:
 @main.command()
 @click.option("--device", default="sim", show_default=True, help="Device backend to run on.")
 @click.option("--size", default="1M", show_default=True,
-              help="Number of float32 elements to move (suffixes K/M allowed).")
-def demo(device: str, size: str) -> None:
-    """Run the AscendCL memory flow end to end and verify the result."""
+              help="float32 elements per vector (suffixes K/M allowed); the matrices are "
+                   "sqrt(size) square.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write the memory snapshot (snapshot.pickle) into this folder.")
+def demo(device: str, size: str, out_dir: str | None) -> None:
+    """Run the single-operator flow end to end (pool, H2D, two-phase Add and MatMul, D2H) and
+    verify the result."""
     from .demo import run_demo
 
     elements = _size_option(size)
     if elements <= 0:
         raise click.BadParameter("must be positive", param_hint="--size")
     try:
-        passed = run_demo(elements, device=device, echo=click.echo)
+        passed = run_demo(elements, device=device, echo=click.echo, out_dir=out_dir)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     sys.exit(0 if passed else 1)

@@ -1,26 +1,44 @@
-"""`npumem demo`: the AscendCL memory flow end to end on the simulated NPU.
+"""`npumem demo`: the single-operator flow of the seeds, end to end on the simulated NPU.
 
-init -> device -> stream -> device and pinned memory -> async H2D -> on-device work (D2D copy,
-memset) -> async D2H -> verify against numpy -> sync -> cleanup, printing each step and the
-memory figures. (The two-phase operators join this flow with the operator API.)
+init -> device -> stream -> caching pool -> H2D through pinned staging buffers -> two-phase Add
+and MatMul (the MatMul reads a transposed, non-contiguous view, so phase 1 asks for a workspace)
+-> D2H -> verify against numpy -> sync -> memory summary -> cleanup, printing each step.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import pickle
 import time
 from typing import Callable
 
 import numpy as np
 
+from . import memory as mem
 from . import runtime as rt
-from .constants import MallocPolicy, MemAttr, MemcpyKind
-from .units import carve, carve_size, format_size
+from .constants import MemAttr
+from .ops import aclnn
+from .ops.tensor import empty, from_numpy
+from .units import format_size
 
-STEPS = 9
+STEPS = 10
 
 
-def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], None] = print) -> bool:
-    """Run the flow over `size` float32 elements; returns True when verification passes."""
+def _two_phase(plan, run, stream) -> int:
+    """Phase 1, a pool workspace if asked for, phase 2 on `stream`; returns the workspace size."""
+    size, executor = plan()
+    workspace = mem.caching_allocator_alloc(size, stream=stream) if size else None
+    run(workspace, size, executor, stream)
+    if workspace is not None:          # stream-ordered: reused only after the op has run
+        mem.caching_allocator_delete(workspace)
+    return size
+
+
+def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], None] = print,
+             out_dir: str | None = None) -> bool:
+    """Run the flow on `size` float32 elements (Add) and a sqrt(size)-square MatMul; returns
+    True when verification passes and nothing is left allocated."""
     if device != "sim":
         raise ValueError(f"device backend {device!r} is not available; this build has: sim")
     step = iter(range(1, STEPS + 1))
@@ -28,7 +46,10 @@ def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], Non
     def say(text: str) -> None:
         echo(f"[{next(step)}/{STEPS}] {text}")
 
-    nbytes = size * 4
+    side = max(1, math.isqrt(size))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(size).astype(np.float32), rng.standard_normal(size).astype(np.float32)
+    m, n = (rng.standard_normal((side, side)).astype(np.float32) for _ in range(2))
     rt.init()
     try:
         say(f"init: simulated NPU, {rt.get_device_count()} device(s), run mode {rt.get_run_mode().name}")
@@ -36,62 +57,63 @@ def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], Non
         free0, total = rt.get_mem_info(MemAttr.HBM_MEM)
         say(f"set_device(0): HBM {format_size(free0)} free of {format_size(total)}")
         stream = rt.create_stream()
-        start, end = rt.create_event(), rt.create_event()
         say(f"create_stream: {stream!r}")
-
-        host_in = np.random.default_rng(0).standard_normal(size).astype(np.float32)
-        pinned_in, pinned_out = rt.malloc_host(nbytes), rt.malloc_host(nbytes)
-        dev_a = rt.malloc(nbytes, MallocPolicy.HUGE_FIRST)
-        dev_b = rt.malloc(nbytes, MallocPolicy.HUGE_FIRST)
-        offsets, block_size = carve([nbytes // 4] * 4)
-        block = rt.malloc_align32(block_size)
-        pieces = [block + offset for offset in offsets]
-        say(f"malloc: 2 x {format_size(nbytes)} (device pointers 0x{dev_a:x}, 0x{dev_b:x}), "
-            f"2 pinned staging buffers, one block carved into 4 pieces of "
-            f"ALIGN_UP(len, 32) + 32 = {carve_size(nbytes // 4)} bytes")
-
-        rt.memcpy(pinned_in, nbytes, host_in, nbytes, MemcpyKind.HOST_TO_HOST)
-        rt.record_event(start, stream)
-        rt.memcpy_async(dev_a, nbytes, pinned_in, nbytes, MemcpyKind.HOST_TO_DEVICE, stream)
-        say(f"memcpy_async H2D of {format_size(nbytes)} queued (returned before the copy ran)")
-
-        rt.memcpy_async(dev_b, nbytes, dev_a, nbytes, MemcpyKind.DEVICE_TO_DEVICE, stream)
-        for i, piece in enumerate(pieces):       # scatter the data into the carved pieces
-            quarter = nbytes // 4
-            rt.memcpy_async(piece, quarter, dev_b + i * quarter, quarter,
-                            MemcpyKind.DEVICE_TO_DEVICE, stream)
-        rt.memset_async(dev_a, nbytes, 0, nbytes, stream)
-        say("device work queued: D2D copy, scatter into the carved pieces, memset of the source")
-
-        for i, piece in enumerate(pieces):       # gather them back through the pinned buffer
-            quarter = nbytes // 4
-            rt.memcpy_async(pinned_out + i * quarter, quarter, piece, quarter,
-                            MemcpyKind.DEVICE_TO_HOST, stream)
-        rt.record_event(end, stream)
-        rt.synchronize_stream(stream)
-        elapsed = rt.event_elapsed_time(start, end)
-        say(f"memcpy_async D2H + synchronize_stream: stream work took {elapsed:.2f} ms")
-
-        result = np.empty_like(host_in)
-        rt.memcpy(result, nbytes, pinned_out, nbytes, MemcpyKind.HOST_TO_HOST)
-        zeros = np.ones(16, dtype=np.uint8)
-        rt.memcpy(zeros, 16, dev_a, 16, MemcpyKind.DEVICE_TO_HOST)
-        passed = bool(np.array_equal(result, host_in) and not zeros.any())
-        free1, _ = rt.get_mem_info(MemAttr.HBM_MEM)
-        say(f"Result verification: {'PASS' if passed else 'FAIL'} "
-            f"({size} float32 values round-tripped, memset checked); "
-            f"device memory in use {format_size(free0 - free1)}")
+        mem.record_memory_history(max_entries=10_000)
+        pool = mem.get_allocator()
+        layout = "expandable segments (2 MiB pages mapped on demand)" if pool.expandable else \
+            "segments"
+        say(f"caching pool on device 0: {layout}; pinned host pool for staging buffers")
 
         t0 = time.perf_counter()
-        for pointer in (dev_a, dev_b, block):
-            rt.free(pointer)
-        rt.free_host(pinned_in)
-        rt.free_host(pinned_out)
-        rt.destroy_event(start)
-        rt.destroy_event(end)
+        a, b = from_numpy(x, stream), from_numpy(y, stream)
+        mat_a, mat_b = from_numpy(m, stream), from_numpy(n, stream)
+        staged = x.nbytes + y.nbytes + m.nbytes + n.nbytes
+        say(f"H2D: {format_size(staged)} staged through pinned buffers and queued "
+            f"(returned after {(time.perf_counter() - t0) * 1e3:.2f} ms)")
+
+        c = empty((size,), stream=stream)
+        add_ws = _two_phase(lambda: aclnn.add_get_workspace_size(a, b, 1.0, c), aclnn.add, stream)
+        say(f"aclnnAdd c = a + b on {size} elements: phase 1 -> workspace {add_ws} bytes "
+            "(contiguous inputs need no scratch), phase 2 queued")
+
+        a_t = mat_a.t()
+        product = empty((side, side), stream=stream)
+        mm_ws = _two_phase(lambda: aclnn.matmul_get_workspace_size(a_t, mat_b, product),
+                           aclnn.matmul, stream)
+        say(f"aclnnMatmul A.T @ B ({side}x{side}, A.T is a non-contiguous view): phase 1 -> "
+            f"workspace {mm_ws} bytes for its contiguous copy, allocated from the pool, phase 2 queued")
+
+        got_c, got_p = c.numpy(), product.numpy()
+        ok_add = np.allclose(got_c, x + y, rtol=1e-5, atol=1e-5)
+        ok_mm = np.allclose(got_p, m.T @ n, rtol=1e-4, atol=1e-3 * side)
+        passed = bool(ok_add and ok_mm and mm_ws > 0)
+        say(f"D2H and Result verification: {'PASS' if passed else 'FAIL'} "
+            f"(Add {'matches' if ok_add else 'DIFFERS from'} numpy, MatMul "
+            f"{'matches' if ok_mm else 'DIFFERS from'} numpy)")
+
+        rt.synchronize_stream(stream)
+        stats = pool.memory_stats()
+        frag = pool.fragmentation()["ratio"]
+        hits, misses = stats.get("num_cache_hits", 0), stats.get("num_cache_misses", 0)
+        hit_rate = hits / (hits + misses) if hits + misses else 0.0
+        say(f"synchronize_stream; memory: peak allocated "
+            f"{format_size(stats['allocated_bytes.all.peak'])}, peak reserved "
+            f"{format_size(stats['reserved_bytes.all.peak'])}, pool hit rate {hit_rate:.0%} "
+            f"({hits}/{hits + misses}), fragmentation {frag:.1%}")
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            path = os.path.join(out_dir, "snapshot.pickle")
+            with open(path, "wb") as f:
+                pickle.dump(mem.memory_snapshot(), f)
+            echo(f"       memory snapshot written to {path}")
+
+        t0 = time.perf_counter()
+        del a, b, c, mat_a, mat_b, a_t, product      # tensors give their blocks back to the pool
+        mem.empty_cache()
         rt.destroy_stream(stream)
         leaked = rt.reset_device(0)
-        say(f"cleanup in {(time.perf_counter() - t0) * 1e3:.2f} ms: live allocations left: {len(leaked)}")
+        say(f"cleanup in {(time.perf_counter() - t0) * 1e3:.2f} ms: live allocations left: "
+            f"{len(leaked)}")
         return passed and not leaked
     finally:
         if rt.is_initialized():

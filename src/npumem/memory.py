@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections import deque
 
 from .alloc.caching_allocator import CachingAllocator, OutOfMemoryError
 from .alloc.host_pool import HostPool
@@ -28,7 +29,7 @@ __all__ = [
     "OutOfMemoryError", "caching_allocator_alloc", "caching_allocator_delete", "empty_cache",
     "get_allocator", "get_allocator_settings", "host_pool", "max_memory_allocated",
     "max_memory_reserved", "memory_allocated", "memory_reserved", "memory_snapshot",
-    "memory_stats", "memory_summary", "record_stream", "reset_peak_memory_stats",
+    "memory_stats", "memory_summary", "record_memory_history", "record_stream", "reset_peak_memory_stats",
     "set_allocator_settings", "set_per_process_memory_fraction",
 ]
 
@@ -36,6 +37,7 @@ _lock = threading.RLock()
 _pools: dict[int, CachingAllocator] = {}
 _settings: AllocatorSettings | None = None
 _host_pool: HostPool | None = None
+_history_entries = 0        # alloc/free events each pool keeps for memory_snapshot's traces
 
 
 def _stream_idle(stream) -> bool:
@@ -97,7 +99,7 @@ def get_allocator(device: int | None = None) -> CachingAllocator:
         if pool is None:
             pool = _pools[device] = CachingAllocator(
                 RUNTIME.backend, device, get_allocator_settings(), stream_idle=_stream_idle,
-                synchronize=_synchronize, record_event=_record_event)
+                synchronize=_synchronize, record_event=_record_event, history=_history_entries)
         return pool
 
 
@@ -129,6 +131,19 @@ def caching_allocator_delete(pointer: int) -> None:
 def record_stream(pointer: int, stream) -> None:
     """Work on `stream` uses this block: its memory is reused only after that work."""
     _pool_of(pointer).record_stream(pointer, _stream(stream))
+
+
+def record_memory_history(enabled: bool = True, max_entries: int = 100_000) -> None:
+    """Keep the last `max_entries` alloc/free events of every pool for `memory_snapshot()`
+    (its "device_traces", as in torch.cuda.memory._record_memory_history)."""
+    global _history_entries
+    if max_entries <= 0:
+        raise InvalidParamError(f"max_entries must be positive, got {max_entries}")
+    with _lock:
+        _history_entries = max_entries if enabled else 0
+        for pool in _pools.values():
+            with pool.lock:
+                pool.history = deque(pool.history or (), maxlen=max_entries) if enabled else None
 
 
 def empty_cache() -> None:
@@ -208,8 +223,9 @@ def _release_device(device: int) -> None:
 
 
 def _finalize() -> None:
-    global _host_pool, _settings
+    global _host_pool, _settings, _history_entries
     with _lock:
+        _history_entries = 0
         if _host_pool is not None:
             _host_pool.forget()
             _host_pool = None

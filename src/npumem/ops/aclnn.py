@@ -69,6 +69,18 @@ def _check_out(op: str, out: Tensor, shape, compute: np.dtype, role: str = "out"
                            f"{out_dtype.name} {role}")
 
 
+def _fits(value, dtype: np.dtype) -> bool:
+    """Whether a scalar can be held by `dtype` without changing its value."""
+    if dtype.kind == "f":
+        return isinstance(value, (int, float, np.integer, np.floating, np.bool_))
+    if dtype.kind == "b":
+        return value in (0, 1)
+    if float(value) != int(value):
+        return False
+    info = np.iinfo(dtype)
+    return info.min <= int(value) <= info.max
+
+
 def _dims(op: str, dims, ndim: int) -> tuple[int, ...]:
     dims = tuple(range(ndim)) if dims is None else \
         (dims,) if isinstance(dims, int) else tuple(dims)
@@ -94,7 +106,7 @@ def _binary(op: str, self, other, out, alpha=None) -> tuple[int, Executor]:
     attrs = {"compute": compute}
     if alpha is not None:
         alpha = as_scalar(alpha)
-        if not np.can_cast(np.min_scalar_type(alpha.value), compute, "same_kind"):
+        if not _fits(alpha.value, compute):
             raise OpParamError(f"{op}: alpha {alpha.value!r} does not fit the {compute.name} inputs")
         attrs["alpha"] = alpha.value
     return plan(OpCall(op, {"self": self, "other": other}, {"out": out}, attrs))
@@ -131,7 +143,7 @@ def fill_get_workspace_size(self: Tensor, value: Scalar | float):
     self = _tensor("Fill", self, "self")
     dtype = computable(self.dtype, "Fill")
     value = as_scalar(value).value
-    if not np.can_cast(np.min_scalar_type(value), dtype, "same_kind"):
+    if not _fits(value, dtype):
         raise OpParamError(f"Fill: value {value!r} does not fit a {dtype.name} tensor")
     return plan(OpCall("Fill", {}, {"self": self}, {"value": value}))
 
