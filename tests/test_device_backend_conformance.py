@@ -121,3 +121,27 @@ def test_invalid_device(backend):
         backend.allocate(backend.device_count, 64, 64, MallocPolicy.HUGE_FIRST, "malloc")
     with pytest.raises(InvalidDeviceError):
         backend.mem_info(-1, MemAttr.HBM_MEM)
+
+
+def test_registered_host_memory_is_shared_not_copied(backend):
+    from npumem.device.address_index import Allocation
+    from npumem.device.backing import address_of, allocate_bytes
+
+    buffer = allocate_bytes(4096)
+    buffer[:] = 0
+    host = Allocation(start=address_of(buffer), size=4096, reserved=4096, api="malloc_host",
+                      device=-1, buffer=buffer, host_address=address_of(buffer))
+    free_before = _whole(backend)[0]
+    mapped = backend.register_host(0, host, 1024, 2048)
+    assert _whole(backend)[0] == free_before            # costs the device nothing
+    rng = backend.resolve(mapped.start + 16, 32, "test")
+    backend.fill(rng, 7)
+    assert (buffer[1024 + 16:1024 + 48] == 7).all() and buffer[1024:1024 + 16].sum() == 0
+    buffer[1024] = 5
+    assert backend.host_view(backend.resolve(mapped.start, 1, "test"), "test")[0] == 5
+    with pytest.raises(MemoryAccessError, match="past the end"):
+        backend.resolve(mapped.start, 2049, "test")
+    with pytest.raises(MemoryFreeError, match="host_unregister"):
+        backend.free(mapped.start, "free")
+    backend.free(mapped.start, "host_unregister")
+    assert host.extra["registered"] == [] and backend.live_allocations(0) == []
