@@ -404,3 +404,25 @@ def test_dlpack_with_torch(rt):
     view = torch.from_dlpack(tensor)
     view[1] = 50
     assert source[1].item() == 50
+
+
+def test_storage_used_on_another_stream_is_not_reused_early(rt):
+    import threading
+
+    alloc_stream, compute_stream = rt.create_stream(), rt.create_stream()
+    gate = threading.Event()
+    compute_stream.enqueue(gate.wait, "held until the test says so")
+    x = rand(32, 32)
+    source = ops.from_numpy(x, alloc_stream)
+    alloc_stream.synchronize()
+    out = ops.empty((32, 32), stream=compute_stream)
+    address = source.address
+    size, executor = aclnn.mul_get_workspace_size(source, source, out)
+    aclnn.mul(None, size, executor, compute_stream)   # queued behind the gate
+    try:
+        source.storage.free()          # explicit early free; the queued op still reads it
+        reused = ops.empty((32, 32), stream=alloc_stream)
+        assert reused.address != address               # still in use on compute_stream
+    finally:
+        gate.set()
+    np.testing.assert_allclose(out.numpy(), x * x)
