@@ -23,7 +23,7 @@ from ..constants import DataType
 from ..device.address_index import Allocation
 from ..errors import OpParamError
 from ..runtime.state import RUNTIME
-from .tensor import Storage, Tensor
+from .tensor import Storage, Tensor, contiguous_strides, reach
 
 KDL_CPU, KDL_EXT_DEV = 1, 12
 _INT, _UINT, _FLOAT, _BFLOAT, _BOOL = 0, 1, 2, 4, 6
@@ -146,15 +146,14 @@ def from_dlpack(obj) -> Tensor:
         raise OpParamError("from_dlpack: vector (multi-lane) dtypes are not supported")
     shape = [dl.shape[i] for i in range(dl.ndim)]
     itemsize = dl.dtype.bits // 8
-    strides = [dl.strides[i] for i in range(dl.ndim)] if dl.strides else None
-    probe = Tensor(Storage(0, 1 << 62, -1), shape, strides, 0, dtype)
-    _, nbytes = probe.span()
+    strides = [dl.strides[i] for i in range(dl.ndim)] if dl.strides else contiguous_strides(shape)
+    nbytes = reach(shape, strides) * itemsize
     address = dl.data + dl.byte_offset
     # Consume the capsule: from now on we own the producer's reference and call its deleter.
     _api.PyCapsule_SetName(capsule, b"used_dltensor")
     keeper = _ProducerRef(ctypes.addressof(managed), managed.deleter)
     storage = map_host_memory(address, max(nbytes, itemsize), keeper)
-    return Tensor(storage, shape, probe.strides, 0, dtype)
+    return Tensor(storage, shape, strides, 0, dtype)
 
 
 class _ProducerRef:

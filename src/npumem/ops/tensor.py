@@ -69,6 +69,13 @@ def _dims(values, what: str) -> tuple[int, ...]:
     return dims
 
 
+def reach(shape, strides) -> int:
+    """Elements from a view's first element to one past the last one it can reach."""
+    if any(d == 0 for d in shape):
+        return 0
+    return sum((d - 1) * s for d, s in zip(shape, strides)) + 1
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, step = [], 1
     for dim in reversed(shape):
@@ -91,21 +98,16 @@ class Tensor:
         self.storage_offset = operator.index(offset)
         self.dtype = as_data_type(dtype)
         self.format = Format(format)
-        self.storage_shape = (self.storage_offset + self._extent(),) if storage_shape is None \
+        extent = reach(self.shape, self.strides)
+        self.storage_shape = (self.storage_offset + extent,) if storage_shape is None \
             else _dims(storage_shape, "storage shape")
-        need = (self.storage_offset + self._extent()) * self.itemsize
+        need = (self.storage_offset + extent) * self.itemsize
         if self.storage_offset < 0 or need > storage.nbytes:
             raise OpParamError(
                 f"a {self.shape} view with strides {self.strides} at offset {self.storage_offset} "
                 f"reaches {need} bytes but its storage holds {storage.nbytes}")
 
     # --- geometry -------------------------------------------------------------------------
-
-    def _extent(self) -> int:
-        """Elements from the first to one past the last element the view can reach."""
-        if self.numel == 0:
-            return 0
-        return sum((d - 1) * s for d, s in zip(self.shape, self.strides)) + 1
 
     @property
     def ndim(self) -> int:
@@ -139,7 +141,7 @@ class Tensor:
 
     def span(self) -> tuple[int, int]:
         """(device address, bytes) of the storage range this view touches."""
-        return self.address, self._extent() * self.itemsize
+        return self.address, reach(self.shape, self.strides) * self.itemsize
 
     def is_contiguous(self) -> bool:
         expected = contiguous_strides(self.shape)
@@ -217,18 +219,15 @@ class Tensor:
         """A host copy of the data, after the queued work on this tensor's storage has run."""
         self.storage.wait()
         address, nbytes = self.span()
-        raw = np.empty(max(nbytes, 1), dtype=np.uint8)
+        raw = np.empty(nbytes, dtype=np.uint8)
         if nbytes:
             rt_memory.memcpy(raw, nbytes, address, nbytes, MemcpyKind.DEVICE_TO_HOST)
         return self._strided(raw).copy()
 
     def _strided(self, raw: np.ndarray) -> np.ndarray:
         """The view laid over `raw`, a uint8 array that starts at the first element."""
-        item = self.itemsize
-        return np.lib.stride_tricks.as_strided(
-            raw.view(numpy_dtype(self.dtype)) if raw.nbytes % item == 0 else
-            raw[:raw.nbytes // item * item].view(numpy_dtype(self.dtype)),
-            self.shape, [s * item for s in self.strides])
+        return np.lib.stride_tricks.as_strided(raw.view(numpy_dtype(self.dtype)), self.shape,
+                                               [s * self.itemsize for s in self.strides])
 
     @property
     def __array_interface__(self) -> dict:
@@ -332,8 +331,7 @@ def create_tensor(shape, dtype, strides=None, offset: int = 0, format: Format = 
     shape = _dims(shape, "shape")
     strides = contiguous_strides(shape) if strides is None else _dims(strides, "strides")
     if storage_shape is None:
-        probe = Tensor(Storage(data_ptr, 1 << 62, -1), shape, strides, offset, dtype, format)
-        storage_shape = probe.storage_shape
+        storage_shape = (operator.index(offset) + reach(shape, strides),)
     nbytes = math.prod(_dims(storage_shape, "storage shape")) * itemsize(dtype)
     backend = RUNTIME.require()
     if not backend.is_device_pointer(data_ptr):
