@@ -63,6 +63,9 @@ class Stream:
                 if self._error is None:
                     self._error = _as_acl_error(exc, label, self)
             finally:
+                # Drop the task before reporting it done: what it captured (tensors, buffers)
+                # must be releasable once synchronize returns, not when the next task arrives.
+                item = task = None
                 self._current = ""
                 with self._done:
                     self._completed += 1
