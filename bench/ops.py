@@ -19,7 +19,6 @@ import time
 import numpy as np
 
 import npumem
-import npumem.memory as mem
 from npumem import aclnn
 
 
@@ -33,15 +32,41 @@ def median_us(function, repeat: int) -> float:
     return statistics.median(samples) * 1e6
 
 
-def two_phase(planner, runner, stream):
-    def call():
-        size, executor = planner()
-        workspace = mem.caching_allocator_alloc(size, stream=stream) if size else None
-        runner(workspace, size, executor, stream)
-        if workspace:
-            mem.caching_allocator_delete(workspace)
+CASES = (("add", (64,)), ("add", (2048, 2048)), ("matmul", (64, 64)),
+         ("matmul.T", (1024, 1024)), ("softmax", (1024, 1024)))
+
+
+def bench_case(name: str, shape: tuple, stream, repeat: int) -> dict:
+    """One op both ways; its tensors go back to the pool when this returns."""
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    a, out, host_out = npumem.from_numpy(x), npumem.empty(shape), np.empty_like(x)
+    if name == "add":
+        planned = lambda: aclnn.add_get_workspace_size(a, a, 1, out)  # noqa: E731
+        runner = aclnn.add
+        theirs = lambda: np.add(x, x, out=host_out)  # noqa: E731
+    elif name.startswith("matmul"):
+        transposed = name.endswith(".T")
+        left = a.t() if transposed else a
+        planned = lambda: aclnn.matmul_get_workspace_size(left, a, out)  # noqa: E731
+        runner = aclnn.matmul
+        theirs = lambda: np.matmul(np.ascontiguousarray(x.T) if transposed else x,  # noqa: E731
+                                   x, out=host_out)
+    else:
+        planned = lambda: aclnn.softmax_get_workspace_size(a, 1, out)  # noqa: E731
+        runner = aclnn.softmax
+
+        def theirs():
+            np.subtract(x, x.max(1, keepdims=True), out=host_out)
+            np.exp(host_out, out=host_out)
+            np.divide(host_out, host_out.sum(1, keepdims=True), out=host_out)
+
+    def ours():
+        aclnn.run_with_pool_workspace(runner, planned(), stream)
         stream.synchronize()
-    return call
+
+    npumem_us, numpy_us = median_us(ours, repeat), median_us(theirs, repeat)
+    return {"op": name, "shape": list(shape), "npumem_us": round(npumem_us, 1),
+            "numpy_us": round(numpy_us, 1), "ratio": round(npumem_us / numpy_us, 2)}
 
 
 def main() -> None:
@@ -52,33 +77,7 @@ def main() -> None:
     npumem.init()
     npumem.set_device(0)
     stream = npumem.create_stream()
-    rng = np.random.default_rng(0)
-    results = []
-    for name, shape in (("add", (64,)), ("add", (2048, 2048)), ("matmul", (64, 64)),
-                        ("matmul.T", (1024, 1024)), ("softmax", (1024, 1024))):
-        x = rng.standard_normal(shape).astype(np.float32)
-        a = npumem.from_numpy(x)
-        out = npumem.empty(shape)
-        host_out = np.empty_like(x)
-        if name == "add":
-            ours = two_phase(lambda: aclnn.add_get_workspace_size(a, a, 1, out), aclnn.add, stream)
-            theirs = lambda: np.add(x, x, out=host_out)  # noqa: E731
-        elif name.startswith("matmul"):
-            left = a.t() if name.endswith(".T") else a
-            ours = two_phase(lambda: aclnn.matmul_get_workspace_size(left, a, out), aclnn.matmul, stream)
-            theirs = lambda: np.matmul(np.ascontiguousarray(x.T) if name.endswith(".T") else x,  # noqa: E731
-                                       x, out=host_out)
-        else:
-            ours = two_phase(lambda: aclnn.softmax_get_workspace_size(a, 1, out), aclnn.softmax, stream)
-
-            def theirs():
-                np.subtract(x, x.max(1, keepdims=True), out=host_out)
-                np.exp(host_out, out=host_out)
-                np.divide(host_out, host_out.sum(1, keepdims=True), out=host_out)
-        npumem_us, numpy_us = median_us(ours, args.repeat), median_us(theirs, args.repeat)
-        results.append({"op": name, "shape": list(shape), "npumem_us": round(npumem_us, 1),
-                        "numpy_us": round(numpy_us, 1), "ratio": round(npumem_us / numpy_us, 2)})
-        del a, out
+    results = [bench_case(name, shape, stream, args.repeat) for name, shape in CASES]
     npumem.destroy_stream(stream)
     npumem.reset_device(0)
     npumem.finalize()

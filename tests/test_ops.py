@@ -24,12 +24,7 @@ def stream(rt):
 
 def run(plan, runner, stream):
     """Both phases with a pool workspace; returns the workspace size phase 1 asked for."""
-    size, executor = plan
-    workspace = mem.caching_allocator_alloc(size, stream=stream) if size else None
-    runner(workspace, size, executor, stream)
-    if workspace:
-        mem.caching_allocator_delete(workspace)
-    return size
+    return aclnn.run_with_pool_workspace(runner, plan, stream)
 
 
 def rand(*shape, dtype=np.float32, seed=0):
@@ -426,3 +421,12 @@ def test_storage_used_on_another_stream_is_not_reused_early(rt):
     finally:
         gate.set()
     np.testing.assert_allclose(out.numpy(), x * x)
+
+
+def test_a_finished_op_does_not_pin_its_tensors(rt, stream):
+    before = mem.memory_allocated()
+    a, out = ops.from_numpy(rand(64, 64)), ops.empty((64, 64))
+    run(aclnn.mul_get_workspace_size(a, a, out), aclnn.mul, stream)
+    stream.synchronize()
+    del a, out                    # the stream worker must not hold the last task's captures
+    assert mem.memory_allocated() == before

@@ -25,16 +25,6 @@ from .units import format_size
 STEPS = 10
 
 
-def _two_phase(planned, run, stream) -> int:
-    """A pool workspace if phase 1 asked for one, then phase 2 on `stream`; returns its size."""
-    size, executor = planned
-    workspace = mem.caching_allocator_alloc(size, stream=stream) if size else None
-    run(workspace, size, executor, stream)
-    if workspace is not None:          # stream-ordered: reused only after the op has run
-        mem.caching_allocator_delete(workspace)
-    return size
-
-
 def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], None] = print,
              out_dir: str | None = None) -> bool:
     """Run the flow on `size` float32 elements (Add) and a sqrt(size)-square MatMul; returns
@@ -72,14 +62,15 @@ def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], Non
             f"(returned after {(time.perf_counter() - t0) * 1e3:.2f} ms)")
 
         c = empty((size,), stream=stream)
-        add_ws = _two_phase(aclnn.add_get_workspace_size(a, b, 1.0, c), aclnn.add, stream)
+        add_ws = aclnn.run_with_pool_workspace(
+            aclnn.add, aclnn.add_get_workspace_size(a, b, 1.0, c), stream)
         say(f"aclnnAdd c = a + b on {size} elements: phase 1 -> workspace {add_ws} bytes "
             "(contiguous inputs need no scratch), phase 2 queued")
 
         a_t = mat_a.t()
         product = empty((side, side), stream=stream)
-        mm_ws = _two_phase(aclnn.matmul_get_workspace_size(a_t, mat_b, product),
-                           aclnn.matmul, stream)
+        mm_ws = aclnn.run_with_pool_workspace(
+            aclnn.matmul, aclnn.matmul_get_workspace_size(a_t, mat_b, product), stream)
         say(f"aclnnMatmul A.T @ B ({side}x{side}, A.T is a non-contiguous view): phase 1 -> "
             f"workspace {mm_ws} bytes for its contiguous copy, allocated from the pool, phase 2 queued")
 

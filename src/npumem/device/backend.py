@@ -133,8 +133,6 @@ class DeviceBackend(ABC):
 
     # Byte movers for host-visible memory.
 
-    host_visible = True     # device bytes can be read in place (simulator, torch on cpu)
-
     def host_view(self, rng: DeviceRange, what: str) -> "np.ndarray":
         """The bytes of a device range as a writable uint8 array (host-visible backends only)."""
         rng.host_address(what)               # raises on use after free

@@ -22,7 +22,26 @@ from .dtypes import as_data_type, computable
 from .executor import Executor, OpCall, destroy_executor, launch, plan, set_executor_repeatable
 from .tensor import Scalar, Tensor, as_scalar
 
-__all__ = ["destroy_executor", "set_executor_repeatable"]
+__all__ = ["destroy_executor", "run_with_pool_workspace", "set_executor_repeatable"]
+
+
+def run_with_pool_workspace(run, planned: tuple[int, Executor], stream=None) -> int:
+    """Phase 2 with the workspace phase 1 asked for taken from the caching pool on `stream`
+    and given back right after queueing (stream-ordered: reused only after the op ran).
+
+        aclnn.run_with_pool_workspace(aclnn.add, aclnn.add_get_workspace_size(a, b, 1, out), s)
+
+    Returns the workspace size."""
+    from .. import memory as pool_api
+
+    size, executor = planned
+    workspace = pool_api.caching_allocator_alloc(size, stream=stream) if size else None
+    try:
+        run(workspace, size, executor, stream)
+    finally:
+        if workspace is not None:
+            pool_api.caching_allocator_delete(workspace)
+    return size
 
 
 def _two_phase(op: str, name: str):
