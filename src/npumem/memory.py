@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections import deque
 
 from .alloc.caching_allocator import CachingAllocator, OutOfMemoryError
 from .alloc.host_pool import HostPool
 from .alloc.settings import AllocatorSettings, parse_settings, settings_from_env
 from .alloc.summary import format_summary
 from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError
+from .profile.snapshot import build_snapshot
+from .profile.tracker import Tracker
 from .runtime.state import RUNTIME
 from .runtime.stream import Event, Stream
 
@@ -37,7 +38,7 @@ _lock = threading.RLock()
 _pools: dict[int, CachingAllocator] = {}
 _settings: AllocatorSettings | None = None
 _host_pool: HostPool | None = None
-_history_entries = 0        # alloc/free events each pool keeps for memory_snapshot's traces
+_history: Tracker | None = None    # the events memory_snapshot() reports as device_traces
 
 
 def _stream_idle(stream) -> bool:
@@ -99,7 +100,7 @@ def get_allocator(device: int | None = None) -> CachingAllocator:
         if pool is None:
             pool = _pools[device] = CachingAllocator(
                 RUNTIME.backend, device, get_allocator_settings(), stream_idle=_stream_idle,
-                synchronize=_synchronize, record_event=_record_event, history=_history_entries)
+                synchronize=_synchronize, record_event=_record_event)
         return pool
 
 
@@ -133,17 +134,18 @@ def record_stream(pointer: int, stream) -> None:
     _pool_of(pointer).record_stream(pointer, _stream(stream))
 
 
-def record_memory_history(enabled: bool = True, max_entries: int = 100_000) -> None:
-    """Keep the last `max_entries` alloc/free events of every pool for `memory_snapshot()`
-    (its "device_traces", as in torch.cuda.memory._record_memory_history)."""
-    global _history_entries
+def record_memory_history(enabled: bool = True, max_entries: int = 100_000,
+                          stacks: bool = True) -> None:
+    """Keep the last `max_entries` allocation events (with Python stacks unless `stacks` is
+    False) for `memory_snapshot()`'s "device_traces", as torch.cuda.memory._record_memory_history
+    does. `enabled=False` stops recording and forgets the history."""
+    global _history
     if max_entries <= 0:
         raise InvalidParamError(f"max_entries must be positive, got {max_entries}")
     with _lock:
-        _history_entries = max_entries if enabled else 0
-        for pool in _pools.values():
-            with pool.lock:
-                pool.history = deque(pool.history or (), maxlen=max_entries) if enabled else None
+        if _history is not None:
+            _history.stop()
+        _history = Tracker(stacks=stacks, max_entries=max_entries).start() if enabled else None
 
 
 def empty_cache() -> None:
@@ -191,14 +193,12 @@ def memory_summary(device: int | None = None, abbreviated: bool = False) -> str:
 
 
 def memory_snapshot() -> dict:
-    """PyTorch's snapshot structure over every device's pool (save it with pickle)."""
-    segments, traces = [], []
+    """PyTorch's snapshot structure over every device's pool (save it with pickle); with
+    `record_memory_history` on, it also has the event history and the driver allocations."""
     with _lock:
-        for device in sorted(_pools):
-            snap = _pools[device].snapshot()
-            segments += snap["segments"]
-            traces += snap["device_traces"]
-    return {"segments": segments, "device_traces": traces}
+        pools = [_pools[device] for device in sorted(_pools)]
+        devices = RUNTIME.backend.device_count if RUNTIME.initialized else 0
+        return build_snapshot(pools, _history, devices)
 
 
 def host_pool() -> HostPool:
@@ -223,9 +223,11 @@ def _release_device(device: int) -> None:
 
 
 def _finalize() -> None:
-    global _host_pool, _settings, _history_entries
+    global _host_pool, _settings, _history
     with _lock:
-        _history_entries = 0
+        if _history is not None:
+            _history.stop()
+            _history = None
         if _host_pool is not None:
             _host_pool.forget()
             _host_pool = None

@@ -17,12 +17,11 @@ have completed.
 from __future__ import annotations
 
 import threading
-import time
-from collections import deque
 
 from ..constants import MemAttr
 from ..device.backend import DeviceBackend
 from ..errors import InvalidParamError, MemoryAllocationError, MemoryFreeError
+from ..observe import OBSERVERS, emit
 from ..units import format_size
 from .block import Block
 from .expandable import ExpandableStrategy
@@ -50,8 +49,7 @@ class CachingAllocator(MemoryResource):
 
     def __init__(self, backend: DeviceBackend, device: int = 0,
                  settings: AllocatorSettings | None = None, *, flavour: str = "npu",
-                 stream_idle=_always_idle, synchronize=None, record_event=None,
-                 history: int = 0):
+                 stream_idle=_always_idle, synchronize=None, record_event=None):
         if flavour not in ("npu", "torch"):
             raise InvalidParamError(f"unknown size flavour {flavour!r}; use 'npu' or 'torch'")
         self.backend, self.device, self.flavour = backend, device, flavour
@@ -66,7 +64,6 @@ class CachingAllocator(MemoryResource):
         self.limit = int(self.capacity * self.settings.per_process_memory_fraction)
         self._allocated: dict[int, Block] = {}
         self._pending: list[Block] = []
-        self.history: deque | None = deque(maxlen=history) if history else None
         self._strategy = self._make_strategy()
 
     def _make_strategy(self):
@@ -102,8 +99,8 @@ class CachingAllocator(MemoryResource):
             if self._pending:
                 stats.note_active_peak()
             stats.counters["num_cache_hits" if hit else "num_cache_misses"] += 1
-            if self.history is not None:
-                self._record("alloc", block.start, size, stream)
+            if OBSERVERS.active:
+                emit(self, "alloc", self.device, block.start, block.size, nbytes, stream)
             return block.start
 
     def deallocate(self, pointer: int, nbytes: int | None = None, stream=None) -> None:
@@ -116,13 +113,13 @@ class CachingAllocator(MemoryResource):
                                         f"allocated for {block.requested} bytes")
             del self._allocated[pointer]
             self.stats.block_freed(block.small, block.size, block.requested)
-            if self.history is not None:
-                self._record("free_requested", block.start, block.size, block.stream)
             if block.other_streams and self._record_event is not None:
                 block.pending_events = [self._record_event(s) for s in block.other_streams]
                 self._pending.append(block)
                 self._count_pending(block, +1)
+                self._observe("free_requested", block)
                 return
+            self._observe("free", block)      # before the block merges with its neighbours
             self._release_block(block)
 
     def _count_pending(self, block: Block, sign: int) -> None:
@@ -132,8 +129,6 @@ class CachingAllocator(MemoryResource):
     def _release_block(self, block: Block) -> None:
         block.allocated = False
         block.other_streams = block.pending_events = None
-        if self.history is not None:
-            self._record("free_completed", block.start, block.size, block.stream)
         self._strategy.give_back(block)
 
     def _free_completed_pending(self, wait: bool = False) -> None:
@@ -142,6 +137,7 @@ class CachingAllocator(MemoryResource):
         for block in self._pending:
             if wait or all(event.query() for event in block.pending_events):
                 self._count_pending(block, -1)
+                self._observe("free_completed", block)
                 self._release_block(block)
             else:
                 still.append(block)
@@ -163,8 +159,9 @@ class CachingAllocator(MemoryResource):
         if taken is not None:
             return taken
         self.stats.counters["num_ooms"] += 1
-        if self.history is not None:
-            self._record("oom", 0, size, stream)
+        if OBSERVERS.active:      # an oom event carries the device's free bytes as its address
+            free = self.backend.mem_info(self.device, MemAttr.HBM_MEM)[0]
+            emit(self, "oom", self.device, free, size, nbytes, stream)
         raise OutOfMemoryError(self.oom_message(nbytes))
 
     def _release_cache(self) -> int:
@@ -203,10 +200,18 @@ class CachingAllocator(MemoryResource):
             self.stats.add("reserved_bytes", small, nbytes)
             key = "num_device_alloc" if nbytes > 0 else "num_device_free"
             self.stats.counters[key] += abs(calls)
-            if self.history is not None:
-                self._record("segment_alloc" if nbytes > 0 else "segment_free", 0, abs(nbytes), None)
         if segments:
             self.stats.add("segment", small, segments)
+
+    def note_segment(self, action: str, address: int, size: int, stream) -> None:
+        """Tell observers about device memory taken or given back (segment_alloc / segment_free,
+        or segment_map / segment_unmap for expandable arenas)."""
+        if OBSERVERS.active:
+            emit(self, action, self.device, address, size, 0, stream)
+
+    def _observe(self, action: str, block: Block) -> None:
+        if OBSERVERS.active:
+            emit(self, action, self.device, block.start, block.size, block.requested, block.stream)
 
     # --- cache control -------------------------------------------------------------------
 
@@ -247,11 +252,6 @@ class CachingAllocator(MemoryResource):
             return live
 
     # --- reports --------------------------------------------------------------------------
-
-    def _record(self, action: str, address: int, size: int, stream) -> None:
-        self.history.append({"action": action, "addr": address, "size": size,
-                             "stream": getattr(stream, "handle", stream) or 0,
-                             "time_us": time.time_ns() // 1000, "frames": []})
 
     def _mapped_pieces(self):
         """For each mapped range: (stream, small, start, length, [(block, low, high), ...]),
@@ -325,5 +325,4 @@ class CachingAllocator(MemoryResource):
                     "segment_type": "small" if small else "large",
                     "is_expandable": self.expandable, "blocks": entries,
                 })
-            traces = list(self.history) if self.history is not None else []
-            return {"segments": segments, "device_traces": [traces]}
+            return {"segments": segments, "device_traces": [[]]}

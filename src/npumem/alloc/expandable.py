@@ -122,6 +122,9 @@ class ExpandableStrategy:
         for page in pages:
             arena.mapped[page] = 1
         owner.on_device_memory(+need, False, calls=len(done))
+        for first, count in done:
+            owner.note_segment("segment_map", arena.base + (first << self.shift), count << self.shift,
+                               arena.stream)
         return True
 
     def give_back(self, block: Block) -> None:
@@ -141,6 +144,8 @@ class ExpandableStrategy:
                 continue
             runs = _runs(sorted(arena.idle))
             for first, count in runs:
+                owner.note_segment("segment_unmap", arena.base + (first << self.shift),
+                                   count << self.shift, arena.stream)
                 owner.backend.unmap(arena.reservation, first << self.shift, count << self.shift)
                 for page in range(first, first + count):
                     arena.mapped[page] = 0

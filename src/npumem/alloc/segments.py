@@ -99,6 +99,7 @@ class SegmentStrategy:
         segment = Segment(allocation, stream, small)
         self.segments[segment.start] = segment
         owner.on_device_memory(+nbytes, small, segments=+1)
+        owner.note_segment("segment_alloc", segment.start, nbytes, stream)
         return segment
 
     def give_back(self, block: Block) -> None:
@@ -119,6 +120,7 @@ class SegmentStrategy:
                 continue
             self._free_list(segment.stream, segment.small).remove(segment.first)
             del self.segments[segment.start]
+            owner.note_segment("segment_free", segment.start, segment.size, segment.stream)
             owner.backend.free(segment.start, "free")
             owner.on_device_memory(-segment.size, segment.small, segments=-1)
             released += segment.size

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..constants import DataType
 from ..errors import OpNullptrError, OpParamError
+from ..observe import tagged
 from . import kernels  # noqa: F401 - registers the built-in kernels
 from .dtypes import as_data_type, computable
 from .executor import Executor, OpCall, destroy_executor, launch, plan, set_executor_repeatable
@@ -35,7 +36,8 @@ def run_with_pool_workspace(run, planned: tuple[int, Executor], stream=None) -> 
     from .. import memory as pool_api
 
     size, executor = planned
-    workspace = pool_api.caching_allocator_alloc(size, stream=stream) if size else None
+    with tagged(executor.op):       # profilers attribute the workspace to the op
+        workspace = pool_api.caching_allocator_alloc(size, stream=stream) if size else None
     try:
         run(workspace, size, executor, stream)
     finally:

@@ -13,11 +13,13 @@ first run; a repeatable one lives until `destroy_executor`.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import ExecutorError, OpNullptrError, OpParamError
+from ..observe import OBSERVERS, emit_op
 from ..runtime.handles import forget, new_handle
 from ..runtime.state import RUNTIME
 from ..units import align_up
@@ -178,10 +180,21 @@ def launch(op: str, workspace: int | None, workspace_size: int, executor: Execut
         executor.state = "launched"
         if not executor.repeatable:
             executor.free()
-    queue.enqueue(lambda: _run(executor, call, workspace if need else 0),
+    queue.enqueue(lambda: _run_observed(executor, call, workspace if need else 0, queue),
                   f"{op} (executor 0x{executor.handle:x})")
     for _, tensor in call.tensors():
         tensor.storage.used_on(queue)
+
+
+def _run_observed(executor: Executor, call: OpCall, workspace: int, stream) -> None:
+    """`_run`, reported to profilers as an op slice on `stream` when one is listening."""
+    if not OBSERVERS.active:
+        return _run(executor, call, workspace)
+    start = time.perf_counter_ns()
+    try:
+        _run(executor, call, workspace)
+    finally:
+        emit_op(call.op, stream.device, stream, start, time.perf_counter_ns())
 
 
 def _run(executor: Executor, call: OpCall, workspace: int) -> None:

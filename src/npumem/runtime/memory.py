@@ -20,6 +20,7 @@ from ..errors import (
     AddressUnalignedError, FeatureNotSupportedError, InvalidMemoryTypeError, InvalidParamError,
     MemoryFreeError,
 )
+from ..observe import OBSERVERS, emit
 from ..units import align_up
 from .hostmem import PINNED, HostRange, host_range
 from .state import RUNTIME
@@ -69,7 +70,16 @@ def _device_malloc(size, policy, api: str, padding: int) -> int:
     policy = _enum(policy, MallocPolicy, api, "malloc policy")
     device = RUNTIME.current_context().device
     reserved = align_up(size, MALLOC_ALIGN) + padding
-    return RUNTIME.backend.allocate(device, size, reserved, policy, api).start
+    allocation = RUNTIME.backend.allocate(device, size, reserved, policy, api)
+    if OBSERVERS.active:        # to a profiler, each driver allocation is a one-block segment
+        _observe(allocation, "segment_alloc", "alloc")
+    return allocation.start
+
+
+def _observe(allocation, *actions: str) -> None:
+    for action in actions:
+        emit(RUNTIME.backend, action, allocation.device, allocation.start, allocation.reserved,
+             allocation.size, None)
 
 
 def malloc(size: int, policy: MallocPolicy | int = MallocPolicy.HUGE_FIRST) -> int:
@@ -108,13 +118,19 @@ def free(pointer: int) -> None:
             raise MemoryFreeError(f"free(0x{pointer:x}): this is pinned host memory from "
                                   "malloc_host; release it with free_host")
         raise MemoryFreeError(f"free(0x{pointer:x}): not a device pointer")
-    backend.free(pointer, "free")
+    _device_free(backend, pointer, "free")
+
+
+def _device_free(backend, pointer: int, api: str) -> None:
+    allocation = backend.free(pointer, api)
+    if OBSERVERS.active:
+        _observe(allocation, "free", "segment_free")
 
 
 def dvpp_free(pointer: int) -> None:
     """Release memory from dvpp_malloc."""
     pointer = _pointer(pointer, "dvpp_free")
-    RUNTIME.require().free(pointer, "dvpp_free")
+    _device_free(RUNTIME.require(), pointer, "dvpp_free")
 
 
 def malloc_host(size: int) -> int:

@@ -77,12 +77,17 @@ class Stream:
         with self._done:
             return self._completed == self._submitted
 
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for the work queued so far, leaving its errors for `synchronize`; True if done."""
+        with self._done:
+            target = self._submitted
+            return self._done.wait_for(lambda: self._completed >= target, timeout)
+
     def synchronize(self, timeout: float | None = None) -> None:
         """Block until the stream is idle; raise the first error its work hit since the last sync."""
         self.check_alive()
+        finished = self.drain(timeout)
         with self._done:
-            target = self._submitted
-            finished = self._done.wait_for(lambda: self._completed >= target, timeout)
             pending = self._submitted - self._completed
         if not finished:
             running = f", running {self._current!r}" if self._current else ""

@@ -1,0 +1,68 @@
+"""How the profiler sees memory without the allocators knowing about it.
+
+Allocators call `emit(...)` only when `OBSERVERS.active` is non-empty, so with no profiler running
+the cost is one attribute test. Observers get every event of every device memory owner (the
+runtime's malloc and each caching pool):
+
+    observer.on_memory(owner, action, device, address, size, requested, stream)
+    observer.on_op(name, device, stream, start_ns, end_ns)
+
+Actions are PyTorch's trace actions — alloc, free_requested, free_completed, segment_alloc,
+segment_free, oom — plus `free`, meaning free_requested and free_completed at once (the common
+case; one call instead of two keeps tracking cheap). `size` is the block's bytes, `requested`
+what the caller asked for. Tags (`tagged("attention")`) name the op or user region that is
+allocating on this thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+
+class Observers:
+    """The active observers, as a tuple swapped under a lock (readers never lock)."""
+
+    def __init__(self):
+        self.active: tuple = ()
+        self._lock = threading.Lock()
+
+    def add(self, observer) -> None:
+        with self._lock:
+            if observer not in self.active:
+                self.active = self.active + (observer,)
+
+    def remove(self, observer) -> None:
+        with self._lock:
+            self.active = tuple(o for o in self.active if o is not observer)
+
+
+OBSERVERS = Observers()
+
+
+def emit(owner, action: str, device: int, address: int, size: int, requested: int, stream) -> None:
+    for observer in OBSERVERS.active:
+        observer.on_memory(owner, action, device, address, size, requested, stream)
+
+
+def emit_op(name: str, device: int, stream, start_ns: int, end_ns: int) -> None:
+    for observer in OBSERVERS.active:
+        observer.on_op(name, device, stream, start_ns, end_ns)
+
+
+_tags = threading.local()
+
+
+def current_tag() -> str:
+    return getattr(_tags, "tag", "")
+
+
+@contextmanager
+def tagged(tag: str):
+    """Allocations made by this thread inside the block carry `tag` (innermost tag wins)."""
+    outer = getattr(_tags, "tag", "")
+    _tags.tag = tag
+    try:
+        yield
+    finally:
+        _tags.tag = outer

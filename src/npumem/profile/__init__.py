@@ -1,0 +1,1 @@
+"""npumem's memory profiler: tracking, leaks, sampling, fragmentation, exporters and reports."""

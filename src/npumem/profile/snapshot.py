@@ -1,0 +1,118 @@
+"""PyTorch's memory snapshot structure: build it from npumem's pools and a tracker, read it back.
+
+The structure is `torch.cuda.memory._snapshot()`'s (REFERENCE.md section 4), so PyTorch's
+`python -m torch.cuda._memory_viz trace_plot|segment_plot|stats SNAPSHOT` reads what npumem
+writes, and `npumem report` reads what PyTorch writes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+from typing import Iterable
+
+from .tracker import MemoryEvent, Tracker
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be read: says which file and what is wrong."""
+
+
+def _frames(event: MemoryEvent | None) -> list[dict]:
+    return [frame.as_dict() for frame in event.frames] if event is not None else []
+
+
+def trace_entry(event: MemoryEvent, action: str, tracker: Tracker) -> dict:
+    entry = {"action": action, "addr": event.address, "size": event.size, "stream": event.stream,
+             "time_us": int(tracker.wall_us(event.time_ns)), "frames": _frames(event)}
+    if action == "alloc":
+        entry["requested_size"] = event.requested
+    if action == "oom":            # npumem's oom event carries the device's free bytes as address
+        entry.update(addr=0, device_free=event.address)
+    if event.tag:
+        entry["user_metadata"] = event.tag
+    return entry
+
+
+def device_traces(tracker: Tracker | None, devices: int = 0) -> list[list[dict]]:
+    """The tracker's events as PyTorch trace entries, one list per device index."""
+    events = tracker.events() if tracker is not None else []
+    count = max([devices, *(event.device + 1 for event in events)])
+    traces: list[list[dict]] = [[] for _ in range(count)]
+    for event in events:
+        actions = ("free_requested", "free_completed") if event.action == "free" else (event.action,)
+        for action in actions:
+            traces[event.device].append(trace_entry(event, action, tracker))
+    return traces
+
+
+def pool_segments(pool, live_by_address: dict) -> list[dict]:
+    """A pool's segments, each block carrying the frames of the allocation that holds it."""
+    snap = pool.snapshot()
+    for segment in snap["segments"]:
+        segment["segment_pool"] = "pool"
+        for block in segment["blocks"]:
+            if block["state"] != "inactive":
+                block["frames"] = _frames(live_by_address.get((pool.device, block["address"])))
+    return snap["segments"]
+
+
+def driver_segments(live: Iterable[MemoryEvent]) -> list[dict]:
+    """Memory from the runtime's malloc: one segment holding one block each."""
+    segments = []
+    for event in live:
+        if event.source != "driver":
+            continue
+        block = {"address": event.address, "size": event.size, "requested_size": event.requested,
+                 "state": "active_allocated", "frames": _frames(event)}
+        segments.append({
+            "device": event.device, "address": event.address, "total_size": event.size,
+            "allocated_size": event.size, "active_size": event.size,
+            "requested_size": event.requested, "stream": event.stream, "segment_type": "large",
+            "segment_pool": "driver", "is_expandable": False, "blocks": [block]})
+    return segments
+
+
+def build_snapshot(pools: Iterable, tracker: Tracker | None = None, devices: int = 0) -> dict:
+    """{"segments": [...], "device_traces": [[...] per device]} for `pools` (and the driver
+    allocations and event history `tracker` saw)."""
+    live = tracker.live() if tracker is not None else []
+    by_address = {(event.device, event.address): event for event in live if event.source == "pool"}
+    segments = []
+    for pool in pools:
+        segments += pool_segments(pool, by_address)
+    segments += driver_segments(live)
+    segments.sort(key=lambda s: (s["device"], s["address"]))
+    return {"segments": segments, "device_traces": device_traces(tracker, devices)}
+
+
+def save_snapshot(snapshot: dict, path) -> None:
+    with open(path, "wb") as out:
+        pickle.dump(snapshot, out)
+
+
+def load_snapshot(path) -> dict:
+    """Read a snapshot pickle (npumem's or PyTorch's, gzip or not) and check its structure."""
+    try:
+        with open(path, "rb") as raw:
+            head = raw.read(2)
+        opener = gzip.open if head == b"\x1f\x8b" else open
+        with opener(path, "rb") as stream:
+            data = pickle.load(stream)
+    except FileNotFoundError:
+        raise SnapshotError(f"{path}: no such file") from None
+    except (pickle.UnpicklingError, EOFError, OSError, ValueError, AttributeError,
+            ImportError, IndexError) as exc:
+        raise SnapshotError(f"{path}: not a readable snapshot pickle "
+                            f"({type(exc).__name__}: {exc}); is the file truncated?") from None
+    if not isinstance(data, dict) or "segments" not in data:
+        kind = type(data).__name__
+        raise SnapshotError(f"{path}: a pickle of a {kind}, not a memory snapshot (a dict with "
+                            "'segments' and 'device_traces', as torch.cuda.memory._snapshot() "
+                            "returns)")
+    data.setdefault("device_traces", [])
+    for i, segment in enumerate(data["segments"]):
+        missing = [key for key in ("address", "total_size", "blocks") if key not in segment]
+        if missing:
+            raise SnapshotError(f"{path}: segment {i} lacks {', '.join(missing)}")
+    return data
