@@ -123,3 +123,113 @@ def replay(traces, allocators, settings, memory, as_json):
                    f"{r.mean_alloc_us:>8.2f}")
     if pool_settings != pool_settings.__class__():
         click.echo(f"pool settings: {results[0].settings if results else ''}")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--out", "out_dir", default="npumem-profile", show_default=True,
+              type=click.Path(), help="Folder for the report and the exported files.")
+@click.option("--force", is_flag=True, help="Write into --out even if it holds files.")
+@click.option("--stacks", is_flag=True, help="Record the Python stack of every allocation "
+              "(file:line of leaks and top sites; a few microseconds each).")
+@click.option("--interval", "interval_ms", default=10.0, show_default=True, type=float,
+              help="Sampling interval of allocated/reserved/host RSS, in milliseconds.")
+@click.option("--max-entries", default=1_000_000, show_default=True, type=int,
+              help="Events kept (a ring buffer: the oldest go first).")
+@click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True)
+def profile(out_dir, force, stacks, interval_ms, max_entries, target):
+    """Run a Python script with memory tracking on and write a report folder.
+
+        npumem profile --stacks -- train.py --epochs 1
+
+    Writes report.html, snapshot.pickle (PyTorch's format), trace.json (Perfetto),
+    memory_record.csv, operator_memory.csv, leaks.txt and summary.txt. Exits with the script's
+    own exit code. `-m module` runs a module instead of a script.
+    """
+    from .errors import InvalidParamError
+    from .profile.session import ProfileSession, prepare_folder, run_target
+
+    if interval_ms <= 0:
+        raise click.BadParameter("must be positive", param_hint="--interval")
+    try:
+        folder = prepare_folder(out_dir, force)
+        session = ProfileSession(stacks=stacks, interval_ms=interval_ms, max_entries=max_entries)
+    except InvalidParamError as exc:
+        raise click.UsageError(exc.message) from None
+    session.start()
+    try:
+        code = run_target(list(target))
+    except InvalidParamError as exc:
+        session.stop()
+        raise click.UsageError(exc.message) from None
+    session.stop()
+    problems = session.write(folder, f"npumem profile of {' '.join(target)}")
+    for problem in problems:
+        click.echo(f"npumem profile: could not write {problem}", err=True)
+    leaks = session.tracker.leaks()
+    peaks = session.tracker.devices()
+    from .units import format_size
+    for device, totals in sorted(peaks.items()):
+        click.echo(f"npumem profile: device {device} peak allocated "
+                   f"{format_size(totals['peak_allocated'])}, peak reserved "
+                   f"{format_size(totals['peak_reserved'])}", err=True)
+    click.echo(f"npumem profile: {leaks.count} leaked allocation(s), {format_size(leaks.bytes)}; "
+               f"report: {folder / 'report.html'}", err=True)
+    sys.exit(code)
+
+
+def _load(path: str):
+    from .profile import SnapshotError, load_snapshot
+
+    try:
+        return load_snapshot(path)
+    except SnapshotError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--html", "html_out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the report as a self-contained HTML page.")
+@click.option("--top", default=10, show_default=True, type=int, help="Sites to list.")
+def report(path, html_out, top):
+    """Report on a profile folder or a snapshot pickle (npumem's or PyTorch's
+    torch.cuda.memory._snapshot()): peak, top sites, leaks, fragmentation."""
+    import os
+
+    from .profile.html import render_html
+    from .profile.report import build_report, format_report
+
+    if os.path.isdir(path):
+        pickle_path = os.path.join(path, "snapshot.pickle")
+        if not os.path.exists(pickle_path):
+            click.echo(f"error: {path} has no snapshot.pickle; is it an npumem profile folder?",
+                       err=True)
+            sys.exit(2)
+        path = pickle_path
+    result = build_report(_load(path), f"npumem report of {path}")
+    click.echo(format_report(result, top), nl=False)
+    if html_out:
+        try:
+            with open(html_out, "w", encoding="utf-8") as out:
+                out.write(render_html(result))
+        except OSError as exc:
+            click.echo(f"error: cannot write {html_out}: {exc.strerror}", err=True)
+            sys.exit(2)
+        click.echo(f"wrote {html_out}")
+
+
+@main.command("diff")
+@click.argument("before", type=click.Path())
+@click.argument("after", type=click.Path())
+@click.option("--top", default=20, show_default=True, type=int, help="Sites to list.")
+def diff_command(before, after, top):
+    """What grew between two snapshots (pickles or profile folders), by allocation site."""
+    import os
+
+    from .profile import diff
+
+    def resolve(path):
+        return os.path.join(path, "snapshot.pickle") if os.path.isdir(path) else path
+
+    click.echo(diff(_load(resolve(before)), _load(resolve(after)), top))

@@ -64,6 +64,7 @@ class CachingAllocator(MemoryResource):
         self.limit = int(self.capacity * self.settings.per_process_memory_fraction)
         self._allocated: dict[int, Block] = {}
         self._pending: list[Block] = []
+        self._closing = False
         self._strategy = self._make_strategy()
 
     def _make_strategy(self):
@@ -210,7 +211,7 @@ class CachingAllocator(MemoryResource):
             emit(self, action, self.device, address, size, 0, stream)
 
     def _observe(self, action: str, block: Block) -> None:
-        if OBSERVERS.active:
+        if OBSERVERS.active and not self._closing:
             emit(self, action, self.device, block.start, block.size, block.requested, block.stream)
 
     # --- cache control -------------------------------------------------------------------
@@ -225,6 +226,12 @@ class CachingAllocator(MemoryResource):
                 if block.other_streams is None:
                     block.other_streams = set()
                 block.other_streams.add(stream)
+
+    def collect_pending(self) -> None:
+        """Release freed blocks whose other-stream work has completed (normally done lazily,
+        at the next allocate), so a report shows them free."""
+        with self.lock:
+            self._free_completed_pending()
 
     def empty_cache(self) -> int:
         """Give cached memory back to the device; returns the bytes released."""
@@ -245,8 +252,10 @@ class CachingAllocator(MemoryResource):
         """Release everything (cached and live) to the device; returns blocks still live."""
         with self.lock:
             live = list(self._allocated.values())
+            self._closing = True       # to profilers these stay live: their owner never freed them
             for block in live:
                 self.deallocate(block.start)
+            self._closing = False
             self._free_completed_pending(wait=True)
             self._strategy.close()
             return live

@@ -11,6 +11,7 @@ import sys
 from typing import NamedTuple
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_RUNPY = "<frozen runpy>"          # how `npumem profile` runs a script: not the user's code
 _internal_code: dict = {}          # code object -> lives inside npumem (cache)
 
 
@@ -30,17 +31,19 @@ class Frame(NamedTuple):
 def _internal(code) -> bool:
     internal = _internal_code.get(code)
     if internal is None:
-        internal = _internal_code[code] = code.co_filename.startswith(_PACKAGE_DIR)
+        name = code.co_filename
+        internal = _internal_code[code] = name.startswith(_PACKAGE_DIR) or name.startswith(_RUNPY)
     return internal
 
 
 def capture(limit: int) -> tuple:
-    """Up to `limit` user frames, innermost first, as (code, line) pairs."""
+    """Up to `limit` user frames, innermost first, as (code, line) pairs. The stack ends where
+    npumem's own code is reached again (e.g. `npumem profile` running the script)."""
     frame = sys._getframe(1)
     while frame is not None and _internal(frame.f_code):
         frame = frame.f_back
     frames = []
-    while frame is not None and len(frames) < limit:
+    while frame is not None and len(frames) < limit and not _internal(frame.f_code):
         frames.append((frame.f_code, frame.f_lineno))
         frame = frame.f_back
     return tuple(frames)

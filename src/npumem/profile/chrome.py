@@ -1,0 +1,81 @@
+"""Chrome trace JSON (the Trace Event Format Perfetto and chrome://tracing open).
+
+One process per device: counter tracks "memory" (allocated, reserved, active bytes) and
+"host" (resident set size from the sampler), instant events for each alloc and free, and op
+slices on one track per stream. User ranges and marks go on the thread that made them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..units import format_size
+from .sampler import Sample
+from .tracker import Annotation, MemoryEvent, Tracker
+
+HOST_PID = 0
+
+
+def _pid(device: int) -> int:
+    return device + 1 if device >= 0 else HOST_PID
+
+
+def chrome_events(tracker: Tracker, samples: list[Sample] = ()) -> list[dict]:
+    start = tracker.started_ns
+
+    def ts(time_ns: int) -> float:
+        return round((time_ns - start) / 1e3, 3)
+
+    events: list[dict] = []
+    events.append({"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host"}})
+    devices, streams = set(), set()
+    memory: list[MemoryEvent] = tracker.events()
+    for event in memory:
+        pid = _pid(event.device)
+        devices.add(event.device)
+        events.append({"ph": "C", "name": "memory", "pid": pid, "ts": ts(event.time_ns),
+                       "args": {"allocated": event.allocated, "reserved": event.reserved,
+                                "active": event.active}})
+        if event.action in ("alloc", "free", "free_requested", "oom"):
+            args = {"address": f"0x{event.address:x}", "bytes": event.size,
+                    "requested": event.requested, "stream": event.stream, "source": event.source}
+            if event.tag:
+                args["tag"] = event.tag
+            if event.frames:
+                args["stack"] = [str(frame) for frame in event.frames]
+            events.append({"ph": "i", "s": "t", "pid": pid, "tid": event.stream,
+                           "ts": ts(event.time_ns), "cat": "memory",
+                           "name": f"{event.action} {format_size(event.requested)}", "args": args})
+            streams.add((pid, event.stream))
+    annotation: Annotation
+    for annotation in tracker.annotations():
+        if annotation.kind == "op":
+            pid, tid = _pid(annotation.device), annotation.thread
+            streams.add((pid, tid))
+            devices.add(annotation.device)
+        else:
+            pid, tid = HOST_PID, annotation.thread
+        if annotation.kind == "mark":
+            events.append({"ph": "i", "s": "p", "pid": pid, "tid": tid, "name": annotation.name,
+                           "ts": ts(annotation.start_ns), "cat": "mark"})
+        else:
+            events.append({"ph": "X", "pid": pid, "tid": tid, "name": annotation.name,
+                           "cat": annotation.kind, "ts": ts(annotation.start_ns),
+                           "dur": round((annotation.end_ns - annotation.start_ns) / 1e3, 3)})
+    for sample in samples:
+        events.append({"ph": "C", "name": "host", "pid": HOST_PID, "ts": ts(sample.time_ns),
+                       "args": {"rss": sample.host_rss}})
+    for device in sorted(devices):
+        events.append({"ph": "M", "name": "process_name", "pid": _pid(device),
+                       "args": {"name": f"npu {device}"}})
+    for pid, tid in sorted(streams):
+        name = "default stream" if tid == 0 else f"stream 0x{tid:x}"
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                       "args": {"name": name}})
+    return events
+
+
+def write_chrome_trace(path, tracker: Tracker, samples: list[Sample] = ()) -> None:
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump({"traceEvents": chrome_events(tracker, samples), "displayTimeUnit": "ms",
+                   "otherData": {"producer": "npumem", "dropped_events": tracker.dropped}}, out)

@@ -1,0 +1,114 @@
+"""Fragmentation of a snapshot (npumem's or PyTorch's): per segment and per device pool.
+
+free = bytes of inactive blocks; largest = the largest run of adjacent inactive blocks;
+ratio = (free - largest) / free: 0 when all free memory is one piece, near 1 when it is dust.
+A block map draws each segment as a row of cells: '#' allocated, '+' freed but pending (another
+stream may still use it), '.' free, ':' a cell holding both live and free bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..units import format_size
+
+LIVE_STATES = ("active_allocated", "active_pending_free")
+
+
+@dataclass
+class SegmentFragmentation:
+    device: int
+    address: int
+    size: int
+    allocated: int
+    free: int
+    largest_free: int
+    blocks: int
+    map: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return (self.free - self.largest_free) / self.free if self.free else 0.0
+
+
+@dataclass
+class PoolFragmentation:
+    device: int
+    reserved: int = 0
+    allocated: int = 0
+    free: int = 0
+    largest_free: int = 0
+    segments: list[SegmentFragmentation] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return (self.free - self.largest_free) / self.free if self.free else 0.0
+
+
+def block_map(segment: dict, width: int) -> str:
+    """`width` cells, each covering total_size / width bytes of the segment."""
+    size = max(segment["total_size"], 1)
+    live = [0.0] * width
+    pending = [False] * width
+    offset = segment["address"]
+    for block in segment["blocks"]:
+        start = block["address"] - offset
+        end = start + block["size"]
+        if block["state"] not in LIVE_STATES:
+            continue
+        first, last = start * width // size, min(width - 1, (end - 1) * width // size)
+        for cell in range(first, last + 1):
+            low, high = max(start, cell * size / width), min(end, (cell + 1) * size / width)
+            live[cell] += max(0.0, high - low) / (size / width)
+            pending[cell] |= block["state"] == "active_pending_free"
+    return "".join("+" if p else "#" if f >= 0.999 else "." if f <= 0.001 else ":"
+                   for f, p in zip(live, pending))
+
+
+def analyze_segment(segment: dict, width: int = 64) -> SegmentFragmentation:
+    free = largest = run = allocated = 0
+    for block in sorted(segment["blocks"], key=lambda b: b["address"]):
+        if block["state"] in LIVE_STATES:
+            run = 0
+            allocated += block["size"] if block["state"] == "active_allocated" else 0
+        else:
+            free += block["size"]
+            run += block["size"]
+            largest = max(largest, run)
+    return SegmentFragmentation(segment.get("device", 0), segment["address"], segment["total_size"],
+                                allocated, free, largest, len(segment["blocks"]),
+                                block_map(segment, width) if width else "")
+
+
+def analyze(snapshot: dict, width: int = 64) -> list[PoolFragmentation]:
+    """One entry per device, segments sorted by address."""
+    pools: dict[int, PoolFragmentation] = {}
+    for segment in sorted(snapshot["segments"], key=lambda s: (s.get("device", 0), s["address"])):
+        result = analyze_segment(segment, width)
+        pool = pools.setdefault(result.device, PoolFragmentation(result.device))
+        pool.segments.append(result)
+        pool.reserved += result.size
+        pool.allocated += result.allocated
+        pool.free += result.free
+        pool.largest_free = max(pool.largest_free, result.largest_free)
+    return [pools[device] for device in sorted(pools)]
+
+
+def format_fragmentation(pools: list[PoolFragmentation], max_segments: int = 20) -> str:
+    if not pools:
+        return "No segments: nothing is reserved."
+    lines = []
+    for pool in pools:
+        lines.append(f"device {pool.device}: reserved {format_size(pool.reserved)}, allocated "
+                     f"{format_size(pool.allocated)}, free {format_size(pool.free)}, largest free "
+                     f"block {format_size(pool.largest_free)}, fragmentation {pool.ratio:.3f}")
+        worst = sorted(pool.segments, key=lambda s: (-s.ratio, -s.free))[:max_segments]
+        for seg in sorted(worst, key=lambda s: s.address):
+            lines.append(f"  0x{seg.address:x} {format_size(seg.size):>11} [{seg.map}] free "
+                         f"{format_size(seg.free)}, largest {format_size(seg.largest_free)}, "
+                         f"ratio {seg.ratio:.3f}")
+        if len(pool.segments) > max_segments:
+            lines.append(f"  ... {len(pool.segments) - max_segments} more segment(s), "
+                         "the most fragmented are shown")
+    lines.append("  map: '#' allocated, '+' pending free, '.' free, ':' both")
+    return "\n".join(lines)

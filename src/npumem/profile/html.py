@@ -1,0 +1,172 @@
+"""The HTML report: one self-contained file (inline SVG and CSS, no scripts, nothing fetched)."""
+
+from __future__ import annotations
+
+from html import escape
+
+from ..units import format_size
+from .analysis import Point
+from .report import Report
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1100px;
+color:#1d2330;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde
+;padding-bottom:4px} .sub{color:#667}
+.cards{display:flex;gap:12px;flex-wrap:wrap;margin:14px 0}
+.card{border:1px solid #dde;border-radius:8px;padding:10px 14px;min-width:150px}
+.card b{display:block;font-size:19px} .card span{color:#667;font-size:12px}
+table{border-collapse:collapse;width:100%;font-size:13px} td,th{padding:4px 8px;text-align:left;
+border-bottom:1px solid #eef} th{background:#f6f7fb} td.n{text-align:right;white-space:nowrap}
+code{font-size:12px} .ok{color:#17803d} .bad{color:#b42318}
+.map{display:flex;height:14px;border:1px solid #ccd;margin:2px 0 8px}
+.map i{flex:1} .c-a{background:#3b6fd8} .c-f{background:#eef0f5} .c-m{background:#9db4ea}
+.c-p{background:#f0a23b} .legend i{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;
+vertical-align:middle} svg text{font-size:11px;fill:#556} details{margin:2px 0}
+"""
+_SERIES = (("reserved", "#e07b24", ""), ("allocated", "#3b6fd8", ""), ("active", "#7a5cc7", "4 3"))
+_CELL_CLASS = {"#": "c-a", ".": "c-f", ":": "c-m", "+": "c-p"}
+
+
+def _downsample(points: list[Point], buckets: int) -> list[Point]:
+    """At most about 2 * buckets points, keeping each bucket's highest and last point."""
+    if len(points) <= 2 * buckets:
+        return points
+    step = len(points) / buckets
+    out = []
+    for b in range(buckets):
+        chunk = points[int(b * step):int((b + 1) * step)] or points[-1:]
+        top = max(chunk, key=lambda p: p.reserved + p.allocated)
+        out += [top, chunk[-1]] if top is not chunk[-1] else [top]
+    return out
+
+
+def _nice_ticks(top: float, count: int = 5) -> list[float]:
+    if top <= 0:
+        return [0.0]
+    raw = top / count
+    magnitude = 10 ** len(str(int(raw))) / 10 if raw >= 1 else 1
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    return [i * step for i in range(int(top / step) + 2) if i * step <= top * 1.0001 + step]
+
+
+def timeline_svg(points: list[Point], width: int = 1060, height: int = 260) -> str:
+    if len(points) < 2:
+        return "<p class=sub>Not enough events for a timeline.</p>"
+    points = _downsample(points, 700)
+    left, right, top, bottom = 80, 10, 10, 28
+    t0, t1 = points[0].time_us, points[-1].time_us
+    span = (t1 - t0) or 1.0
+    ymax = max(max(p.reserved, p.allocated, p.active) for p in points) or 1
+    ticks = _nice_ticks(ymax)
+    ymax = max(ymax, ticks[-1])
+
+    def x(t: float) -> float:
+        return left + (t - t0) / span * (width - left - right)
+
+    def y(v: float) -> float:
+        return top + (1 - v / ymax) * (height - top - bottom)
+
+    parts = [f'<svg viewBox="0 0 {width} {height}" width="100%" role="img" '
+             f'aria-label="allocated and reserved bytes over time">']
+    for tick in ticks:
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
+                     f'stroke="#eef" /><text x="{left - 6}" y="{y(tick) + 4:.1f}" '
+                     f'text-anchor="end">{escape(format_size(int(tick)))}</text>')
+    for i in range(6):
+        t = t0 + span * i / 5
+        parts.append(f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">'
+                     f'{(t - t0) / 1e3:.1f} ms</text>')
+    for name, color, dash in _SERIES:
+        coords = []
+        previous = None
+        for p in points:          # steps: a value holds until the next event
+            px, py = x(p.time_us), y(getattr(p, name))
+            if previous is not None:
+                coords.append(f"{px:.1f},{previous:.1f}")
+            coords.append(f"{px:.1f},{py:.1f}")
+            previous = py
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6"{dash_attr} '
+                     f'points="{" ".join(coords)}"><title>{name}</title></polyline>')
+    parts.append("</svg>")
+    legend = "".join(f'<i style="background:{c}"></i>{n}' for n, c, _ in _SERIES)
+    return "".join(parts) + f'<div class="legend sub">{legend}</div>'
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    if not rows:
+        return "<p class=sub>None.</p>"
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>"
+                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _sites_table(sites, limit: int = 15) -> str:
+    return _table(["bytes", "allocations", "site"],
+                  [[escape(format_size(s.bytes)), str(s.count), f"<code>{escape(s.where)}</code>"]
+                   for s in sites[:limit]], {0, 1})
+
+
+def render_html(report: Report) -> str:
+    out = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{escape(report.title)}"
+           f"</title><style>{_CSS}</style></head><body>",
+           f"<h1>{escape(report.title)}</h1><div class=sub>npumem memory report</div>"]
+    out += [f"<p class=sub>{escape(note)}</p>" for note in report.notes]
+    cards = []
+    for d in report.devices:
+        cards.append(f'<div class=card><span>device {d.device} peak allocated</span>'
+                     f'<b>{escape(format_size(d.peak_allocated))}</b></div>')
+        cards.append(f'<div class=card><span>device {d.device} peak reserved</span>'
+                     f'<b>{escape(format_size(d.peak_reserved))}</b></div>')
+    leak_class = "bad" if report.leaks else "ok"
+    cards.append(f'<div class=card><span>leaks</span><b class={leak_class}>'
+                 f'{sum(r.count for r in report.leaks)} / {escape(format_size(report.leaked_bytes))}'
+                 f'</b></div>')
+    out.append(f"<div class=cards>{''.join(cards)}</div>")
+    for d in report.devices:
+        out.append(f"<h2>Device {d.device}: allocated and reserved over time</h2>")
+        out.append(timeline_svg(d.timeline))
+        out.append(f"<h2>Device {d.device}: live at the peak ({escape(format_size(d.peak_allocated))}"
+                   f" at {d.peak_time_us - (d.timeline[0].time_us if d.timeline else 0):.0f} us)</h2>")
+        out.append(_sites_table(d.at_peak))
+        out.append(f"<h2>Device {d.device}: top allocation sites (all allocations)</h2>")
+        out.append(_sites_table(d.by_site))
+    out.append(f"<h2>{escape(report.leak_heading)}</h2>")
+    rows = []
+    for row in report.leaks[:50]:
+        stack = "".join(f"<div><code>{escape(f)}</code></div>" for f in row.stack)
+        where = f"<code>{escape(row.where)}</code>"
+        if stack:
+            where = f"<details><summary>{where}</summary>{stack}</details>"
+        rows.append([escape(format_size(row.bytes)), str(row.count), where])
+    out.append(_table(["bytes", "allocations", "site"], rows, {0, 1}))
+    out.append("<h2>Fragmentation and block map</h2>")
+    if not report.fragmentation:
+        out.append("<p class=sub>No segments: nothing is reserved.</p>")
+    for pool in report.fragmentation:
+        out.append(f"<p>device {pool.device}: reserved {escape(format_size(pool.reserved))}, "
+                   f"free {escape(format_size(pool.free))}, largest free block "
+                   f"{escape(format_size(pool.largest_free))}, fragmentation "
+                   f"<b>{pool.ratio:.3f}</b> (= (free - largest) / free)</p>")
+        for seg in pool.segments[:40]:
+            cells = "".join(f'<i class="{_CELL_CLASS[c]}"></i>' for c in seg.map)
+            out.append(f'<div class=sub><code>0x{seg.address:x}</code> {escape(format_size(seg.size))},'
+                       f' free {escape(format_size(seg.free))}, ratio {seg.ratio:.3f}</div>'
+                       f'<div class=map title="0x{seg.address:x}">{cells}</div>')
+        if len(pool.segments) > 40:
+            out.append(f"<p class=sub>... {len(pool.segments) - 40} more segments</p>")
+    out.append('<div class="legend sub"><i class=c-a></i>allocated<i class=c-p></i>pending free'
+               '<i class=c-m></i>partly allocated<i class=c-f></i>free</div>')
+    if report.ops:
+        out.append("<h2>Ops on the streams</h2>")
+        out.append(_table(["op", "runs", "total ms"],
+                          [[escape(o.name), str(o.count), f"{o.total_us / 1e3:.3f}"]
+                           for o in report.ops[:30]], {1, 2}))
+    if report.samples:
+        peak_rss = max(s.host_rss for s in report.samples)
+        out.append(f"<h2>Host</h2><p>peak resident set size {escape(format_size(peak_rss))} over "
+                   f"{len(report.samples)} samples</p>")
+    out.append("</body></html>")
+    return "\n".join(out)

@@ -1,0 +1,131 @@
+"""The report: peak, who held memory at the peak, leaks, fragmentation — as text (the terminal,
+summary.txt) and as data for the HTML page. Built from a snapshot (npumem's or PyTorch's), plus
+what only a live profile knows: the exact leak report, op timings and host samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..units import format_size
+from .analysis import DeviceAnalysis, SiteUsage, analyze_snapshot, site_name
+from .fragmentation import PoolFragmentation, analyze, format_fragmentation
+from .leaks import LeakReport
+from .sampler import Sample
+from .tracker import Annotation
+
+
+@dataclass
+class LeakRow:
+    where: str
+    count: int
+    bytes: int
+    stack: list[str]
+
+
+@dataclass
+class OpRow:
+    name: str
+    count: int
+    total_us: float
+
+
+@dataclass
+class Report:
+    title: str
+    devices: list[DeviceAnalysis]
+    fragmentation: list[PoolFragmentation]
+    leaks: list[LeakRow]
+    leak_heading: str                 # what the leak list means for this source
+    ops: list[OpRow] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def leaked_bytes(self) -> int:
+        return sum(row.bytes for row in self.leaks)
+
+
+def leak_rows_from_report(report: LeakReport) -> list[LeakRow]:
+    return [LeakRow(site.where, site.count, site.bytes, [str(f) for f in site.stack[1:8]])
+            for site in report.sites]
+
+
+def leak_rows_from_trace(devices: list[DeviceAnalysis]) -> list[LeakRow]:
+    rows: dict[str, LeakRow] = {}
+    for device in devices:
+        for entry in device.never_freed_entries:
+            where = site_name(entry)
+            row = rows.setdefault(where, LeakRow(where, 0, 0, [
+                f"{f['filename']}:{f['line']} in {f['name']}" for f in (entry.get("frames") or [])[1:8]]))
+            row.count += 1
+            row.bytes += entry.get("requested_size") or entry["size"]
+    return sorted(rows.values(), key=lambda r: (-r.bytes, r.where))
+
+
+def op_rows(annotations: list[Annotation]) -> list[OpRow]:
+    rows: dict[str, OpRow] = {}
+    for a in annotations:
+        if a.kind == "op":
+            row = rows.setdefault(a.name, OpRow(a.name, 0, 0.0))
+            row.count += 1
+            row.total_us += (a.end_ns - a.start_ns) / 1e3
+    return sorted(rows.values(), key=lambda r: -r.total_us)
+
+
+def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
+                 annotations: list[Annotation] = (), samples: list[Sample] = ()) -> Report:
+    """With `leaks` (a live profile's exact report) leaks are those; otherwise the blocks the
+    snapshot's trace allocated and never freed."""
+    devices = analyze_snapshot(snapshot)
+    if leaks is not None:
+        rows, heading = leak_rows_from_report(leaks), "Leaks: allocations still live at exit"
+    else:
+        rows = leak_rows_from_trace(devices)
+        heading = "Allocated during the trace and still live at its end (possible leaks)"
+    notes = []
+    if not snapshot.get("device_traces") or not any(snapshot["device_traces"]):
+        notes.append("The snapshot has no event history (device_traces): record it with "
+                     "record_memory_history / torch.cuda.memory._record_memory_history to get "
+                     "the timeline, the peak and allocation sites.")
+    return Report(title, devices, analyze(snapshot), rows, heading, op_rows(list(annotations)),
+                  list(samples), notes)
+
+
+def _sites(title: str, sites: list[SiteUsage], limit: int) -> list[str]:
+    if not sites:
+        return []
+    lines = [f"  {title}:"]
+    lines += [f"    {format_size(s.bytes):>12} in {s.count:>6} allocation(s)  {s.where}"
+              for s in sites[:limit]]
+    return lines
+
+
+def format_report(report: Report, limit: int = 10) -> str:
+    lines = [report.title, "=" * len(report.title)]
+    lines += [f"note: {note}" for note in report.notes]
+    for device in report.devices:
+        ratio = device.peak_reserved / device.peak_allocated if device.peak_allocated else 0.0
+        lines.append(f"device {device.device}: {device.events} events, peak allocated "
+                     f"{format_size(device.peak_allocated)}, peak reserved "
+                     f"{format_size(device.peak_reserved)} (reserved/allocated {ratio:.3f})")
+        lines += _sites("live at the allocated peak, by site", device.at_peak, limit)
+        lines += _sites("all allocations, by site", device.by_site, limit)
+    lines.append("")
+    lines.append(f"{report.leak_heading}:")
+    if not report.leaks:
+        lines.append("  none")
+    for row in report.leaks[:limit]:
+        lines.append(f"  {format_size(row.bytes):>12} in {row.count:>6} allocation(s)  {row.where}")
+        lines += [f"      called from {frame}" for frame in row.stack[:4]]
+    if len(report.leaks) > limit:
+        lines.append(f"  ... and {len(report.leaks) - limit} more site(s)")
+    lines.append("")
+    lines.append("Fragmentation (now):")
+    lines += ["  " + line for line in format_fragmentation(report.fragmentation, 8).splitlines()]
+    if report.ops:
+        lines.append("")
+        lines.append("Ops (time on the streams):")
+        lines += [f"  {op.name:<20} {op.count:>7} run(s) {op.total_us / 1e3:>10.3f} ms"
+                  for op in report.ops[:limit]]
+    return "\n".join(lines) + "\n"

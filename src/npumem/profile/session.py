@@ -1,0 +1,130 @@
+"""A profiling session: tracker + sampler around a run, then every output file in one folder.
+
+Used by `npumem profile -- script.py` and by NPUMEM_PROFILE=1. Each output is written on its
+own: one that fails is reported and the others are still written.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+from ..errors import InvalidParamError
+from .chrome import write_chrome_trace
+from .html import render_html
+from .leaks import settle
+from .msprof import write_memory_record, write_operator_memory
+from .report import build_report, format_report
+from .sampler import Sampler
+from .snapshot import build_snapshot, save_snapshot
+from .tracker import Tracker
+
+OUTPUTS = ("report.html", "snapshot.pickle", "trace.json", "memory_record.csv",
+           "operator_memory.csv", "leaks.txt", "summary.txt")
+
+
+def prepare_folder(out: str | os.PathLike, force: bool = False) -> Path:
+    """Create the output folder; refuse one that already holds files unless `force`."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise InvalidParamError(f"output folder {path} exists and is a file")
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise InvalidParamError(f"output folder {path} exists and is not empty; choose another "
+                                "--out or pass --force to overwrite its files")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".npumem-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise InvalidParamError(f"cannot write to output folder {path}: {exc.strerror}") from None
+    return path
+
+
+class ProfileSession:
+    def __init__(self, stacks: bool = False, interval_ms: float = 10.0,
+                 max_entries: int = 1_000_000):
+        self.tracker = Tracker(stacks=stacks, max_entries=max_entries)
+        self.sampler = Sampler(interval_ms=interval_ms)
+
+    def start(self) -> "ProfileSession":
+        self.tracker.start()
+        self.sampler.start()
+        return self
+
+    def stop(self) -> None:
+        settle()
+        self.sampler.stop()
+        self.tracker.stop()
+
+    def write(self, folder: Path, title: str, echo=print) -> list[str]:
+        """Write every output into `folder`; returns the problems (empty when all went well)."""
+        from .. import memory as pool_api
+
+        leaks = self.tracker.leaks()
+        with pool_api._lock:
+            pools = [pool_api._pools[d] for d in sorted(pool_api._pools)]
+        for pool in pools:
+            pool.collect_pending()
+        problems: list[str] = []
+
+        def attempt(name: str, write) -> None:
+            try:
+                write(folder / name)
+            except Exception as exc:     # noqa: BLE001 - keep the other outputs
+                problems.append(f"{name}: {type(exc).__name__}: {exc}")
+
+        snapshot = {"segments": [], "device_traces": []}
+        try:
+            snapshot = build_snapshot(pools, self.tracker)
+        except Exception as exc:         # noqa: BLE001
+            problems.append(f"snapshot: {type(exc).__name__}: {exc}")
+        report = build_report(snapshot, title, leaks, self.tracker.annotations(),
+                              self.sampler.samples())
+        if self.tracker.dropped:
+            report.notes.append(f"{self.tracker.dropped} early events fell out of the ring buffer "
+                                "(raise max_entries); the timeline starts later than the run.")
+        attempt("snapshot.pickle", lambda p: save_snapshot(snapshot, p))
+        attempt("trace.json", lambda p: write_chrome_trace(p, self.tracker, self.sampler.samples()))
+        attempt("memory_record.csv", lambda p: write_memory_record(p, self.tracker))
+        attempt("operator_memory.csv", lambda p: write_operator_memory(p, self.tracker))
+        attempt("leaks.txt", lambda p: p.write_text(leaks.format(limit=100) + "\n", encoding="utf-8"))
+        attempt("summary.txt", lambda p: p.write_text(format_report(report), encoding="utf-8"))
+        attempt("report.html", lambda p: p.write_text(render_html(report), encoding="utf-8"))
+        return problems
+
+
+def run_target(target: list[str]) -> int:
+    """Run `script.py args...` (or `-m module args...`) as __main__; returns its exit code.
+    An exception the script raises is printed and gives exit code 1."""
+    if not target:
+        raise InvalidParamError("nothing to profile: give a script, e.g. npumem profile -- train.py")
+    if target[0] == "-m" and len(target) < 2:
+        raise InvalidParamError("-m needs a module name")
+    if target[0] != "-m" and not os.path.isfile(target[0]):
+        raise InvalidParamError(f"no such script: {target[0]}")
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        if target[0] == "-m":
+            sys.argv = [target[1], *target[2:]]
+            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(target)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target[0])))
+            runpy.run_path(target[0], run_name="__main__")
+        return 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BaseException:                 # noqa: BLE001 - the script's own error: show it, go on
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
