@@ -50,17 +50,21 @@ def emit_op(name: str, device: int, stream, start_ns: int, end_ns: int) -> None:
         observer.on_op(name, device, stream, start_ns, end_ns)
 
 
-_tags = threading.local()
+class _Tags(threading.local):
+    tag = ""                    # a class default: reading it never raises on a new thread
+
+
+_tags = _Tags()
 
 
 def current_tag() -> str:
-    return getattr(_tags, "tag", "")
+    return _tags.tag
 
 
 @contextmanager
 def tagged(tag: str):
     """Allocations made by this thread inside the block carry `tag` (innermost tag wins)."""
-    outer = getattr(_tags, "tag", "")
+    outer = _tags.tag
     _tags.tag = tag
     try:
         yield

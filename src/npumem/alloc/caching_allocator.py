@@ -100,8 +100,8 @@ class CachingAllocator(MemoryResource):
             if self._pending:
                 stats.note_active_peak()
             stats.counters["num_cache_hits" if hit else "num_cache_misses"] += 1
-            if OBSERVERS.active:
-                emit(self, "alloc", self.device, block.start, block.size, nbytes, stream)
+            for observer in OBSERVERS.active:
+                observer.on_memory(self, "alloc", self.device, block.start, block.size, nbytes, stream)
             return block.start
 
     def deallocate(self, pointer: int, nbytes: int | None = None, stream=None) -> None:
@@ -118,9 +118,11 @@ class CachingAllocator(MemoryResource):
                 block.pending_events = [self._record_event(s) for s in block.other_streams]
                 self._pending.append(block)
                 self._count_pending(block, +1)
-                self._observe("free_requested", block)
+                if OBSERVERS.active:
+                    self._observe("free_requested", block)
                 return
-            self._observe("free", block)      # before the block merges with its neighbours
+            if OBSERVERS.active:          # before the block merges with its neighbours
+                self._observe("free", block)
             self._release_block(block)
 
     def _count_pending(self, block: Block, sign: int) -> None:
@@ -138,7 +140,8 @@ class CachingAllocator(MemoryResource):
         for block in self._pending:
             if wait or all(event.query() for event in block.pending_events):
                 self._count_pending(block, -1)
-                self._observe("free_completed", block)
+                if OBSERVERS.active:
+                    self._observe("free_completed", block)
                 self._release_block(block)
             else:
                 still.append(block)
@@ -211,8 +214,10 @@ class CachingAllocator(MemoryResource):
             emit(self, action, self.device, address, size, 0, stream)
 
     def _observe(self, action: str, block: Block) -> None:
-        if OBSERVERS.active and not self._closing:
-            emit(self, action, self.device, block.start, block.size, block.requested, block.stream)
+        if not self._closing:
+            for observer in OBSERVERS.active:
+                observer.on_memory(self, action, self.device, block.start, block.size,
+                                   block.requested, block.stream)
 
     # --- cache control -------------------------------------------------------------------
 

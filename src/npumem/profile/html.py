@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from html import escape
 
 from ..units import format_size
@@ -17,7 +18,7 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bot
 .card{border:1px solid #dde;border-radius:8px;padding:10px 14px;min-width:150px}
 .card b{display:block;font-size:19px} .card span{color:#667;font-size:12px}
 table{border-collapse:collapse;width:100%;font-size:13px} td,th{padding:4px 8px;text-align:left;
-border-bottom:1px solid #eef} th{background:#f6f7fb} td.n{text-align:right;white-space:nowrap}
+border-bottom:1px solid #eef} th{background:#f6f7fb} td.n{text-align:right;white-space:nowrap;width:1%}
 code{font-size:12px} .ok{color:#17803d} .bad{color:#b42318}
 .map{display:flex;height:14px;border:1px solid #ccd;margin:2px 0 8px}
 .map i{flex:1} .c-a{background:#3b6fd8} .c-f{background:#eef0f5} .c-m{background:#9db4ea}
@@ -42,19 +43,21 @@ def _downsample(points: list[Point], buckets: int) -> list[Point]:
 
 
 def _nice_ticks(top: float, count: int = 5) -> list[float]:
+    """Round tick values in binary units (0, 512 MiB, 1 GiB, ...) up to `top`."""
     if top <= 0:
         return [0.0]
-    raw = top / count
-    magnitude = 10 ** len(str(int(raw))) / 10 if raw >= 1 else 1
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    return [i * step for i in range(int(top / step) + 2) if i * step <= top * 1.0001 + step]
+    unit = next(u for u in (1 << 30, 1 << 20, 1 << 10, 1) if top >= u)
+    raw = top / unit / count
+    magnitude = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw) * unit
+    return [i * step for i in range(int(top // step) + 2)]
 
 
 def timeline_svg(points: list[Point], width: int = 1060, height: int = 260) -> str:
     if len(points) < 2:
         return "<p class=sub>Not enough events for a timeline.</p>"
     points = _downsample(points, 700)
-    left, right, top, bottom = 80, 10, 10, 28
+    left, right, top, bottom = 80, 34, 10, 28
     t0, t1 = points[0].time_us, points[-1].time_us
     span = (t1 - t0) or 1.0
     ymax = max(max(p.reserved, p.allocated, p.active) for p in points) or 1

@@ -6,6 +6,7 @@ npumem's own frames, so the innermost frame is the user's line that asked for me
 
 from __future__ import annotations
 
+import bisect
 import os
 import sys
 from typing import NamedTuple
@@ -37,23 +38,57 @@ def _internal(code) -> bool:
 
 
 def capture(limit: int) -> tuple:
-    """Up to `limit` user frames, innermost first, as (code, line) pairs. The stack ends where
-    npumem's own code is reached again (e.g. `npumem profile` running the script)."""
+    """Up to `limit` user frames, innermost first, as one flat tuple (code, offset, code, offset,
+    ...) — the instruction offset, not the line: computing a line number decodes the code's line
+    table, so that waits for `resolve`. One tuple per stack keeps the garbage collector's work
+    small. The stack ends where npumem's own code is reached again (e.g. `npumem profile`
+    running the script)."""
+    internal = _internal_code
     frame = sys._getframe(1)
-    while frame is not None and _internal(frame.f_code):
+    while frame is not None:
+        code = frame.f_code
+        flag = internal.get(code)
+        if flag is None:
+            flag = _internal(code)
+        if not flag:
+            break
         frame = frame.f_back
-    frames = []
-    while frame is not None and len(frames) < limit and not _internal(frame.f_code):
-        frames.append((frame.f_code, frame.f_lineno))
+    frames: list = []
+    append = frames.append
+    while frame is not None and limit:
+        code = frame.f_code
+        flag = internal.get(code)
+        if flag is None:
+            flag = _internal(code)
+        if flag:
+            break
+        append(code)
+        append(frame.f_lasti)
+        limit -= 1
         frame = frame.f_back
     return tuple(frames)
+
+
+_line_tables: dict = {}            # code object -> (range starts, [(start, end, line)])
+
+
+def line_of(code, offset: int) -> int:
+    """The source line of the instruction at byte `offset` of `code`."""
+    table = _line_tables.get(code)
+    if table is None:
+        ranges = [r for r in code.co_lines() if r[2] is not None]
+        table = _line_tables[code] = ([r[0] for r in ranges], ranges)
+    starts, ranges = table
+    i = bisect.bisect_right(starts, offset) - 1
+    return ranges[i][2] if i >= 0 and offset < ranges[i][1] else code.co_firstlineno
 
 
 def resolve(raw: tuple | None) -> tuple[Frame, ...]:
     if not raw:
         return ()
-    return tuple(Frame(code.co_filename, line, code.co_qualname if hasattr(code, "co_qualname")
-                       else code.co_name) for code, line in raw)
+    return tuple(Frame(code.co_filename, line_of(code, offset),
+                       getattr(code, "co_qualname", code.co_name))
+                 for code, offset in zip(raw[::2], raw[1::2]))
 
 
 def is_internal_file(filename: str) -> bool:

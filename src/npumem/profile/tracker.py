@@ -13,6 +13,7 @@ the ops the streams ran. Several trackers may run at once; each sees everything.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import threading
@@ -21,14 +22,16 @@ from collections import deque
 from typing import NamedTuple
 
 from ..errors import InvalidParamError
-from ..observe import OBSERVERS, current_tag
+from ..observe import OBSERVERS, _tags
 from . import stacks as stack_capture
-from .stacks import Frame
+from .stacks import Frame, capture
 
-# What each action does to (allocated, active) bytes of its device; segment actions move reserved.
-_ALLOCATED = {"alloc": 1, "free": -1, "free_requested": -1}
-_ACTIVE = {"alloc": 1, "free": -1, "free_completed": -1}
-_RESERVED = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+# What each action does to the device's (allocated, active, reserved) bytes.
+_DELTAS = {
+    "alloc": (1, 1, 0), "free": (-1, -1, 0), "free_requested": (-1, 0, 0),
+    "free_completed": (0, -1, 0), "segment_alloc": (0, 0, 1), "segment_map": (0, 0, 1),
+    "segment_free": (0, 0, -1), "segment_unmap": (0, 0, -1), "oom": (0, 0, 0),
+}
 
 
 class MemoryEvent(NamedTuple):
@@ -60,11 +63,20 @@ class Annotation(NamedTuple):
 
 
 class DeviceTotals:
-    __slots__ = ("allocated", "reserved", "active", "peak_allocated", "peak_reserved")
+    """Running totals of one device of one backend, and its live allocations by address."""
 
-    def __init__(self):
+    __slots__ = ("device", "allocated", "reserved", "active", "peak_allocated", "peak_reserved",
+                 "live")
+
+    def __init__(self, device: int):
+        self.device = device
         self.allocated = self.reserved = self.active = 0
         self.peak_allocated = self.peak_reserved = 0
+        self.live: dict = {}              # address -> raw alloc event
+
+
+_BATCH = 2048                       # raw events queued before they are applied
+_now = time.perf_counter_ns
 
 
 def _stream_id(stream) -> int:
@@ -83,9 +95,10 @@ class Tracker:
         self.lock = threading.Lock()
         self._events: deque = deque(maxlen=max_entries)
         self._annotations: deque = deque(maxlen=max_entries)
-        self._live: dict = {}                   # (device key, address) -> raw alloc event
-        self._totals: dict = {}                 # device key -> DeviceTotals
-        self._devices: dict = {}                # device key -> device index
+        self._totals: dict = {}                 # (backend id, device) -> DeviceTotals
+        self._slots: dict = {}                  # (owner, device) -> (source, DeviceTotals)
+        self._stream_ids: dict = {None: 0}      # stream object -> handle
+        self._pending: deque = deque()          # raw events not yet applied (see on_memory)
         self._seq = itertools.count()
         self.dropped = 0                        # events pushed out of the ring buffer
         self.started_ns = self.stopped_ns = 0
@@ -130,41 +143,63 @@ class Tracker:
 
     # --- the observer side (hot path) ------------------------------------------------------
 
-    def on_memory(self, owner, action, device, address, size, requested, stream) -> None:
-        now = time.perf_counter_ns()
-        frames = stack_capture.capture(self.max_frames) if self.stacks and action == "alloc" else None
-        backend = getattr(owner, "backend", owner)
-        source = "pool" if backend is not owner else "driver"
+    def _slot(self, owner, device) -> tuple:
+        """(source, totals) of an owner on a device; owners on one backend device share totals."""
+        backend = owner.backend if hasattr(owner, "backend") else owner
         key = (id(backend), device)
-        with self.lock:
-            totals = self._totals.get(key)
-            if totals is None:
-                totals = self._totals[key] = DeviceTotals()
-                self._devices[key] = device
-            sign = _ALLOCATED.get(action)
-            if sign:
-                totals.allocated += sign * size
-                if totals.allocated > totals.peak_allocated:
-                    totals.peak_allocated = totals.allocated
-            sign = _ACTIVE.get(action)
-            if sign:
-                totals.active += sign * size
-            sign = _RESERVED.get(action)
-            if sign:
-                totals.reserved += sign * size
-                if totals.reserved > totals.peak_reserved:
-                    totals.peak_reserved = totals.reserved
-            events = self._events
+        totals = self._totals.get(key)
+        if totals is None:
+            totals = self._totals[key] = DeviceTotals(device)
+        slot = self._slots[(owner, device)] = ("pool" if backend is not owner else "driver", totals)
+        return slot
+
+    def on_memory(self, owner, action, device, address, size, requested, stream) -> None:
+        # The hot path only queues the raw event; totals, the live map and the ring buffer are
+        # brought up to date in batches (`_drain`), which costs far less per event than doing
+        # it here with a lock taken for each one.
+        pending = self._pending
+        pending.append((_now(), action, owner, device, address, size, requested, stream,
+                        _tags.tag, capture(self.max_frames) if self.stacks and action == "alloc"
+                        else None))
+        if len(pending) >= _BATCH and self.lock.acquire(False):
+            try:
+                self._drain()
+            finally:
+                self.lock.release()
+
+    def _drain(self) -> None:
+        """Apply the queued raw events in order (call with the lock held)."""
+        pending, events, slots, stream_ids = self._pending, self._events, self._slots, self._stream_ids
+        seq = self._seq
+        while pending:
+            now, action, owner, device, address, size, requested, stream, tag, frames = \
+                pending.popleft()
+            source, totals = slots.get((owner, device)) or self._slot(owner, device)
+            d_allocated, d_active, d_reserved = _DELTAS[action]
+            if d_allocated:
+                allocated = totals.allocated = totals.allocated + d_allocated * size
+                if allocated > totals.peak_allocated:
+                    totals.peak_allocated = allocated
+            if d_active:
+                totals.active += d_active * size
+            if d_reserved:
+                reserved = totals.reserved = totals.reserved + d_reserved * size
+                if reserved > totals.peak_reserved:
+                    totals.peak_reserved = reserved
+            stream_id = stream_ids.get(stream)
+            if stream_id is None:
+                stream_id = stream_ids[stream] = _stream_id(stream)
             if len(events) == self.max_entries:
                 self.dropped += 1
-            event = (next(self._seq), now, action, source, device, address, size, requested,
-                     _stream_id(stream), current_tag(), frames,
-                     totals.allocated, totals.reserved, totals.active)
+            # Only atomic values (the stream's handle, not the stream): the garbage collector
+            # stops tracking such tuples, so a million stored events cost it nothing.
+            event = (next(seq), now, action, source, device, address, size, requested,
+                     stream_id, tag, frames, totals.allocated, totals.reserved, totals.active)
             events.append(event)
-            if action == "alloc":
-                self._live[(key, address)] = event
-            elif action == "free" or action == "free_requested":
-                self._live.pop((key, address), None)
+            if d_allocated > 0:
+                totals.live[address] = event
+            elif d_allocated:
+                totals.live.pop(address, None)
 
     def on_op(self, name, device, stream, start_ns, end_ns) -> None:
         with self.lock:
@@ -177,13 +212,20 @@ class Tracker:
 
     # --- reading ---------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _applied(self):
+        """The lock, with every queued event applied."""
+        with self.lock:
+            self._drain()
+            yield
+
     @staticmethod
     def _event(raw: tuple) -> MemoryEvent:
         return MemoryEvent(*raw[:10], stack_capture.resolve(raw[10]), *raw[11:])
 
     def events(self) -> list[MemoryEvent]:
         """The events in the ring buffer, oldest first."""
-        with self.lock:
+        with self._applied():
             raw = list(self._events)
         return [self._event(r) for r in raw]
 
@@ -193,26 +235,25 @@ class Tracker:
 
     def live(self) -> list[MemoryEvent]:
         """The alloc events of allocations not freed yet, oldest first."""
-        with self.lock:
-            raw = sorted(self._live.values())
-        return [self._event(r) for r in raw]
+        return self.live_since(-1)
 
     def live_since(self, seq: int) -> list[MemoryEvent]:
-        """Allocations made after event number `seq` and still live."""
-        with self.lock:
-            raw = sorted(r for r in self._live.values() if r[0] > seq)
+        """Allocations made after event number `seq` and still live, oldest first."""
+        with self._applied():
+            raw = sorted(r for totals in self._totals.values() for r in totals.live.values()
+                         if r[0] > seq)
         return [self._event(r) for r in raw]
 
     def last_seq(self) -> int:
-        with self.lock:
+        with self._applied():
             return self._events[-1][0] if self._events else -1
 
     def devices(self) -> dict[int, dict]:
         """Per device: current and peak allocated/reserved bytes (summed over its owners)."""
         out: dict[int, dict] = {}
-        with self.lock:
-            for key, totals in self._totals.items():
-                entry = out.setdefault(self._devices[key], dict.fromkeys(
+        with self._applied():
+            for totals in self._totals.values():
+                entry = out.setdefault(totals.device, dict.fromkeys(
                     ("allocated", "reserved", "active", "peak_allocated", "peak_reserved"), 0))
                 for name in entry:
                     entry[name] += getattr(totals, name)
@@ -222,7 +263,7 @@ class Tracker:
         return max((d["peak_allocated"] for d in self.devices().values()), default=0)
 
     def reset_peaks(self) -> None:
-        with self.lock:
+        with self._applied():
             for totals in self._totals.values():
                 totals.peak_allocated, totals.peak_reserved = totals.allocated, totals.reserved
 
