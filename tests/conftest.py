@@ -1,3 +1,5 @@
+pytest_plugins = ["pytester"]
+
 import warnings
 
 import numpy as np

@@ -1,0 +1,326 @@
+"""Profiler outputs: snapshots PyTorch reads, Chrome trace, msprof CSVs, HTML, fragmentation,
+the `npumem profile / report / diff` commands and the pytest plugin."""
+
+import csv
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+import npumem
+import npumem.memory as mem
+from npumem import profile
+from npumem.cli import main
+from npumem.profile.chrome import chrome_events
+from npumem.profile.fragmentation import analyze, analyze_segment
+from npumem.profile.msprof import (
+    MEMORY_RECORD_COLUMNS, OPERATOR_MEMORY_COLUMNS, write_memory_record, write_operator_memory,
+)
+from npumem.units import KiB, MiB
+
+SCRIPT = textwrap.dedent("""\
+    import sys
+    import numpy as np
+    import npumem, npumem.memory as mem
+    from npumem import profile
+
+    npumem.init(); npumem.set_device(0)
+    stream = npumem.create_stream()
+    with profile.range("load"):
+        weights = npumem.from_numpy(np.ones((128, 128), np.float32), stream=stream)
+    out = npumem.empty((128, 128), "float32")
+    npumem.aclnn.run_with_pool_workspace(
+        npumem.aclnn.matmul, npumem.aclnn.matmul_get_workspace_size(weights.t(), weights, out),
+        stream)
+    profile.mark("matmul queued")
+    leaked = mem.caching_allocator_alloc(1 << 20)    # line 15: planted leak
+    stream.synchronize()
+    sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+""")
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "job.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def profile_run(args, out):
+    return CliRunner().invoke(main, ["profile", "--out", str(out), *args])
+
+
+def test_profile_writes_every_output_and_passes_the_exit_code(tmp_path, script):
+    out = tmp_path / "prof"
+    result = profile_run(["--stacks", "--", str(script), "7"], out)
+    assert result.exit_code == 7, result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(profile.session.OUTPUTS)
+    leaks = (out / "leaks.txt").read_text()
+    assert f"1.00 MiB in 1 allocation(s) at {script}:15 in <module>" in leaks
+    assert "1 leaked allocation(s), 1.00 MiB" in result.output
+    summary = (out / "summary.txt").read_text()
+    assert "peak allocated" in summary and "MatMul" in summary and f"{script}:15" in summary
+    snapshot = pickle.loads((out / "snapshot.pickle").read_bytes())
+    leaked = [b for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert [b["requested_size"] for b in leaked] == [1 << 20]
+    assert leaked[0]["frames"][0]["line"] == 15
+    trace = json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert {"C", "i", "X", "M"} <= {e["ph"] for e in trace}
+    assert any(e["ph"] == "X" and e["name"] == "MatMul" for e in trace)
+    assert any(e["ph"] == "X" and e["name"] == "load" for e in trace)
+    assert any(e["ph"] == "i" and e["name"] == "matmul queued" for e in trace)
+
+
+def test_profile_of_a_script_that_raises_keeps_the_results(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import npumem, npumem.memory as mem\nnpumem.init(); npumem.set_device(0)\n"
+                   "p = mem.caching_allocator_alloc(4096)\nraise RuntimeError('boom')\n")
+    out = tmp_path / "prof"
+    result = profile_run(["--", str(bad)], out)
+    assert result.exit_code == 1
+    assert "RuntimeError: boom" in result.output
+    assert (out / "report.html").exists() and "1 allocation(s) still live" in (out / "leaks.txt").read_text()
+
+
+def test_profile_refuses_a_used_folder_and_a_missing_script(tmp_path, script):
+    out = tmp_path / "prof"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = profile_run(["--", str(script)], out)
+    assert result.exit_code == 2 and "not empty" in result.output and "--force" in result.output
+    assert (out / "keep.txt").read_text() == "mine"
+    assert profile_run(["--force", "--", str(script)], out).exit_code == 0
+    missing = profile_run(["--", str(tmp_path / "nope.py")], tmp_path / "p2")
+    assert missing.exit_code == 2 and "no such script" in missing.output
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert "is a file" in profile_run(["--", str(script)], blocked).output
+
+
+def test_report_and_diff_commands(tmp_path, script):
+    out = tmp_path / "prof"
+    profile_run(["--stacks", "--", str(script)], out)
+    result = CliRunner().invoke(main, ["report", str(out), "--html", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert f"{script}:15 in <module>" in result.output
+    assert "Fragmentation" in result.output and (tmp_path / "r.html").exists()
+
+    with pytest.warns(npumem.errors.LiveAllocationsWarning):   # the script's planted leak
+        npumem.finalize()                                       # (it ran in this process)
+    npumem.init()
+    npumem.set_device(0)
+    mem.record_memory_history()
+    before = mem.memory_snapshot()
+    grown = [mem.caching_allocator_alloc(2 * MiB) for _ in range(3)]
+    after = mem.memory_snapshot()
+    for name, snap in (("a.pickle", before), ("b.pickle", after)):
+        profile.save_snapshot(snap, tmp_path / name)
+    result = CliRunner().invoke(main, ["diff", str(tmp_path / "a.pickle"), str(tmp_path / "b.pickle")])
+    assert result.exit_code == 0, result.output
+    assert "+6.00 MiB" in result.output and "test_report_and_diff_commands" in result.output
+    for ptr in grown:
+        mem.caching_allocator_delete(ptr)
+
+
+def test_report_rejects_unreadable_files(tmp_path, script):
+    out = tmp_path / "prof"
+    profile_run(["--", str(script)], out)
+    data = (out / "snapshot.pickle").read_bytes()
+    (tmp_path / "cut.pickle").write_bytes(data[: len(data) // 2])
+    (tmp_path / "list.pickle").write_bytes(pickle.dumps([1, 2]))
+    runner = CliRunner()
+    cut = runner.invoke(main, ["report", str(tmp_path / "cut.pickle")])
+    assert cut.exit_code == 2 and "truncated" in cut.output and "cut.pickle" in cut.output
+    wrong = runner.invoke(main, ["report", str(tmp_path / "list.pickle")])
+    assert wrong.exit_code == 2 and "not a memory snapshot" in wrong.output
+    missing = runner.invoke(main, ["report", str(tmp_path / "none.pickle")])
+    assert missing.exit_code == 2 and "no such file" in missing.output
+    assert runner.invoke(main, ["report", str(tmp_path)]).exit_code == 2   # no snapshot.pickle
+
+
+def make_profiled_run(rt):
+    with profile.track(stacks=True) as tracker:
+        a = mem.caching_allocator_alloc(3000)
+        b = mem.caching_allocator_alloc(64 * KiB)
+        mem.caching_allocator_delete(a)
+        d = npumem.malloc(100)
+        npumem.free(d)
+    return tracker, b
+
+
+def test_msprof_csvs(rt, tmp_path):
+    tracker, b = make_profiled_run(rt)
+    assert write_memory_record(tmp_path / "m.csv", tracker) == len(tracker.events())
+    with open(tmp_path / "m.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert tuple(rows[0]) == MEMORY_RECORD_COLUMNS
+    assert rows[1][0] == "NPUMEM_POOL" and rows[1][-1] == "NPU:0" and float(rows[1][3]) == 2.0
+    assert write_operator_memory(tmp_path / "o.csv", tracker) == 3
+    with open(tmp_path / "o.csv", newline="") as f:
+        records = list(csv.DictReader(f))
+    assert tuple(records[0]) == OPERATOR_MEMORY_COLUMNS
+    first, live, driver = records
+    assert float(first["Size(KB)"]) == round(3000 / 1024, 3)
+    assert float(first["Duration(us)"]) >= 0 and first["Release Time(us)"]
+    assert live["Release Time(us)"] == "" and "test_profile_outputs" in live["Name"]
+    assert float(driver["Size(KB)"]) == round(100 / 1024, 3)
+    mem.caching_allocator_delete(b)
+
+
+def test_chrome_trace_counters_follow_the_totals(rt):
+    tracker, b = make_profiled_run(rt)
+    events = chrome_events(tracker)
+    counters = [e for e in events if e["ph"] == "C" and e["name"] == "memory"]
+    assert [c["args"]["allocated"] for c in counters] == [e.allocated for e in tracker.events()]
+    assert all(c["ts"] >= 0 for c in counters)
+    assert json.loads(json.dumps({"traceEvents": events}))
+    mem.caching_allocator_delete(b)
+
+
+def test_fragmentation_of_a_known_segment():
+    segment = {"device": 0, "address": 0, "total_size": 1000, "blocks": [
+        {"address": 0, "size": 100, "state": "inactive"},
+        {"address": 100, "size": 200, "state": "active_allocated"},
+        {"address": 300, "size": 300, "state": "inactive"},
+        {"address": 600, "size": 100, "state": "inactive"},
+        {"address": 700, "size": 300, "state": "active_pending_free"}]}
+    result = analyze_segment(segment, width=10)
+    assert (result.free, result.largest_free, result.allocated) == (500, 400, 200)
+    assert result.ratio == pytest.approx(0.2)
+    assert result.map == ".##....+++"
+    (pool,) = analyze({"segments": [segment]})
+    assert pool.ratio == pytest.approx(0.2) and pool.reserved == 1000
+
+
+def test_fragmentation_matches_the_pool(rt):
+    held = [mem.caching_allocator_alloc(100 * KiB) for _ in range(10)]
+    for ptr in held[::2]:
+        mem.caching_allocator_delete(ptr)
+    (pool,) = analyze(mem.memory_snapshot())
+    mine = mem.get_allocator().fragmentation()
+    assert (pool.free, pool.largest_free) == (mine["free"], mine["largest_free"])
+    assert pool.ratio == pytest.approx(mine["ratio"]) and pool.ratio > 0
+    for ptr in held[1::2]:
+        mem.caching_allocator_delete(ptr)
+
+
+def test_html_report_is_self_contained(tmp_path, script):
+    out = tmp_path / "prof"
+    profile_run(["--stacks", "--", str(script)], out)
+    page = (out / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<polyline" in page
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert "Leaks" in page and "Fragmentation and block map" in page and "job.py:15" in page
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+def test_html_report_renders_in_headless_chromium(tmp_path, script):
+    out = tmp_path / "prof"
+    profile_run(["--stacks", "--", str(script)], out)
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chrome'}", "--dump-dom", (out / "report.html").as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr
+    assert "<polyline" in dom.stdout and "job.py:15" in dom.stdout
+
+
+def _memory_viz(args, cwd):
+    return subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", *args],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_pytorch_memory_viz_reads_our_snapshot(tmp_path, script):
+    pytest.importorskip("torch")
+    out = tmp_path / "prof"
+    profile_run(["--stacks", "--", str(script)], out)
+    snapshot = str(out / "snapshot.pickle")
+    stats = _memory_viz(["stats", snapshot], tmp_path)
+    assert stats.returncode == 0, stats.stderr
+    assert "total_reserved" in stats.stdout and "segments:" in stats.stdout
+    trace = _memory_viz(["trace", snapshot], tmp_path)
+    assert trace.returncode == 0, trace.stderr
+    assert "Device 0" in trace.stdout and "free completed" in trace.stdout
+    for kind in ("trace_plot", "segment_plot"):
+        html = tmp_path / f"{kind}.html"
+        result = _memory_viz([kind, snapshot, "-o", str(html)], tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "snapshot.pickle" in html.read_text()
+
+
+def test_report_reads_a_pytorch_snapshot(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        snapshot = {  # what torch.cuda.memory._snapshot() returns, written out by hand on CPU
+            "segments": [{"device": 0, "address": 1 << 20, "total_size": 2 << 20,
+                          "allocated_size": 512, "active_size": 512, "requested_size": 500,
+                          "stream": 0, "segment_type": "small", "blocks": [
+                              {"address": 1 << 20, "size": 512, "requested_size": 500,
+                               "state": "active_allocated",
+                               "frames": [{"filename": "/app/train.py", "line": 3, "name": "f"}]},
+                              {"address": (1 << 20) + 512, "size": (2 << 20) - 512,
+                               "requested_size": 0, "state": "inactive", "frames": []}]}],
+            "device_traces": [[
+                {"action": "segment_alloc", "addr": 1 << 20, "size": 2 << 20, "stream": 0,
+                 "time_us": 1, "frames": []},
+                {"action": "alloc", "addr": 1 << 20, "size": 512, "stream": 0, "time_us": 2,
+                 "frames": [{"filename": "/app/train.py", "line": 3, "name": "f"}]}]]}
+    else:
+        torch.cuda.memory._record_memory_history()
+        x = torch.empty(500, dtype=torch.uint8, device="cuda")
+        snapshot = torch.cuda.memory._snapshot()
+        del x
+    path = tmp_path / "torch.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    result = CliRunner().invoke(main, ["report", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "possible leaks" in result.output and "peak allocated" in result.output
+
+
+def test_pytest_plugin_markers(pytester):
+    pytester.makeconftest("")
+    pytester.makepyfile(test_markers="""
+        import pytest
+        import npumem, npumem.memory as mem
+
+        @pytest.fixture(autouse=True)
+        def device():
+            npumem.init(); npumem.set_device(0)
+            yield
+            npumem.finalize()
+
+        @pytest.mark.no_device_leaks
+        def test_clean():
+            mem.caching_allocator_delete(mem.caching_allocator_alloc(1000))
+
+        @pytest.mark.no_device_leaks
+        def test_leaky():
+            test_leaky.kept = mem.caching_allocator_alloc(5000)
+
+        @pytest.mark.limit_device_memory("1 MiB")
+        def test_small():
+            mem.caching_allocator_delete(mem.caching_allocator_alloc(1000))
+
+        @pytest.mark.limit_device_memory("1 MiB")
+        def test_big():
+            a = mem.caching_allocator_alloc(800 * 1024)
+            b = mem.caching_allocator_alloc(800 * 1024)
+            mem.caching_allocator_delete(a); mem.caching_allocator_delete(b)
+    """)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines([
+        "*device memory leaked by the test*",
+        "*4.88 KiB in 1 allocation(s) at *test_markers.py:16 in test_leaky*",
+        "*peak 1.56 MiB allocated through npumem exceeds the 1.00 MiB limit*",
+        "*test_markers.py:24 in test_big*",
+    ])
