@@ -1,8 +1,8 @@
 """How the profiler sees memory without the allocators knowing about it.
 
-Allocators call `emit(...)` only when `OBSERVERS.active` is non-empty, so with no profiler running
-the cost is one attribute test. Observers get every event of every device memory owner (the
-runtime's malloc and each caching pool):
+Allocators report to the observers (directly, or through `emit`) only when `OBSERVERS.active` is
+non-empty, so with no profiler running the cost is one attribute test. Observers get every event
+of every device memory owner (the runtime's malloc and each caching pool):
 
     observer.on_memory(owner, action, device, address, size, requested, stream)
     observer.on_op(name, device, stream, start_ns, end_ns)
@@ -10,8 +10,8 @@ runtime's malloc and each caching pool):
 Actions are PyTorch's trace actions — alloc, free_requested, free_completed, segment_alloc,
 segment_free, oom — plus `free`, meaning free_requested and free_completed at once (the common
 case; one call instead of two keeps tracking cheap). `size` is the block's bytes, `requested`
-what the caller asked for. Tags (`tagged("attention")`) name the op or user region that is
-allocating on this thread.
+what the caller asked for (an oom event carries the device's free bytes as its address). Tags
+(`tagged("attention")`) name the op or user region that is allocating on this thread.
 """
 
 from __future__ import annotations
@@ -51,22 +51,20 @@ def emit_op(name: str, device: int, stream, start_ns: int, end_ns: int) -> None:
 
 
 class _Tags(threading.local):
+    """The tag of the op or user range allocating on each thread."""
+
     tag = ""                    # a class default: reading it never raises on a new thread
 
 
-_tags = _Tags()
-
-
-def current_tag() -> str:
-    return _tags.tag
+TAGS = _Tags()
 
 
 @contextmanager
 def tagged(tag: str):
     """Allocations made by this thread inside the block carry `tag` (innermost tag wins)."""
-    outer = _tags.tag
-    _tags.tag = tag
+    outer = TAGS.tag
+    TAGS.tag = tag
     try:
         yield
     finally:
-        _tags.tag = outer
+        TAGS.tag = outer

@@ -22,7 +22,7 @@ from collections import deque
 from typing import NamedTuple
 
 from ..errors import InvalidParamError
-from ..observe import OBSERVERS, _tags
+from ..observe import OBSERVERS, TAGS
 from . import stacks as stack_capture
 from .stacks import Frame, capture
 
@@ -159,7 +159,7 @@ class Tracker:
         # it here with a lock taken for each one.
         pending = self._pending
         pending.append((_now(), action, owner, device, address, size, requested, stream,
-                        _tags.tag, capture(self.max_frames) if self.stacks and action == "alloc"
+                        TAGS.tag, capture(self.max_frames) if self.stacks and action == "alloc"
                         else None))
         if len(pending) >= _BATCH and self.lock.acquire(False):
             try:
