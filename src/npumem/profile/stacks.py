@@ -37,14 +37,18 @@ def _internal(code) -> bool:
     return internal
 
 
-def capture(limit: int) -> tuple:
+def capture(limit: int, skip: int = 0) -> tuple:
     """Up to `limit` user frames, innermost first, as one flat tuple (code, offset, code, offset,
     ...) — the instruction offset, not the line: computing a line number decodes the code's line
     table, so that waits for `resolve`. One tuple per stack keeps the garbage collector's work
     small. The stack ends where npumem's own code is reached again (e.g. `npumem profile`
-    running the script)."""
+    running the script). `skip`: callers known to be npumem's, passed over without building
+    their frame objects (Python 3.11+ builds one for each frame a walk through f_back touches)."""
     internal = _internal_code
-    frame = sys._getframe(1)
+    try:
+        frame = sys._getframe(1 + skip)
+    except ValueError:
+        return ()
     while frame is not None:
         code = frame.f_code
         flag = internal.get(code)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import threading
 import time
 from collections import deque
@@ -76,7 +75,6 @@ class DeviceTotals:
 
 
 _BATCH = 2048                       # raw events queued before they are applied
-_now = time.perf_counter_ns
 
 
 def _stream_id(stream) -> int:
@@ -99,7 +97,7 @@ class Tracker:
         self._slots: dict = {}                  # (owner, device) -> (source, DeviceTotals)
         self._stream_ids: dict = {None: 0}      # stream object -> handle
         self._pending: deque = deque()          # raw events not yet applied (see on_memory)
-        self._seq = itertools.count()
+        self._next_seq = 0
         self.dropped = 0                        # events pushed out of the ring buffer
         self.started_ns = self.stopped_ns = 0
         self.started_wall_us = 0.0              # wall clock at start, to date the events
@@ -153,15 +151,16 @@ class Tracker:
         slot = self._slots[(owner, device)] = ("pool" if backend is not owner else "driver", totals)
         return slot
 
-    def on_memory(self, owner, action, device, address, size, requested, stream) -> None:
+    def on_memory(self, owner, action, device, address, size, requested, stream,
+                  _now=time.perf_counter_ns, _tags=TAGS, _batch=_BATCH) -> None:
         # The hot path only queues the raw event; totals, the live map and the ring buffer are
         # brought up to date in batches (`_drain`), which costs far less per event than doing
-        # it here with a lock taken for each one.
+        # it here with a lock taken for each one. (The defaults make those names local.)
         pending = self._pending
         pending.append((_now(), action, owner, device, address, size, requested, stream,
-                        TAGS.tag, capture(self.max_frames) if self.stacks and action == "alloc"
-                        else None))
-        if len(pending) >= _BATCH and self.lock.acquire(False):
+                        _tags.tag, capture(self.max_frames, 2) if self.stacks and action == "alloc"
+                        else None))     # skip 2: this method and the allocator calling it
+        if len(pending) >= _batch and self.lock.acquire(False):
             try:
                 self._drain()
             finally:
@@ -169,12 +168,16 @@ class Tracker:
 
     def _drain(self) -> None:
         """Apply the queued raw events in order (call with the lock held)."""
-        pending, events, slots, stream_ids = self._pending, self._events, self._slots, self._stream_ids
-        seq = self._seq
+        pending, events, stream_ids = self._pending, self._events, self._stream_ids
+        seq, room = self._next_seq, self.max_entries - len(events)
+        last_key, slot = None, None            # consecutive events mostly share an owner
         while pending:
             now, action, owner, device, address, size, requested, stream, tag, frames = \
                 pending.popleft()
-            source, totals = slots.get((owner, device)) or self._slot(owner, device)
+            if (owner, device) != last_key:
+                last_key = (owner, device)
+                slot = self._slots.get(last_key) or self._slot(owner, device)
+            source, totals = slot
             d_allocated, d_active, d_reserved = _DELTAS[action]
             if d_allocated:
                 allocated = totals.allocated = totals.allocated + d_allocated * size
@@ -189,17 +192,20 @@ class Tracker:
             stream_id = stream_ids.get(stream)
             if stream_id is None:
                 stream_id = stream_ids[stream] = _stream_id(stream)
-            if len(events) == self.max_entries:
-                self.dropped += 1
             # Only atomic values (the stream's handle, not the stream): the garbage collector
             # stops tracking such tuples, so a million stored events cost it nothing.
-            event = (next(seq), now, action, source, device, address, size, requested,
-                     stream_id, tag, frames, totals.allocated, totals.reserved, totals.active)
+            event = (seq, now, action, source, device, address, size, requested, stream_id, tag,
+                     frames, totals.allocated, totals.reserved, totals.active)
+            seq += 1
             events.append(event)
             if d_allocated > 0:
                 totals.live[address] = event
             elif d_allocated:
                 totals.live.pop(address, None)
+        added = seq - self._next_seq
+        if added > room:
+            self.dropped += added - max(room, 0)
+        self._next_seq = seq
 
     def on_op(self, name, device, stream, start_ns, end_ns) -> None:
         with self.lock:
