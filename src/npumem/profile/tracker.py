@@ -99,7 +99,7 @@ class Tracker:
         self._pending: deque = deque()          # raw events not yet applied (see on_memory)
         self._next_seq = 0
         self.dropped = 0                        # events pushed out of the ring buffer
-        self.started_ns = self.stopped_ns = 0
+        self.started_ns = 0
         self.started_wall_us = 0.0              # wall clock at start, to date the events
         self._starts = 0
 
@@ -118,7 +118,6 @@ class Tracker:
             self._starts -= 1
             if self._starts == 0:
                 OBSERVERS.remove(self)
-                self.stopped_ns = time.perf_counter_ns()
         return self
 
     @property
@@ -241,18 +240,9 @@ class Tracker:
 
     def live(self) -> list[MemoryEvent]:
         """The alloc events of allocations not freed yet, oldest first."""
-        return self.live_since(-1)
-
-    def live_since(self, seq: int) -> list[MemoryEvent]:
-        """Allocations made after event number `seq` and still live, oldest first."""
         with self._applied():
-            raw = sorted(r for totals in self._totals.values() for r in totals.live.values()
-                         if r[0] > seq)
+            raw = sorted(r for totals in self._totals.values() for r in totals.live.values())
         return [self._event(r) for r in raw]
-
-    def last_seq(self) -> int:
-        with self._applied():
-            return self._events[-1][0] if self._events else -1
 
     def devices(self) -> dict[int, dict]:
         """Per device: current and peak allocated/reserved bytes (summed over its owners)."""
@@ -268,16 +258,11 @@ class Tracker:
     def peak_allocated(self) -> int:
         return max((d["peak_allocated"] for d in self.devices().values()), default=0)
 
-    def reset_peaks(self) -> None:
-        with self._applied():
-            for totals in self._totals.values():
-                totals.peak_allocated, totals.peak_reserved = totals.allocated, totals.reserved
-
     def wall_us(self, time_ns: int) -> float:
         """Wall-clock microseconds (epoch) of a perf_counter_ns time."""
         return self.started_wall_us + (time_ns - self.started_ns) / 1e3
 
-    def leaks(self, since: int = -1):
-        """Allocations still live (made after event `since`), grouped by allocation site."""
+    def leaks(self):
+        """Allocations made while tracking and still live, grouped by allocation site."""
         from .leaks import LeakReport
-        return LeakReport(self.live_since(since))
+        return LeakReport(self.live())
