@@ -56,7 +56,13 @@ class ProfileSession:
         return self
 
     def stop(self) -> None:
+        from .. import memory as pool_api
+
         settle()
+        with pool_api._lock:
+            pools = list(pool_api._pools.values())
+        for pool in pools:          # frees waiting on other streams' (now finished) work
+            pool.collect_pending()
         self.sampler.stop()
         self.tracker.stop()
 
@@ -67,8 +73,6 @@ class ProfileSession:
         leaks = self.tracker.leaks()
         with pool_api._lock:
             pools = [pool_api._pools[d] for d in sorted(pool_api._pools)]
-        for pool in pools:
-            pool.collect_pending()
         problems: list[str] = []
 
         def attempt(name: str, write) -> None:
