@@ -147,6 +147,7 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, target):
     """
     from .errors import InvalidParamError
     from .profile.session import ProfileSession, prepare_folder, run_target
+    from .units import format_size
 
     if interval_ms <= 0:
         raise click.BadParameter("must be positive", param_hint="--interval")
@@ -167,7 +168,6 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, target):
         click.echo(f"npumem profile: could not write {problem}", err=True)
     leaks = session.tracker.leaks()
     peaks = session.tracker.devices()
-    from .units import format_size
     for device, totals in sorted(peaks.items()):
         click.echo(f"npumem profile: device {device} peak allocated "
                    f"{format_size(totals['peak_allocated'])}, peak reserved "

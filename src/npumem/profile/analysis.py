@@ -25,9 +25,12 @@ class Point:
 
 @dataclass
 class SiteUsage:
+    """Allocations from one site: how many, requested bytes, and the first one's callers."""
+
     where: str
     count: int = 0
     bytes: int = 0
+    callers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -40,8 +43,6 @@ class DeviceAnalysis:
     peak_time_us: float = 0.0
     at_peak: list[SiteUsage] = field(default_factory=list)    # live at the allocated peak
     by_site: list[SiteUsage] = field(default_factory=list)    # all allocations in the trace
-    never_freed: list[SiteUsage] = field(default_factory=list)
-    never_freed_entries: list[dict] = field(default_factory=list)
 
 
 def user_frame(frames: list[dict]) -> dict | None:
@@ -61,12 +62,18 @@ def site_name(entry: dict) -> str:
     return f"[{tag}]" if tag else "(no stack recorded)"
 
 
-def _group(entries, size_key: str = "size") -> list[SiteUsage]:
+def group_by_site(entries) -> list[SiteUsage]:
+    """Trace entries grouped by allocation site, most requested bytes first."""
     sites: dict[str, SiteUsage] = {}
     for entry in entries:
-        site = sites.setdefault(site_name(entry), SiteUsage(site_name(entry)))
+        where = site_name(entry)
+        site = sites.get(where)
+        if site is None:
+            frames = entry.get("frames") or []
+            site = sites[where] = SiteUsage(where, callers=[
+                f"{f['filename']}:{f['line']} in {f['name']}" for f in frames[1:8]])
         site.count += 1
-        site.bytes += entry.get(size_key) or entry["size"]
+        site.bytes += entry.get("requested_size") or entry["size"]
     return sorted(sites.values(), key=lambda s: (-s.bytes, s.where))
 
 
@@ -108,14 +115,12 @@ def analyze_trace(device: int, entries: list[dict]) -> DeviceAnalysis:
         if peak_index >= 0:
             result.peak_time_us = points[peak_index].time_us
     result.timeline = points
-    result.at_peak = _group(_live_after(entries, peak_entry), "requested_size")
-    result.by_site = _group([e for e in entries if e.get("action") == "alloc"], "requested_size")
-    result.never_freed_entries = list(live.values())
-    result.never_freed = _group(result.never_freed_entries, "requested_size")
+    result.at_peak = group_by_site(live_after(entries, peak_entry))
+    result.by_site = group_by_site([e for e in entries if e.get("action") == "alloc"])
     return result
 
 
-def _live_after(entries: list[dict], last: int) -> list[dict]:
+def live_after(entries: list[dict], last: int) -> list[dict]:
     """Blocks allocated and not yet freed after entries[last]."""
     live: dict[int, dict] = {}
     for entry in entries[:last + 1]:

@@ -11,7 +11,7 @@ import json
 
 from ..units import format_size
 from .sampler import Sample
-from .tracker import Annotation, MemoryEvent, Tracker
+from .tracker import MemoryEvent, Tracker
 
 HOST_PID = 0
 
@@ -47,7 +47,6 @@ def chrome_events(tracker: Tracker, samples: list[Sample] = ()) -> list[dict]:
                            "ts": ts(event.time_ns), "cat": "memory",
                            "name": f"{event.action} {format_size(event.requested)}", "args": args})
             streams.add((pid, event.stream))
-    annotation: Annotation
     for annotation in tracker.annotations():
         if annotation.kind == "op":
             pid, tid = _pid(annotation.device), annotation.thread

@@ -139,7 +139,7 @@ def render_html(report: Report) -> str:
     out.append(f"<h2>{escape(report.leak_heading)}</h2>")
     rows = []
     for row in report.leaks[:50]:
-        stack = "".join(f"<div><code>{escape(f)}</code></div>" for f in row.stack)
+        stack = "".join(f"<div><code>{escape(f)}</code></div>" for f in row.callers)
         where = f"<code>{escape(row.where)}</code>"
         if stack:
             where = f"<details><summary>{where}</summary>{stack}</details>"

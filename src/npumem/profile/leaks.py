@@ -10,6 +10,7 @@ gives exact file:line; without stacks, allocations are grouped by their op or ra
 
 from __future__ import annotations
 
+import functools
 import gc
 from dataclasses import dataclass, field
 
@@ -126,8 +127,6 @@ class check_leaks:
             raise LeakError(self.report)
 
     def __call__(self, function):
-        import functools
-
         @functools.wraps(function)
         def checked(*args, **kwargs):
             with check_leaks(self._stacks, self._max_entries):

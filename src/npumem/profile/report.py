@@ -8,19 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..units import format_size
-from .analysis import DeviceAnalysis, SiteUsage, analyze_snapshot, site_name
+from .analysis import DeviceAnalysis, SiteUsage, analyze_snapshot, group_by_site, live_after
 from .fragmentation import PoolFragmentation, analyze, format_fragmentation
 from .leaks import LeakReport
 from .sampler import Sample
 from .tracker import Annotation
-
-
-@dataclass
-class LeakRow:
-    where: str
-    count: int
-    bytes: int
-    stack: list[str]
 
 
 @dataclass
@@ -35,7 +27,7 @@ class Report:
     title: str
     devices: list[DeviceAnalysis]
     fragmentation: list[PoolFragmentation]
-    leaks: list[LeakRow]
+    leaks: list[SiteUsage]
     leak_heading: str                 # what the leak list means for this source
     ops: list[OpRow] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
@@ -46,21 +38,9 @@ class Report:
         return sum(row.bytes for row in self.leaks)
 
 
-def leak_rows_from_report(report: LeakReport) -> list[LeakRow]:
-    return [LeakRow(site.where, site.count, site.bytes, [str(f) for f in site.stack[1:8]])
+def leak_sites(report: LeakReport) -> list[SiteUsage]:
+    return [SiteUsage(site.where, site.count, site.bytes, [str(f) for f in site.stack[1:8]])
             for site in report.sites]
-
-
-def leak_rows_from_trace(devices: list[DeviceAnalysis]) -> list[LeakRow]:
-    rows: dict[str, LeakRow] = {}
-    for device in devices:
-        for entry in device.never_freed_entries:
-            where = site_name(entry)
-            row = rows.setdefault(where, LeakRow(where, 0, 0, [
-                f"{f['filename']}:{f['line']} in {f['name']}" for f in (entry.get("frames") or [])[1:8]]))
-            row.count += 1
-            row.bytes += entry.get("requested_size") or entry["size"]
-    return sorted(rows.values(), key=lambda r: (-r.bytes, r.where))
 
 
 def op_rows(annotations: list[Annotation]) -> list[OpRow]:
@@ -79,9 +59,10 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     snapshot's trace allocated and never freed."""
     devices = analyze_snapshot(snapshot)
     if leaks is not None:
-        rows, heading = leak_rows_from_report(leaks), "Leaks: allocations still live at exit"
-    else:
-        rows = leak_rows_from_trace(devices)
+        rows, heading = leak_sites(leaks), "Leaks: allocations still live at exit"
+    else:        # one list over all devices
+        rows = group_by_site([entry for trace in snapshot.get("device_traces") or []
+                              for entry in live_after(trace, len(trace) - 1)])
         heading = "Allocated during the trace and still live at its end (possible leaks)"
     notes = []
     if not snapshot.get("device_traces") or not any(snapshot["device_traces"]):
@@ -117,7 +98,7 @@ def format_report(report: Report, limit: int = 10) -> str:
         lines.append("  none")
     for row in report.leaks[:limit]:
         lines.append(f"  {format_size(row.bytes):>12} in {row.count:>6} allocation(s)  {row.where}")
-        lines += [f"      called from {frame}" for frame in row.stack[:4]]
+        lines += [f"      called from {frame}" for frame in row.callers[:4]]
     if len(report.leaks) > limit:
         lines.append(f"  ... and {len(report.leaks) - limit} more site(s)")
     lines.append("")
