@@ -144,7 +144,7 @@ def test_synchronize_timeout_names_the_stream_and_pending_work(rt):
     stream.enqueue(lambda: None, "later work")
     with pytest.raises(E.StreamNotCompleteError) as info:
         npumem.synchronize_stream(stream, timeout=0.05)
-    assert f"0x{stream.handle:x}" in str(info.value) and "2 queued task(s)" in str(info.value)
+    assert f"0x{stream.handle:x}" in str(info.value) and "2 task(s) pending" in str(info.value)
     assert "test gate" in str(info.value)
     gate.set()
     npumem.synchronize_stream(stream)

@@ -129,6 +129,12 @@ class StreamNotCompleteError(AclError):
     default_code = ACL_ERROR_RT_STREAM_NOT_COMPLETE
 
 
+class StreamDeadlockError(AclError):
+    """A record or wait that would make streams wait on each other in a cycle; nothing was queued."""
+
+    default_code = ACL_ERROR_RT_PARAM_INVALID
+
+
 class AsyncTaskError(AclError):
     """Work queued on a stream failed while running; raised at the next synchronize."""
 

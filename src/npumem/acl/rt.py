@@ -107,6 +107,11 @@ def stream_wait_event(stream, event):
     return code_of(_rt.stream_wait_event, stream, event)
 
 
+def set_op_wait_timeout(timeout):
+    """Seconds an event wait may block before failing; 0 waits forever."""
+    return code_of(_rt.set_op_wait_timeout, timeout)
+
+
 def event_elapsed_time(start, end):
     return values_and_code(_rt.event_elapsed_time, start, end, failed=(0.0,))
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from ..device.address_index import Allocation
 from ..device.backend import DeviceBackend
+from ..errors import InvalidParamError
+from .dependencies import GRAPH, Dependency
 from .handles import lookup
 from .state import RUNTIME, Context
-from .stream import Event, Stream
+from .stream import Event, Stream, WaitSettings
 
 
 def init(config_path: str = "", *, backend: DeviceBackend | None = None) -> None:
@@ -126,3 +128,16 @@ def event_elapsed_time(start, end) -> float:
     """Milliseconds between two reached events."""
     return lookup(start, Event, "event_elapsed_time").elapsed_ms(
         lookup(end, Event, "event_elapsed_time"))
+
+
+def set_op_wait_timeout(seconds: float) -> None:
+    """aclrtSetOpWaitTimeout: an event wait queued after this call fails (reported at the next
+    synchronize) when it blocks longer than `seconds`; 0 waits forever (the default)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+        raise InvalidParamError(f"set_op_wait_timeout: seconds must be a number >= 0, got {seconds!r}")
+    WaitSettings.op_wait_timeout = float(seconds) or None
+
+
+def dependencies() -> list[Dependency]:
+    """The cross-stream waits still pending: which stream waits for which event and record."""
+    return GRAPH.snapshot()

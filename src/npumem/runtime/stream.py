@@ -4,19 +4,32 @@ A stream is a FIFO of tasks served by one worker thread. Enqueueing returns at o
 order on the worker. A task that fails does not stop the stream: the first failure is kept and
 raised (as AsyncTaskError carrying the original ACL code) by the next `synchronize`, the way an
 accelerator reports asynchronous errors.
+
+Cross-stream waits go through `dependencies.GRAPH`, which refuses a record or wait that would
+close a cycle (StreamDeadlockError) instead of letting the streams hang.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
 from typing import Callable
 
-from ..errors import AclError, AsyncTaskError, InvalidHandleError, StreamNotCompleteError
+from ..errors import (
+    AclError, AsyncTaskError, InvalidHandleError, StreamDeadlockError, StreamNotCompleteError,
+)
+from .dependencies import GRAPH, PendingWait, RecordPoint, describe_cycle
 from .handles import forget, new_handle
 
 Task = Callable[[], None]
+
+
+class WaitSettings:
+    """aclrtSetOpWaitTimeout: how long a queued event wait may block (None: forever)."""
+
+    op_wait_timeout: float | None = None
 
 
 class Stream:
@@ -32,7 +45,7 @@ class Stream:
         self._done = threading.Condition()
         self._submitted = 0
         self._completed = 0
-        self._current = ""           # label of the running task, for timeout messages
+        self._labels: collections.deque[str] = collections.deque()   # queued, for messages
         self._error: BaseException | None = None
         self._worker = threading.Thread(
             target=self._run, name=f"npumem-stream-0x{self.handle:x}", daemon=True
@@ -43,12 +56,20 @@ class Stream:
         kind = "default stream" if self.is_default else "stream"
         return f"<npumem {kind} 0x{self.handle:x} on device {self.device}>"
 
-    def enqueue(self, task: Task, label: str) -> None:
-        """Queue `task` to run after everything already queued on this stream."""
+    def enqueue(self, task: Task, label: str) -> int:
+        """Queue `task` to run after everything already queued; returns its task number."""
         self.check_alive()
         with self._done:
             self._submitted += 1
+            number = self._submitted
+            self._labels.append(label)
         self._tasks.put((task, label))
+        return number
+
+    @property
+    def next_task(self) -> int:
+        """The number the next queued task will get."""
+        return self._submitted + 1
 
     def _run(self) -> None:
         while True:
@@ -56,7 +77,6 @@ class Stream:
             if item is None:
                 return
             task, label = item
-            self._current = label
             try:
                 task()
             except BaseException as exc:  # noqa: BLE001 - reported at synchronize
@@ -66,8 +86,8 @@ class Stream:
                 # Drop the task before reporting it done: what it captured (tensors, buffers)
                 # must be releasable once synchronize returns, not when the next task arrives.
                 item = task = None
-                self._current = ""
                 with self._done:
+                    self._labels.popleft()
                     self._completed += 1
                     if self._completed == self._submitted:
                         self._done.notify_all()
@@ -86,17 +106,27 @@ class Stream:
     def synchronize(self, timeout: float | None = None) -> None:
         """Block until the stream is idle; raise the first error its work hit since the last sync."""
         self.check_alive()
-        finished = self.drain(timeout)
-        with self._done:
-            pending = self._submitted - self._completed
-        if not finished:
-            running = f", running {self._current!r}" if self._current else ""
-            raise StreamNotCompleteError(
-                f"{self!r} still has {pending} queued task(s) after {timeout} s{running}"
-            )
+        if not self.drain(timeout):
+            raise StreamNotCompleteError(f"{self!r} did not finish within {timeout} s: "
+                                         f"{self.describe_pending()}")
         error, self._error = self._error, None
         if error is not None:
             raise error
+
+    def describe_pending(self) -> str:
+        """What is still queued, and what the stream is blocked on, for error messages."""
+        with self._done:
+            labels, first = list(self._labels), self._completed + 1
+        if not labels:
+            return "nothing is queued"
+        shown = ", ".join(f"#{first + i} {label}" for i, label in enumerate(labels[:5]))
+        more = f" and {len(labels) - 5} more" if len(labels) > 5 else ""
+        text = f"{len(labels)} task(s) pending ({shown}{more})"
+        with GRAPH.lock:
+            waits = GRAPH.waits_on(self)
+        if waits:
+            text += f"; blocked because {waits[0].describe()}"
+        return text
 
     def destroy(self) -> None:
         """Finish queued work, then stop the worker. Errors still pending are raised."""
@@ -121,12 +151,19 @@ def _as_acl_error(exc: BaseException, label: str, stream: Stream) -> AclError:
 
 
 class Event:
-    """A marker in a stream: record it, wait for it, time between two of them."""
+    """A marker in a stream: record it, wait for it, time between two of them.
+
+    A wait uses the event's latest record. A wait for an event that has no record (never
+    recorded, or reset since) lasts until its next record, as on an NPU, which is what lets a
+    program queue a wait before the record it needs, and what can deadlock; see dependencies.
+    """
 
     def __init__(self):
         self.handle = new_handle(self)
         self.destroyed = False
-        self._reached: threading.Event | None = None     # None: never recorded
+        self._reached: threading.Event | None = None     # None: no record since create/reset
+        self._next: threading.Event | None = None         # what waits queued before a record use
+        self._record: RecordPoint | None = None
         self.timestamp: float | None = None
 
     def __repr__(self) -> str:
@@ -139,14 +176,29 @@ class Event:
     def record(self, stream: Stream) -> None:
         """Mark the point in `stream` after all work queued so far."""
         self.check_alive()
-        reached = threading.Event()
-        self._reached, self.timestamp = reached, None
+        stream.check_alive()
+        with GRAPH.lock:
+            reached = self._next or threading.Event()
+            point = RecordPoint(stream, stream.next_task, reached)
+            waiting = GRAPH.unbound(self)
+            for wait in waiting:       # bind all first: one may close a cycle through another
+                wait.record = point
+            for wait in waiting:
+                cycle = GRAPH.cycle(wait, point)
+                if cycle:
+                    for bound in waiting:
+                        bound.record = None
+                    raise StreamDeadlockError(
+                        f"record_event({self!r}, {stream!r}) refused, nothing was queued: "
+                        f"{describe_cycle(cycle)}. Record the event before queueing the waits "
+                        "that it must release, or put the work on one stream")
 
-        def mark() -> None:
-            self.timestamp = time.perf_counter()
-            reached.set()
+            def mark() -> None:
+                self.timestamp = time.perf_counter()
+                reached.set()
 
-        stream.enqueue(mark, f"record {self!r}")
+            self._reached, self._next, self._record, self.timestamp = reached, None, point, None
+            point.task = stream.enqueue(mark, f"record {self!r}")
 
     def destroy(self) -> None:
         self.check_alive()
@@ -155,7 +207,8 @@ class Event:
 
     def reset(self) -> None:
         self.check_alive()
-        self._reached, self.timestamp = None, None
+        with GRAPH.lock:
+            self._reached, self._record, self.timestamp = None, None, None
 
     def query(self) -> bool:
         """True when the last recorded point was reached (or the event was never recorded)."""
@@ -166,14 +219,38 @@ class Event:
         self.check_alive()
         reached = self._reached
         if reached is not None and not reached.wait(timeout):
-            raise StreamNotCompleteError(f"{self!r} was not reached within {timeout} s")
+            record = self._record
+            where = (f"; its record is task #{record.task} of {record.stream!r}: "
+                     f"{record.stream.describe_pending()}") if record else ""
+            raise StreamNotCompleteError(f"{self!r} was not reached within {timeout} s{where}")
 
     def make_wait(self, stream: Stream) -> None:
-        """Make future work on `stream` wait until this event's current record is reached."""
+        """Make future work on `stream` wait until this event's latest record is reached, or,
+        with no record yet, its next one."""
         self.check_alive()
-        reached = self._reached
-        if reached is not None:
-            stream.enqueue(reached.wait, f"wait for {self!r}")
+        stream.check_alive()
+        with GRAPH.lock:
+            if self._reached is not None and self._reached.is_set():
+                return                                  # already reached: nothing to wait for
+            if self._reached is None:
+                self._next = reached = self._next or threading.Event()
+            else:
+                reached = self._reached
+            wait = PendingWait(stream, stream.next_task, self, self._record)
+            label = f"wait for {self!r}"
+            limit = WaitSettings.op_wait_timeout      # the setting when the wait was queued
+
+            def block() -> None:
+                try:
+                    if not reached.wait(limit):
+                        raise StreamNotCompleteError(
+                            f"{label} on {stream!r} timed out after {limit} s (op wait timeout); "
+                            f"{wait.describe()}")
+                finally:
+                    GRAPH.remove(wait)
+
+            wait.task = stream.enqueue(block, label)
+            GRAPH.add(wait)
 
     def elapsed_ms(self, end: "Event") -> float:
         """Milliseconds from this event to `end`; both must be recorded and reached."""
