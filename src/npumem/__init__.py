@@ -18,7 +18,7 @@ from . import ops
 from .ops import Scalar, Tensor, aclnn, create_tensor, empty, from_numpy, zeros
 from .ops.dlpack import from_dlpack
 from .zero_copy import ZeroCopyMemory
-from . import precision, profile
+from . import kvcache, pipeline, precision, profile
 
 profile._start_from_environment()      # NPUMEM_PROFILE=1 profiles the whole process
 
@@ -27,5 +27,5 @@ __version__ = "0.1.0"
 __all__ = [
     "errors", "AclError", "DataType", "EventStatus", "Format", "MallocPolicy", "MemAttr",
     "MemcpyKind", "RunMode", "__version__", "ops", "aclnn", "Tensor", "Scalar", "empty", "zeros",
-    "from_numpy", "from_dlpack", "create_tensor", "ZeroCopyMemory", "precision", "profile", *_runtime_all,
+    "from_numpy", "from_dlpack", "create_tensor", "ZeroCopyMemory", "kvcache", "pipeline", "precision", "profile", *_runtime_all,
 ]
