@@ -186,3 +186,9 @@ def test_the_seed_article_framework_runs_unchanged(monkeypatch, capsys):
         acl.set_result_order("ret_last")
         sys.modules.pop("acl.rt", None), sys.modules.pop("acl.util", None)
         sys.modules.pop("acl.media", None), sys.modules.pop("acl.constants", None)
+
+
+def test_op_wait_timeout_through_the_shim(session):
+    assert acl.rt.set_op_wait_timeout(-1) == E.ACL_ERROR_INVALID_PARAM
+    assert acl.rt.set_op_wait_timeout(5) == 0
+    assert acl.rt.set_op_wait_timeout(0) == 0
