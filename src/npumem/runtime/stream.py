@@ -186,12 +186,12 @@ class Event:
             for wait in waiting:
                 cycle = GRAPH.cycle(wait, point)
                 if cycle:
+                    message = (f"record_event({self!r}, {stream!r}) refused, nothing was queued: "
+                               f"{describe_cycle(cycle)}. Record the event before queueing the "
+                               "waits that it must release, or put the work on one stream")
                     for bound in waiting:
                         bound.record = None
-                    raise StreamDeadlockError(
-                        f"record_event({self!r}, {stream!r}) refused, nothing was queued: "
-                        f"{describe_cycle(cycle)}. Record the event before queueing the waits "
-                        "that it must release, or put the work on one stream")
+                    raise StreamDeadlockError(message)
 
             def mark() -> None:
                 self.timestamp = time.perf_counter()
