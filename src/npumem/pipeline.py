@@ -73,7 +73,6 @@ def _hidden(timings: list[BatchTiming]) -> float:
 class _Staged:
     batch: object                     # the structure handed to the caller, tensors as leaves
     tensors: list[Tensor]
-    nbytes: int
     copy_start: Event
     copy_done: Event
     ready: Event | None = None        # compute stream reached this batch (before the wait)
@@ -100,7 +99,7 @@ class Prefetcher:
         self._current: _Staged | None = None
         self._unharvested: list[_Staged] = []
         self.timings: list[BatchTiming] = []
-        self.bytes = 0
+        self.bytes = 0                   # of the batches handed out
         self.closed = False
 
     # --- iteration -------------------------------------------------------------------------
@@ -117,6 +116,7 @@ class Prefetcher:
             self.close()
             raise StopIteration
         staged = self._ahead.popleft()
+        self.bytes += sum(t.nbytes for t in staged.tensors)
         compute = self.compute_stream
         staged.ready, staged.started = Event(), Event()
         staged.ready.record(compute)
@@ -159,9 +159,7 @@ class Prefetcher:
         start.record(stream)
         device_batch = self._copy_leaves(batch, stream, tensors)
         done.record(stream)
-        nbytes = sum(t.nbytes for t in tensors)
-        self.bytes += nbytes
-        return _Staged(device_batch, tensors, nbytes, start, done)
+        return _Staged(device_batch, tensors, start, done)
 
     def _copy_leaves(self, batch, stream, tensors: list):
         if isinstance(batch, dict):

@@ -43,12 +43,10 @@ class KVCache:
         self.dtype = np.dtype(dtype)
         self.token_bytes = int(np.prod(self.token_shape)) * self.dtype.itemsize
         self.pool = pool_api.get_allocator(device)
+        self._sequences: dict = {}       # id -> the subclass's record, which has `.length`
         self.appends = 0
 
     # --- what subclasses provide -----------------------------------------------------------
-
-    def _lengths(self) -> dict:
-        raise NotImplementedError
 
     @property
     def reserved_bytes(self) -> int:
@@ -63,18 +61,18 @@ class KVCache:
     # --- sequences -------------------------------------------------------------------------
 
     def __contains__(self, seq_id) -> bool:
-        return seq_id in self._lengths()
+        return seq_id in self._sequences
 
     def __len__(self) -> int:
-        return len(self._lengths())
+        return len(self._sequences)
 
     def sequences(self) -> list:
-        return list(self._lengths())
+        return list(self._sequences)
 
     def length(self, seq_id) -> int:
         """Tokens cached for `seq_id`."""
         self._check_known(seq_id)
-        return self._lengths()[seq_id]
+        return self._sequences[seq_id].length
 
     def append(self, seq_id, key, value) -> None:
         """Append one token's key and value (each shaped like `token_shape`) to `seq_id`,
@@ -94,15 +92,15 @@ class KVCache:
             self.free(seq_id)
 
     def _check_known(self, seq_id) -> None:
-        if seq_id not in self._lengths():
-            known = ", ".join(map(repr, list(self._lengths())[:8])) or "none"
+        if seq_id not in self._sequences:
+            known = ", ".join(map(repr, list(self._sequences)[:8])) or "none"
             raise KVCacheError(f"sequence {seq_id!r} is not in the cache (it holds "
-                               f"{len(self._lengths())} sequence(s): {known})")
+                               f"{len(self._sequences)} sequence(s): {known})")
 
     def _check_new(self, seq_id) -> None:
-        if seq_id in self._lengths():
+        if seq_id in self._sequences:
             raise KVCacheError(f"sequence {seq_id!r} is already in the cache "
-                               f"({self._lengths()[seq_id]} tokens); free it first")
+                               f"({self._sequences[seq_id].length} tokens); free it first")
 
     # --- numbers ---------------------------------------------------------------------------
 
@@ -113,7 +111,7 @@ class KVCache:
         return (reserved - self.used_bytes) / reserved if reserved else 0.0
 
     def stats(self) -> dict:
-        return {"sequences": len(self), "tokens": sum(self._lengths().values()),
+        return {"sequences": len(self), "tokens": sum(s.length for s in self._sequences.values()),
                 "reserved_bytes": self.reserved_bytes, "used_bytes": self.used_bytes,
                 "waste": self.waste, "appends": self.appends}
 

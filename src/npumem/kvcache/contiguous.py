@@ -31,19 +31,15 @@ class ContiguousKVCache(KVCache):
         self.growth = _positive(growth, "growth")
         if self.growth < 2:
             raise ValueError(f"growth must be at least 2, got {self.growth}")
-        self._buffers: dict[object, _Buffer] = {}
         self.regrowths = 0
-
-    def _lengths(self) -> dict:
-        return {seq_id: buffer.length for seq_id, buffer in self._buffers.items()}
 
     @property
     def reserved_bytes(self) -> int:
-        return 2 * self.token_bytes * sum(b.capacity for b in self._buffers.values())
+        return 2 * self.token_bytes * sum(b.capacity for b in self._sequences.values())
 
     @property
     def used_bytes(self) -> int:
-        return 2 * self.token_bytes * sum(b.length for b in self._buffers.values())
+        return 2 * self.token_bytes * sum(b.length for b in self._sequences.values())
 
     def stats(self) -> dict:
         return {**super().stats(), "regrowths": self.regrowths}
@@ -62,7 +58,7 @@ class ContiguousKVCache(KVCache):
 
     def extend(self, seq_id, keys, values) -> None:
         count, key_src, value_src = self._sources(keys, values)
-        old = self._buffers.get(seq_id)
+        old = self._sequences.get(seq_id)
         buffer = old or self._new_buffer(max(self.initial_tokens, count), None)
         if buffer.length + count > buffer.capacity:
             capacity = buffer.capacity
@@ -71,7 +67,7 @@ class ContiguousKVCache(KVCache):
             buffer = self._new_buffer(capacity, old)
             self._release(old.pointer)
             self.regrowths += 1
-        self._buffers[seq_id] = buffer
+        self._sequences[seq_id] = buffer
         start = buffer.length * self.token_bytes
         self._write(buffer.pointer + start, key_src, 0, count)
         self._write(self._values_at(buffer) + start, value_src, 0, count)
@@ -82,17 +78,17 @@ class ContiguousKVCache(KVCache):
         """Start `child` as a full copy of `parent` (contiguous buffers cannot share)."""
         self._check_known(parent)
         self._check_new(child)
-        source = self._buffers[parent]
-        self._buffers[child] = self._new_buffer(source.capacity, source)
+        source = self._sequences[parent]
+        self._sequences[child] = self._new_buffer(source.capacity, source)
 
     def free(self, seq_id) -> None:
         self._check_known(seq_id)
-        self._release(self._buffers.pop(seq_id).pointer)
+        self._release(self._sequences.pop(seq_id).pointer)
 
     def gather(self, seq_id) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of the sequence's keys and values, each (tokens, *token_shape)."""
         self._check_known(seq_id)
-        buffer = self._buffers[seq_id]
+        buffer = self._sequences[seq_id]
         keys, values = self._empty_tokens(buffer.length), self._empty_tokens(buffer.length)
         if buffer.length:
             self._read(keys, 0, buffer.pointer, buffer.length)

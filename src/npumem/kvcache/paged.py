@@ -35,13 +35,9 @@ class PagedKVCache(KVCache):
         super().__init__(num_heads, head_dim, num_layers=num_layers, dtype=dtype, device=device)
         self.block_size = _positive(block_size, "block_size")
         self.block_bytes = 2 * self.block_size * self.token_bytes
-        self._sequences: dict[object, _Sequence] = {}
         self._refs: dict[int, int] = {}          # block -> sequences using it
         self._filled: dict[int, int] = {}        # block -> token slots written
         self.copy_on_write = 0
-
-    def _lengths(self) -> dict:
-        return {seq_id: seq.length for seq_id, seq in self._sequences.items()}
 
     @property
     def reserved_bytes(self) -> int:

@@ -5,8 +5,8 @@ after every task queued on T before it, including T's own waits, so waits form a
 depends on the waits queued on T ahead of W's record. Waiting for an event that has no record
 yet (npumem follows NPU events here: such a wait lasts until the event's next record) leaves W
 unbound until a record arrives. Binding a wait to a record that is itself (transitively) behind
-that wait closes a cycle: the streams would wait for each other forever. `GRAPH.bind` finds that
-path and the caller refuses the call with the cycle spelled out, before queueing anything.
+that wait closes a cycle: the streams would wait for each other forever. `GRAPH.cycle` finds that
+path and `Event.record` refuses the call with the cycle spelled out, before queueing anything.
 
 Only waits still queued or running are kept; each removes itself when it finishes.
 """

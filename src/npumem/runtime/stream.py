@@ -5,8 +5,9 @@ order on the worker. A task that fails does not stop the stream: the first failu
 raised (as AsyncTaskError carrying the original ACL code) by the next `synchronize`, the way an
 accelerator reports asynchronous errors.
 
-Cross-stream waits go through `dependencies.GRAPH`, which refuses a record or wait that would
-close a cycle (StreamDeadlockError) instead of letting the streams hang.
+Cross-stream waits go through `dependencies.GRAPH`: a record that would close a cycle of waits
+is refused (StreamDeadlockError) instead of letting the streams hang. (A wait never closes one by
+itself: it either uses a record already queued or waits for a later one.)
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ class Stream:
         with GRAPH.lock:
             waits = GRAPH.waits_on(self)
         if waits:
-            text += f"; blocked because {waits[0].describe()}"
+            running = "running" if waits[0].task == first else "queued"
+            text += f"; {running}: {waits[0].describe()}"
         return text
 
     def destroy(self) -> None:
