@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import operator
 
 import numpy as np
@@ -33,8 +34,11 @@ def _positive(value, name: str) -> int:
     return number
 
 
-class KVCache:
-    """Keys and values of many sequences; one token holds (num_layers, num_heads, head_dim)."""
+class KVCache(abc.ABC):
+    """Keys and values of many sequences; one token holds (num_layers, num_heads, head_dim).
+
+    Subclasses decide the memory layout: how `extend` stores tokens, how `fork` shares or copies
+    them, what `free` gives back, and what they count as reserved and used."""
 
     def __init__(self, num_heads: int, head_dim: int, *, num_layers: int = 1,
                  dtype="float16", device: int | None = None):
@@ -49,14 +53,30 @@ class KVCache:
     # --- what subclasses provide -----------------------------------------------------------
 
     @property
+    @abc.abstractmethod
     def reserved_bytes(self) -> int:
         """Device bytes the cache holds for its sequences."""
-        raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def used_bytes(self) -> int:
         """Bytes holding keys and values (shared tokens counted once)."""
-        raise NotImplementedError
+
+    @abc.abstractmethod
+    def extend(self, seq_id, keys, values) -> None:
+        """Append several tokens (arrays shaped (tokens, *token_shape)), e.g. a prompt."""
+
+    @abc.abstractmethod
+    def fork(self, parent, child) -> None:
+        """Start `child` with `parent`'s tokens."""
+
+    @abc.abstractmethod
+    def free(self, seq_id) -> None:
+        """Drop a sequence and give back the memory only it used."""
+
+    @abc.abstractmethod
+    def gather(self, seq_id) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the sequence's keys and values, each (tokens, *token_shape)."""
 
     # --- sequences -------------------------------------------------------------------------
 
@@ -78,13 +98,6 @@ class KVCache:
         """Append one token's key and value (each shaped like `token_shape`) to `seq_id`,
         starting the sequence if it is new."""
         self.extend(seq_id, self._one_token(key, "key"), self._one_token(value, "value"))
-
-    def extend(self, seq_id, keys, values) -> None:
-        """Append several tokens (arrays shaped (tokens, *token_shape)), e.g. a prompt."""
-        raise NotImplementedError
-
-    def free(self, seq_id) -> None:
-        raise NotImplementedError
 
     def close(self) -> None:
         """Free every sequence."""

@@ -90,11 +90,12 @@ class PagedKVCache(KVCache):
         slot = seq.length % self.block_size
         copy_tail = bool(slot and count and self._refs[seq.blocks[-1]] > 1)
         room = self.block_size - slot if slot else 0
+        needed = -(-max(count - room, 0) // self.block_size)      # ceiling division
         blocks = []
         try:
             if copy_tail:
                 blocks.append(self._copy_of(seq.blocks[-1], slot))
-            while len(blocks) - copy_tail < -(-max(count - room, 0) // self.block_size):
+            for _ in range(needed):
                 blocks.append(self._allocate(self.block_bytes))
         except BaseException:
             for block in blocks:
