@@ -1,6 +1,6 @@
-"""Allocation traces: one event model, readers for the formats tools write, and replay."""
+"""Allocation traces: one event model, readers and writers for the formats tools write, replay."""
 
 from .events import TraceEvent, TraceFormatError
-from .readers import read_trace
+from .formats import FORMATS, detect_format, read_trace, write_trace
 
-__all__ = ["TraceEvent", "TraceFormatError", "read_trace"]
+__all__ = ["FORMATS", "TraceEvent", "TraceFormatError", "detect_format", "read_trace", "write_trace"]

@@ -1,0 +1,114 @@
+"""A placement (one offset per buffer), its validation, and first-fit placement in a given order."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from .problem import PlanningProblem
+
+
+class PlanError(ValueError):
+    """A placement that puts two buffers live at the same time on the same bytes."""
+
+
+@dataclass
+class Plan:
+    """Offsets for every buffer of `problem`, the arena height they need, and how they were found."""
+
+    problem: PlanningProblem
+    offsets: np.ndarray
+    algorithm: str
+    seconds: float = 0.0
+
+    @property
+    def height(self) -> int:
+        if len(self.offsets) == 0:
+            return 0
+        return int((self.offsets + self.problem.size).max())
+
+    @property
+    def height_over_load(self) -> float:
+        load = self.problem.load()
+        return self.height / load if load else 1.0
+
+    def summary(self) -> dict:
+        """The fields of `npumem plan --json`."""
+        return {"problem": self.problem.name, "buffers": len(self.problem),
+                "load_bytes": self.problem.load(), "height_bytes": self.height,
+                "height_over_load": round(self.height_over_load, 6),
+                "seconds": round(self.seconds, 3), "algorithm": self.algorithm}
+
+
+def validate(problem: PlanningProblem, offsets: np.ndarray) -> None:
+    """Raise PlanError naming two buffers that overlap in time and in bytes, if any.
+
+    A sweep over time keeps the live buffers sorted by offset; a new buffer only has to be checked
+    against its neighbours in that order, because the live ones never overlap each other.
+    """
+    if len(offsets) != len(problem):
+        raise PlanError(f"{len(offsets)} offsets for {len(problem)} buffers")
+    if len(offsets) and offsets.min() < 0:
+        i = int(np.argmin(offsets))
+        raise PlanError(f"buffer {problem.ids[i]} has a negative offset {offsets[i]}")
+    n = len(problem)
+    times = np.concatenate([problem.upper, problem.lower])
+    kinds = np.concatenate([np.zeros(n, np.int8), np.ones(n, np.int8)])   # frees first
+    which = np.concatenate([np.arange(n), np.arange(n)])
+    starts: list[tuple[int, int]] = []          # (offset, buffer) of live buffers, sorted
+    for k in np.lexsort((kinds, times)):
+        i = int(which[k])
+        key = (int(offsets[i]), i)
+        if kinds[k] == 0:
+            if problem.size[i]:
+                del starts[bisect.bisect_left(starts, key)]
+            continue
+        if problem.size[i] == 0:
+            continue
+        at = bisect.bisect_left(starts, key)
+        end = key[0] + int(problem.size[i])
+        for j in (at - 1, at):
+            if 0 <= j < len(starts):
+                other_off, other = starts[j]
+                other_end = other_off + int(problem.size[other])
+                if other_off < end and key[0] < other_end:
+                    raise PlanError(
+                        f"buffers {problem.ids[i]} and {problem.ids[other]} are live together "
+                        f"(from {max(problem.lower[i], problem.lower[other])}) and overlap: "
+                        f"[{key[0]}, {end}) and [{other_off}, {other_end})")
+        starts.insert(at, key)
+
+
+def place_in_order(problem: PlanningProblem, order: np.ndarray, best_fit: bool = False) -> np.ndarray:
+    """Place buffers one by one in `order`, each in the lowest gap (or, with `best_fit`, the
+    tightest gap) left by the already placed buffers that are live at the same time."""
+    lower, upper, size = problem.lower, problem.upper, problem.size
+    n = len(order)
+    offsets = np.zeros(len(problem), np.int64)
+    # Placed buffers in placement order, so each step scans only the placed prefix.
+    p_lower = np.empty(n, np.int64)
+    p_upper = np.empty(n, np.int64)
+    p_start = np.empty(n, np.int64)
+    p_end = np.empty(n, np.int64)
+    for k, i in enumerate(order):
+        need = size[i]
+        live = np.nonzero((p_lower[:k] < upper[i]) & (lower[i] < p_upper[:k]))[0]
+        offset = 0
+        if len(live):
+            by_start = np.argsort(p_start[live])
+            starts = p_start[live][by_start]
+            ends = np.maximum.accumulate(p_end[live][by_start])
+            floors = np.concatenate(([0], ends[:-1]))      # top of everything below each start
+            gaps = starts - floors
+            fits = np.nonzero(gaps >= need)[0]
+            if len(fits) == 0:
+                offset = ends[-1]
+            elif best_fit:
+                offset = floors[fits[np.argmin(gaps[fits])]]
+            else:
+                offset = floors[fits[0]]
+        offsets[i] = offset
+        p_lower[k], p_upper[k], p_start[k], p_end[k] = lower[i], upper[i], offset, offset + need
+    return offsets

@@ -1,0 +1,127 @@
+"""`plan(problem, algorithm, time_limit)`: the planner's entry point and its algorithms."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from .greedy import orders, place_in_order
+from .placement import Plan, validate
+from .problem import PlanningProblem
+from .search import PREORDERS, SearchAborted, SkylineSearch
+
+
+ALGORITHMS = {
+    "size": "greedy by size: biggest buffer first, each in the lowest gap that fits",
+    "breadth": "greedy by breadth: buffers live at the busiest moments first",
+    "best": "the best of the greedy orders (size, breadth, length, area), first and best fit",
+    "search": "the best greedy plan, then a depth-first search for lower heights until the "
+              "time limit (the default)",
+}
+
+Progress = Callable[[str], None]
+
+
+def plan(problem: PlanningProblem, algorithm: str = "search", time_limit: float = 60.0,
+         progress: Progress | None = None) -> Plan:
+    """Place every buffer of `problem`; the result is validated before it is returned."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+    if time_limit <= 0:
+        raise ValueError(f"time limit must be positive, got {time_limit}")
+    start = time.perf_counter()
+    say = progress or (lambda message: None)
+    if algorithm in ("size", "breadth"):
+        offsets = place_in_order(problem, orders(problem)[algorithm])
+        result = Plan(problem, offsets, algorithm)
+    else:
+        result = _best_greedy(problem, say)
+        if algorithm == "search":
+            result = _improve(problem, result, start + time_limit, say)
+    result.seconds = time.perf_counter() - start
+    validate(problem, result.offsets)
+    return result
+
+
+def _best_greedy(problem: PlanningProblem, say: Progress) -> Plan:
+    best = None
+    for name, order in orders(problem).items():
+        for best_fit in (False, True):
+            label = f"{name}/{'best' if best_fit else 'first'}-fit"
+            candidate = Plan(problem, place_in_order(problem, order, best_fit), f"best ({label})")
+            if best is None or candidate.height < best.height:
+                best = candidate
+    say(f"greedy: {best.algorithm} height {best.height} ({best.height_over_load:.4f} x load)")
+    return best
+
+
+def _improve(problem: PlanningProblem, best: Plan, deadline: float, say: Progress) -> Plan:
+    """Walk the capacity down from the best height found so far towards LOAD, a quarter of the
+    gap at a time (a failure shrinks the step). Each capacity gets a third of the remaining time, spent on short randomized searches: the search's
+    running time is heavy-tailed (a solution within a few hundred nodes, or none in a million), so
+    many short restarts with jittered orders beat one long search. A capacity whose time runs out
+    counts as infeasible: this is a heuristic, not a proof of optimality.
+    """
+    load = problem.load()
+    if best.height <= load or len(problem) == 0:
+        return best
+    search = SkylineSearch(problem)
+    rng = np.random.default_rng(0)
+    low, high = load, best.height
+    tolerance = max(1, load // 10_000)
+    while high - low > tolerance and time.perf_counter() < deadline:
+        capacity = high - max(tolerance, (high - low) // 4)
+        share = time.perf_counter() + (deadline - time.perf_counter()) / 3
+        offsets = _run_deep(lambda: _attempt(search, rng, capacity, min(share, deadline)))
+        if offsets is not None:
+            best = Plan(problem, offsets, "search")
+            high = best.height
+            say(f"search: height {high} ({best.height_over_load:.4f} x load)")
+        else:
+            low = capacity + 1
+    return best
+
+
+def _attempt(search: SkylineSearch, rng: np.random.Generator, capacity: int,
+             deadline: float) -> np.ndarray | None:
+    """Randomized restarts until a placement within `capacity` turns up or time runs out."""
+    node_limit = 5 * len(search.problem)
+    restarts = 0
+    while time.perf_counter() < deadline:
+        rank = search.rank(PREORDERS[rng.integers(len(PREORDERS))], rng)
+        try:
+            return search.solve(capacity, rank, node_limit, deadline)
+        except SearchAborted:
+            restarts += 1
+            if restarts % 100 == 0:
+                node_limit *= 2
+    return None
+
+
+def _run_deep(work):
+    """Run `work()` in a thread with a large stack: the search recurses once per buffer."""
+    result, failure = [], []
+
+    def target():
+        try:
+            result.append(work())
+        except BaseException as exc:        # re-raised in the caller's thread
+            failure.append(exc)
+
+    previous_stack = threading.stack_size(256 * 1024 * 1024)
+    previous_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous_limit, 1_000_000))
+    try:
+        worker = threading.Thread(target=target, name="npumem-planner")
+        worker.start()
+        worker.join()
+    finally:
+        threading.stack_size(previous_stack)
+        sys.setrecursionlimit(previous_limit)
+    if failure:
+        raise failure[0]
+    return result[0]

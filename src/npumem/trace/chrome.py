@@ -1,0 +1,122 @@
+"""PyTorch profiler Chrome traces: `[memory]` instant events with args.Addr and args.Bytes
+(negative on free), as `torch.profiler.profile(profile_memory=True)` exports them.
+
+The reader scans the `traceEvents` array one object at a time, so a trace of millions of events
+never becomes one Python object tree; the memory events are kept as compact arrays and sorted
+by timestamp (the profiler does not write them in order).
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .events import TraceEvent, TraceFormatError
+from .textio import open_for_writing, open_text
+
+CHUNK = 1 << 20
+
+
+def sniff(head: bytes) -> bool:
+    text = head.lstrip()
+    return text.startswith(b"[") or (text.startswith(b"{") and b'"traceEvents"' in head)
+
+
+def _items(path: str, handle) -> Iterator[tuple[int, dict]]:
+    """(character offset, object) for each element of the trace's event array."""
+    decoder = json.JSONDecoder()
+    buffer, base, eof = "", 0, False
+
+    def more() -> bool:
+        nonlocal buffer, eof
+        chunk = handle.read(CHUNK)
+        eof = not chunk
+        buffer += chunk
+        return bool(chunk)
+
+    more()
+    start = buffer.lstrip()
+    if start.startswith("{"):
+        while (key := buffer.find('"traceEvents"')) < 0:
+            if not more():
+                raise TraceFormatError(path, "traceEvents", "no traceEvents list")
+        pos = key + len('"traceEvents"')
+        while True:
+            rest = buffer[pos:].lstrip(" \t\r\n:")
+            if rest or not more():
+                break
+        pos = len(buffer) - len(rest)
+        if not rest.startswith("["):
+            raise TraceFormatError(path, f"char {pos}", "traceEvents is not a list")
+    elif start.startswith("["):
+        pos = len(buffer) - len(start)
+    else:
+        raise TraceFormatError(path, "char 0", "not a Chrome trace (expected '[' or '{')")
+    pos += 1
+    while True:
+        while True:
+            while pos < len(buffer) and buffer[pos] in " \t\r\n,":
+                pos += 1
+            if pos < len(buffer) or not more():
+                break
+        if pos >= len(buffer):
+            raise TraceFormatError(path, f"char {base + pos}", "the file ends inside traceEvents")
+        if buffer[pos] == "]":
+            return
+        try:
+            item, end = decoder.raw_decode(buffer, pos)
+        except json.JSONDecodeError as exc:
+            if not eof and more():
+                continue
+            raise TraceFormatError(path, f"char {base + exc.pos}",
+                                   f"not valid JSON ({exc.msg})") from None
+        yield base + pos, item
+        pos = end
+        if pos > CHUNK:                      # drop what has been decoded
+            buffer, base, pos = buffer[pos:], base + pos, 0
+
+
+def read(path: str) -> Iterator[TraceEvent]:
+    times, addrs, sizes = array("d"), array("q"), array("q")
+    try:
+        with open_text(path) as handle:
+            for offset, event in _items(path, handle):
+                if not isinstance(event, dict) or event.get("name") != "[memory]":
+                    continue
+                args = event.get("args") or {}
+                nbytes, addr = args.get("Bytes"), args.get("Addr")
+                if not isinstance(nbytes, int) or not isinstance(addr, int):
+                    raise TraceFormatError(path, f"char {offset}", "[memory] event without "
+                                           "integer args.Bytes and args.Addr")
+                times.append(float(event.get("ts", 0.0)))
+                addrs.append(addr)
+                sizes.append(nbytes)
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(path, "end", f"the file is truncated or corrupt: {exc}") from None
+    if not times:
+        raise TraceFormatError(path, "traceEvents", "no [memory] events; record the trace with "
+                               "torch.profiler.profile(profile_memory=True)")
+    order = np.argsort(np.frombuffer(times, dtype=np.float64), kind="stable")
+    for k in order.tolist():
+        nbytes = sizes[k]
+        yield TraceEvent(times[k], "alloc" if nbytes >= 0 else "free", addrs[k], abs(nbytes), 0)
+
+
+def write(events: Iterable[TraceEvent], path: str) -> int:
+    """Write the events as the profiler does, streaming; Total Allocated is the running sum."""
+    count = allocated = 0
+    with open_for_writing(path) as out:
+        out.write('{"schemaVersion": 1, "traceEvents": [\n')
+        for event in events:
+            signed = event.size if event.action == "alloc" else -event.size
+            allocated += signed
+            record = {"ph": "i", "s": "t", "name": "[memory]", "pid": 0, "tid": event.stream,
+                      "ts": event.t_us, "args": {"Addr": event.addr, "Bytes": signed,
+                                                 "Total Allocated": allocated, "Device Id": 0}}
+            out.write(("," if count else "") + json.dumps(record, separators=(",", ":")) + "\n")
+            count += 1
+        out.write('], "displayTimeUnit": "ms"}\n')
+    return count

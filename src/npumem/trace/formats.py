@@ -1,0 +1,67 @@
+"""Every trace format npumem reads and writes, detected from the file's first bytes.
+
+    read_trace(path)            -> iterator of TraceEvent, in time order
+    write_trace(events, path)   -> number of events written (format from the name or `fmt`)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Iterator
+
+from . import chrome, jsonl, msprof, rmm, snapshot
+from .events import TraceEvent, TraceFormatError
+from .textio import read_head
+
+# name -> module with sniff(head), read(path) and write(events, path); sniffed in this order.
+FORMATS = {"snapshot": snapshot, "rmm": rmm, "msprof": msprof, "jsonl": jsonl, "chrome": chrome}
+DESCRIPTIONS = {
+    "jsonl": "npumem JSONL (.jsonl)",
+    "chrome": "PyTorch profiler Chrome trace with [memory] events (.json)",
+    "snapshot": "PyTorch memory snapshot pickle, device_traces (.pickle)",
+    "rmm": "RMM logging adaptor CSV (.csv)",
+    "msprof": "msprof operator_memory.csv",
+}
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    path = os.fspath(path)
+    head = read_head(path)
+    if not head.strip():
+        raise TraceFormatError(path, "1", "the file is empty")
+    for name, module in FORMATS.items():
+        if module.sniff(head):
+            return name
+    raise TraceFormatError(path, "1", "unknown trace format; npumem reads "
+                           + "; ".join(DESCRIPTIONS.values()))
+
+
+def read_trace(path: str | os.PathLike, fmt: str | None = None) -> Iterator[TraceEvent]:
+    """The events of a trace file in time order, streamed where the format allows."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise TraceFormatError(path, "0", "no such file")
+    return FORMATS[fmt or detect_format(path)].read(path)
+
+
+def format_for_output(path: str) -> str:
+    """The format a file name asks for: .jsonl, .json, .pickle/.pkl, operator_memory*.csv, .csv."""
+    name = os.path.basename(path).lower().removesuffix(".gz")
+    if name.endswith(".jsonl"):
+        return "jsonl"
+    if name.endswith(".json"):
+        return "chrome"
+    if name.endswith((".pickle", ".pkl")):
+        return "snapshot"
+    if name.endswith(".csv"):
+        return "msprof" if "operator_memory" in name else "rmm"
+    raise ValueError(f"cannot tell the format from {path!r}; name it .jsonl, .json, .pickle, "
+                     "operator_memory.csv or .csv (RMM log), or pass the format")
+
+
+def write_trace(events: Iterable[TraceEvent], path: str | os.PathLike, fmt: str | None = None) -> int:
+    path = os.fspath(path)
+    fmt = fmt or format_for_output(path)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    return FORMATS[fmt].write(events, path)

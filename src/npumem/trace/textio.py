@@ -1,0 +1,42 @@
+"""Opening trace files: gzip by content when reading, by the `.gz` suffix when writing."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+
+from .events import TraceFormatError
+
+
+def is_gzip(path: str) -> bool:
+    with open(path, "rb") as probe:
+        return probe.read(2) == b"\x1f\x8b"
+
+
+def open_binary(path: str):
+    if not os.path.isfile(path):
+        raise TraceFormatError(path, "0", "no such file")
+    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+
+
+def open_text(path: str):
+    return io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="")
+
+
+def open_for_writing(path: str, binary: bool = False):
+    raw = gzip.open(path, "wb") if path.endswith(".gz") else open(path, "wb")
+    return raw if binary else io.TextIOWrapper(raw, encoding="utf-8", newline="")
+
+
+def read_head(path: str, nbytes: int = 65536) -> bytes:
+    """The first bytes of the (decompressed) file, for format detection."""
+    head = b""
+    try:
+        with open_binary(path) as handle:
+            while len(head) < nbytes and (piece := handle.read(4096)):
+                head += piece
+    except (OSError, EOFError) as exc:
+        if not head:      # a damaged tail is reported by the reader, with its position
+            raise TraceFormatError(path, "0", f"the file is truncated or corrupt: {exc}") from None
+    return head
