@@ -6,12 +6,14 @@ import threading
 import numpy as np
 import pytest
 
+from npumem.alloc import StaticPlan
 from npumem.alloc.adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor
 from npumem.alloc.caching_allocator import CachingAllocator
 from npumem.alloc.resource import DeviceResource
 from npumem.alloc.settings import AllocatorSettings
 from npumem.device import SimBackend, SimConfig
 from npumem.errors import InvalidParamError, MemoryAllocationError, MemoryFreeError
+from npumem.trace import TraceEvent
 from npumem.units import MiB
 
 from .conftest import run_threads
@@ -26,6 +28,11 @@ RESOURCES = {
     "tracking(pool)": lambda b: TrackingAdaptor(CachingAllocator(b), stacks=True),
     "logging(pool)": lambda b: LoggingAdaptor(CachingAllocator(b), io.StringIO()),
     "limiting(pool)": lambda b: LimitingAdaptor(CachingAllocator(b), 48 * MiB),
+    # A plan of a small recorded step; requests off the plan fall back to the pool.
+    "static-plan(pool)": lambda b: StaticPlan.from_trace(
+        [TraceEvent(0, "alloc", 1, 4096), TraceEvent(1, "alloc", 2, 100), TraceEvent(2, "free", 1, 4096),
+         TraceEvent(3, "alloc", 3, 1 << 20), TraceEvent(4, "free", 2, 100), TraceEvent(5, "free", 3, 1 << 20)],
+        CachingAllocator(b), time_limit=0.2),
     "stack of all": lambda b: LoggingAdaptor(StatisticsAdaptor(TrackingAdaptor(
         LimitingAdaptor(CachingAllocator(b), 48 * MiB))), io.StringIO()),
 }

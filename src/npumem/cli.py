@@ -66,22 +66,53 @@ def info() -> None:
         rt.finalize()
 
 
+def _scheduler_options(command):
+    command = click.option("--scheduler", default="processes", show_default=True,
+                           help="Where replays run: processes (local, one per core), serial, "
+                                "dask (a local Dask cluster) or tcp://host:port (a Dask "
+                                "scheduler).")(command)
+    return click.option("--workers", type=click.IntRange(min=1), default=None,
+                        help="Worker processes (default: one per core).")(command)
+
+
+def _job_progress(enabled: bool, label: str):
+    from .progress import ProgressBar
+
+    bar = ProgressBar(None, label, "replays", enabled=enabled)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done, force=True)
+    return bar, update
+
+
 @main.command()
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--allocator", "allocators", default="pool,torch,device", show_default=True,
               help="Comma-separated: pool (npumem), torch (PyTorch's policy), device (no cache).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="A pool setting (NPUMEM_ALLOC_CONF keys), repeatable.")
+@click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2",
+              help="Replay the pool once per value (repeatable: every combination).")
 @click.option("--memory", default="64GiB", show_default=True, help="Simulated device memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
-def replay(traces, allocators, settings, memory, as_json):
-    """Replay allocation traces through allocators and compare what they reserve."""
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write an SVG bar chart of peak reserved per trace and setting.")
+@_scheduler_options
+def replay(traces, allocators, settings, sweeps, memory, as_json, plot_path, scheduler, workers):
+    """Replay allocation traces through allocators and compare what they reserve.
+
+        npumem replay train.jsonl.gz --sweep expandable_segments=True,False --plot sweep.svg
+
+    Reads npumem JSONL, PyTorch Chrome traces and snapshot pickles, RMM CSV logs and msprof
+    operator_memory.csv (gzip or not). Several traces or settings replay in parallel.
+    """
     import json
 
-    from .alloc.settings import parse_settings
     from .errors import InvalidParamError
-    from .trace import TraceFormatError, read_trace
-    from .trace.replay import ALLOCATORS, replay as run_replay
+    from .trace import TraceFormatError, detect_format
+    from .trace.replay import ALLOCATORS
+    from .trace.sweep import ReplayJob, run_jobs, sweep_settings
     from .units import format_size
 
     names = [name.strip() for name in allocators.split(",") if name.strip()]
@@ -89,40 +120,170 @@ def replay(traces, allocators, settings, memory, as_json):
     if unknown or not names:
         raise click.BadParameter(f"unknown allocator(s) {unknown}; choose from {', '.join(ALLOCATORS)}",
                                  param_hint="--allocator")
+    if sweeps and "pool" not in names:
+        raise click.BadParameter("--sweep varies the pool's settings; add pool to --allocator",
+                                 param_hint="--sweep")
     try:
-        pool_settings = parse_settings(",".join(settings))
+        pool_settings = sweep_settings(",".join(settings), sweeps)
     except InvalidParamError as exc:
-        raise click.BadParameter(exc.message, param_hint="--set") from None
+        raise click.BadParameter(exc.message, param_hint="--sweep" if sweeps else "--set") from None
     device_memory = _size_option(memory)
-    show_progress = not as_json and sys.stderr.isatty()
-    results = []
     for path in traces:
         try:
-            events = list(read_trace(path))
+            detect_format(path)
         except TraceFormatError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
-        for name in names:
-            def progress(count, name=name, path=path):
-                if show_progress:
-                    click.echo(f"\r{path} [{name}]: {count}/{len(events)} events", err=True, nl=False)
-            result = run_replay(events, name, pool_settings, trace_name=path, memory=device_memory,
-                                progress=progress)
-            if show_progress:
-                click.echo("\r" + " " * 70 + "\r", err=True, nl=False)
-            results.append(result)
+    jobs = [ReplayJob(path, name, chosen, device_memory) for path in traces for name in names
+            for chosen in (pool_settings if name == "pool" else [""])]
+    bar, update = _job_progress(not as_json and sys.stderr.isatty(), "replay")
+    try:
+        results = run_jobs(jobs, scheduler, workers, update)
+    except TraceFormatError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise click.UsageError(str(exc)) from None
+    finally:
+        bar.close()
+    if plot_path:
+        from .trace.plot import sweep_svg
+        with open(plot_path, "w", encoding="utf-8") as out:
+            out.write(sweep_svg(results))
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in results], indent=2))
         return
     click.echo(f"{'trace':<28} {'allocator':<9} {'events':>7} {'peak live':>11} {'peak reserved':>13} "
-               f"{'ratio':>6} {'dev allocs':>10} {'hit rate':>8} {'alloc us':>8}")
+               f"{'ratio':>6} {'dev allocs':>10} {'hit rate':>8} {'alloc us':>8}  settings")
     for r in results:
         click.echo(f"{r.trace[-28:]:<28} {r.allocator:<9} {r.events:>7} "
                    f"{format_size(r.peak_allocated_bytes):>11} {format_size(r.peak_reserved_bytes):>13} "
                    f"{r.reserved_over_allocated:>6.3f} {r.device_allocs:>10} {r.cache_hit_rate:>8.1%} "
-                   f"{r.mean_alloc_us:>8.2f}")
-    if pool_settings != pool_settings.__class__():
-        click.echo(f"pool settings: {results[0].settings if results else ''}")
+                   f"{r.mean_alloc_us:>8.2f}  {r.settings}")
+    if plot_path:
+        click.echo(f"wrote {plot_path}")
+
+
+@main.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the recommendation as JSON.")
+@_scheduler_options
+def tune(trace, as_json, scheduler, workers):
+    """Recommend pool settings for a recorded trace: replays every candidate and picks the one
+    with the lowest peak reserved memory."""
+    import json
+
+    from .trace import TraceFormatError
+    from .trace.sweep import settings_label
+    from .trace.tune import tune as run_tune
+    from .units import format_size
+
+    bar, update = _job_progress(not as_json and sys.stderr.isatty(), "tune")
+    try:
+        result = run_tune(trace, scheduler=scheduler, workers=workers, progress=update)
+    except TraceFormatError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise click.UsageError(str(exc)) from None
+    finally:
+        bar.close()
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    click.echo(f"{'settings':<62} {'peak reserved':>13} {'ratio':>6} {'dev allocs':>10}")
+    for candidate in sorted(result.candidates, key=lambda r: r.peak_reserved_bytes):
+        click.echo(f"{candidate.settings:<62} {format_size(candidate.peak_reserved_bytes):>13} "
+                   f"{candidate.reserved_over_allocated:>6.3f} {candidate.device_allocs:>10}")
+    click.echo(f"\nrecommended: {settings_label(result.settings)} -> predicted peak reserved "
+               f"{format_size(result.predicted_peak_reserved_bytes)}")
+    click.echo(f"why: {result.reason}")
+    if result.settings:
+        click.echo(f"use: export NPUMEM_ALLOC_CONF={result.settings}")
+
+
+@main.command()
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.argument("target", type=click.Path(dir_okay=False))
+@click.option("--to", "fmt", default=None, help="Output format (default: from TARGET's name): "
+              "jsonl, chrome, snapshot, rmm, msprof.")
+def convert(source, target, fmt):
+    """Convert an allocation trace between formats (any readable format in; .jsonl, .json,
+    .pickle, .csv (RMM) or operator_memory.csv out; add .gz to compress)."""
+    from .trace import FORMATS, TraceFormatError, detect_format, read_trace, write_trace
+    from .trace.formats import format_for_output
+
+    if fmt is not None and fmt not in FORMATS:
+        raise click.BadParameter(f"choose from {', '.join(FORMATS)}", param_hint="--to")
+    try:
+        fmt = fmt or format_for_output(target)
+        source_format = detect_format(source)
+        count = write_trace(read_trace(source, source_format), target, fmt)
+    except TraceFormatError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    except OSError as exc:
+        click.echo(f"error: cannot write {target}: {exc.strerror}", err=True)
+        sys.exit(2)
+    click.echo(f"{source} ({source_format}) -> {target} ({fmt}): {count} events")
+
+
+@main.command()
+@click.argument("problem_file", metavar="FILE", type=click.Path(dir_okay=False))
+@click.option("--algorithm", default="search", show_default=True,
+              help="size, breadth, best (of the greedy orders) or search.")
+@click.option("--time-limit", default=60.0, show_default=True, type=float,
+              help="Seconds the search may spend.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the placement as CSV: id,lower,upper,size,offset.")
+def plan(problem_file, algorithm, time_limit, as_json, out_path):
+    """Place buffers with known lifetimes in one arena, as small as possible. FILE is an
+    id,lower,upper,size CSV or any allocation trace (lifetimes from alloc/free order)."""
+    import json
+
+    from .planning import ALGORITHMS, ProblemFormatError, load_problem, plan as run_plan
+    from .progress import ProgressBar
+    from .trace import TraceFormatError
+    from .units import format_size
+
+    if algorithm not in ALGORITHMS:
+        raise click.BadParameter(f"choose from {', '.join(ALGORITHMS)}", param_hint="--algorithm")
+    if time_limit <= 0:
+        raise click.BadParameter("must be positive", param_hint="--time-limit")
+    try:
+        problem = load_problem(problem_file)
+    except (ProblemFormatError, TraceFormatError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except OSError as exc:
+        click.echo(f"error: cannot read {problem_file}: {exc.strerror}", err=True)
+        sys.exit(2)
+    bar = ProgressBar(None, "plan", enabled=not as_json and sys.stderr.isatty())
+
+    def say(message: str) -> None:
+        if bar.enabled:
+            bar.close()
+            click.echo(f"plan: {message}", err=True)
+
+    result = run_plan(problem, algorithm, time_limit, progress=say)
+    if out_path:
+        with open(out_path, "w", encoding="utf-8") as out:
+            out.write("id,lower,upper,size,offset\n")
+            for i in range(len(problem)):
+                out.write(f"{problem.ids[i]},{problem.lower[i]},{problem.upper[i]},"
+                          f"{problem.size[i]},{result.offsets[i]}\n")
+    summary = result.summary()
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"{summary['buffers']} buffers, load {format_size(summary['load_bytes'])}, "
+               f"height {format_size(summary['height_bytes'])} ({summary['height_over_load']:.4f} "
+               f"x load) by {summary['algorithm']} in {summary['seconds']:.1f} s; valid")
+    if out_path:
+        click.echo(f"wrote {out_path}")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

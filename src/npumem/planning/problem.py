@@ -24,6 +24,9 @@ class ProblemFormatError(ValueError):
         self.path, self.line, self.reason = path, line, reason
         super().__init__(f"{path}:{line}: {reason}")
 
+    def __reduce__(self):
+        return type(self), (self.path, self.line, self.reason)
+
 
 @dataclass(frozen=True)
 class PlanningProblem:

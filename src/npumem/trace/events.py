@@ -21,3 +21,6 @@ class TraceFormatError(ValueError):
     def __init__(self, path: str, position: str, reason: str):
         self.path, self.position, self.reason = path, position, reason
         super().__init__(f"{path}:{position}: {reason}")
+
+    def __reduce__(self):          # rebuilt from its parts when it crosses a process boundary
+        return type(self), (self.path, self.position, self.reason)

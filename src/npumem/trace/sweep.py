@@ -1,0 +1,117 @@
+"""Many replays at once: settings sweeps and multi-trace runs, in local processes or on Dask.
+
+A job names a trace file, an allocator and pool settings; the worker reads the trace itself, so
+nothing large crosses process boundaries. Schedulers:
+
+    "processes"       local worker processes, one per core (the default)
+    "serial"          in this process, one after another
+    "dask"            a local Dask cluster (pip install "npumem[dask]")
+    "tcp://host:port" an existing Dask scheduler: its workers must have npumem and the traces
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..alloc.settings import AllocatorSettings, describe_changes, parse_settings
+from ..errors import InvalidParamError
+from ..units import GiB
+from .formats import read_trace
+from .replay import ReplayResult, replay
+
+
+@dataclass(frozen=True)
+class ReplayJob:
+    trace: str
+    allocator: str = "pool"
+    settings: str = ""             # NPUMEM_ALLOC_CONF text for the pool
+    memory: int = 64 * GiB
+
+    def run(self) -> ReplayResult:
+        settings = parse_settings(self.settings)
+        return replay(read_trace(self.trace), self.allocator, settings, trace_name=self.trace,
+                      memory=self.memory)
+
+
+def run_job(job: ReplayJob) -> ReplayResult:
+    """Module-level so process pools and Dask can pickle it."""
+    return job.run()
+
+
+def sweep_settings(base: str, sweeps: Sequence[str]) -> list[str]:
+    """Every combination of `key=v1,v2,...` sweeps on top of `base`, as settings strings.
+
+    Each string is validated here, so a typo fails before any replay starts."""
+    axes = []
+    for sweep in sweeps:
+        key, sep, values = sweep.replace(":", "=", 1).partition("=")
+        choices = [value.strip() for value in values.split(",") if value.strip()]
+        if not sep or not choices:
+            raise InvalidParamError(f"sweep {sweep!r}: expected key=value1,value2,...")
+        axes.append([f"{key.strip()}:{value}" for value in choices])
+    combos = [",".join(filter(None, [base, *combo])) for combo in itertools.product(*axes)]
+    for combo in combos:
+        parse_settings(combo)
+    return combos or [base]
+
+
+def settings_label(settings: str) -> str:
+    return describe_changes(parse_settings(settings))
+
+
+def run_jobs(jobs: Sequence[ReplayJob], scheduler: str = "processes", workers: int | None = None,
+             progress: Callable[[int, int], None] | None = None) -> list[ReplayResult]:
+    """Results in the order of `jobs`; `progress(done, total)` after each finished job."""
+    total = len(jobs)
+    report = progress or (lambda done, total: None)
+    if scheduler == "serial" or total <= 1:
+        results = []
+        for job in jobs:
+            results.append(job.run())
+            report(len(results), total)
+        return results
+    if scheduler == "processes":
+        return _run_processes(jobs, workers or os.cpu_count() or 1, report)
+    if scheduler == "dask" or scheduler.startswith(("tcp://", "tls://")):
+        return _run_dask(jobs, scheduler, workers, report)
+    raise ValueError(f"unknown scheduler {scheduler!r}: use processes, serial, dask or tcp://host:port")
+
+
+def _run_processes(jobs, workers, report) -> list[ReplayResult]:
+    results: list[ReplayResult | None] = [None] * len(jobs)
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        futures = {pool.submit(run_job, job): index for index, job in enumerate(jobs)}
+        for done, future in enumerate(as_completed(futures), 1):
+            results[futures[future]] = future.result()
+            report(done, len(jobs))
+    return results
+
+
+def _run_dask(jobs, scheduler, workers, report) -> list[ReplayResult]:
+    try:
+        from dask.distributed import Client, LocalCluster, as_completed as dask_completed
+    except ImportError:
+        raise RuntimeError('the Dask scheduler needs dask.distributed: pip install "npumem[dask]"') from None
+    cluster = None
+    if scheduler == "dask":
+        cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
+                               processes=True, dashboard_address=None)
+        client = Client(cluster)
+    else:
+        client = Client(scheduler, timeout="10s")
+    try:
+        futures = client.map(run_job, list(jobs), pure=False)
+        index = {future.key: position for position, future in enumerate(futures)}
+        results: list[ReplayResult | None] = [None] * len(jobs)
+        for done, future in enumerate(dask_completed(futures), 1):
+            results[index[future.key]] = future.result()
+            report(done, len(jobs))
+        return results
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()

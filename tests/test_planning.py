@@ -1,0 +1,139 @@
+"""The offline planner: problems, greedy orders, the search, validation and the CLI."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
+
+from npumem.cli import main
+from npumem.planning import (PlanError, ProblemFormatError, plan, problem_from_arrays,
+                             problem_from_trace, read_problem, validate)
+from npumem.planning.search import SkylineSearch
+from npumem.trace import TraceEvent
+
+DSA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "dsa"
+needs_shared = pytest.mark.skipif(not DSA.is_dir(), reason="../shared/data not beside the repo")
+
+
+def _overlaps(problem, offsets):
+    """Brute force: pairs live together whose byte ranges intersect."""
+    n = len(problem)
+    for i in range(n):
+        for j in range(i + 1, n):
+            live = problem.lower[i] < problem.upper[j] and problem.lower[j] < problem.upper[i]
+            bytes_ = offsets[i] < offsets[j] + problem.size[j] and offsets[j] < offsets[i] + problem.size[i]
+            if live and bytes_ and problem.size[i] and problem.size[j]:
+                return True
+    return False
+
+
+problems = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12), st.integers(0, 64)),
+                    min_size=1, max_size=14).map(
+    lambda rows: problem_from_arrays([r[0] for r in rows], [r[0] + r[1] for r in rows],
+                                     [r[2] for r in rows]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems, st.sampled_from(["size", "breadth", "best", "search"]))
+def test_every_plan_is_valid_and_at_least_load(problem, algorithm):
+    result = plan(problem, algorithm, time_limit=0.5)
+    assert not _overlaps(problem, result.offsets)
+    assert result.height >= problem.load()
+    assert (result.offsets >= 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems, st.data())
+def test_validate_agrees_with_brute_force(problem, data):
+    offsets = np.array(data.draw(st.lists(st.integers(0, 100), min_size=len(problem),
+                                          max_size=len(problem))), dtype=np.int64)
+    if _overlaps(problem, offsets):
+        with pytest.raises(PlanError, match="overlap"):
+            validate(problem, offsets)
+    else:
+        validate(problem, offsets)
+
+
+def test_search_reaches_load_where_greedy_cannot():
+    # Greedy by size puts the 4-byte buffer at 0 under both 2-byte ones: height 6.
+    # The optimum stacks them so that each time only 4 bytes are live: height 4 = LOAD.
+    problem = problem_from_arrays([0, 1, 0, 2], [2, 3, 1, 3], [2, 2, 2, 2])
+    assert plan(problem, "search", 2).height == problem.load() == 4
+
+
+def test_skyline_search_proves_infeasible_capacity():
+    problem = problem_from_arrays([0, 0], [1, 1], [3, 3])
+    search = SkylineSearch(problem)
+    assert search.solve(5, search.rank("TWA"), 1000, float("inf")) is None
+    assert search.solve(6, search.rank("TWA"), 1000, float("inf")) is not None
+
+
+def test_problem_from_trace_uses_event_order():
+    events = [TraceEvent(0, "alloc", 1, 10), TraceEvent(1, "alloc", 2, 20),
+              TraceEvent(2, "free", 1, 10), TraceEvent(3, "free", 77, 5),
+              TraceEvent(4, "alloc", 3, 30)]
+    problem = problem_from_trace(events)
+    spans = sorted(zip(problem.lower.tolist(), problem.upper.tolist(), problem.size.tolist()))
+    assert spans == [(0, 2, 10), (1, 5, 20), (4, 5, 30)]
+    assert problem.load() == 50
+
+
+@pytest.mark.parametrize("text, line, reason", [
+    ("a,b,c\n1,2,3\n", 1, "expected the header"),
+    ("id,lower,upper,size\n0,1,5,10\n1,x,5,10\n", 3, "must be integers"),
+    ("id,lower,upper,size\n0,5,5,10\n", 2, "lower < upper"),
+    ("id,lower,upper,size\n0,1,5\n", 2, "expected 4 fields"),
+])
+def test_bad_problem_files_name_line_and_reason(tmp_path, text, line, reason):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ProblemFormatError) as info:
+        read_problem(path)
+    assert f"{path}:{line}:" in str(info.value) and reason in str(info.value)
+
+
+def test_bad_arguments():
+    problem = problem_from_arrays([0], [1], [8])
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        plan(problem, "magic")
+    with pytest.raises(ValueError, match="time limit"):
+        plan(problem, "search", 0)
+    with pytest.raises(PlanError, match="1 offsets for 2"):
+        validate(problem_from_arrays([0, 0], [1, 1], [1, 1]), np.zeros(1, np.int64))
+
+
+@needs_shared
+def test_plan_cli_json_and_offsets(tmp_path):
+    out = tmp_path / "offsets.csv"
+    result = CliRunner().invoke(main, ["plan", str(DSA / "somas_resnet50.csv"), "--algorithm",
+                                       "best", "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["buffers"] == 1042 and summary["height_over_load"] <= 1.01
+    assert set(summary) >= {"buffers", "load_bytes", "height_bytes", "height_over_load", "seconds",
+                            "algorithm"}
+    rows = out.read_text().splitlines()
+    assert rows[0] == "id,lower,upper,size,offset" and len(rows) == 1043
+    problem = read_problem(DSA / "somas_resnet50.csv")
+    validate(problem, np.array([int(r.rsplit(",", 1)[1]) for r in rows[1:]]))
+
+
+@needs_shared
+def test_search_improves_on_greedy_for_a_minimalloc_problem():
+    problem = read_problem(DSA / "minimalloc_A.1048576.csv")
+    greedy = plan(problem, "size")
+    searched = plan(problem, "search", time_limit=8)
+    assert searched.height < greedy.height
+    assert searched.height_over_load < 1.2
+
+
+def test_plan_cli_errors(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,lower,upper,size\n0,3,1,5\n")
+    result = CliRunner().invoke(main, ["plan", str(bad)])
+    assert result.exit_code == 2 and f"{bad}:2:" in result.output
+    result = CliRunner().invoke(main, ["plan", str(bad), "--algorithm", "nope"])
+    assert result.exit_code == 2 and "choose from" in result.output
