@@ -75,15 +75,27 @@ def _scheduler_options(command):
                         help="Worker processes (default: one per core).")(command)
 
 
-def _job_progress(enabled: bool, label: str):
+def _run_replays(label: str, quiet: bool, work):
+    """Call `work(progress)` with a progress bar of finished replays; bad traces exit 2 with
+    their file and position, bad options exit as usage errors."""
     from .progress import ProgressBar
+    from .trace import TraceFormatError
 
-    bar = ProgressBar(None, label, "replays", enabled=enabled)
+    bar = ProgressBar(None, label, "replays", enabled=not quiet and sys.stderr.isatty())
 
     def update(done: int, total: int) -> None:
         bar.total = total
         bar.update(done, force=True)
-    return bar, update
+
+    try:
+        return work(update)
+    except TraceFormatError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise click.UsageError(str(exc)) from None
+    finally:
+        bar.close()
 
 
 @main.command()
@@ -136,16 +148,7 @@ def replay(traces, allocators, settings, sweeps, memory, as_json, plot_path, sch
             sys.exit(2)
     jobs = [ReplayJob(path, name, chosen, device_memory) for path in traces for name in names
             for chosen in (pool_settings if name == "pool" else [""])]
-    bar, update = _job_progress(not as_json and sys.stderr.isatty(), "replay")
-    try:
-        results = run_jobs(jobs, scheduler, workers, update)
-    except TraceFormatError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise click.UsageError(str(exc)) from None
-    finally:
-        bar.close()
+    results = _run_replays("replay", as_json, lambda update: run_jobs(jobs, scheduler, workers, update))
     if plot_path:
         from .trace.plot import sweep_svg
         with open(plot_path, "w", encoding="utf-8") as out:
@@ -173,21 +176,12 @@ def tune(trace, as_json, scheduler, workers):
     with the lowest peak reserved memory."""
     import json
 
-    from .trace import TraceFormatError
     from .trace.sweep import settings_label
     from .trace.tune import tune as run_tune
     from .units import format_size
 
-    bar, update = _job_progress(not as_json and sys.stderr.isatty(), "tune")
-    try:
-        result = run_tune(trace, scheduler=scheduler, workers=workers, progress=update)
-    except TraceFormatError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise click.UsageError(str(exc)) from None
-    finally:
-        bar.close()
+    result = _run_replays("tune", as_json, lambda update: run_tune(
+        trace, scheduler=scheduler, workers=workers, progress=update))
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..alloc.settings import AllocatorSettings, describe_changes, parse_settings
+from ..alloc.settings import describe_changes, parse_settings
 from ..errors import InvalidParamError
 from ..units import GiB
 from .formats import read_trace
