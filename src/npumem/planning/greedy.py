@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .placement import place_in_order
 from .problem import PlanningProblem
 
 
@@ -33,6 +32,3 @@ def orders(problem: PlanningProblem) -> dict[str, np.ndarray]:
         "area": np.argsort(-(size * length), kind="stable"),
     }
 
-
-def greedy(problem: PlanningProblem, order_name: str, best_fit: bool = False) -> np.ndarray:
-    return place_in_order(problem, orders(problem)[order_name], best_fit)

@@ -9,7 +9,8 @@ from typing import Callable
 
 import numpy as np
 
-from .greedy import orders, place_in_order
+from .greedy import orders
+from .placement import place_in_order
 from .placement import Plan, validate
 from .problem import PlanningProblem
 from .search import PREORDERS, SearchAborted, SkylineSearch
