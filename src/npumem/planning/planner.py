@@ -10,8 +10,7 @@ from typing import Callable
 import numpy as np
 
 from .greedy import orders
-from .placement import place_in_order
-from .placement import Plan, validate
+from .placement import Plan, place_in_order, validate
 from .problem import PlanningProblem
 from .search import PREORDERS, SearchAborted, SkylineSearch
 
