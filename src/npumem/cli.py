@@ -83,9 +83,10 @@ def _run_replays(label: str, quiet: bool, work):
 
     bar = ProgressBar(None, label, "replays", enabled=not quiet and sys.stderr.isatty())
 
-    def update(done: int, total: int) -> None:
+    def update(done: int, total: int, events: int = 0) -> None:
         bar.total = total
-        bar.update(done, force=True)
+        bar.unit = f"replays ({events:,} events into the current one)" if events else "replays"
+        bar.update(done, force=not events)
 
     try:
         return work(update)
@@ -239,7 +240,6 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
     import json
 
     from .planning import ALGORITHMS, ProblemFormatError, load_problem, plan as run_plan
-    from .progress import ProgressBar
     from .trace import TraceFormatError
     from .units import format_size
 
@@ -255,11 +255,10 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
     except OSError as exc:
         click.echo(f"error: cannot read {problem_file}: {exc.strerror}", err=True)
         sys.exit(2)
-    bar = ProgressBar(None, "plan", enabled=not as_json and sys.stderr.isatty())
+    verbose = not as_json and sys.stderr.isatty()
 
-    def say(message: str) -> None:
-        if bar.enabled:
-            bar.close()
+    def say(message: str) -> None:          # each better height, as the search finds it
+        if verbose:
             click.echo(f"plan: {message}", err=True)
 
     result = run_plan(problem, algorithm, time_limit, progress=say)

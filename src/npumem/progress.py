@@ -37,8 +37,3 @@ class ProgressBar:
             self.stream.write("\r" + " " * 79 + "\r")
             self.stream.flush()
 
-    def __enter__(self) -> "ProgressBar":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -18,7 +18,7 @@ from typing import Iterable
 import numpy as np
 
 from ..errors import InvalidParamError, MemoryFreeError
-from ..planning import Plan, plan as make_plan, problem_from_arrays
+from ..planning import Plan, plan as make_plan, problem_from_trace
 from ..trace.events import TraceEvent
 from .resource import MemoryResource
 
@@ -54,30 +54,25 @@ class StaticPlan(MemoryResource):
         self._next = 0
         self._live: list[tuple[int, int]] = []          # (offset, end) of live planned blocks
         self._planned: dict[int, tuple[int, int]] = {}  # pointer -> (offset, end)
-        self._fallback: dict[int, int] = {}             # pointer -> size, served by upstream
+        self._fallback: set[int] = set()                # pointers served by upstream
         self.planned_allocs = self.fallback_allocs = self.steps = 0
 
     @classmethod
     def from_trace(cls, events: Iterable[TraceEvent], upstream: MemoryResource,
                    algorithm: str = "search", time_limit: float = 10.0, stream=None) -> "StaticPlan":
         """Plan the recorded step `events` (allocations and frees in order) and take its arena."""
-        start: dict[int, tuple[int, int]] = {}
-        lower, upper, size, requested = [], [], [], []
-        clock = 0
-        for clock, event in enumerate(events):
+        events = list(events)
+        requested, live = [], set()
+        for number, event in enumerate(events):
             if event.action == "alloc":
-                if event.addr in start:
+                if event.addr in live:
                     raise InvalidParamError(f"StaticPlan: address {event.addr:#x} allocated twice "
-                                            f"without a free (event {clock})")
-                start[event.addr] = (clock, len(requested))
+                                            f"without a free (event {number})")
+                live.add(event.addr)
                 requested.append(event.size)
-                lower.append(clock), upper.append(-1), size.append(_block(event.size))
-            elif event.addr in start:
-                _, index = start.pop(event.addr)
-                upper[index] = clock
-        for _, index in start.values():            # live at the end of the step
-            upper[index] = clock + 1
-        problem = problem_from_arrays(lower, upper, size, name="recorded step")
+            else:
+                live.discard(event.addr)
+        problem = problem_from_trace(events, "recorded step", size_of=_block)
         return cls(make_plan(problem, algorithm, time_limit), requested, upstream, stream)
 
     @property
@@ -110,7 +105,7 @@ class StaticPlan(MemoryResource):
             self._next += 1
         pointer = self._upstream.allocate(nbytes, stream)
         with self._lock:
-            self._fallback[pointer] = nbytes
+            self._fallback.add(pointer)
             self.fallback_allocs += 1
         return pointer
 
@@ -123,7 +118,7 @@ class StaticPlan(MemoryResource):
             if pointer not in self._fallback:
                 raise MemoryFreeError(f"StaticPlan: {pointer:#x} was not allocated here (or was "
                                       "already freed)")
-            del self._fallback[pointer]
+            self._fallback.remove(pointer)
         self._upstream.deallocate(pointer, nbytes, stream)
 
     def owns(self, pointer: int) -> bool:

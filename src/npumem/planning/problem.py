@@ -10,7 +10,8 @@ from __future__ import annotations
 import csv
 import os
 from dataclasses import dataclass
-from typing import Iterable
+from functools import cached_property
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -51,15 +52,28 @@ class PlanningProblem:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @cached_property
+    def sections(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Time cut into sections where the set of live buffers is constant: each buffer's first
+        section, one past its last, and the bytes live in each section."""
+        points = np.unique(np.concatenate([self.lower, self.upper]))
+        first = np.searchsorted(points, self.lower)
+        last = np.searchsorted(points, self.upper)
+        delta = np.zeros(len(points), np.int64)
+        np.add.at(delta, first, self.size)
+        np.add.at(delta, last, -self.size)
+        return first, last, np.cumsum(delta)[:max(len(points) - 1, 0)]
+
+    @cached_property
+    def breadth(self) -> np.ndarray:
+        """For each buffer, the most bytes live at any moment of its lifetime."""
+        first, last, live = self.sections
+        return np.array([live[a:b].max() for a, b in zip(first, last)], dtype=np.int64)
+
     def load(self) -> int:
         """LOAD: the largest sum of sizes live at one moment. No placement is lower."""
-        if len(self) == 0:
-            return 0
-        times = np.concatenate([self.lower, self.upper])
-        deltas = np.concatenate([self.size, -self.size])
-        # At equal times the frees (negative deltas) come first: lifetimes are half-open.
-        order = np.lexsort((deltas, times))
-        return int(np.cumsum(deltas[order]).max())
+        live = self.sections[2]
+        return int(live.max()) if len(live) else 0
 
 
 def problem_from_arrays(lower, upper, size, ids=None, name: str = "") -> PlanningProblem:
@@ -105,24 +119,25 @@ def read_problem(path: str | os.PathLike) -> PlanningProblem:
                                os.path.basename(path))
 
 
-def problem_from_trace(events: Iterable[TraceEvent], name: str = "") -> PlanningProblem:
-    """Lifetimes from an allocation trace: time is the event number. Blocks still live at the
-    end live until the end; frees of blocks allocated before the recording are ignored."""
-    start: dict[int, tuple[int, int]] = {}
+def problem_from_trace(events: Iterable[TraceEvent], name: str = "",
+                       size_of: Callable[[int], int] | None = None) -> PlanningProblem:
+    """Lifetimes from an allocation trace, one buffer per allocation in allocation order; time
+    is the event number. A block allocated again without a free ends there; blocks still live at
+    the end live until the end; frees of blocks allocated before the recording are ignored.
+    `size_of` maps a requested size to the bytes to plan (default: as requested)."""
+    open_at: dict[int, int] = {}              # address -> index of its live buffer
     lower, upper, size = [], [], []
     clock = 0
     for clock, event in enumerate(events):
+        index = open_at.pop(event.addr, None)
+        if index is not None:
+            upper[index] = clock
         if event.action == "alloc":
-            if event.addr in start:                 # its free was not recorded
-                begun, nbytes = start.pop(event.addr)
-                lower.append(begun), upper.append(clock), size.append(nbytes)
-            start[event.addr] = (clock, event.size)
-        else:
-            entry = start.pop(event.addr, None)
-            if entry is not None:
-                lower.append(entry[0]), upper.append(clock), size.append(entry[1])
-    for begun, nbytes in start.values():
-        lower.append(begun), upper.append(clock + 1), size.append(nbytes)
+            open_at[event.addr] = len(lower)
+            lower.append(clock), upper.append(-1)
+            size.append(size_of(event.size) if size_of else event.size)
+    for index in open_at.values():
+        upper[index] = clock + 1
     return problem_from_arrays(lower, upper, size, name=name)
 
 

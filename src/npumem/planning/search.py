@@ -35,22 +35,14 @@ class SkylineSearch:
         self.problem = problem
         self.lower, self.upper, self.size = problem.lower, problem.upper, problem.size
         n = len(problem)
-        points = np.unique(np.concatenate([self.lower, self.upper]))
-        self.first = np.searchsorted(points, self.lower)      # first section of each buffer
-        self.last = np.searchsorted(points, self.upper)       # one past its last section
-        sections = max(len(points) - 1, 0)
-        delta = np.zeros(sections + 1, np.int64)
-        np.add.at(delta, self.first, self.size)
-        np.add.at(delta, self.last, -self.size)
-        self.total0 = np.cumsum(delta)[:sections]
+        self.first, self.last, self.total0 = problem.sections
+        sections = len(self.total0)
         self.members = None
         if sections * n <= DENSE_LIMIT:
             self.members = np.zeros((sections, n), bool)
             for i in range(n):
                 self.members[self.first[i]:self.last[i], i] = True
-        peak_total = np.array([self.total0[a:b].max() for a, b in zip(self.first, self.last)],
-                              dtype=np.int64)
-        self.keys = {"T": peak_total, "A": self.size * (self.upper - self.lower),
+        self.keys = {"T": problem.breadth, "A": self.size * (self.upper - self.lower),
                      "W": self.last - self.first, "Z": self.size}
         self.nodes = 0
 

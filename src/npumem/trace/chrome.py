@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .events import TraceEvent, TraceFormatError
-from .textio import open_for_writing, open_text
+from .textio import open_for_writing, reading
 
 CHUNK = 1 << 20
 
@@ -81,21 +81,18 @@ def _items(path: str, handle) -> Iterator[tuple[int, dict]]:
 
 def read(path: str) -> Iterator[TraceEvent]:
     times, addrs, sizes = array("d"), array("q"), array("q")
-    try:
-        with open_text(path) as handle:
-            for offset, event in _items(path, handle):
-                if not isinstance(event, dict) or event.get("name") != "[memory]":
-                    continue
-                args = event.get("args") or {}
-                nbytes, addr = args.get("Bytes"), args.get("Addr")
-                if not isinstance(nbytes, int) or not isinstance(addr, int):
-                    raise TraceFormatError(path, f"char {offset}", "[memory] event without "
-                                           "integer args.Bytes and args.Addr")
-                times.append(float(event.get("ts", 0.0)))
-                addrs.append(addr)
-                sizes.append(nbytes)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(path, "end", f"the file is truncated or corrupt: {exc}") from None
+    with reading(path) as handle:
+        for offset, event in _items(path, handle):
+            if not isinstance(event, dict) or event.get("name") != "[memory]":
+                continue
+            args = event.get("args") or {}
+            nbytes, addr = args.get("Bytes"), args.get("Addr")
+            if not isinstance(nbytes, int) or not isinstance(addr, int):
+                raise TraceFormatError(path, f"char {offset}", "[memory] event without "
+                                       "integer args.Bytes and args.Addr")
+            times.append(float(event.get("ts", 0.0)))
+            addrs.append(addr)
+            sizes.append(nbytes)
     if not times:
         raise TraceFormatError(path, "traceEvents", "no [memory] events; record the trace with "
                                "torch.profiler.profile(profile_memory=True)")

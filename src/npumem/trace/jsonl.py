@@ -9,7 +9,7 @@ import json
 from typing import Iterable, Iterator
 
 from .events import TraceEvent, TraceFormatError
-from .textio import open_for_writing, open_text
+from .textio import open_for_writing, reading
 
 
 def sniff(head: bytes) -> bool:
@@ -18,13 +18,10 @@ def sniff(head: bytes) -> bool:
 
 
 def read(path: str) -> Iterator[TraceEvent]:
-    try:
-        with open_text(path) as handle:
-            for number, line in enumerate(handle, 1):
-                if line.strip():
-                    yield _event(path, number, line)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(path, "end", f"the file is truncated or corrupt: {exc}") from None
+    with reading(path) as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                yield _event(path, number, line)
 
 
 def _event(path: str, number: int, line: str) -> TraceEvent:

@@ -12,7 +12,7 @@ import csv
 from typing import Iterable, Iterator
 
 from .events import TraceEvent, TraceFormatError
-from .textio import open_for_writing, open_text
+from .textio import csv_records, open_for_writing
 
 OPERATOR_MEMORY_COLUMNS = (
     "Name", "Size(KB)", "Allocation Time(us)", "Release Time(us)", "Active Release Time(us)",
@@ -36,35 +36,23 @@ def _stream(text: str) -> int:
 
 def read(path: str) -> Iterator[TraceEvent]:
     rows = []                     # (time, 0 for free / 1 for alloc, row number, size, stream)
-    try:
-        with open_text(path) as handle:
-            reader = csv.reader(handle)
-            header = [cell.strip() for cell in next(reader, [])]
-            missing = [name for name in REQUIRED if name not in header]
-            if missing:
-                raise TraceFormatError(path, "1", f"not an operator_memory.csv: missing {missing}")
-            size_at, alloc_at, release_at = (header.index(name) for name in REQUIRED)
-            stream_at = header.index("Stream Ptr") if "Stream Ptr" in header else None
-            for row in reader:
-                if not row:
-                    continue
-                number = reader.line_num
-                try:
-                    size = round(float(row[size_at]) * 1024)
-                    start = float(row[alloc_at])
-                    end = float(row[release_at]) if row[release_at].strip() else None
-                except (ValueError, IndexError):
-                    raise TraceFormatError(path, str(number), "Size(KB), Allocation Time(us) "
-                                           "and Release Time(us) must be numbers") from None
-                if size < 0 or (end is not None and end < start):
-                    raise TraceFormatError(path, str(number), f"negative size or release "
-                                           f"before allocation (size {size} B, {start} -> {end} us)")
-                stream = _stream(row[stream_at].strip()) if stream_at is not None else 0
-                rows.append((start, 1, number, size, stream))
-                if end is not None:
-                    rows.append((end, 0, number, size, stream))
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(path, "end", f"the file is truncated or corrupt: {exc}") from None
+    for where, row, column in csv_records(path, REQUIRED, "an operator_memory.csv"):
+        size_at, alloc_at, release_at = (column[name] for name in REQUIRED)
+        try:
+            size = round(float(row[size_at]) * 1024)
+            start = float(row[alloc_at])
+            end = float(row[release_at]) if row[release_at].strip() else None
+        except (ValueError, IndexError):
+            raise TraceFormatError(path, where, "Size(KB), Allocation Time(us) and Release "
+                                   "Time(us) must be numbers") from None
+        if size < 0 or (end is not None and end < start):
+            raise TraceFormatError(path, where, f"negative size or release before allocation "
+                                   f"(size {size} B, {start} -> {end} us)")
+        stream = _stream(row[column["Stream Ptr"]].strip()) if "Stream Ptr" in column else 0
+        number = int(where)
+        rows.append((start, 1, number, size, stream))
+        if end is not None:
+            rows.append((end, 0, number, size, stream))
     rows.sort()
     for when, is_alloc, number, size, stream in rows:
         yield TraceEvent(when, "alloc" if is_alloc else "free", number, size, stream)

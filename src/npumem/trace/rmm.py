@@ -12,7 +12,7 @@ import datetime
 from typing import Iterable, Iterator
 
 from .events import TraceEvent, TraceFormatError
-from .textio import open_for_writing, open_text
+from .textio import csv_records, open_for_writing
 
 HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
 DAY_US = 86_400_000_000
@@ -32,43 +32,29 @@ def _clock_us(text: str) -> float:
 
 
 def read(path: str) -> Iterator[TraceEvent]:
-    try:
-        with open_text(path) as handle:
-            reader = csv.reader(handle)
-            header = [cell.strip() for cell in next(reader, [])]
-            missing = [name for name in HEADER if name not in header]
-            if missing:
-                raise TraceFormatError(path, "1", f"not an RMM log: missing {missing}")
-            column = {name: header.index(name) for name in HEADER}
-            origin, previous, wraps = None, 0.0, 0
-            for row in reader:
-                where = str(reader.line_num)
-                if not row:
-                    continue
-                try:
-                    action = row[column["Action"]].strip()
-                    if action == "allocate failure":
-                        continue
-                    if action not in ("allocate", "free"):
-                        raise ValueError(f"action must be allocate, free or allocate failure, "
-                                         f"got {action!r}")
-                    clock = _clock_us(row[column["Time"]])
-                    pointer = int(row[column["Pointer"]], 0)
-                    size = int(row[column["Size"]])
-                    stream = int(row[column["Stream"]] or "0", 0)
-                except (ValueError, IndexError) as exc:
-                    raise TraceFormatError(path, where, str(exc) if isinstance(exc, ValueError)
-                                           and "action" in str(exc) else
-                                           f"bad field ({exc}); expected {','.join(HEADER)}") from None
-                if origin is None:
-                    origin = clock
-                if clock + wraps < previous - DAY_US / 2:     # the log ran past midnight
-                    wraps += DAY_US
-                previous = clock + wraps
-                yield TraceEvent(previous - origin, "alloc" if action == "allocate" else "free",
-                                 pointer, size, stream)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(path, "end", f"the file is truncated or corrupt: {exc}") from None
+    origin, previous, wraps = None, 0.0, 0
+    for where, row, column in csv_records(path, HEADER, "an RMM log"):
+        action = row[column["Action"]].strip()
+        if action == "allocate failure":
+            continue
+        if action not in ("allocate", "free"):
+            raise TraceFormatError(path, where, f"action must be allocate, free or allocate "
+                                   f"failure, got {action!r}")
+        try:
+            clock = _clock_us(row[column["Time"]])
+            pointer = int(row[column["Pointer"]], 0)
+            size = int(row[column["Size"]])
+            stream = int(row[column["Stream"]] or "0", 0)
+        except (ValueError, IndexError) as exc:
+            raise TraceFormatError(path, where, f"bad field ({exc}); expected "
+                                   f"{','.join(HEADER)}") from None
+        if origin is None:
+            origin = clock
+        if clock + wraps < previous - DAY_US / 2:     # the log ran past midnight
+            wraps += DAY_US
+        previous = clock + wraps
+        yield TraceEvent(previous - origin, "alloc" if action == "allocate" else "free",
+                         pointer, size, stream)
 
 
 def write(events: Iterable[TraceEvent], path: str) -> int:

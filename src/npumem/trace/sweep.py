@@ -31,10 +31,11 @@ class ReplayJob:
     settings: str = ""             # NPUMEM_ALLOC_CONF text for the pool
     memory: int = 64 * GiB
 
-    def run(self) -> ReplayResult:
+    def run(self, progress: Callable[[int], None] | None = None) -> ReplayResult:
+        """`progress(events)` every 10,000 events replayed."""
         settings = parse_settings(self.settings)
         return replay(read_trace(self.trace), self.allocator, settings, trace_name=self.trace,
-                      memory=self.memory)
+                      memory=self.memory, progress=progress)
 
 
 def run_job(job: ReplayJob) -> ReplayResult:
@@ -56,7 +57,7 @@ def sweep_settings(base: str, sweeps: Sequence[str]) -> list[str]:
     combos = [",".join(filter(None, [base, *combo])) for combo in itertools.product(*axes)]
     for combo in combos:
         parse_settings(combo)
-    return combos or [base]
+    return combos
 
 
 def settings_label(settings: str) -> str:
@@ -64,14 +65,15 @@ def settings_label(settings: str) -> str:
 
 
 def run_jobs(jobs: Sequence[ReplayJob], scheduler: str = "processes", workers: int | None = None,
-             progress: Callable[[int, int], None] | None = None) -> list[ReplayResult]:
-    """Results in the order of `jobs`; `progress(done, total)` after each finished job."""
+             progress: Callable[..., None] | None = None) -> list[ReplayResult]:
+    """Results in the order of `jobs`; `progress(done, total)` after each finished job, and in
+    this process also `progress(done, total, events)` while a long replay runs."""
     total = len(jobs)
-    report = progress or (lambda done, total: None)
+    report = progress or (lambda done, total, events=0: None)
     if scheduler == "serial" or total <= 1:
         results = []
         for job in jobs:
-            results.append(job.run())
+            results.append(job.run(lambda events: report(len(results), total, events)))
             report(len(results), total)
         return results
     if scheduler == "processes":

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import os
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from .events import TraceFormatError
 
@@ -40,3 +43,28 @@ def read_head(path: str, nbytes: int = 65536) -> bytes:
         if not head:      # a damaged tail is reported by the reader, with its position
             raise TraceFormatError(path, "0", f"the file is truncated or corrupt: {exc}") from None
     return head
+
+
+@contextmanager
+def reading(path: str):
+    """A text handle on a trace; a damaged or truncated file becomes a TraceFormatError."""
+    try:
+        with open_text(path) as handle:
+            yield handle
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(path, "end", f"the file is truncated or corrupt: {exc}") from None
+
+
+def csv_records(path: str, required: Sequence[str], what: str) -> Iterator[tuple[str, list, dict]]:
+    """(line number, row, column index by name) for each non-empty row of a CSV whose header
+    has every `required` column (`what` names the file kind in the error)."""
+    with reading(path) as handle:
+        reader = csv.reader(handle)
+        header = [cell.strip() for cell in next(reader, [])]
+        missing = [name for name in required if name not in header]
+        if missing:
+            raise TraceFormatError(path, "1", f"not {what}: missing {missing}")
+        column = {name: index for index, name in enumerate(header)}
+        for row in reader:
+            if row:
+                yield str(reader.line_num), row, column
