@@ -12,12 +12,25 @@ from npumem.units import MiB
 SMALL_SIM = SimConfig(devices=2, memory=256 * MiB, huge_memory=128 * MiB)
 
 
+def torch_cpu_backend(memory: int = 128 * MiB):
+    """Two logical torch:cpu devices of `memory` each (skips the test where torch is missing)."""
+    pytest.importorskip("torch")
+    from npumem.device.torch_backend import TorchBackend
+    return TorchBackend("cpu", devices=2, memory=memory)
+
+
+# Every backend the runtime, resource and op conformance suites run against. torch:cuda joins
+# on a machine with a GPU (tests/test_torch_cuda.py).
+BACKENDS = {"sim": lambda: SimBackend(SMALL_SIM), "torch:cpu": torch_cpu_backend}
+
+
 @pytest.fixture(autouse=True)
 def _clean_runtime():
     """Every test starts and ends with the runtime finalized."""
     if npumem.is_initialized():
         npumem.finalize()
     yield
+    npumem.RUNTIME.next_backend = None          # a test's set_backend must not outlive it
     if npumem.is_initialized():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -28,6 +41,17 @@ def _clean_runtime():
 def rt():
     """The runtime on a small two-device simulator, device 0 current."""
     npumem.init(backend=SimBackend(SMALL_SIM))
+    npumem.set_device(0)
+    yield npumem
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def any_rt(request):
+    """The runtime on each backend in turn, device 0 current. A conformance module uses it as
+    its `rt`; tests of simulator-only behaviour there are marked `sim_only`."""
+    if request.param != "sim" and request.node.get_closest_marker("sim_only"):
+        pytest.skip("simulator-only behaviour (page kinds, virtual memory, exact capacity)")
+    npumem.init(backend=BACKENDS[request.param]())
     npumem.set_device(0)
     yield npumem
 

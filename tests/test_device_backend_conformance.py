@@ -14,8 +14,11 @@ from npumem.device import DeviceBackend, SimBackend, SimConfig
 from npumem.errors import InvalidDeviceError, MemoryAccessError, MemoryAllocationError, MemoryFreeError
 from npumem.units import MiB
 
+from .conftest import torch_cpu_backend
+
 BACKENDS = {
     "sim": lambda: SimBackend(SimConfig(devices=2, memory=64 * MiB)),
+    "torch:cpu": lambda: torch_cpu_backend(64 * MiB),
 }
 
 

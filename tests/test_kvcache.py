@@ -15,6 +15,13 @@ HEADS, DIM, LAYERS = 2, 8, 3
 TOKEN = (LAYERS, HEADS, DIM)
 
 
+@pytest.fixture
+def rt(any_rt):
+    """This module is a conformance suite: every test runs on each backend (conftest.BACKENDS)."""
+    return any_rt
+
+
+
 def make(kind, **options):
     if kind == "paged":
         return PagedKVCache(HEADS, DIM, num_layers=LAYERS, block_size=options.pop("block_size", 4),

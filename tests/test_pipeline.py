@@ -11,6 +11,13 @@ from npumem.ops import aclnn
 from npumem.pipeline import Prefetcher
 
 
+@pytest.fixture
+def rt(any_rt):
+    """This module is a conformance suite: every test runs on each backend (conftest.BACKENDS)."""
+    return any_rt
+
+
+
 def batches(count, elements=4096):
     return [np.full(elements, i, np.float32) for i in range(count)]
 

@@ -16,7 +16,7 @@ from npumem.errors import InvalidParamError, MemoryAllocationError, MemoryFreeEr
 from npumem.trace import TraceEvent
 from npumem.units import MiB
 
-from .conftest import run_threads
+from .conftest import run_threads, torch_cpu_backend
 
 RESOURCES = {
     "device": lambda b: DeviceResource(b),
@@ -38,10 +38,16 @@ RESOURCES = {
 }
 
 
-@pytest.fixture(params=sorted(RESOURCES))
+DEVICE_BACKENDS = {"sim": lambda: SimBackend(SimConfig(memory=64 * MiB)),
+                   "torch:cpu": lambda: torch_cpu_backend(64 * MiB)}
+
+
+@pytest.fixture(params=[(b, r) for b in sorted(DEVICE_BACKENDS) for r in sorted(RESOURCES)],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def resource(request):
-    backend = SimBackend(SimConfig(memory=64 * MiB))
-    resource = RESOURCES[request.param](backend)
+    backend_name, resource_name = request.param
+    backend = DEVICE_BACKENDS[backend_name]()
+    resource = RESOURCES[resource_name](backend)
     resource.backend = backend
     yield resource
 

@@ -12,6 +12,13 @@ from npumem import errors as E
 from .conftest import read_device
 
 
+@pytest.fixture
+def rt(any_rt):
+    """This module is a conformance suite: every test runs on each backend (conftest.BACKENDS)."""
+    return any_rt
+
+
+
 def _error(call, *args):
     with pytest.raises(E.MemoryAccessError) as info:
         call(*args)

@@ -7,7 +7,7 @@ import pytest
 import npumem
 from npumem import MallocPolicy as P, MemAttr
 from npumem.device import SimBackend, SimConfig
-from npumem.device.sim import ADDRESS_BASE, DEVICE_SPAN
+from npumem.device.address_space import ADDRESS_BASE, DEVICE_SPAN
 from npumem.errors import InvalidParamError, MemoryAllocationError
 from npumem.units import GiB, MiB
 

@@ -10,6 +10,13 @@ from npumem import errors as E
 
 
 @pytest.fixture
+def rt(any_rt):
+    """This module is a conformance suite: every test runs on each backend (conftest.BACKENDS)."""
+    return any_rt
+
+
+
+@pytest.fixture
 def op_wait_timeout(rt):
     """A deadlock the detector missed fails the test in 5 s instead of hanging it."""
     npumem.set_op_wait_timeout(5)

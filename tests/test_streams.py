@@ -13,6 +13,13 @@ from npumem import errors as E
 from .conftest import pattern, read_device, run_threads
 
 
+@pytest.fixture
+def rt(any_rt):
+    """This module is a conformance suite: every test runs on each backend (conftest.BACKENDS)."""
+    return any_rt
+
+
+
 def _gate(stream):
     """Block `stream`'s worker until the returned threading.Event is set."""
     gate = threading.Event()

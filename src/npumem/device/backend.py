@@ -131,7 +131,22 @@ class DeviceBackend(ABC):
         for device in range(self.device_count):
             self.release_device(device)
 
+    def native_pointer(self, pointer: int) -> int:
+        """Where the bytes at npumem device pointer `pointer` really are (for foreign libraries)."""
+        return self.resolve(pointer, 0, "native_pointer").host_address("native_pointer")
+
+    def stream_runner(self, device: int):
+        """How a stream's worker runs each task on `device` (None: just call it).
+
+        Backends with device streams return `run(task)`, which issues the task's work on a
+        stream of their own and returns once the device has finished it."""
+        return None
+
     # Byte movers for host-visible memory.
+
+    def kernel_view(self, rng: DeviceRange, what: str):
+        """The bytes of a device range as the array type this backend's kernels take."""
+        return self.host_view(rng, what)
 
     def host_view(self, rng: DeviceRange, what: str) -> "np.ndarray":
         """The bytes of a device range as a writable uint8 array (host-visible backends only)."""

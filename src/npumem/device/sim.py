@@ -1,9 +1,7 @@
 """The simulated NPU: real bytes, CANN's size and page rules, and a sanitizer's eye.
 
-Each device owns a 4 PiB slice of a 64-bit address space far above any host address, so a device
-pointer can never be mistaken for a host pointer (and is never dereferenced as one). Addresses are
-handed out by a bump pointer and never reused, so a stale pointer always lands in a freed range
-and is reported as use after free instead of silently hitting a newer allocation.
+Each device owns a slice of npumem's device address space (`address_space`): device pointers
+never look like host pointers, and a stale pointer is reported as use after free.
 
 Configuration (environment, read at `init`): NPUMEM_SIM_DEVICES (default 1), NPUMEM_SIM_MEMORY
 per device (default 32GiB), NPUMEM_SIM_HUGE_MEMORY (how much of it may be mapped as 2 MiB huge
@@ -23,13 +21,10 @@ from ..errors import (
 )
 from ..units import GiB, align_up, format_size, parse_size
 from .address_index import AddressIndex, Allocation
+from .address_space import MAX_DEVICES, AddressSpace, device_of, in_device_space
 from .backend import DeviceBackend, DeviceRange
 from .backing import address_of, allocate_bytes, release_pages
 from .pages import PAGE_SIZE, PageAccounting
-
-ADDRESS_BASE = 1 << 60
-DEVICE_SPAN = 1 << 52
-MAX_DEVICES = 64
 
 # Which free call releases memory made by which allocation call (default: free).
 FREE_CALL = {"dvpp_malloc": "dvpp_free", "reserve": "release", "host_register": "host_unregister"}
@@ -83,19 +78,10 @@ class SimDevice:
 
     def __init__(self, index: int, config: SimConfig):
         self.index = index
-        self.base = ADDRESS_BASE + index * DEVICE_SPAN
+        self.addresses = AddressSpace(index)
         self.pages = PageAccounting(config.memory, config.huge_memory)
         self.allocations = AddressIndex()
         self.lock = threading.RLock()
-        self._next_address = self.base
-
-    def _claim_addresses(self, nbytes: int, align: int, what: str) -> int:
-        """The next `align`-aligned start for `nbytes`; addresses are never handed out twice."""
-        start = align_up(self._next_address, align)
-        if start + nbytes > self.base + DEVICE_SPAN:
-            raise MemoryAllocationError(f"{what}: device {self.index} has no address space left")
-        self._next_address = start + nbytes
-        return start
 
     def allocate(self, size: int, reserved: int, policy: MallocPolicy, api: str) -> Allocation:
         with self.lock:
@@ -111,7 +97,7 @@ class SimDevice:
                     f"host memory ({exc}); lower NPUMEM_SIM_MEMORY or free host RAM"
                 ) from None
             try:
-                start = self._claim_addresses(self.pages.cost(kind, reserved), PAGE_SIZE[kind], api)
+                start = self.addresses.claim(self.pages.cost(kind, reserved), PAGE_SIZE[kind], api)
             except MemoryAllocationError:
                 self.pages.give_back(kind, reserved)
                 raise
@@ -161,7 +147,7 @@ class SimDevice:
     def register_host(self, host: Allocation, offset: int, nbytes: int) -> Allocation:
         """Map `nbytes` of pinned host memory into this device's address space (zero copy)."""
         with self.lock:
-            start = self._claim_addresses(nbytes, 64, "host_register")
+            start = self.addresses.claim(nbytes, 64, "host_register")
             allocation = Allocation(start=start, size=nbytes, reserved=0, api="host_register",
                                     device=self.index, buffer=host.buffer[offset:offset + nbytes],
                                     host_address=host.host_address + offset,
@@ -182,7 +168,7 @@ class SimDevice:
     def reserve(self, nbytes: int) -> Allocation:
         size = align_up(max(nbytes, 1), HUGE_PAGE_SIZE)
         with self.lock:
-            start = self._claim_addresses(size, HUGE_PAGE_SIZE, f"reserve({nbytes})")
+            start = self.addresses.claim(size, HUGE_PAGE_SIZE, f"reserve({nbytes})")
             buffer = allocate_bytes(size)           # lazily backed: costs RAM only when written
             allocation = Allocation(start=start, size=size, reserved=0, api="reserve",
                                     device=self.index, buffer=buffer,
@@ -290,10 +276,10 @@ class SimBackend(DeviceBackend):
         return self.devices[self.device_of(pointer)].resolve(pointer, nbytes, what)
 
     def is_device_pointer(self, pointer):
-        return ADDRESS_BASE <= pointer < ADDRESS_BASE + len(self.devices) * DEVICE_SPAN
+        return in_device_space(pointer, len(self.devices))
 
     def device_of(self, pointer):
-        return (pointer - ADDRESS_BASE) // DEVICE_SPAN
+        return device_of(pointer)
 
     def reserve(self, device, nbytes):
         return self._device(device).reserve(nbytes)

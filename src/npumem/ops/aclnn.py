@@ -18,7 +18,7 @@ import numpy as np
 from ..constants import DataType
 from ..errors import OpNullptrError, OpParamError
 from ..observe import tagged
-from . import kernels  # noqa: F401 - registers the built-in kernels
+from . import kernels, torch_kernels  # noqa: F401 - register the built-in kernels
 from .dtypes import as_data_type, computable
 from .executor import Executor, OpCall, destroy_executor, launch, plan, set_executor_repeatable
 from .tensor import Scalar, Tensor, as_scalar

@@ -24,7 +24,8 @@ from ..runtime.handles import forget, new_handle
 from ..runtime.state import RUNTIME
 from ..units import align_up
 from .registry import REGISTRY, OpImpl
-from .tensor import Tensor
+from .tensor import Tensor, contiguous_strides
+from .views import copy_into, region, typed_view
 
 WORKSPACE_ALIGN = 64
 
@@ -62,18 +63,17 @@ class WorkspacePlan:
 
 @dataclass
 class KernelArgs:
-    """What a kernel sees: numpy views of device memory, attributes and scratch regions."""
+    """What a kernel sees: views of device memory (numpy arrays, or torch tensors on the torch
+    backend), attributes and scratch regions."""
 
-    inputs: dict[str, np.ndarray]
-    outputs: dict[str, np.ndarray]
+    inputs: dict
+    outputs: dict
     attrs: dict
-    scratch: dict[str, np.ndarray]
+    scratch: dict
 
-    def buffer(self, name: str, shape, dtype) -> np.ndarray:
-        """Scratch region `name` typed as an array of `shape`."""
-        dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        return self.scratch[name][:count * dtype.itemsize].view(dtype).reshape(shape)
+    def buffer(self, name: str, shape, dtype):
+        """Scratch region `name` typed as an array of `shape` and numpy `dtype`."""
+        return region(self.scratch[name], shape, np.dtype(dtype))
 
 
 class Executor:
@@ -202,15 +202,16 @@ def _run(executor: Executor, call: OpCall, workspace: int) -> None:
     backend = RUNTIME.backend
     touched = []
 
-    def device_bytes(address: int, nbytes: int, role: str) -> np.ndarray:
+    def device_bytes(address: int, nbytes: int, role: str):
         rng = backend.resolve(address, nbytes, f"{call.op} {role}")
         touched.append((role, address, nbytes, rng.allocation.describe()))
-        return backend.host_view(rng, f"{call.op} {role}")
+        return backend.kernel_view(rng, f"{call.op} {role}")
 
-    def view(tensor: Tensor, role: str) -> np.ndarray:
+    def view(tensor: Tensor, role: str):
         address, nbytes = tensor.span()
-        return tensor._strided(device_bytes(address, nbytes, role) if nbytes else
-                               np.empty(0, np.uint8))
+        if not nbytes:                # nothing to touch: an empty view of the tensor's storage
+            address, nbytes = tensor.storage.pointer, 0
+        return tensor._strided(device_bytes(address, nbytes, role))
 
     scratch = {}
     if workspace:
@@ -222,8 +223,9 @@ def _run(executor: Executor, call: OpCall, workspace: int) -> None:
         array = view(tensor, "input " + name)
         dense_name = f"contiguous {name}"
         if dense_name in scratch:
-            dense = scratch[dense_name].view(array.dtype).reshape(array.shape)
-            np.copyto(dense, array)
+            dense = typed_view(scratch[dense_name], tensor.dtype, tensor.shape,
+                               contiguous_strides(tensor.shape))
+            copy_into(dense, array)
             array = dense
         inputs[name] = array
     outputs = {name: view(tensor, "output " + name) for name, tensor in call.outputs.items()}

@@ -20,6 +20,7 @@ from ..errors import InvalidParamError, OpNullptrError, OpParamError
 from ..runtime import memory as rt_memory
 from ..runtime.state import RUNTIME
 from .dtypes import as_data_type, itemsize, numpy_dtype
+from .views import typed_view
 
 DATA_ALIGN = 32      # aclCreateTensor: tensor data starts 32-byte aligned
 
@@ -224,10 +225,9 @@ class Tensor:
             rt_memory.memcpy(raw, nbytes, address, nbytes, MemcpyKind.DEVICE_TO_HOST)
         return self._strided(raw).copy()
 
-    def _strided(self, raw: np.ndarray) -> np.ndarray:
-        """The view laid over `raw`, a uint8 array that starts at the first element."""
-        return np.lib.stride_tricks.as_strided(raw.view(numpy_dtype(self.dtype)), self.shape,
-                                               [s * self.itemsize for s in self.strides])
+    def _strided(self, raw):
+        """The view laid over `raw`, a uint8 array (or torch tensor) from the first element."""
+        return typed_view(raw, self.dtype, self.shape, self.strides)
 
     @property
     def __array_interface__(self) -> dict:

@@ -2,7 +2,8 @@
 
 from .control import (
     create_context, create_event, dependencies, create_stream, destroy_context, destroy_event, destroy_stream,
-    event_elapsed_time, finalize, get_context, get_device, get_device_count, init,
+    event_elapsed_time, finalize, get_backend, get_context, get_device, get_device_count, init,
+    native_pointer, set_backend,
     is_initialized, query_event, query_stream, record_event, reset_device, reset_event,
     set_context, set_device, set_op_wait_timeout, stream_wait_event, synchronize_device, synchronize_event,
     synchronize_stream,

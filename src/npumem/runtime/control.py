@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..device.address_index import Allocation
 from ..device.backend import DeviceBackend
+from ..device.select import check_spec
 from ..errors import InvalidParamError
 from .dependencies import GRAPH, Dependency
 from .handles import lookup
@@ -11,13 +12,36 @@ from .state import RUNTIME, Context
 from .stream import Event, Stream, WaitSettings
 
 
-def init(config_path: str = "", *, backend: DeviceBackend | None = None) -> None:
-    """Start the runtime. Without `backend`, a simulated NPU configured from NPUMEM_SIM_*.
+def init(config_path: str = "", *, backend: str | DeviceBackend | None = None) -> None:
+    """Start the runtime on `backend`: a backend instance or a name ("sim", "torch:cpu",
+    "torch:cuda", "torch:npu", "torch"). By default the one `set_backend` chose, else
+    NPUMEM_DEVICE, else a simulated NPU configured from NPUMEM_SIM_*.
 
     `config_path` is the aclInit JSON file; npumem reads an optional "npumem_sim" section
-    (devices, memory, huge_memory, memory_kind) from it.
+    (devices, memory, huge_memory, memory_kind) from it for the simulator.
     """
     RUNTIME.init(config_path, backend)
+
+
+def set_backend(backend: str | DeviceBackend) -> None:
+    """Choose the backend the next `init` uses (a name or an instance); checked now."""
+    if RUNTIME.initialized:
+        raise InvalidParamError(f"set_backend({backend!r}): the runtime already runs on "
+                                f"{RUNTIME.backend.name}; call finalize() first")
+    if not isinstance(backend, DeviceBackend):
+        check_spec(backend)
+    RUNTIME.next_backend = backend
+
+
+def get_backend() -> DeviceBackend:
+    """The backend the runtime runs on."""
+    return RUNTIME.require()
+
+
+def native_pointer(pointer: int) -> int:
+    """The real address behind npumem device pointer `pointer`: a CUDA/NPU device pointer on
+    torch:cuda / torch:npu, a host address on torch:cpu and the simulator."""
+    return RUNTIME.require().native_pointer(pointer)
 
 
 def finalize() -> list[Allocation]:

@@ -9,7 +9,6 @@ context most recently made current in the process, so worker threads of a progra
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -18,6 +17,7 @@ import warnings
 
 from ..device.address_index import Allocation, summarize
 from ..device.backend import DeviceBackend
+from ..device.select import check_spec, default_spec, make_backend
 from ..errors import (
     ContextNullError, InvalidDeviceError, InvalidHandleError, InvalidParamError, AclError,
     RepeatFinalizeError, RepeatInitializeError, UninitializedError, LiveAllocationsWarning,
@@ -32,16 +32,20 @@ log = logging.getLogger("npumem")
 class Context:
     """A device plus the streams created in it; every context has its own default stream."""
 
-    def __init__(self, device: int, is_default: bool):
+    def __init__(self, device: int, is_default: bool, backend: DeviceBackend):
         self.handle = new_handle(self)
         self.device = device
         self.is_default = is_default
         self.destroyed = False
-        self.default_stream = Stream(device, self, is_default=True)
+        self.backend = backend
+        self.default_stream = self.new_stream(is_default=True)
         self.streams: list[Stream] = []
 
     def __repr__(self) -> str:
         return f"<npumem context 0x{self.handle:x} on device {self.device}>"
+
+    def new_stream(self, is_default: bool = False) -> Stream:
+        return Stream(self.device, self, is_default, runner=self.backend.stream_runner(self.device))
 
     def check_alive(self) -> None:
         if self.destroyed:
@@ -77,6 +81,7 @@ class Runtime:
         # Layers above (the caching pools) release what they hold on a device before it goes.
         self.device_release_hooks: list = []
         self.finalize_hooks: list = []
+        self.next_backend: str | DeviceBackend | None = None    # set_backend's choice
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -84,14 +89,17 @@ class Runtime:
     def initialized(self) -> bool:
         return self.backend is not None
 
-    def init(self, config_path: str = "", backend: DeviceBackend | None = None) -> None:
+    def init(self, config_path: str = "", backend: str | DeviceBackend | None = None) -> None:
+        """`backend`: an instance or a name (device/select.py); by default set_backend's
+        choice, else NPUMEM_DEVICE, else the simulator."""
         with self.lock:
             if self.initialized:
                 raise RepeatInitializeError("init was already called; call finalize first")
             if backend is None:
-                from ..device.sim import SimBackend, SimConfig
-                config = dataclasses.replace(SimConfig.from_env(), **_read_config_file(config_path))
-                backend = SimBackend(config)
+                backend = self.next_backend or default_spec()
+            if not isinstance(backend, DeviceBackend):
+                sim_config = _read_config_file(config_path) if check_spec(backend) == "sim" else {}
+                backend = make_backend(backend, **sim_config)
             self.backend = backend
 
     def finalize(self) -> list[Allocation]:
@@ -137,7 +145,7 @@ class Runtime:
             self.device_refs[device] = self.device_refs.get(device, 0) + 1
             context = self.default_contexts.get(device)
             if context is None:
-                context = self.default_contexts[device] = Context(device, is_default=True)
+                context = self.default_contexts[device] = Context(device, True, self.backend)
                 self.contexts.append(context)
             self.make_current(context)
             return context
@@ -178,7 +186,7 @@ class Runtime:
     def create_context(self, device: int) -> Context:
         with self.lock:
             self.check_device(device)
-            context = Context(device, is_default=False)
+            context = Context(device, False, self.backend)
             self.contexts.append(context)
             self.make_current(context)
             return context
@@ -214,7 +222,7 @@ class Runtime:
 
     def create_stream(self) -> Stream:
         context = self.current_context()
-        stream = Stream(context.device, context)
+        stream = context.new_stream()
         context.streams.append(stream)
         return stream
 

@@ -36,8 +36,10 @@ class WaitSettings:
 class Stream:
     """An ordered queue of device work with its own worker thread."""
 
-    def __init__(self, device: int, context: "object", is_default: bool = False):
+    def __init__(self, device: int, context: "object", is_default: bool = False,
+                 runner: Callable[[Task], None] | None = None):
         self.handle = new_handle(self)
+        self._runner = runner          # the backend's way to run a task on a device stream
         self.device = device
         self.context = context
         self.is_default = is_default
@@ -79,7 +81,10 @@ class Stream:
                 return
             task, label = item
             try:
-                task()
+                if self._runner is None:
+                    task()
+                else:
+                    self._runner(task)
             except BaseException as exc:  # noqa: BLE001 - reported at synchronize
                 if self._error is None:
                     self._error = _as_acl_error(exc, label, self)

@@ -1,0 +1,52 @@
+"""Typed views over raw device bytes, for numpy arrays (host-visible backends) and torch tensors
+(the torch backend) alike: what the executor lays over device memory before a kernel runs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..constants import DataType
+from .dtypes import numpy_dtype
+
+_TORCH_NAMES = {
+    DataType.FLOAT: "float32", DataType.FLOAT16: "float16", DataType.DOUBLE: "float64",
+    DataType.BF16: "bfloat16", DataType.INT8: "int8", DataType.INT16: "int16",
+    DataType.INT32: "int32", DataType.INT64: "int64", DataType.UINT8: "uint8",
+    DataType.UINT16: "uint16", DataType.UINT32: "uint32", DataType.UINT64: "uint64",
+    DataType.BOOL: "bool",
+}
+
+
+def torch_dtype(dtype):
+    """The torch dtype of a DataType or numpy dtype (bf16 is a real bfloat16 in torch)."""
+    import torch
+
+    if not isinstance(dtype, DataType):
+        dtype = np.dtype(dtype)
+        return getattr(torch, "bool" if dtype == np.bool_ else dtype.name)
+    return getattr(torch, _TORCH_NAMES[dtype])
+
+
+def typed_view(raw, dtype: DataType, shape, strides):
+    """`raw` (uint8, starting at the first element) seen as `dtype` with element `strides`."""
+    if isinstance(raw, np.ndarray):
+        item = numpy_dtype(dtype)
+        return np.lib.stride_tricks.as_strided(raw.view(item), shape,
+                                               [s * item.itemsize for s in strides])
+    return raw.view(torch_dtype(dtype)).as_strided(tuple(shape), tuple(strides))
+
+
+def region(raw, shape, dtype: np.dtype):
+    """The first elements of scratch region `raw` as a contiguous array of `shape` and `dtype`."""
+    count = int(np.prod(shape, dtype=np.int64))
+    if isinstance(raw, np.ndarray):
+        return raw[:count * dtype.itemsize].view(dtype).reshape(shape)
+    return raw[:count * dtype.itemsize].view(torch_dtype(dtype)).reshape(tuple(shape))
+
+
+def copy_into(target, source) -> None:
+    """Copy `source` into `target` (same shape), converting the dtype."""
+    if isinstance(target, np.ndarray):
+        np.copyto(target, source, casting="unsafe")
+    else:
+        target.copy_(source)
