@@ -19,9 +19,34 @@ def torch_cpu_backend(memory: int = 128 * MiB):
     return TorchBackend("cpu", devices=2, memory=memory)
 
 
-# Every backend the runtime, resource and op conformance suites run against. torch:cuda joins
-# on a machine with a GPU (tests/test_torch_cuda.py).
+def torch_cuda_backend(memory: int = 128 * MiB):
+    """The GPUs PyTorch sees, `memory` each (skips the test where there is none)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from npumem.device.torch_backend import TorchBackend
+    return TorchBackend("cuda", memory=memory)
+
+
+def need_devices(count: int) -> None:
+    """Skip where the backend has fewer devices (a machine with one GPU)."""
+    if npumem.get_device_count() < count:
+        pytest.skip(f"needs {count} devices")
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+# Every backend the runtime, resource, op and backend conformance suites run against; torch:cuda
+# only where there is a GPU (tests/test_torch_cuda.py reports the skip once elsewhere).
 BACKENDS = {"sim": lambda: SimBackend(SMALL_SIM), "torch:cpu": torch_cpu_backend}
+if cuda_available():
+    BACKENDS["torch:cuda"] = torch_cuda_backend
 
 
 @pytest.fixture(autouse=True)

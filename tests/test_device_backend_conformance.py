@@ -14,12 +14,14 @@ from npumem.device import DeviceBackend, SimBackend, SimConfig
 from npumem.errors import InvalidDeviceError, MemoryAccessError, MemoryAllocationError, MemoryFreeError
 from npumem.units import MiB
 
-from .conftest import torch_cpu_backend
+from .conftest import cuda_available, torch_cpu_backend, torch_cuda_backend
 
 BACKENDS = {
     "sim": lambda: SimBackend(SimConfig(devices=2, memory=64 * MiB)),
     "torch:cpu": lambda: torch_cpu_backend(64 * MiB),
 }
+if cuda_available():
+    BACKENDS["torch:cuda"] = lambda: torch_cuda_backend(64 * MiB)
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -79,7 +81,13 @@ def test_resolve_is_a_bounds_check(backend):
         backend.resolve(allocation.start, 1, "test")
 
 
+def _need_two(backend):
+    if backend.device_count < 2:
+        pytest.skip("needs 2 devices")
+
+
 def test_bytes_move(backend):
+    _need_two(backend)
     a = backend.allocate(0, 4096, 4096, MallocPolicy.HUGE_FIRST, "malloc")
     b = backend.allocate(1, 4096, 4096, MallocPolicy.HUGE_FIRST, "malloc")
     source = np.arange(4096, dtype=np.uint8)
@@ -112,6 +120,7 @@ def test_byte_movers_refuse_freed_ranges(backend):
 
 
 def test_release_device_frees_everything_and_reports_it(backend):
+    _need_two(backend)
     made = [backend.allocate(1, n, n, MallocPolicy.HUGE_FIRST, "malloc") for n in (64, 4096, 3 * MiB)]
     kept = backend.allocate(0, 64, 64, MallocPolicy.HUGE_FIRST, "malloc")
     assert backend.release_device(1) == made
@@ -130,6 +139,8 @@ def test_registered_host_memory_is_shared_not_copied(backend):
     from npumem.device.address_index import Allocation
     from npumem.device.backing import address_of, allocate_bytes
 
+    if backend.name == "torch:cuda":
+        pytest.skip("torch:cuda cannot map host memory")
     buffer = allocate_bytes(4096)
     buffer[:] = 0
     host = Allocation(start=address_of(buffer), size=4096, reserved=4096, api="malloc_host",

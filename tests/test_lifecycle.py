@@ -9,7 +9,7 @@ import npumem
 from npumem import errors as E
 from npumem.device import SimBackend
 
-from .conftest import SMALL_SIM
+from .conftest import SMALL_SIM, need_devices
 
 
 @pytest.fixture
@@ -49,6 +49,7 @@ def test_bad_config_file(tmp_path, content, match):
 
 
 def test_current_device_is_per_thread(rt):
+    need_devices(2)
     npumem.set_device(1)
     seen = {}
 
@@ -72,6 +73,7 @@ def test_a_new_thread_uses_the_process_device(rt):
 
 
 def test_malloc_goes_to_the_current_device(rt):
+    need_devices(2)
     npumem.set_device(1)
     pointer = npumem.malloc(64)
     assert npumem.RUNTIME.backend.device_of(pointer) == 1
@@ -111,6 +113,7 @@ def test_finalize_reports_device_and_pinned_leaks(rt):
 
 
 def test_contexts(rt):
+    need_devices(2)
     default = npumem.get_context()
     context = npumem.create_context(1)
     assert npumem.get_context() is context and npumem.get_device() == 1

@@ -9,7 +9,7 @@ import npumem
 from npumem import MemAttr, MemcpyKind as K
 from npumem.units import align_up
 
-from .conftest import pattern, read_device, write_device
+from .conftest import need_devices, pattern, read_device, write_device
 
 
 @pytest.fixture
@@ -87,6 +87,7 @@ def test_all_four_directions_and_default_inference(rt):
 
 
 def test_device_to_device_across_devices(rt):
+    need_devices(2)
     a = npumem.malloc(256)
     write_device(a, pattern(256, 3))
     npumem.set_device(1)

@@ -16,7 +16,7 @@ from npumem.errors import InvalidParamError, MemoryAllocationError, MemoryFreeEr
 from npumem.trace import TraceEvent
 from npumem.units import MiB
 
-from .conftest import run_threads, torch_cpu_backend
+from .conftest import run_threads, cuda_available, torch_cpu_backend, torch_cuda_backend
 
 RESOURCES = {
     "device": lambda b: DeviceResource(b),
@@ -40,6 +40,8 @@ RESOURCES = {
 
 DEVICE_BACKENDS = {"sim": lambda: SimBackend(SimConfig(memory=64 * MiB)),
                    "torch:cpu": lambda: torch_cpu_backend(64 * MiB)}
+if cuda_available():
+    DEVICE_BACKENDS["torch:cuda"] = lambda: torch_cuda_backend(64 * MiB)
 
 
 @pytest.fixture(params=[(b, r) for b in sorted(DEVICE_BACKENDS) for r in sorted(RESOURCES)],

@@ -24,23 +24,27 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--device", default="sim", show_default=True, help="Device backend to run on.")
+@click.option("--device", default=None, help="Device backend: sim, torch:cpu, torch:cuda, torch:npu "
+              "or torch (the best PyTorch device). Default: $NPUMEM_DEVICE, else sim.")
 @click.option("--size", default="1M", show_default=True,
               help="float32 elements per vector (suffixes K/M allowed); the matrices are "
                    "sqrt(size) square.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write the memory snapshot (snapshot.pickle) into this folder.")
-def demo(device: str, size: str, out_dir: str | None) -> None:
+def demo(device: str | None, size: str, out_dir: str | None) -> None:
     """Run the single-operator flow end to end (pool, H2D, two-phase Add and MatMul, D2H) and
     verify the result."""
     from .demo import run_demo
+    from .device.select import default_spec
+    from .errors import FeatureNotSupportedError, InvalidParamError
 
     elements = _size_option(size)
     if elements <= 0:
         raise click.BadParameter("must be positive", param_hint="--size")
     try:
-        passed = run_demo(elements, device=device, echo=click.echo, out_dir=out_dir)
-    except ValueError as exc:
+        passed = run_demo(elements, device=device or default_spec(), echo=click.echo,
+                          out_dir=out_dir)
+    except (InvalidParamError, FeatureNotSupportedError) as exc:
         raise click.UsageError(str(exc)) from None
     sys.exit(0 if passed else 1)
 
@@ -346,14 +350,20 @@ def _load(path: str):
 @click.option("--html", "html_out", type=click.Path(dir_okay=False), default=None,
               help="Also write the report as a self-contained HTML page.")
 @click.option("--top", default=10, show_default=True, type=int, help="Sites to list.")
-def report(path, html_out, top):
+@click.option("--snapshot", "snapshot_path", type=click.Path(dir_okay=False), default=None,
+              help="With a memory_stats JSON file: the run's snapshot pickle, for fragmentation.")
+def report(path, html_out, top, snapshot_path):
     """Report on a profile folder or a snapshot pickle (npumem's or PyTorch's
-    torch.cuda.memory._snapshot()): peak, top sites, leaks, fragmentation."""
+    torch.cuda.memory._snapshot()): peak, top sites, leaks, fragmentation. A JSON file of
+    PyTorch's memory_stats() prints its summary table with hit rate (and fragmentation)."""
     import os
 
     from .profile.html import render_html
     from .profile.report import build_report, format_report
 
+    if path.endswith(".json"):
+        _report_torch_stats(path, snapshot_path)
+        return
     if os.path.isdir(path):
         pickle_path = os.path.join(path, "snapshot.pickle")
         if not os.path.exists(pickle_path):
@@ -371,6 +381,18 @@ def report(path, html_out, top):
             click.echo(f"error: cannot write {html_out}: {exc.strerror}", err=True)
             sys.exit(2)
         click.echo(f"wrote {html_out}")
+
+
+def _report_torch_stats(path: str, snapshot_path: str | None) -> None:
+    from .bridges.torch_allocator import torch_memory_summary
+    from .errors import AclError
+    from .profile import SnapshotError
+
+    try:
+        click.echo(torch_memory_summary(path, snapshot_path), nl=False)
+    except (AclError, SnapshotError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
 
 
 @main.command("diff")

@@ -1,4 +1,5 @@
-"""`npumem demo`: the single-operator flow of the seeds, end to end on the simulated NPU.
+"""`npumem demo`: the single-operator flow of the seeds, end to end on the simulated NPU (or any
+backend: `--device torch:cpu`, `torch:cuda`, `torch:npu`).
 
 init -> device -> stream -> caching pool -> H2D through pinned staging buffers -> two-phase Add
 and MatMul (the MatMul reads a transposed, non-contiguous view, so phase 1 asks for a workspace)
@@ -18,6 +19,7 @@ import numpy as np
 from . import memory as mem
 from . import runtime as rt
 from .constants import MemAttr
+from .device.select import check_spec
 from .ops import aclnn
 from .ops.tensor import empty, from_numpy
 from .units import format_size
@@ -29,8 +31,7 @@ def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], Non
              out_dir: str | None = None) -> bool:
     """Run the flow on `size` float32 elements (Add) and a sqrt(size)-square MatMul; returns
     True when verification passes and nothing is left allocated."""
-    if device != "sim":
-        raise ValueError(f"device backend {device!r} is not available; this build has: sim")
+    check_spec(device)                    # a bad name fails before any work
     step = iter(range(1, STEPS + 1))
 
     def say(text: str) -> None:
@@ -40,9 +41,11 @@ def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], Non
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal(size).astype(np.float32), rng.standard_normal(size).astype(np.float32)
     m, n = (rng.standard_normal((side, side)).astype(np.float32) for _ in range(2))
-    rt.init()
+    rt.init(backend=device)
     try:
-        say(f"init: simulated NPU, {rt.get_device_count()} device(s), run mode {rt.get_run_mode().name}")
+        backend = rt.get_backend()
+        what = "simulated NPU" if backend.name == "sim" else f"{backend.name} backend (PyTorch memory)"
+        say(f"init: {what}, {rt.get_device_count()} device(s), run mode {rt.get_run_mode().name}")
         rt.set_device(0)
         free0, total = rt.get_mem_info(MemAttr.HBM_MEM)
         say(f"set_device(0): HBM {format_size(free0)} free of {format_size(total)}")

@@ -20,6 +20,7 @@ from .alloc.caching_allocator import CachingAllocator, OutOfMemoryError
 from .alloc.host_pool import HostPool
 from .alloc.settings import AllocatorSettings, parse_settings, settings_from_env
 from .alloc.summary import format_summary
+from .bridges.torch_allocator import torch_memory_stats, torch_memory_summary
 from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError
 from .profile.snapshot import build_snapshot
 from .profile.tracker import Tracker
@@ -32,6 +33,7 @@ __all__ = [
     "max_memory_reserved", "memory_allocated", "memory_reserved", "memory_snapshot",
     "memory_stats", "memory_summary", "record_memory_history", "record_stream", "reset_peak_memory_stats",
     "set_allocator_settings", "set_per_process_memory_fraction",
+    "torch_memory_stats", "torch_memory_summary",     # PyTorch's own allocator, live or saved
 ]
 
 _lock = threading.RLock()

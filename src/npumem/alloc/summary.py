@@ -38,9 +38,10 @@ ROWS = [
 ]
 
 
-def format_summary(stats: dict, device: int, abbreviated: bool = False) -> str:
-    """The table for one device's `memory_stats()`."""
-    lines = [_line("="), _centered(f"npumem NPU memory summary, device ID {device}"), _line()]
+def format_summary(stats: dict, device: int, abbreviated: bool = False,
+                   title: str = "npumem NPU") -> str:
+    """The table for one device's `memory_stats()` (fragmentation shows n/a when unknown)."""
+    lines = [_line("="), _centered(f"{title} memory summary, device ID {device}"), _line()]
     left = f"NPU OOMs: {stats.get('num_ooms', 0)}"
     right = f"device alloc retries: {stats.get('num_alloc_retries', 0)}"
     half = (WIDTH - 3) // 2
@@ -57,7 +58,8 @@ def format_summary(stats: dict, device: int, abbreviated: bool = False) -> str:
         if index in (4, 8):
             lines.append(_line())
     hit = f"Pool hit rate: {stats.get('cache_hit_rate', 1.0) * 100:.1f}%"
-    frag = f"Fragmentation: {stats.get('fragmentation', 0.0) * 100:.1f}%"
+    frag = f"Fragmentation: {stats['fragmentation'] * 100:.1f}%" if "fragmentation" in stats \
+        else "Fragmentation: n/a (needs a snapshot)"
     lines.append("|" + hit.center(half) + "|" + frag.center(WIDTH - 3 - half) + "|")
     lines.append(_line("="))
     return "\n".join(lines) + "\n"

@@ -1,19 +1,22 @@
 """DLPack exchange without copies (the "dltensor" capsule protocol, written with ctypes).
 
-Export: zero-copy tensors (host memory mapped into the device) go out as CPU tensors at their
-host address, so numpy and torch read them in place. Device tensors report kDLExtDev from
-`__dlpack_device__` but refuse `__dlpack__` with a BufferError: no consumer could read simulated
-device memory (and a refused capsule would reach its destructor with the consumer's exception
-pending). `from_dlpack` of an npumem tensor is a view of the same storage.
+Export: a tensor goes out at the real address of its bytes when the consumer can read them in
+place: zero-copy tensors (host memory mapped into the device) and every tensor on torch:cpu as
+CPU tensors, tensors on torch:cuda as CUDA tensors. Simulated device memory reports kDLExtDev from
+`__dlpack_device__` and refuses `__dlpack__` with a BufferError: no consumer could read it (and a
+refused capsule would reach its destructor with the consumer's exception pending).
+`from_dlpack` of an npumem tensor is a view of the same storage.
 
 Import (`from_dlpack`): CPU memory from numpy or torch is mapped into the current device's
-address space (zero copy), and the producer is kept alive for as long as a tensor uses it.
+address space (zero copy); on a torch backend, torch tensors on its device are adopted in place.
+The producer is kept alive for as long as a tensor uses its memory.
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+import sys
 import threading
 import weakref
 
@@ -25,7 +28,7 @@ from ..errors import OpParamError
 from ..runtime.state import RUNTIME
 from .tensor import Storage, Tensor, contiguous_strides, reach
 
-KDL_CPU, KDL_EXT_DEV = 1, 12
+KDL_CPU, KDL_CUDA, KDL_EXT_DEV = 1, 2, 12
 _INT, _UINT, _FLOAT, _BFLOAT, _BOOL = 0, 1, 2, 4, 6
 _CODES = {
     DataType.INT8: (_INT, 8), DataType.INT16: (_INT, 16), DataType.INT32: (_INT, 32),
@@ -95,17 +98,25 @@ def _capsule_gone(capsule) -> None:
 
 
 def dlpack_device(tensor: Tensor) -> tuple[int, int]:
-    return (KDL_CPU, 0) if tensor.storage.host_address else (KDL_EXT_DEV, tensor.device)
+    if tensor.storage.host_address:
+        return KDL_CPU, 0
+    backend = RUNTIME.require()
+    kind = getattr(backend, "device_type", None)          # the torch backend's cpu / cuda / npu
+    if kind == "cpu":
+        return KDL_CPU, 0
+    if kind == "cuda":
+        return KDL_CUDA, backend.devices[tensor.device].torch_device.index
+    return KDL_EXT_DEV, tensor.device
 
 
 def to_dlpack(tensor: Tensor, stream=None):
-    """A "dltensor" capsule viewing a host-visible tensor's bytes, after its queued work."""
+    """A "dltensor" capsule viewing a tensor's bytes in place, after its queued work."""
     device_type, device_id = dlpack_device(tensor)
-    if device_type != KDL_CPU:
+    if device_type == KDL_EXT_DEV:
         raise BufferError(f"{tensor!r} is in device memory, which the host cannot read in "
                           "place; copy it with .numpy(), or build it on zero-copy memory")
-    tensor.storage.wait()
-    base = tensor.storage.host_address
+    tensor.storage.wait()         # on cuda the streams' work is finished on the device, too
+    base = tensor.storage.host_address or RUNTIME.backend.native_pointer(tensor.storage.pointer)
     shape = (ctypes.c_int64 * max(tensor.ndim, 1))(*tensor.shape)
     strides = (ctypes.c_int64 * max(tensor.ndim, 1))(*tensor.strides)
     code, bits = _CODES[tensor.dtype]
@@ -128,6 +139,8 @@ def from_dlpack(obj) -> Tensor:
                       obj.format, obj.storage_shape)
     if not hasattr(obj, "__dlpack__"):
         raise OpParamError(f"from_dlpack: {type(obj).__name__} does not support DLPack")
+    if _on_backend_device(obj):
+        return adopt_torch_tensor(obj)
     capsule = obj.__dlpack__()
     if not _api.PyCapsule_IsValid(capsule, b"dltensor"):
         raise OpParamError("from_dlpack: expected an unused 'dltensor' capsule")
@@ -187,3 +200,35 @@ def _unmap(pointer: int, host: Allocation) -> None:
     backend = RUNTIME.backend
     if backend is not None and pointer in host.extra.get("registered", ()):
         backend.free(pointer, "host_unregister")
+
+
+def _on_backend_device(obj) -> bool:
+    """Whether `obj` is a torch tensor on the torch backend's (non-cpu) device type."""
+    torch = sys.modules.get("torch")
+    kind = getattr(RUNTIME.backend, "device_type", None)
+    return torch is not None and isinstance(obj, torch.Tensor) and kind not in (None, "cpu") \
+        and obj.device.type == kind
+
+
+def adopt_torch_tensor(source) -> Tensor:
+    """An npumem tensor over the bytes of torch tensor `source` on the backend's device (no copy)."""
+    from .views import data_type_of_torch
+
+    backend = RUNTIME.backend
+    dtype = data_type_of_torch(source.dtype)
+    device = next((d.index for d in backend.devices if d.torch_device == source.device), None)
+    if device is None:
+        raise OpParamError(f"from_dlpack: {source.device} is not one of the {backend.name} devices")
+    shape, strides = list(source.shape), list(source.stride())
+    span = reach(shape, strides) if source.numel() else 0
+    flat = source.as_strided((span,), (1,))              # every element the view can reach
+    adopted = backend.register_tensor(device, flat, "adopt_tensor", "release_tensor")
+    storage = Storage(adopted.start, adopted.size, device)
+    weakref.finalize(storage, _release_adopted, adopted)
+    return Tensor(storage, shape, strides, 0, dtype)
+
+
+def _release_adopted(allocation: Allocation) -> None:
+    backend = RUNTIME.backend
+    if backend is not None and allocation.live:
+        backend.free(allocation.start, "release_tensor")

@@ -27,6 +27,16 @@ def torch_dtype(dtype):
     return getattr(torch, _TORCH_NAMES[dtype])
 
 
+def data_type_of_torch(dtype) -> DataType:
+    """The DataType of a torch dtype (OpParamError for one npumem has no type for)."""
+    name = str(dtype).removeprefix("torch.")
+    for data_type, torch_name in _TORCH_NAMES.items():
+        if torch_name == name:
+            return data_type
+    from ..errors import OpParamError
+    raise OpParamError(f"torch dtype {dtype} has no npumem data type")
+
+
 def typed_view(raw, dtype: DataType, shape, strides):
     """`raw` (uint8, starting at the first element) seen as `dtype` with element `strides`."""
     if isinstance(raw, np.ndarray):
