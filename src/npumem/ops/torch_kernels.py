@@ -43,22 +43,32 @@ def _alpha_other(args, other):
     return scaled
 
 
+def _store(out, op, *operands) -> None:
+    """op(*operands) written to `out`: straight into it when the dtypes match, else cast."""
+    if out.dtype == operands[0].dtype:
+        try:
+            op(*operands, out=out)
+            return
+        except RuntimeError:          # out partly overlaps an input: through a temporary
+            pass
+    out.copy_(op(*operands))
+
+
 @_register("Add", "torch_add", _scaled_other)
 def add_kernel(args) -> None:
     x, y = _inputs(args, "self", "other")
-    args.outputs["out"].copy_(x + _alpha_other(args, y))
+    _store(args.outputs["out"], _torch().add, x, _alpha_other(args, y))
 
 
 @_register("Sub", "torch_sub", _scaled_other)
 def sub_kernel(args) -> None:
     x, y = _inputs(args, "self", "other")
-    args.outputs["out"].copy_(x - _alpha_other(args, y))
+    _store(args.outputs["out"], _torch().sub, x, _alpha_other(args, y))
 
 
 @_register("Mul", "torch_mul")
 def mul_kernel(args) -> None:
-    x, y = _inputs(args, "self", "other")
-    args.outputs["out"].copy_(x * y)
+    _store(args.outputs["out"], _torch().mul, *_inputs(args, "self", "other"))
 
 
 @_register("Div", "torch_div")
@@ -66,7 +76,7 @@ def div_kernel(args) -> None:
     x, y = _inputs(args, "self", "other")
     if not x.is_floating_point():           # true division of integers is float64, as in numpy
         x, y = x.double(), y.double()
-    args.outputs["out"].copy_(x / y)
+    _store(args.outputs["out"], _torch().div, x, y)
 
 
 @_register("Fill", "torch_fill")
@@ -132,6 +142,10 @@ def softmax_kernel(args) -> None:
     row_max, row_sum = args.buffer("row max", rows, acc), args.buffer("row sum", rows, acc)
     wide = x.to(torch_dtype(acc))
     torch.amax(wide, dim=dim, keepdim=True, out=row_max)
-    shifted = torch.exp(wide - row_max)
-    torch.sum(shifted, dim=dim, keepdim=True, out=row_sum)
-    out.copy_(shifted / row_sum)
+    work = out if out.dtype == wide.dtype else torch.empty_like(wide)    # in place, as numpy's
+    torch.sub(wide, row_max, out=work)
+    work.exp_()
+    torch.sum(work, dim=dim, keepdim=True, out=row_sum)
+    work.div_(row_sum)
+    if work is not out:
+        out.copy_(work)
