@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MemoryAccessError
+from ..errors import MemoryAccessError, MemoryFreeError
 from ..units import format_size
 
 _sequence = itertools.count(1)
@@ -72,6 +72,18 @@ class AddressIndex:
     def get(self, start: int) -> Allocation | None:
         """The live allocation that starts exactly at `start`."""
         return self._by_start.get(start)
+
+    def freeable(self, pointer: int, call: str, owner: str) -> Allocation:
+        """The live allocation `call(pointer)` may release; MemoryFreeError (nothing changed) for
+        a double free, an interior or unknown pointer, or the wrong free call."""
+        allocation = self.get(pointer)
+        if allocation is None:
+            raise MemoryFreeError(f"{call}(0x{pointer:x}): {self.explain_bad_free(pointer, call, owner)}")
+        if allocation.free_api != call:
+            raise MemoryFreeError(
+                f"{call}(0x{pointer:x}): {allocation.describe()} came from {allocation.api}; "
+                f"release it with {allocation.free_api}")
+        return allocation
 
     def explain_bad_free(self, pointer: int, call: str, owner: str) -> str:
         """Why `call(pointer)` cannot free anything: double free, interior pointer, or unknown."""

@@ -125,15 +125,7 @@ class SimDevice:
 
     def free(self, pointer: int, api: str) -> Allocation:
         with self.lock:
-            allocation = self.allocations.get(pointer)
-            if allocation is None:
-                reason = self.allocations.explain_bad_free(pointer, api, f"device {self.index}")
-                raise MemoryFreeError(f"{api}(0x{pointer:x}): {reason}")
-            if allocation.free_api != api:
-                raise MemoryFreeError(
-                    f"{api}(0x{pointer:x}): {allocation.describe()} came from {allocation.api}; "
-                    f"release it with {allocation.free_api}"
-                )
+            allocation = self.allocations.freeable(pointer, api, f"device {self.index}")
             if allocation.api == "reserve":
                 self.unmap(allocation, 0, allocation.size)
             self.allocations.remove(pointer)

@@ -195,14 +195,7 @@ class TorchBackend(DeviceBackend):
             raise MemoryFreeError(f"{api}(0x{pointer:x}): not a device address")
         dev = self.devices[device_of(pointer)]
         with dev.lock:
-            allocation = dev.allocations.get(pointer)
-            if allocation is None:
-                reason = dev.allocations.explain_bad_free(pointer, api, f"device {dev.index}")
-                raise MemoryFreeError(f"{api}(0x{pointer:x}): {reason}")
-            if allocation.free_api != api:
-                raise MemoryFreeError(
-                    f"{api}(0x{pointer:x}): {allocation.describe()} came from {allocation.api}; "
-                    f"release it with {allocation.free_api}")
+            allocation = dev.allocations.freeable(pointer, api, f"device {dev.index}")
             dev.allocations.remove(pointer)
             dev.used -= allocation.reserved
             host = allocation.extra.get("host")
