@@ -168,7 +168,7 @@ class TorchBackend(DeviceBackend):
         dev = self._device(device)
         flat = tensor.reshape(-1).view(self.torch.uint8) if tensor.numel() else \
             self.torch.empty(0, dtype=self.torch.uint8, device=dev.torch_device)
-        if flat.device != dev.torch_device and self.device_type != "cpu":
+        if flat.device != dev.torch_device:
             raise InvalidParamError(f"{api}: the tensor is on {flat.device}, device {device} is "
                                     f"{dev.torch_device}")
         with dev.lock:
