@@ -73,6 +73,11 @@ def test_bad_limits_are_refused(monkeypatch):
     monkeypatch.setenv("NPUMEM_TORCH_MEMORY", "lots")
     with pytest.raises(InvalidParamError, match="NPUMEM_TORCH_MEMORY"):
         TorchBackend("cpu")
+    monkeypatch.delenv("NPUMEM_TORCH_MEMORY")
+    monkeypatch.setenv("NPUMEM_TORCH_DEVICES", "two")
+    with pytest.raises(InvalidParamError, match="NPUMEM_TORCH_DEVICES"):
+        TorchBackend("cpu")
+    monkeypatch.delenv("NPUMEM_TORCH_DEVICES")
     with pytest.raises(InvalidParamError, match="positive"):
         TorchBackend("cpu", memory=-1)
     with pytest.raises(InvalidParamError, match="cpu, cuda, npu"):

@@ -10,7 +10,6 @@ pages, default all), NPUMEM_SIM_MEMORY_KIND (hbm or ddr, default hbm).
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ from .address_index import AddressIndex, Allocation
 from .address_space import MAX_DEVICES, AddressSpace, device_of, in_device_space
 from .backend import DeviceBackend, DeviceRange
 from .backing import address_of, allocate_bytes, release_pages
+from .environment import setting
 from .pages import PAGE_SIZE, PageAccounting
 
 # Which free call releases memory made by which allocation call (default: free).
@@ -54,16 +54,8 @@ class SimConfig:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "SimConfig":
-        env = os.environ if environ is None else environ
-
         def read(name: str, parse, default):
-            text = env.get(name, "").strip()
-            if not text:
-                return default
-            try:
-                return parse(text)
-            except ValueError as exc:
-                raise InvalidParamError(f"environment variable {name}={text!r}: {exc}") from None
+            return setting(name, parse, default, environ)
 
         return cls(
             devices=read("NPUMEM_SIM_DEVICES", int, 1),

@@ -37,6 +37,7 @@ from ..units import format_size, parse_size
 from .address_index import AddressIndex, Allocation
 from .address_space import MAX_DEVICES, AddressSpace, device_of, in_device_space
 from .backend import DeviceBackend, DeviceRange
+from .environment import setting
 
 DEVICE_TYPES = ("cpu", "cuda", "npu")
 START_ALIGN = 4096             # npumem addresses of torch allocations start on a 4 KiB page
@@ -90,14 +91,15 @@ class TorchBackend(DeviceBackend):
         self.device_type = device_type
         self.name = f"torch:{device_type}"
         self.module = torch.get_device_module(device_type)
-        memory = _env_size("NPUMEM_TORCH_MEMORY") if memory is None else memory
+        if memory is None:
+            memory = setting("NPUMEM_TORCH_MEMORY", parse_size, None)
         count = self._count(devices)
         self.devices = [TorchDevice(i, torch.device(device_type, i if device_type != "cpu" else None),
                                     self._limit(i, memory)) for i in range(count)]
 
     def _count(self, devices: int | None) -> int:
         if self.device_type == "cpu":
-            count = devices or int(os.environ.get("NPUMEM_TORCH_DEVICES", "1") or 1)
+            count = devices or setting("NPUMEM_TORCH_DEVICES", int, 1)
             if not 1 <= count <= MAX_DEVICES:
                 raise InvalidParamError(f"torch:cpu device count must be 1..{MAX_DEVICES}, got {count}")
             return count
@@ -290,12 +292,3 @@ class TorchBackend(DeviceBackend):
                 torch_stream.synchronize()   # done on the worker means done on the device
         return run
 
-
-def _env_size(name: str) -> int | None:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise InvalidParamError(f"environment variable {name}={text!r}: {exc}") from None
