@@ -213,6 +213,7 @@ def test_torch_stats_get_hit_rate_and_fragmentation(tmp_path):
     assert stats["fragmentation"] == pytest.approx(0.5)      # two equal free pieces
     summary = mem.torch_memory_summary(TORCH_STATS)
     assert "PyTorch caching allocator" in summary and "97.5%" in summary and "n/a" in summary
+    assert "GPU OOMs: 1" in summary and "GPU reserved memory" in summary
     snapshot_path = tmp_path / "snap.pickle"
     snapshot_path.write_bytes(pickle.dumps(snapshot))
     result = CliRunner().invoke(main, ["report", str(path), "--snapshot", str(snapshot_path)])

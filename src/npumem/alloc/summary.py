@@ -29,20 +29,21 @@ ROWS = [
     ("allocated_bytes", "Allocated memory", True),
     ("active_bytes", "Active memory", True),
     ("requested_bytes", "Requested memory", True),
-    ("reserved_bytes", "NPU reserved memory", True),
+    ("reserved_bytes", "{device} reserved memory", True),
     ("inactive_split_bytes", "Non-releasable memory", True),
     ("allocation", "Allocations", False),
     ("active", "Active allocs", False),
-    ("segment", "NPU reserved segments", False),
+    ("segment", "{device} reserved segments", False),
     ("inactive_split", "Non-releasable allocs", False),
 ]
 
 
 def format_summary(stats: dict, device: int, abbreviated: bool = False,
-                   title: str = "npumem NPU") -> str:
-    """The table for one device's `memory_stats()` (fragmentation shows n/a when unknown)."""
+                   title: str = "npumem NPU", device_word: str = "NPU") -> str:
+    """The table for one device's `memory_stats()` (fragmentation shows n/a when unknown);
+    `device_word` names the device in the row labels ("NPU", "GPU")."""
     lines = [_line("="), _centered(f"{title} memory summary, device ID {device}"), _line()]
-    left = f"NPU OOMs: {stats.get('num_ooms', 0)}"
+    left = f"{device_word} OOMs: {stats.get('num_ooms', 0)}"
     right = f"device alloc retries: {stats.get('num_alloc_retries', 0)}"
     half = (WIDTH - 3) // 2
     lines.append("|" + left.center(half) + "|" + right.center(WIDTH - 3 - half) + "|")
@@ -54,6 +55,7 @@ def format_summary(stats: dict, device: int, abbreviated: bool = False,
         for pool, label in pools:
             values = [stats.get(f"{key}.{pool}.{metric}", 0)
                       for metric in ("current", "peak", "allocated", "freed")]
+            label = label.format(device=device_word)
             lines.append(f"| {label:<21} |" + "|".join(_cell(v, is_bytes) for v in values) + "|")
         if index in (4, 8):
             lines.append(_line())

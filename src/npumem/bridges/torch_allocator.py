@@ -86,4 +86,6 @@ def torch_memory_summary(source=None, snapshot=None, device: int = 0,
     """npumem's memory_summary() table (PyTorch's layout plus hit rate and fragmentation) for
     PyTorch's allocator; arguments as in `torch_memory_stats`."""
     stats = torch_memory_stats(source, snapshot)
-    return format_summary(stats, device, abbreviated, title="PyTorch caching allocator")
+    word = "NPU" if isinstance(source, str) and source.startswith("npu") else "GPU"
+    return format_summary(stats, device, abbreviated, title="PyTorch caching allocator",
+                          device_word=word)
