@@ -267,8 +267,7 @@ def test_cupy_hook_serves_pool_blocks(trt, monkeypatch):
     with pytest.raises(FeatureNotSupportedError, match="torch:cuda"):
         hook.use_npumem_pool()                       # cpu memory is no use to CuPy
     backend = npumem.get_backend()
-    mem.get_allocator()                              # the pool, while the backend is still cpu
-    monkeypatch.setattr(backend, "device_type", "cuda")     # pretend, to drive the mechanics
+    monkeypatch.setattr(backend, "dlpack_device", lambda device: (2, 0))   # pretend it is cuda
     hook.use_npumem_pool()
     pointer = fake.cuda.allocator(1000)
     assert mem.memory_allocated() >= 1000

@@ -6,11 +6,10 @@ refused with a clear error instead of being dereferenced.
 
 from __future__ import annotations
 
-import ctypes
 
 import numpy as np
 
-from ..device.backing import address_of
+from ..device.backing import address_of, host_bytes
 from ..errors import InvalidParamError
 from ..runtime.hostmem import PINNED
 from ..runtime.state import RUNTIME
@@ -46,7 +45,7 @@ def _host_bytes(pointer: int, nbytes: int, what: str) -> np.ndarray:
             raise InvalidParamError(f"{what}: {nbytes} bytes at 0x{pointer:x} run "
                                     f"{offset + nbytes - pinned.size} bytes past {pinned.describe()}")
         return pinned.buffer[offset:offset + nbytes]      # keeps the pinned buffer alive
-    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(pointer))
+    return host_bytes(pointer, nbytes)
 
 
 def ptr_to_numpy(pointer: int, shape, np_type: int) -> np.ndarray:

@@ -12,6 +12,7 @@ stream has finished its work (a stream synchronize per free: correct first, then
 
 from __future__ import annotations
 
+from ..device.backend import DLPACK_CUDA
 from ..errors import FeatureNotSupportedError
 from ..runtime.state import RUNTIME
 
@@ -42,12 +43,12 @@ def allocator(device: int | None = None):
 
     cupy = _cupy()
     backend = RUNTIME.require()
-    if getattr(backend, "device_type", None) != "cuda":
+    pool = memory.get_allocator(device)
+    kind, cuda_index = backend.dlpack_device(pool.device)
+    if kind != DLPACK_CUDA:
         raise FeatureNotSupportedError(
             f"CuPy needs real CUDA memory; npumem runs on {backend.name}: init with "
             "backend='torch:cuda' (or NPUMEM_DEVICE=torch:cuda)")
-    pool = memory.get_allocator(device)
-    cuda_index = backend.devices[pool.device].torch_device.index
 
     def allocate(size: int):
         pointer = pool.allocate(size)

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+# DLPack device types (dlpack.h): where a consumer of exported tensors finds the bytes.
+DLPACK_CPU, DLPACK_CUDA, DLPACK_EXT_DEV = 1, 2, 12
+
+
 class DeviceRange(NamedTuple):
     """`nbytes` bytes at `offset` inside a live `allocation`: the result of a bounds check."""
 
@@ -134,6 +138,16 @@ class DeviceBackend(ABC):
     def native_pointer(self, pointer: int) -> int:
         """Where the bytes at npumem device pointer `pointer` really are (for foreign libraries)."""
         return self.resolve(pointer, 0, "native_pointer").host_address("native_pointer")
+
+    def dlpack_device(self, device: int) -> tuple[int, int]:
+        """(DLPack device type, id) under which `device`'s bytes are exported;
+        DLPACK_EXT_DEV means no consumer can read them in place."""
+        return DLPACK_EXT_DEV, device
+
+    def adopt(self, obj) -> Allocation | None:
+        """An allocation over a foreign tensor on this backend's device (no copy; released with
+        free(start, "release_tensor")), or None when `obj` is not one this backend adopts."""
+        return None
 
     def stream_runner(self, device: int):
         """How a stream's worker runs each task on `device` (None: just call it).

@@ -8,6 +8,7 @@ each would run into the kernel's limit on the number of mappings (vm.max_map_cou
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import sys
 
@@ -26,6 +27,11 @@ def allocate_bytes(nbytes: int, align: int = 64) -> np.ndarray:
     raw = np.empty(nbytes + align, dtype=np.uint8)
     skip = -raw.ctypes.data % align
     return raw[skip:skip + nbytes]
+
+
+def host_bytes(address: int, nbytes: int) -> np.ndarray:
+    """`nbytes` of process memory at `address` as a uint8 array (a view, no copy)."""
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
 
 
 def address_of(buffer: np.ndarray) -> int:

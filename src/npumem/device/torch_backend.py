@@ -21,7 +21,6 @@ Memory info reports the device memory as HBM.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 from typing import Callable
@@ -36,7 +35,8 @@ from ..errors import (
 from ..units import format_size, parse_size
 from .address_index import AddressIndex, Allocation
 from .address_space import MAX_DEVICES, AddressSpace, device_of, in_device_space
-from .backend import DeviceBackend, DeviceRange
+from .backend import DLPACK_CPU, DLPACK_CUDA, DeviceBackend, DeviceRange
+from .backing import host_bytes
 from .environment import setting
 
 DEVICE_TYPES = ("cpu", "cuda", "npu")
@@ -52,11 +52,6 @@ def import_torch():
         raise FeatureNotSupportedError(
             "the torch backend needs PyTorch: pip install 'npumem[torch]'") from None
     return torch
-
-
-def host_bytes(address: int, nbytes: int) -> np.ndarray:
-    """`nbytes` of host memory at `address` as a uint8 array (no copy)."""
-    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
 
 
 class TorchDevice:
@@ -181,6 +176,26 @@ class TorchBackend(DeviceBackend):
                 free_api=free_api, extra=extra or {})
             dev.allocations.add(allocation)
             return allocation
+
+    def adopt(self, obj) -> Allocation | None:
+        """Torch tensors on this backend's device (cuda, npu) are adopted in place; cpu memory
+        comes in through `register_host` like any other host memory."""
+        if not isinstance(obj, self.torch.Tensor) or self.device_type == "cpu" or \
+                obj.device.type != self.device_type:
+            return None
+        device = next((d.index for d in self.devices if d.torch_device == obj.device), None)
+        if device is None:
+            raise InvalidParamError(f"from_dlpack: {obj.device} is not one of the {self.name} devices")
+        span = 1 + sum((n - 1) * s for n, s in zip(obj.shape, obj.stride())) if obj.numel() else 0
+        flat = obj.as_strided((span,), (1,))              # every element the view can reach
+        return self.register_tensor(device, flat, "adopt_tensor", "release_tensor")
+
+    def dlpack_device(self, device: int) -> tuple[int, int]:
+        if self.device_type == "cpu":
+            return DLPACK_CPU, 0
+        if self.device_type == "cuda":
+            return DLPACK_CUDA, self._device(device).torch_device.index
+        return super().dlpack_device(device)
 
     def register_host(self, device: int, host: Allocation, offset: int, nbytes: int) -> Allocation:
         if self.device_type != "cpu":

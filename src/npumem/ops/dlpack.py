@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import sys
 import threading
 import weakref
 
-import numpy as np
-
 from ..constants import DataType
 from ..device.address_index import Allocation
+from ..device.backend import DLPACK_CPU, DLPACK_EXT_DEV
+from ..device.backing import host_bytes
 from ..errors import OpParamError
 from ..runtime.state import RUNTIME
 from .tensor import Storage, Tensor, contiguous_strides, reach
 
-KDL_CPU, KDL_CUDA, KDL_EXT_DEV = 1, 2, 12
 _INT, _UINT, _FLOAT, _BFLOAT, _BOOL = 0, 1, 2, 4, 6
 _CODES = {
     DataType.INT8: (_INT, 8), DataType.INT16: (_INT, 16), DataType.INT32: (_INT, 32),
@@ -99,20 +97,14 @@ def _capsule_gone(capsule) -> None:
 
 def dlpack_device(tensor: Tensor) -> tuple[int, int]:
     if tensor.storage.host_address:
-        return KDL_CPU, 0
-    backend = RUNTIME.require()
-    kind = getattr(backend, "device_type", None)          # the torch backend's cpu / cuda / npu
-    if kind == "cpu":
-        return KDL_CPU, 0
-    if kind == "cuda":
-        return KDL_CUDA, backend.devices[tensor.device].torch_device.index
-    return KDL_EXT_DEV, tensor.device
+        return DLPACK_CPU, 0
+    return RUNTIME.require().dlpack_device(tensor.device)
 
 
 def to_dlpack(tensor: Tensor, stream=None):
     """A "dltensor" capsule viewing a tensor's bytes in place, after its queued work."""
     device_type, device_id = dlpack_device(tensor)
-    if device_type == KDL_EXT_DEV:
+    if device_type == DLPACK_EXT_DEV:
         raise BufferError(f"{tensor!r} is in device memory, which the host cannot read in "
                           "place; copy it with .numpy(), or build it on zero-copy memory")
     tensor.storage.wait()         # on cuda the streams' work is finished on the device, too
@@ -139,15 +131,16 @@ def from_dlpack(obj) -> Tensor:
                       obj.format, obj.storage_shape)
     if not hasattr(obj, "__dlpack__"):
         raise OpParamError(f"from_dlpack: {type(obj).__name__} does not support DLPack")
-    if _on_backend_device(obj):
-        return adopt_torch_tensor(obj)
+    adopted = RUNTIME.require().adopt(obj)
+    if adopted is not None:
+        return _adopted_tensor(obj, adopted)
     capsule = obj.__dlpack__()
     if not _api.PyCapsule_IsValid(capsule, b"dltensor"):
         raise OpParamError("from_dlpack: expected an unused 'dltensor' capsule")
     managed = ctypes.cast(_api.PyCapsule_GetPointer(capsule, b"dltensor"),
                           ctypes.POINTER(_Managed)).contents
     dl = managed.dl_tensor
-    if dl.device.device_type != KDL_CPU:
+    if dl.device.device_type != DLPACK_CPU:
         raise OpParamError(f"from_dlpack: memory on DLPack device type {dl.device.device_type} "
                            "cannot be used by this backend; npumem imports CPU memory")
     try:
@@ -186,7 +179,7 @@ def map_host_memory(address: int, nbytes: int, owner) -> Storage:
     `owner` is kept alive until the mapping is gone.
     """
     device = RUNTIME.current_context().device
-    view = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+    view = host_bytes(address, nbytes)
     host = Allocation(start=address, size=nbytes, reserved=nbytes, api="dlpack import",
                       device=-1, buffer=view, host_address=address, extra={"owner": owner})
     mapped = RUNTIME.backend.register_host(device, host, 0, nbytes)
@@ -202,30 +195,15 @@ def _unmap(pointer: int, host: Allocation) -> None:
         backend.free(pointer, "host_unregister")
 
 
-def _on_backend_device(obj) -> bool:
-    """Whether `obj` is a torch tensor on the torch backend's (non-cpu) device type."""
-    torch = sys.modules.get("torch")
-    kind = getattr(RUNTIME.backend, "device_type", None)
-    return torch is not None and isinstance(obj, torch.Tensor) and kind not in (None, "cpu") \
-        and obj.device.type == kind
 
-
-def adopt_torch_tensor(source) -> Tensor:
-    """An npumem tensor over the bytes of torch tensor `source` on the backend's device (no copy)."""
+def _adopted_tensor(source, adopted: Allocation) -> Tensor:
+    """An npumem tensor over a torch tensor the backend adopted in place."""
     from .views import data_type_of_torch
 
-    backend = RUNTIME.backend
-    dtype = data_type_of_torch(source.dtype)
-    device = next((d.index for d in backend.devices if d.torch_device == source.device), None)
-    if device is None:
-        raise OpParamError(f"from_dlpack: {source.device} is not one of the {backend.name} devices")
-    shape, strides = list(source.shape), list(source.stride())
-    span = reach(shape, strides) if source.numel() else 0
-    flat = source.as_strided((span,), (1,))              # every element the view can reach
-    adopted = backend.register_tensor(device, flat, "adopt_tensor", "release_tensor")
-    storage = Storage(adopted.start, adopted.size, device)
+    storage = Storage(adopted.start, adopted.size, adopted.device)
     weakref.finalize(storage, _release_adopted, adopted)
-    return Tensor(storage, shape, strides, 0, dtype)
+    return Tensor(storage, list(source.shape), list(source.stride()), 0,
+                  data_type_of_torch(source.dtype))
 
 
 def _release_adopted(allocation: Allocation) -> None:

@@ -27,6 +27,10 @@ from .handles import forget, new_handle
 Task = Callable[[], None]
 
 
+def _call(task: Task) -> None:
+    task()
+
+
 class WaitSettings:
     """aclrtSetOpWaitTimeout: how long a queued event wait may block (None: forever)."""
 
@@ -39,7 +43,7 @@ class Stream:
     def __init__(self, device: int, context: "object", is_default: bool = False,
                  runner: Callable[[Task], None] | None = None):
         self.handle = new_handle(self)
-        self._runner = runner          # the backend's way to run a task on a device stream
+        self._run_task = runner or _call   # the backend's way to run a task on a device stream
         self.device = device
         self.context = context
         self.is_default = is_default
@@ -81,10 +85,7 @@ class Stream:
                 return
             task, label = item
             try:
-                if self._runner is None:
-                    task()
-                else:
-                    self._runner(task)
+                self._run_task(task)
             except BaseException as exc:  # noqa: BLE001 - reported at synchronize
                 if self._error is None:
                     self._error = _as_acl_error(exc, label, self)
