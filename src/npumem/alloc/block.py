@@ -7,32 +7,37 @@ sorted by (size, address): best fit is one bisect, ties going to the lowest addr
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left, insort
+
+_ADDRESS_BITS = 64      # a free-list key is size << 64 | start: one int, ordered by (size, start)
+_ADDRESS_MASK = (1 << _ADDRESS_BITS) - 1
 
 
 class Block:
-    """A piece of a segment: allocated to a caller, or free in the cache."""
+    """A piece of a segment: allocated to a caller, or free in the cache.
 
-    __slots__ = ("start", "size", "requested", "allocated", "small", "prev", "next", "stream",
-                 "segment", "other_streams", "pending_events")
+    `segment` is the Segment or expandable Arena the block lies in; it knows the block's stream
+    and the FreeList the block returns to. `requested` and `small` are set when it is allocated.
+    """
 
-    def __init__(self, start: int, size: int, stream, segment, prev: "Block | None" = None,
+    __slots__ = ("start", "size", "requested", "allocated", "small", "prev", "next", "segment")
+
+    def __init__(self, start: int, size: int, segment, prev: "Block | None" = None,
                  next: "Block | None" = None):
         self.start = start
         self.size = size
-        self.requested = 0
-        self.allocated = False
-        self.small = False          # counted in the small pool's statistics
+        self.segment = segment
         self.prev = prev
         self.next = next
-        self.stream = stream
-        self.segment = segment
-        self.other_streams: set | None = None    # streams this block was also used on
-        self.pending_events: list | None = None   # events to wait for before reuse
+        self.allocated = False
 
     @property
     def end(self) -> int:
         return self.start + self.size
+
+    @property
+    def stream(self):
+        return self.segment.stream
 
     def __repr__(self) -> str:
         state = "allocated" if self.allocated else "free"
@@ -40,9 +45,10 @@ class Block:
 
     def split(self, size: int) -> "Block":
         """Cut this (free) block after `size` bytes; returns the new remainder block."""
-        rest = Block(self.start + size, self.size - size, self.stream, self.segment, self, self.next)
-        if self.next is not None:
-            self.next.prev = rest
+        following = self.next
+        rest = Block(self.start + size, self.size - size, self.segment, self, following)
+        if following is not None:
+            following.prev = rest
         self.next = rest
         self.size = size
         return rest
@@ -51,18 +57,22 @@ class Block:
         """Merge the following (free) block into this one."""
         following = self.next
         self.size += following.size
-        self.next = following.next
-        if following.next is not None:
-            following.next.prev = self
+        self.next = after = following.next
+        if after is not None:
+            after.prev = self
 
 
 class FreeList:
-    """Free blocks ordered by (size, start) for best-fit lookups."""
+    """Free blocks ordered by (size, start) for best-fit lookups.
+
+    The order lives in one sorted list of int keys (size << 64 | start) — ints, not tuples,
+    because this runs on every allocate and free and int comparisons are several times cheaper.
+    """
 
     __slots__ = ("_keys", "_blocks", "total")
 
     def __init__(self):
-        self._keys: list[tuple[int, int]] = []
+        self._keys: list[int] = []
         self._blocks: dict[int, Block] = {}
         self.total = 0
 
@@ -70,26 +80,35 @@ class FreeList:
         return len(self._keys)
 
     def __iter__(self):
-        return (self._blocks[start] for _, start in self._keys)
+        blocks = self._blocks
+        return (blocks[key & _ADDRESS_MASK] for key in self._keys)
 
     def add(self, block: Block) -> None:
-        bisect.insort(self._keys, (block.size, block.start))
-        self._blocks[block.start] = block
-        self.total += block.size
+        start, size = block.start, block.size
+        insort(self._keys, size << _ADDRESS_BITS | start)
+        self._blocks[start] = block
+        self.total += size
 
     def remove(self, block: Block) -> None:
+        start, size = block.start, block.size
         keys = self._keys
-        del keys[bisect.bisect_left(keys, (block.size, block.start))]
-        del self._blocks[block.start]
-        self.total -= block.size
+        del keys[bisect_left(keys, size << _ADDRESS_BITS | start)]
+        del self._blocks[start]
+        self.total -= size
 
     def best_fit(self, size: int) -> Block | None:
         """The smallest free block of at least `size` bytes (lowest address among equals)."""
-        i = bisect.bisect_left(self._keys, (size, 0))
-        return self._blocks[self._keys[i][1]] if i < len(self._keys) else None
+        keys = self._keys
+        i = bisect_left(keys, size << _ADDRESS_BITS)
+        return self._blocks[keys[i] & _ADDRESS_MASK] if i < len(keys) else None
+
+    def at_least(self, size: int):
+        """Free blocks of at least `size` bytes, smallest first."""
+        keys, blocks = self._keys, self._blocks
+        return [blocks[key & _ADDRESS_MASK] for key in keys[bisect_left(keys, size << _ADDRESS_BITS):]]
 
     def largest(self) -> int:
-        return self._keys[-1][0] if self._keys else 0
+        return self._keys[-1] >> _ADDRESS_BITS if self._keys else 0
 
     def merge_and_add(self, block: Block) -> None:
         """Add a freed block, first absorbing free neighbours (which must be in this list)."""

@@ -28,8 +28,8 @@ from .expandable import ExpandableStrategy
 from .resource import MemoryResource
 from .segments import SegmentStrategy
 from .settings import AllocatorSettings
-from .sizes import SMALL_SIZE, round_request
-from .stats import PoolStats, Stat
+from .sizes import MIN_BLOCK, SMALL_SIZE, round_request
+from .stats import POOLS, PoolStats, Stat
 
 
 class OutOfMemoryError(MemoryAllocationError):
@@ -63,9 +63,22 @@ class CachingAllocator(MemoryResource):
             backend.mem_info(device, MemAttr.DDR_MEM)[1]
         self.limit = int(self.capacity * self.settings.per_process_memory_fraction)
         self._allocated: dict[int, Block] = {}
-        self._pending: list[Block] = []
+        self._other_streams: dict[int, set] = {}      # record_stream: block start -> streams
+        self._pending: list[tuple[Block, list]] = []  # freed blocks waiting for those streams
         self._closing = False
         self._strategy = self._make_strategy()
+
+    @property
+    def settings(self) -> AllocatorSettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: AllocatorSettings) -> None:
+        self._settings = settings
+        # what the hot path needs from the settings, worked out once
+        self.split_min = max(MIN_BLOCK[self.flavour], settings.block_alignment)
+        self._plain_rounding = self.flavour == "npu" and settings.block_alignment == 64 and \
+            settings.roundup_power2_divisions <= 1
 
     def _make_strategy(self):
         if self.settings.expandable_segments and self.backend.supports_virtual_memory:
@@ -77,35 +90,48 @@ class CachingAllocator(MemoryResource):
         return self._strategy.expandable
 
     # --- the hot path --------------------------------------------------------------------
+    # allocate and deallocate are written flat (explicit acquire/release, inlined rounding):
+    # a cache-hit pair is a few microseconds of Python and every call level shows.
 
     def allocate(self, nbytes: int, stream=None) -> int:
         if nbytes < 0:
             raise InvalidParamError(f"allocate: size must not be negative, got {nbytes}")
-        settings = self.settings
-        size = round_request(nbytes, self.flavour, settings.roundup_power2_divisions,
-                             settings.block_alignment)
-        with self.lock:
+        if self._plain_rounding:        # the carving rule, ALIGN_UP(len, 32) + 32, to 64 bytes
+            size = (((nbytes + 31) & -32) + 95) & -64
+        else:
+            settings = self.settings
+            size = round_request(nbytes, self.flavour, settings.roundup_power2_divisions,
+                                 settings.block_alignment)
+        lock = self.lock
+        lock.acquire()
+        try:
             if self._pending:
                 self._free_completed_pending()
             taken = self._strategy.take(size, stream)
             if taken is None:
                 taken = self._retry_after_releasing_cache(nbytes, size, stream)
             block, hit = taken
+            start = block.start
             block.allocated = True
             block.requested = nbytes
             block.small = small = size <= SMALL_SIZE
-            self._allocated[block.start] = block
+            self._allocated[start] = block
             stats = self.stats
             stats.block_allocated(small, block.size, nbytes)
             if self._pending:
                 stats.note_active_peak()
             stats.counters["num_cache_hits" if hit else "num_cache_misses"] += 1
-            for observer in OBSERVERS.active:
-                observer.on_memory(self, "alloc", self.device, block.start, block.size, nbytes, stream)
-            return block.start
+            if OBSERVERS.active:
+                for observer in OBSERVERS.active:
+                    observer.on_memory(self, "alloc", self.device, start, block.size, nbytes, stream)
+            return start
+        finally:
+            lock.release()
 
     def deallocate(self, pointer: int, nbytes: int | None = None, stream=None) -> None:
-        with self.lock:
+        lock = self.lock
+        lock.acquire()
+        try:
             block = self._allocated.get(pointer)
             if block is None:
                 raise MemoryFreeError(f"deallocate(0x{pointer:x}): {self._explain_unknown(pointer)}")
@@ -114,37 +140,37 @@ class CachingAllocator(MemoryResource):
                                         f"allocated for {block.requested} bytes")
             del self._allocated[pointer]
             self.stats.block_freed(block.small, block.size, block.requested)
-            if block.other_streams and self._record_event is not None:
-                block.pending_events = [self._record_event(s) for s in block.other_streams]
-                self._pending.append(block)
-                self._count_pending(block, +1)
-                if OBSERVERS.active:
-                    self._observe("free_requested", block)
-                return
+            if self._other_streams:
+                streams = self._other_streams.pop(pointer, None)
+                if streams and self._record_event is not None:
+                    self._pending.append((block, [self._record_event(s) for s in streams]))
+                    self._count_pending(block, +1)
+                    if OBSERVERS.active:
+                        self._observe("free_requested", block)
+                    return
             if OBSERVERS.active:          # before the block merges with its neighbours
                 self._observe("free", block)
-            self._release_block(block)
+            block.allocated = False
+            block.segment.free.merge_and_add(block)
+        finally:
+            lock.release()
 
     def _count_pending(self, block: Block, sign: int) -> None:
         self.stats.add("pending", block.small, sign)
         self.stats.add("pending_bytes", block.small, sign * block.size)
 
-    def _release_block(self, block: Block) -> None:
-        block.allocated = False
-        block.other_streams = block.pending_events = None
-        self._strategy.give_back(block)
-
     def _free_completed_pending(self, wait: bool = False) -> None:
         """Release pending blocks whose events completed (all of them with `wait`)."""
         still = []
-        for block in self._pending:
-            if wait or all(event.query() for event in block.pending_events):
+        for block, events in self._pending:
+            if wait or all(event.query() for event in events):
                 self._count_pending(block, -1)
                 if OBSERVERS.active:
                     self._observe("free_completed", block)
-                self._release_block(block)
+                block.allocated = False
+                block.segment.free.merge_and_add(block)
             else:
-                still.append(block)
+                still.append((block, events))
         self._pending = still
 
     def _explain_unknown(self, pointer: int) -> str:
@@ -228,9 +254,7 @@ class CachingAllocator(MemoryResource):
             if block is None:
                 raise MemoryFreeError(f"record_stream(0x{pointer:x}): {self._explain_unknown(pointer)}")
             if stream != block.stream:
-                if block.other_streams is None:
-                    block.other_streams = set()
-                block.other_streams.add(stream)
+                self._other_streams.setdefault(pointer, set()).add(stream)
 
     def collect_pending(self) -> None:
         """Release freed blocks whose other-stream work has completed (normally done lazily,
@@ -281,8 +305,8 @@ class CachingAllocator(MemoryResource):
         """PyTorch-named statistics plus cache hit rate and fragmentation."""
         with self.lock:
             # Non-releasable ("inactive split"): free pieces of a range that also holds live blocks.
-            split = {pool: Stat() for pool in ("all", "small_pool", "large_pool")}
-            split_bytes = {pool: Stat() for pool in ("all", "small_pool", "large_pool")}
+            split = {pool: Stat() for pool in POOLS}
+            split_bytes = {pool: Stat() for pool in POOLS}
             for _, small, _, _, pieces in self._mapped_pieces():
                 if not any(block.allocated for block, _, _ in pieces):
                     continue
@@ -322,10 +346,11 @@ class CachingAllocator(MemoryResource):
         """PyTorch's snapshot structure: {"segments": [...], "device_traces": [[...]]}."""
         with self.lock:
             segments = []
+            pending = {block.start for block, _ in self._pending}
             for stream, small, start, length, pieces in self._mapped_pieces():
                 entries = []
                 for block, low, high in pieces:
-                    state = "active_pending_free" if block.pending_events is not None else \
+                    state = "active_pending_free" if block.start in pending else \
                         "active_allocated" if block.allocated else "inactive"
                     entries.append({"address": low, "size": high - low,
                                     "requested_size": block.requested if block.allocated else 0,

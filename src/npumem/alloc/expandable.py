@@ -10,29 +10,23 @@ a block freed on one stream only reaches another stream as pages, once its strea
 
 from __future__ import annotations
 
-from array import array
-
 from ..errors import MemoryAllocationError
 from .block import Block, FreeList
-from .sizes import MIN_BLOCK
 
 
 class Arena:
     """The address range of one stream."""
 
-    __slots__ = ("reservation", "base", "stream", "free", "first", "users", "mapped", "idle")
+    __slots__ = ("reservation", "base", "stream", "free", "first", "mapped")
 
     def __init__(self, reservation, stream, page_shift: int):
         self.reservation = reservation
         self.base = reservation.start
         self.stream = stream
-        self.first = Block(reservation.start, reservation.size, stream, self)
+        self.first = Block(reservation.start, reservation.size, self)
         self.free = FreeList()
         self.free.add(self.first)
-        pages = reservation.size >> page_shift
-        self.users = array("I", bytes(4 * pages))   # live blocks touching each page
-        self.mapped = bytearray(pages)
-        self.idle: set[int] = set()                 # mapped pages no live block touches
+        self.mapped = bytearray(reservation.size >> page_shift)   # 1 where a page is mapped
 
     def blocks(self):
         block = self.first
@@ -41,26 +35,33 @@ class Arena:
             block = block.next
 
 
-def _runs(pages):
-    """Contiguous runs of sorted page numbers as (first, count)."""
-    runs = []
-    for page in pages:
-        if runs and runs[-1][0] + runs[-1][1] == page:
-            runs[-1][1] += 1
-        else:
-            runs.append([page, 1])
+def _runs(flags: bytearray, value: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Runs of `value` in flags[lo:hi] as (first, count), found at C speed with find()."""
+    runs, other = [], 1 - value
+    first = flags.find(value, lo, hi)
+    while first >= 0:
+        stop = flags.find(other, first, hi)
+        if stop < 0:
+            stop = hi
+        runs.append((first, stop - first))
+        first = flags.find(value, stop, hi) if stop < hi else -1
     return runs
 
 
 class ExpandableStrategy:
-    """Arenas per stream over the backend's virtual memory. `owner` is the CachingAllocator."""
+    """Arenas per stream over the backend's virtual memory. `owner` is the CachingAllocator.
+
+    Which pages are in use is not counted per page on the hot path: a mapped page is idle exactly
+    when it lies wholly inside one free block (free neighbours always merge), so idle pages are
+    found from the free list's large blocks when something must be unmapped — a rare event.
+    """
 
     expandable = True
 
     def __init__(self, owner):
         self.owner = owner
-        self.shift = owner.backend.page_granularity.bit_length() - 1
-        self.min_block = MIN_BLOCK[owner.flavour]
+        self.page = owner.backend.page_granularity
+        self.shift = self.page.bit_length() - 1
         self.arenas: dict[object, Arena] = {}
 
     def _arena(self, stream) -> Arena:
@@ -72,85 +73,75 @@ class ExpandableStrategy:
         return arena
 
     def take(self, size: int, stream) -> tuple[Block, bool] | None:
-        arena = self._arena(stream)
-        block = arena.free.best_fit(size)
+        arena = self.arenas.get(stream) or self._arena(stream)
+        free = arena.free
+        block = free.best_fit(size)
         if block is None:
             return None
-        arena.free.remove(block)
-        if block.size - size >= max(self.min_block, self.owner.settings.block_alignment):
-            arena.free.add(block.split(size))
-        first, last = self._page_span(arena, block)   # the whole block, unsplit tail included
-        users, idle, mapped = arena.users, arena.idle, arena.mapped
-        for page in range(first, last + 1):       # claim the pages before anything is unmapped
-            if not users[page]:
-                idle.discard(page)
-            users[page] += 1
-        missing = [page for page in range(first, last + 1) if not mapped[page]]
-        if missing and not self._map(arena, missing):
-            self._unclaim(arena, first, last)
-            arena.free.merge_and_add(block)
+        free.remove(block)
+        if block.size - size >= self.owner.split_min:
+            free.add(block.split(size))
+        # the pages under the whole block, an unsplit tail included
+        offset, shift = block.start - arena.base, self.shift
+        first, end = offset >> shift, ((offset + block.size - 1) >> shift) + 1
+        if arena.mapped.find(0, first, end) < 0:
+            return block, True
+        if not self._map(arena, first, end):
+            free.merge_and_add(block)
             return None
-        return block, not missing
+        return block, False
 
-    def _page_span(self, arena: Arena, block: Block) -> tuple[int, int]:
-        """First and last page a block touches."""
-        return ((block.start - arena.base) >> self.shift,
-                (block.start + block.size - 1 - arena.base) >> self.shift)
-
-    def _unclaim(self, arena: Arena, first: int, last: int) -> None:
-        users, idle, mapped = arena.users, arena.idle, arena.mapped
-        for page in range(first, last + 1):
-            users[page] -= 1
-            if not users[page] and mapped[page]:
-                idle.add(page)
-
-    def _map(self, arena: Arena, pages: list[int]) -> bool:
+    def _map(self, arena: Arena, first: int, end: int) -> bool:
+        """Map the unmapped pages in [first, end), after unmapping idle pages of idle streams."""
         owner = self.owner
         self.unmap_idle(only_idle_streams=True)     # keep what is mapped close to what is live
-        need = len(pages) << self.shift
+        runs = _runs(arena.mapped, 0, first, end)
+        need = sum(count for _, count in runs) << self.shift
         if owner.stats.current("reserved_bytes") + need > owner.limit:
             return False
         done = []
         try:
-            for first, count in _runs(pages):
-                owner.backend.map(arena.reservation, first << self.shift, count << self.shift)
-                done.append((first, count))
+            for page, count in runs:
+                owner.backend.map(arena.reservation, page << self.shift, count << self.shift)
+                done.append((page, count))
         except MemoryAllocationError:
-            for first, count in done:
-                owner.backend.unmap(arena.reservation, first << self.shift, count << self.shift)
+            for page, count in done:
+                owner.backend.unmap(arena.reservation, page << self.shift, count << self.shift)
             return False
-        for page in pages:
-            arena.mapped[page] = 1
+        for page, count in done:
+            arena.mapped[page:page + count] = b"\x01" * count
         owner.on_device_memory(+need, False, calls=len(done))
-        for first, count in done:
-            owner.note_segment("segment_map", arena.base + (first << self.shift), count << self.shift,
+        for page, count in done:
+            owner.note_segment("segment_map", arena.base + (page << self.shift), count << self.shift,
                                arena.stream)
         return True
 
-    def give_back(self, block: Block) -> None:
-        """A block's caller is done with it: release its pages' use, merge, cache."""
-        arena = block.segment
-        self._unclaim(arena, *self._page_span(arena, block))
-        arena.free.merge_and_add(block)
+    def _idle_runs(self, arena: Arena) -> list[tuple[int, int]]:
+        """Mapped pages no live block touches: those wholly inside a free block."""
+        runs, shift, page = [], self.shift, self.page
+        for block in arena.free.at_least(page):
+            offset = block.start - arena.base
+            first, end = (offset + page - 1) >> shift, (offset + block.size) >> shift
+            if first < end:
+                runs.extend(_runs(arena.mapped, 1, first, end))
+        return runs
 
     def unmap_idle(self, streams=None, only_idle_streams: bool = False) -> int:
         """Unmap mapped pages no live block touches; bytes released."""
         owner = self.owner
         released = 0
         for arena in self.arenas.values():
-            if not arena.idle or (streams is not None and arena.stream not in streams):
+            if streams is not None and arena.stream not in streams:
                 continue
-            if only_idle_streams and not owner.stream_idle(arena.stream):
+            runs = self._idle_runs(arena)
+            if not runs or (only_idle_streams and not owner.stream_idle(arena.stream)):
                 continue
-            runs = _runs(sorted(arena.idle))
-            for first, count in runs:
-                owner.note_segment("segment_unmap", arena.base + (first << self.shift),
+            for page, count in sorted(runs):
+                owner.note_segment("segment_unmap", arena.base + (page << self.shift),
                                    count << self.shift, arena.stream)
-                owner.backend.unmap(arena.reservation, first << self.shift, count << self.shift)
-                for page in range(first, first + count):
-                    arena.mapped[page] = 0
-            nbytes = len(arena.idle) << self.shift
-            arena.idle.clear()
+                owner.backend.unmap(arena.reservation, page << self.shift, count << self.shift)
+                arena.mapped[page:page + count] = bytes(count)
+            nbytes = sum(count for _, count in runs) << self.shift
             owner.on_device_memory(-nbytes, False, calls=len(runs))
             released += nbytes
         return released
@@ -171,6 +162,6 @@ class ExpandableStrategy:
     def views(self):
         """(stream, small, blocks, mapped ranges) per arena, for reports."""
         for arena in self.arenas.values():
-            runs = _runs([page for page, on in enumerate(arena.mapped) if on])
+            runs = _runs(arena.mapped, 1, 0, len(arena.mapped))
             mapped = [(arena.base + (first << self.shift), count << self.shift) for first, count in runs]
             yield arena.stream, False, list(arena.blocks()), mapped

@@ -13,19 +13,20 @@ from __future__ import annotations
 from ..constants import MallocPolicy
 from ..errors import MemoryAllocationError
 from .block import Block, FreeList
-from .sizes import LARGE_BUFFER, MIN_BLOCK, SMALL_SIZE, segment_size
+from .sizes import LARGE_BUFFER, SMALL_SIZE, segment_size
 
 
 class Segment:
     """One device allocation carved into blocks."""
 
-    __slots__ = ("allocation", "start", "size", "stream", "small", "first")
+    __slots__ = ("allocation", "start", "size", "stream", "small", "free", "first")
 
-    def __init__(self, allocation, stream, small: bool):
+    def __init__(self, allocation, stream, small: bool, free: FreeList):
         self.allocation = allocation
         self.start, self.size = allocation.start, allocation.size
         self.stream, self.small = stream, small
-        self.first = Block(self.start, self.size, stream, self)
+        self.free = free                    # the cache of its (stream, pool), shared by segments
+        self.first = Block(self.start, self.size, self)
 
     def is_free(self) -> bool:
         return not self.first.allocated and self.first.next is None and self.first.size == self.size
@@ -44,7 +45,6 @@ class SegmentStrategy:
 
     def __init__(self, owner):
         self.owner = owner
-        self.min_block = MIN_BLOCK[owner.flavour]
         self.free_lists: dict[tuple, FreeList] = {}
         self.segments: dict[int, Segment] = {}
 
@@ -72,7 +72,7 @@ class SegmentStrategy:
         else:
             free_list.remove(block)
         remainder = block.size - size
-        if remainder >= max(self.min_block, self.owner.settings.block_alignment) and \
+        if remainder >= self.owner.split_min and \
                 (small or remainder > SMALL_SIZE):
             free_list.add(block.split(size))
         return block, hit
@@ -96,15 +96,11 @@ class SegmentStrategy:
                                                 "malloc_align32")
         except MemoryAllocationError:
             return None
-        segment = Segment(allocation, stream, small)
+        segment = Segment(allocation, stream, small, self._free_list(stream, small))
         self.segments[segment.start] = segment
         owner.on_device_memory(+nbytes, small, segments=+1)
         owner.note_segment("segment_alloc", segment.start, nbytes, stream)
         return segment
-
-    def give_back(self, block: Block) -> None:
-        """Merge a freed block with free neighbours and cache it."""
-        self._free_list(block.stream, block.segment.small).merge_and_add(block)
 
     def release_cached(self, streams=None, below: int | None = None) -> int:
         """Return entirely free segments (of `streams`, or all) to the device; bytes released.
@@ -118,7 +114,7 @@ class SegmentStrategy:
                 break
             if not segment.is_free() or (streams is not None and segment.stream not in streams):
                 continue
-            self._free_list(segment.stream, segment.small).remove(segment.first)
+            segment.free.remove(segment.first)
             del self.segments[segment.start]
             owner.note_segment("segment_free", segment.start, segment.size, segment.stream)
             owner.backend.free(segment.start, "free")
