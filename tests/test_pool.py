@@ -1,10 +1,13 @@
 """The caching pool: exact split/merge arithmetic, carving rules, streams, OOM, cache control."""
 
+import random
+
 import pytest
 
 from npumem.alloc.caching_allocator import CachingAllocator, OutOfMemoryError
 from npumem.alloc.settings import AllocatorSettings
-from npumem.alloc.sizes import round_request
+from npumem.alloc.sizes import SMALL_SIZE, round_request
+from npumem.alloc.stats import FOLD_AT, POOLS, PoolStats
 from npumem.device import SimBackend, SimConfig
 from npumem.errors import InvalidParamError, MemoryFreeError
 from npumem.units import MiB, align_up
@@ -232,4 +235,66 @@ def test_unsplit_remainder_pages_are_claimed_and_released():
     pool.deallocate(tail)
     pool.deallocate(head)
     assert pool.empty_cache() == 2 * page and not any(arena.mapped)
+    pool.close()
+
+
+def _recount(events):
+    """(current, peak, total increases) per (stat, pool), counted event by event."""
+    out = {}
+    for name, column in (("allocation", None), ("allocated_bytes", 0), ("requested_bytes", 1)):
+        for pool in POOLS:
+            current = peak = grown = 0
+            for event in events:
+                if pool != "all" and event[2] != (pool == "small_pool"):
+                    continue
+                change = (1 if event[0] > 0 else -1) if column is None else event[column]
+                current += change
+                grown += max(change, 0)
+                peak = max(peak, current)
+            out[name, pool] = (current, peak, grown)
+    return out
+
+
+def test_statistics_log_folds_exactly_in_one_batch_or_event_by_event():
+    """The pool logs allocations and frees and folds them later (numpy for big batches, plain
+    Python for small ones): both must give a direct recount's current, peak and total."""
+    rng = random.Random(3)
+    events, live = [], []
+    for _ in range(3000):
+        if live and rng.random() < 0.45:
+            size, requested, small = live.pop(rng.randrange(len(live)))
+            events.append((-size, -requested, small))
+        else:
+            requested = rng.randrange(0, 4 << 20)
+            size = round_request(requested, "npu")
+            live.append((size, requested, size <= SMALL_SIZE))
+            events.append(live[-1])
+    batch, single = PoolStats(), PoolStats()
+    for event in events:
+        batch.log += event
+        single.log += event
+        single.fold()
+    batch.fold()
+    for (name, pool), expected in _recount(events).items():
+        for stats in (batch, single):
+            stat = stats.stat(name, pool)
+            assert (stat.current, stat.peak, stat.allocated) == expected, (name, pool)
+
+
+def test_pool_statistics_stay_exact_across_log_folds():
+    backend = SimBackend(SimConfig(memory=256 * MiB))
+    pool = CachingAllocator(backend, 0)
+    rng, live, peak = random.Random(5), [], 0
+    for _ in range(FOLD_AT):           # several automatic folds (three log entries per event)
+        if live and rng.random() < len(live) / 100:
+            pool.deallocate(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(pool.allocate(rng.randrange(1, 1 << 20)))
+        peak = max(peak, sum(pool._allocated[p].size for p in live))
+    stats = pool.memory_stats()
+    assert stats["allocated_bytes.all.peak"] == peak
+    assert stats["allocation.all.current"] == len(live)
+    assert stats["num_cache_hits"] + stats["num_cache_misses"] == stats["allocation.all.allocated"]
+    for pointer in live:
+        pool.deallocate(pointer)
     pool.close()

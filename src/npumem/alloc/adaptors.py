@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import csv
 import datetime
+import itertools
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 
 from ..errors import MemoryFreeError
 from ..units import format_size
@@ -42,48 +43,74 @@ class Adaptor(MemoryResource):
 
 
 class StatisticsAdaptor(Adaptor):
-    """Counts, bytes (current, peak, total) and latency of every call."""
+    """Counts, bytes (current, peak, total) and latency of every call.
+
+    The calls only append to logs (list.append is atomic, so no lock is taken on the hot path);
+    `stats()` folds the logs into the totals, as does every 8192nd change. Counting in place
+    under a lock cost over a third of a pool's cache-hit allocate+free.
+    """
+
+    FOLD_AT = 8192
 
     def __init__(self, upstream: MemoryResource):
         super().__init__(upstream)
         self._sizes: dict[int, int] = {}
+        self._changes: list[int] = []       # +bytes per allocate, -bytes per free, in order
+        self._alloc_ns: list[int] = []
+        self._free_ns: list[int] = []
         self.allocations = self.frees = self.failures = 0
         self.current_bytes = self.peak_bytes = self.total_bytes = 0
-        self.alloc_ns = self.free_ns = 0
-        self.max_alloc_ns = 0
+        self.alloc_ns = self.free_ns = self.max_alloc_ns = 0
 
     def allocate(self, nbytes: int, stream=None) -> int:
-        start = time.perf_counter_ns()
+        start = perf_counter_ns()
         try:
             pointer = self._upstream.allocate(nbytes, stream)
         except Exception:
             with self.lock:
                 self.failures += 1
             raise
-        spent = time.perf_counter_ns() - start
-        with self.lock:
-            self._sizes[pointer] = nbytes
-            self.allocations += 1
-            self.current_bytes += nbytes
-            self.total_bytes += nbytes
-            if self.current_bytes > self.peak_bytes:
-                self.peak_bytes = self.current_bytes
-            self.alloc_ns += spent
-            if spent > self.max_alloc_ns:
-                self.max_alloc_ns = spent
+        self._alloc_ns.append(perf_counter_ns() - start)
+        self._sizes[pointer] = nbytes
+        changes = self._changes
+        changes.append(nbytes)
+        if len(changes) >= self.FOLD_AT:
+            with self.lock:
+                self._fold()
         return pointer
 
     def deallocate(self, pointer: int, nbytes: int | None = None, stream=None) -> None:
-        start = time.perf_counter_ns()
+        start = perf_counter_ns()
         self._upstream.deallocate(pointer, nbytes, stream)
-        spent = time.perf_counter_ns() - start
-        with self.lock:
-            self.current_bytes -= self._sizes.pop(pointer, 0)
-            self.frees += 1
-            self.free_ns += spent
+        self._free_ns.append(perf_counter_ns() - start)
+        self._changes.append(-self._sizes.pop(pointer, 0))
+
+    @staticmethod
+    def _drain(log: list[int]) -> list[int]:
+        """Take what is in `log` now; appends racing with this stay for the next fold."""
+        count = len(log)
+        taken = log[:count]
+        del log[:count]
+        return taken
+
+    def _fold(self) -> None:
+        """Count the logged calls (the caller holds the lock)."""
+        alloc_ns, free_ns = self._drain(self._alloc_ns), self._drain(self._free_ns)
+        changes = self._drain(self._changes)
+        self.allocations += len(alloc_ns)
+        self.alloc_ns += sum(alloc_ns)
+        self.max_alloc_ns = max(self.max_alloc_ns, max(alloc_ns, default=0))
+        self.frees += len(free_ns)
+        self.free_ns += sum(free_ns)
+        if changes:
+            running = list(itertools.accumulate(changes, initial=self.current_bytes))
+            self.peak_bytes = max(self.peak_bytes, max(running))
+            self.current_bytes = running[-1]
+            self.total_bytes += sum(change for change in changes if change > 0)
 
     def stats(self) -> dict:
         with self.lock:
+            self._fold()
             return {
                 "allocations": self.allocations, "frees": self.frees, "failures": self.failures,
                 "current_bytes": self.current_bytes, "peak_bytes": self.peak_bytes,
@@ -95,6 +122,7 @@ class StatisticsAdaptor(Adaptor):
 
     def reset_peak(self) -> None:
         with self.lock:
+            self._fold()
             self.peak_bytes = self.current_bytes
 
 
@@ -132,7 +160,7 @@ class TrackingAdaptor(Adaptor):
     def allocate(self, nbytes: int, stream=None) -> int:
         pointer = self._upstream.allocate(nbytes, stream)
         frames = capture_stack(1, self.max_frames) if self.stacks else []
-        record = TrackedAllocation(pointer, nbytes, stream, time.perf_counter_ns(),
+        record = TrackedAllocation(pointer, nbytes, stream, perf_counter_ns(),
                                    threading.current_thread().name, self.tag, frames)
         with self.lock:
             self._live[pointer] = record

@@ -65,60 +65,105 @@ class Block:
 class FreeList:
     """Free blocks ordered by (size, start) for best-fit lookups.
 
-    The order lives in one sorted list of int keys (size << 64 | start) — ints, not tuples,
-    because this runs on every allocate and free and int comparisons are several times cheaper.
+    Two parallel sorted lists: int keys (size << 64 | start; ints, not tuples, because int
+    comparisons are several times cheaper) and the blocks. A block that grows by a merge or
+    shrinks by a split is re-keyed where it stands when the order allows, which is the common
+    case, instead of being removed and inserted again: this runs on every allocate and free.
     """
 
     __slots__ = ("_keys", "_blocks", "total")
 
     def __init__(self):
         self._keys: list[int] = []
-        self._blocks: dict[int, Block] = {}
+        self._blocks: list[Block] = []
         self.total = 0
 
     def __len__(self) -> int:
         return len(self._keys)
 
     def __iter__(self):
-        blocks = self._blocks
-        return (blocks[key & _ADDRESS_MASK] for key in self._keys)
+        return iter(list(self._blocks))
+
+    def _index(self, block: Block) -> int:
+        return bisect_left(self._keys, block.size << _ADDRESS_BITS | block.start)
 
     def add(self, block: Block) -> None:
-        start, size = block.start, block.size
-        insort(self._keys, size << _ADDRESS_BITS | start)
-        self._blocks[start] = block
-        self.total += size
+        key = block.size << _ADDRESS_BITS | block.start
+        i = bisect_left(self._keys, key)
+        self._keys.insert(i, key)
+        self._blocks.insert(i, block)
+        self.total += block.size
 
     def remove(self, block: Block) -> None:
-        start, size = block.start, block.size
+        self._pop(self._index(block))
+
+    def _pop(self, i: int) -> Block:
+        del self._keys[i]
+        block = self._blocks.pop(i)
+        self.total -= block.size
+        return block
+
+    def _rekey(self, i: int, block: Block, change: int) -> None:
+        """Put `block` (whose size changed by `change`) in slot i, which held a key near its own."""
         keys = self._keys
-        del keys[bisect_left(keys, size << _ADDRESS_BITS | start)]
-        del self._blocks[start]
-        self.total -= size
+        key = block.size << _ADDRESS_BITS | block.start
+        self.total += change
+        if (i == 0 or keys[i - 1] < key) and (i + 1 == len(keys) or key < keys[i + 1]):
+            keys[i] = key
+            self._blocks[i] = block
+            return
+        del keys[i]
+        del self._blocks[i]
+        i = bisect_left(keys, key)
+        keys.insert(i, key)
+        self._blocks.insert(i, block)
 
     def best_fit(self, size: int) -> Block | None:
         """The smallest free block of at least `size` bytes (lowest address among equals)."""
+        i = bisect_left(self._keys, size << _ADDRESS_BITS)
+        return self._blocks[i] if i < len(self._keys) else None
+
+    def take(self, size: int, split_min: int, may_use=None) -> Block | None:
+        """Remove and return the best fit for `size` bytes, cut to `size` when the rest is at
+        least `split_min` bytes (the rest stays cached). `may_use(block_size)` can veto the
+        best fit (max_split_size_mb)."""
         keys = self._keys
         i = bisect_left(keys, size << _ADDRESS_BITS)
-        return self._blocks[keys[i] & _ADDRESS_MASK] if i < len(keys) else None
+        if i == len(keys):
+            return None
+        block = self._blocks[i]
+        if may_use is not None and not may_use(block.size):
+            return None
+        if block.size - size < split_min:
+            return self._pop(i)
+        self._rekey(i, block.split(size), -size)
+        return block
 
-    def at_least(self, size: int):
+    def at_least(self, size: int) -> list[Block]:
         """Free blocks of at least `size` bytes, smallest first."""
-        keys, blocks = self._keys, self._blocks
-        return [blocks[key & _ADDRESS_MASK] for key in keys[bisect_left(keys, size << _ADDRESS_BITS):]]
+        return self._blocks[bisect_left(self._keys, size << _ADDRESS_BITS):]
 
     def largest(self) -> int:
         return self._keys[-1] >> _ADDRESS_BITS if self._keys else 0
 
     def merge_and_add(self, block: Block) -> None:
         """Add a freed block, first absorbing free neighbours (which must be in this list)."""
-        following = block.next
+        following, previous = block.next, block.prev
+        prev_free = previous is not None and not previous.allocated
         if following is not None and not following.allocated:
-            self.remove(following)
+            # the common case on a cache hit: the block rejoins the rest it was cut from
+            i = bisect_left(self._keys, following.size << _ADDRESS_BITS | following.start)
             block.absorb_next()
-        previous = block.prev
-        if previous is not None and not previous.allocated:
-            self.remove(previous)
+            if prev_free:
+                self._pop(i)
+                i = self._index(previous)
+                previous.absorb_next()
+                self._rekey(i, previous, block.size)
+            else:
+                self._rekey(i, block, block.size - following.size)
+        elif prev_free:
+            i = self._index(previous)
             previous.absorb_next()
-            block = previous
-        self.add(block)
+            self._rekey(i, previous, block.size)
+        else:
+            self.add(block)

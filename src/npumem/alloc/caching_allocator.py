@@ -29,7 +29,7 @@ from .resource import MemoryResource
 from .segments import SegmentStrategy
 from .settings import AllocatorSettings
 from .sizes import MIN_BLOCK, SMALL_SIZE, round_request
-from .stats import POOLS, PoolStats, Stat
+from .stats import FOLD_AT, POOLS, PoolStats, Stat
 
 
 class OutOfMemoryError(MemoryAllocationError):
@@ -58,7 +58,7 @@ class CachingAllocator(MemoryResource):
         self._synchronize = synchronize or (lambda stream: None)
         self._record_event = record_event
         self.lock = threading.RLock()
-        self.stats = PoolStats()
+        self.stats = PoolStats(self.lock)
         self.capacity = backend.mem_info(device, MemAttr.HBM_MEM)[1] or \
             backend.mem_info(device, MemAttr.DDR_MEM)[1]
         self.limit = int(self.capacity * self.settings.per_process_memory_fraction)
@@ -105,22 +105,24 @@ class CachingAllocator(MemoryResource):
         lock = self.lock
         lock.acquire()
         try:
-            if self._pending:
+            pending = self._pending
+            if pending:
                 self._free_completed_pending()
-            taken = self._strategy.take(size, stream)
-            if taken is None:
-                taken = self._retry_after_releasing_cache(nbytes, size, stream)
-            block, hit = taken
+            block = self._strategy.take(size, stream)
+            if block is None:
+                block = self._retry_after_releasing_cache(nbytes, size, stream)
             start = block.start
             block.allocated = True
             block.requested = nbytes
             block.small = small = size <= SMALL_SIZE
             self._allocated[start] = block
             stats = self.stats
-            stats.block_allocated(small, block.size, nbytes)
-            if self._pending:
+            log = stats.log
+            log += (block.size, nbytes, small)
+            if len(log) >= FOLD_AT:
+                stats.fold()
+            if pending:
                 stats.note_active_peak()
-            stats.counters["num_cache_hits" if hit else "num_cache_misses"] += 1
             if OBSERVERS.active:
                 for observer in OBSERVERS.active:
                     observer.on_memory(self, "alloc", self.device, start, block.size, nbytes, stream)
@@ -139,7 +141,8 @@ class CachingAllocator(MemoryResource):
                 raise InvalidParamError(f"deallocate(0x{pointer:x}, {nbytes}): the block was "
                                         f"allocated for {block.requested} bytes")
             del self._allocated[pointer]
-            self.stats.block_freed(block.small, block.size, block.requested)
+            log = self.stats.log
+            log += (-block.size, -block.requested, block.small)
             if self._other_streams:
                 streams = self._other_streams.pop(pointer, None)
                 if streams and self._record_event is not None:
@@ -185,9 +188,9 @@ class CachingAllocator(MemoryResource):
     def _retry_after_releasing_cache(self, nbytes: int, size: int, stream):
         self.stats.counters["num_alloc_retries"] += 1
         self._release_cache()
-        taken = self._strategy.take(size, stream)
-        if taken is not None:
-            return taken
+        block = self._strategy.take(size, stream)
+        if block is not None:
+            return block
         self.stats.counters["num_ooms"] += 1
         if OBSERVERS.active:      # an oom event carries the device's free bytes as its address
             free = self.backend.mem_info(self.device, MemAttr.HBM_MEM)[0]
@@ -316,9 +319,7 @@ class CachingAllocator(MemoryResource):
                             split[pool].current += 1
                             split_bytes[pool].current += high - low
             out = self.stats.flat({"inactive_split": split, "inactive_split_bytes": split_bytes})
-            counters = self.stats.counters
-            requests = counters["num_cache_hits"] + counters["num_cache_misses"]
-            out["cache_hit_rate"] = counters["num_cache_hits"] / requests if requests else 1.0
+            out["cache_hit_rate"] = self.stats.hit_rate()
             out["fragmentation"] = self.fragmentation()["ratio"]
             return out
 

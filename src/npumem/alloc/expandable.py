@@ -72,24 +72,22 @@ class ExpandableStrategy:
             self.owner.on_device_memory(0, False, segments=+1)
         return arena
 
-    def take(self, size: int, stream) -> tuple[Block, bool] | None:
+    def take(self, size: int, stream) -> Block | None:
+        """A block of `size` bytes for `stream`, or None when its pages cannot be mapped."""
         arena = self.arenas.get(stream) or self._arena(stream)
-        free = arena.free
-        block = free.best_fit(size)
+        block = arena.free.take(size, self.owner.split_min)
         if block is None:
             return None
-        free.remove(block)
-        if block.size - size >= self.owner.split_min:
-            free.add(block.split(size))
         # the pages under the whole block, an unsplit tail included
         offset, shift = block.start - arena.base, self.shift
         first, end = offset >> shift, ((offset + block.size - 1) >> shift) + 1
         if arena.mapped.find(0, first, end) < 0:
-            return block, True
+            return block
         if not self._map(arena, first, end):
-            free.merge_and_add(block)
+            arena.free.merge_and_add(block)
             return None
-        return block, False
+        self.owner.stats.counters["num_cache_misses"] += 1
+        return block
 
     def _map(self, arena: Arena, first: int, end: int) -> bool:
         """Map the unmapped pages in [first, end), after unmapping idle pages of idle streams."""

@@ -55,36 +55,34 @@ class SegmentStrategy:
             free_list = self.free_lists[key] = FreeList()
         return free_list
 
-    def take(self, size: int, stream) -> tuple[Block, bool] | None:
-        """A block of `size` bytes for `stream` and whether it came from the cache."""
+    def take(self, size: int, stream) -> Block | None:
+        """A block of `size` bytes for `stream`, from the cache or a new segment."""
         small = size <= SMALL_SIZE
         free_list = self._free_list(stream, small)
-        block = free_list.best_fit(size)
-        if block is not None and not self._may_use(block.size, size):
-            block = None
-        hit = block is not None
-        if block is None:
-            self._collect_garbage()
-            segment = self._new_segment(size, stream, small)
-            if segment is None:
-                return None
-            block = segment.first
-        else:
-            free_list.remove(block)
-        remainder = block.size - size
-        if remainder >= self.owner.split_min and \
-                (small or remainder > SMALL_SIZE):
+        # large blocks split only when more than a small block's worth would remain
+        split_min = self.owner.split_min if small else max(self.owner.split_min, SMALL_SIZE + 1)
+        block = free_list.take(size, split_min, self._may_use(size))
+        if block is not None:
+            return block
+        self._collect_garbage()
+        segment = self._new_segment(size, stream, small)
+        if segment is None:
+            return None
+        block = segment.first
+        if block.size - size >= split_min:
             free_list.add(block.split(size))
-        return block, hit
+        self.owner.stats.counters["num_cache_misses"] += 1
+        return block
 
-    def _may_use(self, block_size: int, size: int) -> bool:
+    def _may_use(self, size: int):
+        """With max_split_size_mb, which cached block sizes may serve `size` (None: all)."""
         limit = self.owner.settings.max_split_size_mb
         if limit is None:
-            return True
+            return None
         limit = int(limit * (1 << 20))
         if size < limit:
-            return block_size < limit
-        return block_size < size + LARGE_BUFFER
+            return lambda block_size: block_size < limit
+        return lambda block_size: block_size < size + LARGE_BUFFER
 
     def _new_segment(self, size: int, stream, small: bool) -> Segment | None:
         owner = self.owner

@@ -6,13 +6,20 @@ all memory and split by small pool (requests up to 1 MiB) and large pool.
 
 from __future__ import annotations
 
+import threading
+
+import numpy as np
+
 POOLS = ("all", "small_pool", "large_pool")
 # The first three change on every allocate and free (PoolStats.block_allocated / block_freed).
 TRACKED = ("allocation", "allocated_bytes", "requested_bytes", "segment", "reserved_bytes",
            "pending", "pending_bytes")
 COUNTERS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
-            "num_cache_hits", "num_cache_misses", "num_sync_all_streams")
+            "num_cache_misses", "num_sync_all_streams")     # num_cache_hits is derived
 _INDEX = {name: 3 * i for i, name in enumerate(TRACKED)}
+_LOGGED = 9                 # indices below this come from the event log
+FOLD_AT = 3 * 8192          # log entries (three per event) that trigger a fold
+_NUMPY_FROM = 3 * 64        # smaller logs fold in plain Python
 _POOL = {pool: j for j, pool in enumerate(POOLS)}
 
 
@@ -33,56 +40,87 @@ class PoolStats:
     """The tracked stats for every pool, plus event counters.
 
     Values live in flat lists indexed 3 * stat + pool (pool 0 all, 1 small, 2 large): current,
-    peak and grown (sum of increases); freed = grown - current. Flat lists, because the
-    allocator updates six of them on every allocate and free.
+    peak and grown (sum of increases); freed = grown - current.
+
+    Allocations and frees are not counted one by one: the allocator appends
+    (±size, ±requested, small) to `log`, and the log is folded into the counts — with numpy
+    cumulative sums, so peaks stay exact — before any read and every FOLD_AT entries. Counting
+    six values per event in Python cost more than the rest of a cache-hit allocate+free.
 
     `active` is derived exactly: a block is active from allocate until its memory can be reused,
     i.e. while allocated or pending (freed, waiting for other streams' events).
     """
 
-    def __init__(self):
+    def __init__(self, lock=None):
         size = 3 * len(TRACKED)
         self.now, self.peaks, self.grown = [0] * size, [0] * size, [0] * size
+        self.log: list[int] = []
+        self.lock = lock or threading.RLock()      # the allocator's: the log changes under it
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.active_peak = [0, 0, 0]
         self.active_bytes_peak = [0, 0, 0]
 
-    def block_allocated(self, small: bool, size: int, requested: int) -> None:
-        now, peaks, grown = self.now, self.peaks, self.grown
-        for k, amount in ((0, 1), (3, size), (6, requested)):
-            for index in (k, k + 1 if small else k + 2):
-                value = now[index] + amount
-                now[index] = value
-                grown[index] += amount
-                if value > peaks[index]:
-                    peaks[index] = value
+    def fold(self) -> None:
+        """Count the logged allocations and frees."""
+        with self.lock:
+            log = self.log
+            if not log:
+                return
+            self.log = []
+            if len(log) < _NUMPY_FROM:
+                for i in range(0, len(log), 3):
+                    size, requested, small = log[i], log[i + 1], log[i + 2]
+                    count = 1 if size > 0 else -1
+                    for k, amount in ((0, count), (3, size), (6, requested)):
+                        self._count(k, small, amount)
+                return
+            events = np.fromiter(log, dtype=np.int64, count=len(log)).reshape(-1, 3).T
+            sizes, small = events[0], events[2].astype(bool)
+            # rows: allocation count, allocated_bytes, requested_bytes (stats 0, 3 and 6),
+            # each contiguous in memory for the cumulative sums
+            deltas = np.stack((np.sign(sizes), sizes, events[1]))
+            for pool, columns in ((0, deltas), (1, deltas[:, small]), (2, deltas[:, ~small])):
+                if columns.shape[1]:
+                    self._fold_columns([pool, 3 + pool, 6 + pool], columns)
 
-    def block_freed(self, small: bool, size: int, requested: int) -> None:
-        now, pool = self.now, 1 if small else 2
-        now[0] -= 1
-        now[pool] -= 1
-        now[3] -= size
-        now[3 + pool] -= size
-        now[6] -= requested
-        now[6 + pool] -= requested
+    def _fold_columns(self, indices: list[int], changes) -> None:
+        """Apply a run of (count, bytes, requested) changes to three stats of one pool."""
+        running = np.cumsum(changes, axis=1)
+        highest, last = running.max(axis=1), running[:, -1]
+        grown = (np.abs(changes).sum(axis=1) + last) // 2      # the sum of the increases
+        for row, index in enumerate(indices):
+            start = self.now[index]
+            self.now[index] = start + int(last[row])
+            self.peaks[index] = max(self.peaks[index], start + int(highest[row]))
+            self.grown[index] += int(grown[row])
 
-    def add(self, name: str, small: bool, amount: int) -> None:
-        k = _INDEX[name]
+    def _count(self, k: int, small: bool, amount: int) -> None:
         now, peaks = self.now, self.peaks
         for index in (k, k + 1 if small else k + 2):
             now[index] += amount
             if amount > 0:
                 self.grown[index] += amount
-                peaks[index] = max(peaks[index], now[index])
+                if now[index] > peaks[index]:
+                    peaks[index] = now[index]
+
+    def add(self, name: str, small: bool, amount: int) -> None:
+        """Change a stat the allocator does not log (segments, reserved, pending)."""
+        self._count(_INDEX[name], small, amount)
+
+    def _index(self, name: str, pool: str) -> int:
+        index = _INDEX[name] + _POOL[pool]
+        if index < _LOGGED and self.log:
+            self.fold()
+        return index
 
     def current(self, name: str, pool: str = "all") -> int:
-        return self.now[_INDEX[name] + _POOL[pool]]
+        return self.now[self._index(name, pool)]
 
     def peak(self, name: str, pool: str = "all") -> int:
-        return self.peaks[_INDEX[name] + _POOL[pool]]
+        return self.peaks[self._index(name, pool)]
 
     def stat(self, name: str, pool: str = "all") -> Stat:
-        index = _INDEX[name] + _POOL[pool]
+        index = self._index(name, pool)
         now, grown = self.now[index], self.grown[index]
         return Stat(now, self.peaks[index], grown, grown - now)
 
@@ -108,7 +146,18 @@ class PoolStats:
                                        allocated.allocated, allocated.freed - waiting)
         return out
 
+    def counter_values(self) -> dict[str, int]:
+        """The event counters, with num_cache_hits = allocations - cache misses."""
+        hits = self.stat("allocation").allocated - self.counters["num_cache_misses"]
+        return {**self.counters, "num_cache_hits": hits}
+
+    def hit_rate(self) -> float:
+        """Share of allocations served from the cache (1.0 before any)."""
+        allocations = self.stat("allocation").allocated
+        return 1 - self.counters["num_cache_misses"] / allocations if allocations else 1.0
+
     def reset_peaks(self) -> None:
+        self.fold()
         self.peaks = list(self.now)
         self.active_peak = [0, 0, 0]
         self.active_bytes_peak = [0, 0, 0]
@@ -124,5 +173,5 @@ class PoolStats:
                 for pool, stat in by_pool.items():
                     for metric, value in stat.as_dict().items():
                         out[f"{name}.{pool}.{metric}"] = value
-        out.update(self.counters)
+        out.update(self.counter_values())
         return dict(sorted(out.items()))

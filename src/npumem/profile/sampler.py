@@ -58,13 +58,11 @@ def take_samples() -> list[Sample]:
         with pool.lock:
             stats = pool.stats
             allocated, reserved = stats.current("allocated_bytes"), stats.current("reserved_bytes")
-            counters = stats.counters
-            hits = counters["num_cache_hits"]
-            requests = hits + counters["num_cache_misses"]
+            hit_rate = stats.hit_rate()
         fragmentation = pool.fragmentation()["ratio"]
         free, total = backend.mem_info(device, MemAttr.HBM_MEM) if backend else (0, 0)
         samples.append(Sample(now, device, allocated, reserved, total - free, total,
-                              hits / requests if requests else 1.0, fragmentation, rss))
+                              hit_rate, fragmentation, rss))
     return samples or [Sample(now, -1, 0, 0, 0, 0, 1.0, 0.0, rss)]
 
 
