@@ -60,29 +60,34 @@ def _best_greedy(problem: PlanningProblem, say: Progress) -> Plan:
 
 
 def _improve(problem: PlanningProblem, best: Plan, deadline: float, say: Progress) -> Plan:
-    """Walk the capacity down from the best height found so far towards LOAD, a quarter of the
-    gap at a time (a failure shrinks the step). Each capacity gets a third of the remaining time, spent on short randomized searches: the search's
-    running time is heavy-tailed (a solution within a few hundred nodes, or none in a million), so
-    many short restarts with jittered orders beat one long search. A capacity whose time runs out
-    counts as infeasible: this is a heuristic, not a proof of optimality.
+    """Lower the best height found so far towards LOAD with short randomized searches.
+
+    Each attempt asks for a placement within `best height - step`, for a short time budget. The
+    search's running time is heavy-tailed (a solution within a few thousand nodes, or none in a
+    million), so a failure proves nothing: it halves the step, and once the step is down to the
+    tolerance the budget doubles and the step starts wide again, so every capacity gets another,
+    longer chance. This is a heuristic, not a proof of optimality.
     """
     load = problem.load()
     if best.height <= load or len(problem) == 0:
         return best
     search = SkylineSearch(problem)
     rng = np.random.default_rng(0)
-    low, high = load, best.height
     tolerance = max(1, load // 10_000)
-    while high - low > tolerance and time.perf_counter() < deadline:
-        capacity = high - max(tolerance, (high - low) // 4)
-        share = time.perf_counter() + (deadline - time.perf_counter()) / 3
-        offsets = _run_deep(lambda: _attempt(search, rng, capacity, min(share, deadline)))
+    budget = max(0.5, (deadline - time.perf_counter()) / 10)
+    step = max(tolerance, (best.height - load) // 4)
+    while best.height - load > tolerance and time.perf_counter() < deadline:
+        capacity = max(load, best.height - step)
+        stop = min(time.perf_counter() + budget, deadline)
+        offsets = _run_deep(lambda: _attempt(search, rng, capacity, stop))
         if offsets is not None:
             best = Plan(problem, offsets, "search")
-            high = best.height
-            say(f"search: height {high} ({best.height_over_load:.4f} x load)")
+            say(f"search: height {best.height} ({best.height_over_load:.4f} x load)")
+        elif step > tolerance:
+            step = max(tolerance, step // 2)
         else:
-            low = capacity + 1
+            budget *= 2
+            step = max(tolerance, (best.height - load) // 4)
     return best
 
 
