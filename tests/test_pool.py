@@ -298,3 +298,16 @@ def test_pool_statistics_stay_exact_across_log_folds():
     for pointer in live:
         pool.deallocate(pointer)
     pool.close()
+
+
+def test_the_inlined_rounding_matches_the_carving_rule():
+    """allocate() rounds default-setting requests inline; blocks must still be cut exactly where
+    round_request says (the next block starts right after)."""
+    backend = SimBackend(SimConfig(memory=64 * MiB))
+    pool = CachingAllocator(backend, 0)
+    for n in [*range(0, 300), 1000, 4095, 4096, 4097, 65_535, 1 << 20, (1 << 20) + 1, 3_000_001]:
+        first, second = pool.allocate(n), pool.allocate(1)
+        assert second - first == round_request(n, "npu"), n
+        pool.deallocate(first)
+        pool.deallocate(second)
+    pool.close()

@@ -71,18 +71,11 @@ class FreeList:
     case, instead of being removed and inserted again: this runs on every allocate and free.
     """
 
-    __slots__ = ("_keys", "_blocks", "total")
+    __slots__ = ("_keys", "_blocks")
 
     def __init__(self):
         self._keys: list[int] = []
         self._blocks: list[Block] = []
-        self.total = 0
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def __iter__(self):
-        return iter(list(self._blocks))
 
     def _index(self, block: Block) -> int:
         return bisect_left(self._keys, block.size << _ADDRESS_BITS | block.start)
@@ -92,22 +85,18 @@ class FreeList:
         i = bisect_left(self._keys, key)
         self._keys.insert(i, key)
         self._blocks.insert(i, block)
-        self.total += block.size
 
     def remove(self, block: Block) -> None:
         self._pop(self._index(block))
 
     def _pop(self, i: int) -> Block:
         del self._keys[i]
-        block = self._blocks.pop(i)
-        self.total -= block.size
-        return block
+        return self._blocks.pop(i)
 
-    def _rekey(self, i: int, block: Block, change: int) -> None:
-        """Put `block` (whose size changed by `change`) in slot i, which held a key near its own."""
+    def _rekey(self, i: int, block: Block) -> None:
+        """Put `block` (its size just changed) in slot i, which held a key near its own."""
         keys = self._keys
         key = block.size << _ADDRESS_BITS | block.start
-        self.total += change
         if (i == 0 or keys[i - 1] < key) and (i + 1 == len(keys) or key < keys[i + 1]):
             keys[i] = key
             self._blocks[i] = block
@@ -118,13 +107,9 @@ class FreeList:
         keys.insert(i, key)
         self._blocks.insert(i, block)
 
-    def best_fit(self, size: int) -> Block | None:
-        """The smallest free block of at least `size` bytes (lowest address among equals)."""
-        i = bisect_left(self._keys, size << _ADDRESS_BITS)
-        return self._blocks[i] if i < len(self._keys) else None
-
     def take(self, size: int, split_min: int, may_use=None) -> Block | None:
-        """Remove and return the best fit for `size` bytes, cut to `size` when the rest is at
+        """Remove and return the best fit for `size` bytes (the smallest free block that is
+        large enough, lowest address among equals), cut to `size` when the rest is at
         least `split_min` bytes (the rest stays cached). `may_use(block_size)` can veto the
         best fit (max_split_size_mb)."""
         keys = self._keys
@@ -136,15 +121,12 @@ class FreeList:
             return None
         if block.size - size < split_min:
             return self._pop(i)
-        self._rekey(i, block.split(size), -size)
+        self._rekey(i, block.split(size))
         return block
 
     def at_least(self, size: int) -> list[Block]:
         """Free blocks of at least `size` bytes, smallest first."""
         return self._blocks[bisect_left(self._keys, size << _ADDRESS_BITS):]
-
-    def largest(self) -> int:
-        return self._keys[-1] >> _ADDRESS_BITS if self._keys else 0
 
     def merge_and_add(self, block: Block) -> None:
         """Add a freed block, first absorbing free neighbours (which must be in this list)."""
@@ -158,12 +140,12 @@ class FreeList:
                 self._pop(i)
                 i = self._index(previous)
                 previous.absorb_next()
-                self._rekey(i, previous, block.size)
+                self._rekey(i, previous)
             else:
-                self._rekey(i, block, block.size - following.size)
+                self._rekey(i, block)
         elif prev_free:
             i = self._index(previous)
             previous.absorb_next()
-            self._rekey(i, previous, block.size)
+            self._rekey(i, previous)
         else:
             self.add(block)
