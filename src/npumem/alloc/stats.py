@@ -11,7 +11,7 @@ import threading
 import numpy as np
 
 POOLS = ("all", "small_pool", "large_pool")
-# The first three change on every allocate and free (PoolStats.block_allocated / block_freed).
+# The first three change on every allocate and free: the allocator logs them (see PoolStats).
 TRACKED = ("allocation", "allocated_bytes", "requested_bytes", "segment", "reserved_bytes",
            "pending", "pending_bytes")
 COUNTERS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
