@@ -7,7 +7,7 @@ sorted by (size, address): best fit is one bisect, ties going to the lowest addr
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 
 _ADDRESS_BITS = 64      # a free-list key is size << 64 | start: one int, ordered by (size, start)
 _ADDRESS_MASK = (1 << _ADDRESS_BITS) - 1
