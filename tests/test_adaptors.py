@@ -7,6 +7,7 @@ import pytest
 
 from npumem.alloc.adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor
 from npumem.alloc.caching_allocator import CachingAllocator, OutOfMemoryError
+from npumem.alloc.resource import MemoryResource
 from npumem.device import SimBackend, SimConfig
 from npumem.errors import MemoryFreeError
 from npumem.units import MiB
@@ -87,3 +88,46 @@ def test_adaptors_compose_and_expose_upstream(pool):
     pointer = stack.allocate(100)
     assert stack.owns(pointer)
     stack.deallocate(pointer)
+
+
+class _ReusingUpstream(MemoryResource):
+    """Hands out one pointer; while freeing it, runs `during_free` — as if another thread got
+    the same pointer back from the pool before the freeing thread returned."""
+
+    def __init__(self):
+        self.live, self.during_free = set(), None
+
+    def allocate(self, nbytes, stream=None):
+        assert 0x1000 not in self.live
+        self.live.add(0x1000)
+        return 0x1000
+
+    def deallocate(self, pointer, nbytes=None, stream=None):
+        if pointer not in self.live:
+            raise MemoryFreeError(f"0x{pointer:x} is not allocated")
+        self.live.remove(pointer)
+        hook, self.during_free = self.during_free, None
+        if hook is not None:
+            hook()
+
+    def owns(self, pointer):
+        return pointer in self.live
+
+
+@pytest.mark.parametrize("make", [StatisticsAdaptor, TrackingAdaptor,
+                                  lambda up: LoggingAdaptor(up, io.StringIO()),
+                                  lambda up: LimitingAdaptor(up, 1 << 20)])
+def test_a_pointer_reused_while_it_is_being_freed_keeps_its_new_owner(make):
+    upstream = _ReusingUpstream()
+    adaptor = make(upstream)
+    pointer = adaptor.allocate(100)
+    upstream.during_free = lambda: adaptor.allocate(300)     # same pointer, new size
+    adaptor.deallocate(pointer)
+    adaptor.deallocate(pointer)                               # the second owner's free works
+    if isinstance(adaptor, StatisticsAdaptor):
+        stats = adaptor.stats()
+        assert (stats["current_bytes"], stats["peak_bytes"], stats["live"]) == (0, 300, 0)
+    if isinstance(adaptor, TrackingAdaptor):
+        assert adaptor.live() == []
+    if isinstance(adaptor, LimitingAdaptor):
+        assert adaptor.outstanding == 0

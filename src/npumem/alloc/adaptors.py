@@ -41,6 +41,21 @@ class Adaptor(MemoryResource):
     def owns(self, pointer: int) -> bool:
         return self._upstream.owns(pointer)
 
+    def _free_upstream(self, table: dict, pointer: int, nbytes, stream):
+        """Free `pointer` upstream and return its entry in `table` (None if it has none).
+
+        The entry leaves `table` before the upstream free and comes back if that fails: once the
+        upstream has freed the pointer, another thread may be handed it and record its own entry.
+        """
+        entry = table.pop(pointer, None)
+        try:
+            self._upstream.deallocate(pointer, nbytes, stream)
+        except Exception:
+            if entry is not None:
+                table[pointer] = entry
+            raise
+        return entry
+
 
 class StatisticsAdaptor(Adaptor):
     """Counts, bytes (current, peak, total) and latency of every call.
@@ -80,10 +95,17 @@ class StatisticsAdaptor(Adaptor):
         return pointer
 
     def deallocate(self, pointer: int, nbytes: int | None = None, stream=None) -> None:
+        # The bytes leave the count before the upstream frees them, so an allocation that gets
+        # them back on another thread cannot be counted on top of them (peaks stay true).
+        size = self._sizes.get(pointer, 0)
+        self._changes.append(-size)
         start = perf_counter_ns()
-        self._upstream.deallocate(pointer, nbytes, stream)
+        try:
+            self._free_upstream(self._sizes, pointer, nbytes, stream)
+        except Exception:
+            self._changes.append(size)
+            raise
         self._free_ns.append(perf_counter_ns() - start)
-        self._changes.append(-self._sizes.pop(pointer, 0))
 
     @staticmethod
     def _drain(log: list[int]) -> list[int]:
@@ -167,9 +189,7 @@ class TrackingAdaptor(Adaptor):
         return pointer
 
     def deallocate(self, pointer: int, nbytes: int | None = None, stream=None) -> None:
-        self._upstream.deallocate(pointer, nbytes, stream)
-        with self.lock:
-            self._live.pop(pointer, None)
+        self._free_upstream(self._live, pointer, nbytes, stream)
 
     def live(self) -> list[TrackedAllocation]:
         with self.lock:
@@ -225,8 +245,8 @@ class LoggingAdaptor(Adaptor):
         return pointer
 
     def deallocate(self, pointer: int, nbytes: int | None = None, stream=None) -> None:
-        self._upstream.deallocate(pointer, nbytes, stream)
-        self._log("free", pointer, self._sizes.pop(pointer, nbytes or 0), stream)
+        size = self._free_upstream(self._sizes, pointer, nbytes, stream)
+        self._log("free", pointer, (nbytes or 0) if size is None else size, stream)
 
     def close(self) -> None:
         with self.lock:
@@ -264,9 +284,9 @@ class LimitingAdaptor(Adaptor):
         return pointer
 
     def deallocate(self, pointer: int, nbytes: int | None = None, stream=None) -> None:
+        size = self._free_upstream(self._sizes, pointer, nbytes, stream) \
+            if pointer in self._sizes else None
+        if size is None:
+            raise MemoryFreeError(f"deallocate(0x{pointer:x}): not allocated through this limit")
         with self.lock:
-            if pointer not in self._sizes:
-                raise MemoryFreeError(f"deallocate(0x{pointer:x}): not allocated through this limit")
-        self._upstream.deallocate(pointer, nbytes, stream)
-        with self.lock:
-            self.outstanding -= self._sizes.pop(pointer)
+            self.outstanding -= size
