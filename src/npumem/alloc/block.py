@@ -107,17 +107,17 @@ class FreeList:
         keys.insert(i, key)
         self._blocks.insert(i, block)
 
-    def take(self, size: int, split_min: int, may_use=None) -> Block | None:
+    def take(self, size: int, split_min: int, below: int | None = None) -> Block | None:
         """Remove and return the best fit for `size` bytes (the smallest free block that is
         large enough, lowest address among equals), cut to `size` when the rest is at
-        least `split_min` bytes (the rest stays cached). `may_use(block_size)` can veto the
-        best fit (max_split_size_mb)."""
+        least `split_min` bytes (the rest stays cached). With `below`, a best fit of that many
+        bytes or more is not used (max_split_size_mb)."""
         keys = self._keys
         i = bisect_left(keys, size << _ADDRESS_BITS)
         if i == len(keys):
             return None
         block = self._blocks[i]
-        if may_use is not None and not may_use(block.size):
+        if below is not None and block.size >= below:
             return None
         if block.size - size < split_min:
             return self._pop(i)

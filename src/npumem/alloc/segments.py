@@ -61,7 +61,7 @@ class SegmentStrategy:
         free_list = self._free_list(stream, small)
         # large blocks split only when more than a small block's worth would remain
         split_min = self.owner.split_min if small else max(self.owner.split_min, SMALL_SIZE + 1)
-        block = free_list.take(size, split_min, self._may_use(size))
+        block = free_list.take(size, split_min, self._usable_below(size))
         if block is not None:
             return block
         self._collect_garbage()
@@ -74,15 +74,15 @@ class SegmentStrategy:
         self.owner.stats.counters["num_cache_misses"] += 1
         return block
 
-    def _may_use(self, size: int):
-        """With max_split_size_mb, which cached block sizes may serve `size` (None: all)."""
+    def _usable_below(self, size: int) -> int | None:
+        """With max_split_size_mb, the cached block size from which blocks may not serve `size`:
+        blocks that large are kept for large requests, and those only take blocks at most
+        LARGE_BUFFER bigger than asked (None: any block may serve)."""
         limit = self.owner.settings.max_split_size_mb
         if limit is None:
             return None
         limit = int(limit * (1 << 20))
-        if size < limit:
-            return lambda block_size: block_size < limit
-        return lambda block_size: block_size < size + LARGE_BUFFER
+        return limit if size < limit else size + LARGE_BUFFER
 
     def _new_segment(self, size: int, stream, small: bool) -> Segment | None:
         owner = self.owner
