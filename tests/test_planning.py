@@ -71,6 +71,17 @@ def test_skyline_search_proves_infeasible_capacity():
     assert search.solve(6, search.rank("TWA"), 1000, float("inf")) is not None
 
 
+def test_search_stops_once_lower_capacities_are_proven_infeasible():
+    # LOAD is 200 but no placement beats the greedy 210: once the search proves 208 infeasible,
+    # the floor rises to 209 and nothing is left to try (before, it retried until the limit).
+    problem = problem_from_arrays([1, 2, 2, 5, 7, 7, 1, 4], [2, 6, 5, 9, 11, 11, 3, 6],
+                                  [70, 40, 60, 70, 50, 60, 100, 90])
+    messages = []
+    result = plan(problem, "search", 60, progress=messages.append)
+    assert (problem.load(), result.height) == (200, 210)
+    assert any("(proven)" in message for message in messages)
+
+
 def test_problem_from_trace_uses_event_order():
     events = [TraceEvent(0, "alloc", 1, 10), TraceEvent(1, "alloc", 2, 20),
               TraceEvent(2, "free", 1, 10), TraceEvent(3, "free", 77, 5),

@@ -66,20 +66,26 @@ def _improve(problem: PlanningProblem, best: Plan, deadline: float, say: Progres
     search's running time is heavy-tailed (a solution within a few thousand nodes, or none in a
     million), so a failure proves nothing: it halves the step, and once the step is down to the
     tolerance the budget doubles and the step starts wide again, so every capacity gets another,
-    longer chance. This is a heuristic, not a proof of optimality.
+    longer chance. Only a search that finishes without a placement proves a capacity
+    infeasible; that raises the floor. This is a heuristic, not a proof of optimality.
     """
-    load = problem.load()
-    if best.height <= load or len(problem) == 0:
+    floor = problem.load()          # no placement is lower than this
+    if best.height <= floor or len(problem) == 0:
         return best
     search = SkylineSearch(problem)
     rng = np.random.default_rng(0)
-    tolerance = max(1, load // 10_000)
+    tolerance = max(1, floor // 10_000)
     budget = max(0.5, (deadline - time.perf_counter()) / 10)
-    step = max(tolerance, (best.height - load) // 4)
-    while best.height - load > tolerance and time.perf_counter() < deadline:
-        capacity = max(load, best.height - step)
+    step = max(tolerance, (best.height - floor) // 4)
+    while best.height - floor > tolerance and time.perf_counter() < deadline:
+        capacity = max(floor, best.height - step)
         stop = min(time.perf_counter() + budget, deadline)
-        offsets = _run_deep(lambda: _attempt(search, rng, capacity, stop))
+        try:
+            offsets = _run_deep(lambda: _attempt(search, rng, capacity, stop))
+        except CapacityInfeasible:
+            floor = capacity + 1
+            say(f"search: no placement within {capacity} (proven)")
+            continue
         if offsets is not None:
             best = Plan(problem, offsets, "search")
             say(f"search: height {best.height} ({best.height_over_load:.4f} x load)")
@@ -87,19 +93,27 @@ def _improve(problem: PlanningProblem, best: Plan, deadline: float, say: Progres
             step = max(tolerance, step // 2)
         else:
             budget *= 2
-            step = max(tolerance, (best.height - load) // 4)
+            step = max(tolerance, (best.height - floor) // 4)
     return best
+
+
+class CapacityInfeasible(Exception):
+    """A search finished without a placement: nothing fits within the capacity."""
 
 
 def _attempt(search: SkylineSearch, rng: np.random.Generator, capacity: int,
              deadline: float) -> np.ndarray | None:
-    """Randomized restarts until a placement within `capacity` turns up or time runs out."""
+    """Randomized restarts until a placement within `capacity` turns up (its offsets) or time
+    runs out (None); raises CapacityInfeasible if a search proves there is none."""
     node_limit = 5 * len(search.problem)
     restarts = 0
     while time.perf_counter() < deadline:
         rank = search.rank(PREORDERS[rng.integers(len(PREORDERS))], rng)
         try:
-            return search.solve(capacity, rank, node_limit, deadline)
+            offsets = search.solve(capacity, rank, node_limit, deadline)
+            if offsets is None:
+                raise CapacityInfeasible(capacity)
+            return offsets
         except SearchAborted:
             restarts += 1
             if restarts % 100 == 0:
