@@ -1,10 +1,16 @@
 """Peak reserved / peak live of npumem's pool against the PyTorch-policy emulation, per trace.
 
-    python bench/fragmentation.py [TRACE ...] [--json]
+    python bench/fragmentation.py [TRACE ...] [--json] [--jitter N]
 
-Defaults to every trace in ../shared/data/traces/. Each trace is replayed through `pool`
-(npumem, default settings), `pool` in segment mode, `torch` (PyTorch's caching policy) and
-`device` (no caching); the ratio is peak reserved / peak live bytes (1.0 is the lower bound).
+Defaults to every trace in ../shared/data/traces/ (`bench/record_workloads.py` records more).
+Each trace is replayed through `pool` (npumem, default settings), `pool` in segment mode, `torch`
+(PyTorch's caching policy) and `device` (no caching); the ratio is peak reserved / peak live
+bytes (1.0 is the lower bound).
+
+With --jitter N the pool also replays each trace N more times with every distinct request size
+padded by a random 0-256 bytes (the same pad for every request of that size). Placement is
+chaotic: a few bytes decide which hole a block lands in, and with 2 MiB pages one different hole
+moves the peak by a page. The spread (min / median / max) says how much of a ratio is luck.
 """
 
 from __future__ import annotations
@@ -12,10 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import random
+import statistics
 import time
 
 from npumem.alloc.settings import AllocatorSettings
-from npumem.trace import read_trace
+from npumem.trace import TraceEvent, read_trace
 from npumem.trace.replay import replay
 
 DEFAULT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
@@ -23,13 +31,35 @@ CONFIGS = [("pool", None), ("pool (segments)", AllocatorSettings(expandable_segm
            ("torch", None), ("device", None)]
 
 
+def jittered(events: list[TraceEvent], seed: int) -> list[TraceEvent]:
+    """`events` with each distinct request size padded by the same random 0-256 bytes."""
+    rng, pads = random.Random(seed), {}
+    out = []
+    for event in events:
+        pad = pads.get(event.size)
+        if pad is None:
+            pad = pads[event.size] = 64 * rng.randint(0, 4)
+        out.append(event._replace(size=event.size + pad))
+    return out
+
+
+def jitter_spread(events: list[TraceEvent], runs: int, peak_live: int) -> list[float]:
+    """The pool's ratio on `runs` jittered copies of the trace, against the unpadded peak live."""
+    return sorted(replay(jittered(events, seed), "pool").peak_reserved_bytes / peak_live
+                  for seed in range(runs))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--jitter", type=int, default=0, metavar="N",
+                        help="also replay the pool on N size-jittered copies of each trace")
     args = parser.parse_args()
+    if args.jitter < 0:
+        parser.error(f"--jitter must be 0 or more, got {args.jitter}")
     paths = args.traces or sorted(str(p) for p in DEFAULT.glob("*.jsonl.gz"))
-    rows = []
+    rows, spreads = [], {}
     for path in paths:
         events = list(read_trace(path))
         for label, settings in CONFIGS:
@@ -40,8 +70,10 @@ def main() -> None:
                          "peak_reserved_mib": result.peak_reserved_bytes / 2**20,
                          "ratio": result.reserved_over_allocated,
                          "seconds": time.perf_counter() - start})
+        if args.jitter:
+            spreads[rows[-1]["trace"]] = jitter_spread(events, args.jitter, result.peak_allocated_bytes)
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"rows": rows, "jitter": spreads} if args.jitter else rows))
         return
     print(f"{'trace':<24} {'allocator':<16} {'events':>7} {'live MiB':>9} {'reserved MiB':>12} {'ratio':>6} {'s':>5}")
     for r in rows:
@@ -53,6 +85,9 @@ def main() -> None:
     for trace, ratios in by_trace.items():
         print(f"{trace}: pool {ratios['pool']:.3f} vs torch {ratios['torch']:.3f} "
               f"({ratios['torch'] / ratios['pool']:.2f}x less reserved)")
+    for trace, spread in spreads.items():
+        print(f"{trace}: pool under jitter, {len(spread)} runs: min {spread[0]:.3f}, "
+              f"median {statistics.median(spread):.3f}, max {spread[-1]:.3f}")
 
 
 if __name__ == "__main__":

@@ -47,13 +47,27 @@ def test_split_and_merge_pointer_arithmetic(pool):
     pool.deallocate(d)
 
 
-def test_best_fit_prefers_the_smallest_hole(pool):
+def _three_holes(pool):
+    """Holes of 4000, 1000 and 2000 bytes (rounded), in that address order."""
     pointers = [pool.allocate(n) for n in (4000, 64, 1000, 64, 2000, 64)]
-    pool.deallocate(pointers[0])
-    pool.deallocate(pointers[2])
-    pool.deallocate(pointers[4])
-    assert pool.allocate(900) == pointers[2]
+    for i in (0, 2, 4):
+        pool.deallocate(pointers[i])
+    return pointers
+
+
+def test_segments_take_the_smallest_hole():
+    pool = CachingAllocator(SimBackend(SimConfig(memory=64 * MiB)), 0, MODES["segments"])
+    pointers = _three_holes(pool)
+    assert pool.allocate(900) == pointers[2]               # best fit, as PyTorch does
     assert pool.allocate(1500) == pointers[4]
+
+
+def test_expandable_takes_the_lowest_hole_that_fits():
+    pool = CachingAllocator(SimBackend(SimConfig(memory=64 * MiB)), 0, MODES["expandable"])
+    pointers = _three_holes(pool)
+    assert pool.allocate(900) == pointers[0]               # address-ordered first fit
+    assert pool.allocate(1500) == pointers[0] + round_request(900, "npu")   # the rest of that hole
+    assert pool.allocate(1800) == pointers[4]              # 1000 is too small; 2000 is next
 
 
 def test_every_block_is_aligned_and_disjoint(pool):

@@ -1,8 +1,9 @@
-"""Blocks of a pool and the best-fit index over the free ones.
+"""Blocks of a pool and the index over the free ones (best fit and first fit).
 
 Blocks of one segment (or one expandable range) form a doubly linked list in address order, so a
 freed block finds its neighbours in O(1) to merge. Free blocks are also kept in a `FreeList`
-sorted by (size, address): best fit is one bisect, ties going to the lowest address.
+sorted by (size, address): best fit is one bisect, ties going to the lowest address; first fit
+(the lowest address among the blocks large enough) is that bisect and a min over their starts.
 """
 
 from __future__ import annotations
@@ -63,19 +64,21 @@ class Block:
 
 
 class FreeList:
-    """Free blocks ordered by (size, start) for best-fit lookups.
+    """Free blocks ordered by (size, start) for best-fit and first-fit lookups.
 
-    Two parallel sorted lists: int keys (size << 64 | start; ints, not tuples, because int
-    comparisons are several times cheaper) and the blocks. A block that grows by a merge or
+    Parallel lists in that order: int keys (size << 64 | start; ints, not tuples, because int
+    comparisons are several times cheaper), the blocks and their starts (so first fit's min over
+    the starts of the large-enough blocks runs at C speed). A block that grows by a merge or
     shrinks by a split is re-keyed where it stands when the order allows, which is the common
     case, instead of being removed and inserted again: this runs on every allocate and free.
     """
 
-    __slots__ = ("_keys", "_blocks")
+    __slots__ = ("_keys", "_blocks", "_starts")
 
     def __init__(self):
         self._keys: list[int] = []
         self._blocks: list[Block] = []
+        self._starts: list[int] = []
 
     def _index(self, block: Block) -> int:
         return bisect_left(self._keys, block.size << _ADDRESS_BITS | block.start)
@@ -85,12 +88,14 @@ class FreeList:
         i = bisect_left(self._keys, key)
         self._keys.insert(i, key)
         self._blocks.insert(i, block)
+        self._starts.insert(i, block.start)
 
     def remove(self, block: Block) -> None:
         self._pop(self._index(block))
 
     def _pop(self, i: int) -> Block:
         del self._keys[i]
+        del self._starts[i]
         return self._blocks.pop(i)
 
     def _rekey(self, i: int, block: Block) -> None:
@@ -100,22 +105,31 @@ class FreeList:
         if (i == 0 or keys[i - 1] < key) and (i + 1 == len(keys) or key < keys[i + 1]):
             keys[i] = key
             self._blocks[i] = block
+            self._starts[i] = block.start
             return
         del keys[i]
         del self._blocks[i]
+        del self._starts[i]
         i = bisect_left(keys, key)
         keys.insert(i, key)
         self._blocks.insert(i, block)
+        self._starts.insert(i, block.start)
 
-    def take(self, size: int, split_min: int, below: int | None = None) -> Block | None:
+    def take(self, size: int, split_min: int, below: int | None = None,
+             first_fit: bool = False) -> Block | None:
         """Remove and return the best fit for `size` bytes (the smallest free block that is
         large enough, lowest address among equals), cut to `size` when the rest is at
         least `split_min` bytes (the rest stays cached). With `below`, a best fit of that many
-        bytes or more is not used (max_split_size_mb)."""
+        bytes or more is not used (max_split_size_mb). With `first_fit`, take instead the
+        lowest-addressed block that is large enough."""
         keys = self._keys
         i = bisect_left(keys, size << _ADDRESS_BITS)
-        if i == len(keys):
+        count = len(keys)
+        if i == count:
             return None
+        if first_fit and i + 1 < count:
+            starts = self._starts[i:]
+            i += starts.index(min(starts))
         block = self._blocks[i]
         if below is not None and block.size >= below:
             return None

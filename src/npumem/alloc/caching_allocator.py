@@ -1,8 +1,9 @@
 """The caching pool: what npumem tensors and workspaces allocate from.
 
 `CachingAllocator` is a MemoryResource over one device of a backend. It rounds each request by
-the carving rules, finds a cached block best-fit (reused at once on the stream that freed it),
-and asks the device for more only when nothing cached fits — through one of two strategies:
+the carving rules, finds a cached block (first fit in expandable arenas, best fit in segments;
+reused at once on the stream that freed it), and asks the device for more only when nothing
+cached fits — through one of two strategies:
 
 - expandable (default; `expandable.py`): an address range per stream, 2 MiB pages mapped on
   demand and unmapped once unused and their stream idle;
@@ -41,7 +42,7 @@ def _always_idle(stream) -> bool:
 
 
 class CachingAllocator(MemoryResource):
-    """Best-fit caching pool with split/merge, stream-ordered reuse and PyTorch-style stats.
+    """Caching pool with split/merge, stream-ordered reuse and PyTorch-style stats.
 
     `stream_idle(stream)`, `synchronize(stream)` and `record_event(stream)` connect it to real
     streams (the runtime's); by default every stream counts as idle, as in trace replay.
