@@ -325,3 +325,28 @@ def test_the_inlined_rounding_matches_the_carving_rule():
         pool.deallocate(first)
         pool.deallocate(second)
     pool.close()
+
+
+def test_oom_on_a_ddr_device_reports_its_free_memory():
+    """A device with DDR and no HBM: capacity, the OOM message and the oom event all read DDR."""
+    from npumem.observe import OBSERVERS
+
+    class Recorder:
+        def __init__(self):
+            self.events = []
+
+        def on_memory(self, owner, action, device, address, size, requested, stream):
+            self.events.append((action, address))
+
+    backend = SimBackend(SimConfig(memory=64 * MiB, memory_kind="ddr"))
+    pool = CachingAllocator(backend, 0)
+    assert pool.capacity == 64 * MiB
+    recorder = Recorder()
+    OBSERVERS.add(recorder)
+    try:
+        with pytest.raises(OutOfMemoryError, match="total capacity of 64.00 MiB"):
+            pool.allocate(128 * MiB)
+    finally:
+        OBSERVERS.remove(recorder)
+    assert ("oom", 64 * MiB) in recorder.events          # the free bytes ride in the address
+    pool.close()

@@ -60,8 +60,7 @@ class CachingAllocator(MemoryResource):
         self._record_event = record_event
         self.lock = threading.RLock()
         self.stats = PoolStats(self.lock)
-        self.capacity = backend.mem_info(device, MemAttr.HBM_MEM)[1] or \
-            backend.mem_info(device, MemAttr.DDR_MEM)[1]
+        self.capacity = self._device_memory()[1]
         self.limit = int(self.capacity * self.settings.per_process_memory_fraction)
         self._allocated: dict[int, Block] = {}
         self._other_streams: dict[int, set] = {}      # record_stream: block start -> streams
@@ -194,7 +193,7 @@ class CachingAllocator(MemoryResource):
             return block
         self.stats.counters["num_ooms"] += 1
         if OBSERVERS.active:      # an oom event carries the device's free bytes as its address
-            free = self.backend.mem_info(self.device, MemAttr.HBM_MEM)[0]
+            free = self._device_memory()[0]
             emit(self, "oom", self.device, free, size, nbytes, stream)
         raise OutOfMemoryError(self.oom_message(nbytes))
 
@@ -206,10 +205,15 @@ class CachingAllocator(MemoryResource):
         self._free_completed_pending()
         return self._strategy.release_cached()
 
-    def oom_message(self, nbytes: int) -> str:
+    def _device_memory(self) -> tuple[int, int]:
+        """(free, total) bytes of the device: its HBM, or its DDR where it has no HBM."""
         free, total = self.backend.mem_info(self.device, MemAttr.HBM_MEM)
         if not total:
             free, total = self.backend.mem_info(self.device, MemAttr.DDR_MEM)
+        return free, total
+
+    def oom_message(self, nbytes: int) -> str:
+        free, total = self._device_memory()
         allocated = self.stats.current("allocated_bytes")
         reserved = self.stats.current("reserved_bytes")
         unallocated = reserved - allocated
