@@ -1,0 +1,587 @@
+"""A model of PyTorch's caching allocator (c10's DeviceCachingAllocator, and torch_npu's
+NPUCachingAllocator with `flavour="npu"`) that makes the same decisions, byte for byte.
+
+It holds no memory: it keeps the allocator's blocks, pools and segments and reports each
+segment event the real allocator would record (segment_alloc / segment_free, segment_map /
+segment_unmap for expandable segments). The rules follow c10/cuda/CUDACachingAllocator.cpp:
+
+- sizes: below 512 bytes -> 512, else up to a multiple of 512, or to a power-of-2 division
+  (roundup_power2_divisions); torch_npu first adds 32 bytes (CANN's padding);
+- pools: requests up to 1 MiB in the small pool (2 MiB segments), larger ones in the large pool
+  (20 MiB segments below 10 MiB, else the request rounded up to 2 MiB);
+- best fit on (stream, size, address); blocks of max_split_size or more serve only requests
+  that are themselves that large and at most max_non_split_rounding smaller;
+- split when the remainder is >= 512 bytes (small pool, expandable segments) or > 1 MiB and the
+  request is below max_split_size (large pool); merge with free neighbours on free;
+- when cudaMalloc fails: free oversize cached blocks (with max_split_size), then every unsplit
+  cached segment, and retry; then out of memory;
+- garbage_collection_threshold acts only under a memory fraction, on unsplit large blocks whose
+  age (get_free_block calls since they were cached) is at least the average;
+- expandable_segments: one growing address range per stream and pool, mapped in 2 MiB (small)
+  or 20 MiB (large) pages, unmapped only by empty_cache and the out-of-memory path.
+
+Cross-stream uses (record_stream) are not modelled: replays free a block when the recording
+says it became reusable (free_completed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...units import format_size
+from .blocks import Block, BlockPool
+from .config import NO_LIMIT, TorchAllocatorConfig
+from .device import DeviceMemory, ExpandableSegment
+
+MiB = 1 << 20
+MIN_BLOCK = 512
+SMALL_SIZE = MiB
+SMALL_BUFFER = 2 * MiB
+MIN_LARGE_ALLOC = 10 * MiB
+ROUND_LARGE = 2 * MiB
+EXTRA_LARGE_BUFFER = 1 << 30            # torch_npu page_size:1g
+
+
+class ModelOutOfMemory(Exception):
+    """The model, like the real allocator, could not serve a request."""
+
+    def __init__(self, message: str, request: int, alloc_size: int, free: int | None,
+                 reserved: int, allocated: int, largest_free: int):
+        super().__init__(message)
+        self.request, self.alloc_size, self.free = request, alloc_size, free
+        self.reserved, self.allocated, self.largest_free = reserved, allocated, largest_free
+
+
+@dataclass
+class SegmentEvent:
+    action: str            # segment_alloc | segment_free | segment_map | segment_unmap | oom
+    addr: int
+    size: int
+    stream: int
+
+
+@dataclass
+class ModelStats:
+    reserved: int = 0
+    peak_reserved: int = 0
+    allocated: int = 0                    # block bytes
+    peak_allocated: int = 0
+    requested: int = 0
+    peak_requested: int = 0
+    allocations: int = 0
+    num_device_alloc: int = 0
+    num_device_free: int = 0
+    num_alloc_retries: int = 0
+    num_ooms: int = 0
+    cache_hits: int = 0
+    events: list = field(default_factory=list)
+
+
+def round_size(size: int, config: TorchAllocatorConfig) -> int:
+    size += config.pad
+    if size < MIN_BLOCK:
+        return MIN_BLOCK
+    divisions = config.divisions(size)
+    if divisions > 1 and size > MIN_BLOCK * divisions:
+        return _next_division(size, divisions)
+    return -(-size // MIN_BLOCK) * MIN_BLOCK
+
+
+def _next_division(size: int, divisions: int) -> int:
+    if size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = floor >> (divisions.bit_length() - 1)
+    if step == 0:
+        return floor << 1
+    rounded = size & ~(step - 1)
+    return size if rounded == size else rounded + step
+
+
+class TorchAllocatorModel:
+    """The allocator of one device. `malloc` returns a Block (its `addr` is the pointer),
+    `free` takes it back; `stats.events` lists the segment events in order."""
+
+    def __init__(self, config: TorchAllocatorConfig | None = None,
+                 device: DeviceMemory | None = None):
+        self.config = config or TorchAllocatorConfig()
+        self.device = device or DeviceMemory()
+        self.small = BlockPool(small=True)
+        self.large = BlockPool(small=False)
+        self.stats = ModelStats()
+        self.active: set[Block] = set()          # allocated blocks
+        self.expandable: list[ExpandableSegment] = []
+        fraction = self.config.per_process_memory_fraction
+        capacity = self.device.capacity
+        self.allowed = int(fraction * capacity) if fraction is not None and capacity else None
+        self.total_allocated = 0                  # what the driver gave: reserved bytes
+
+    # --- the public calls ------------------------------------------------------------------
+    def malloc(self, orig_size: int, stream: int = 0) -> Block:
+        config = self.config
+        size = round_size(orig_size, config)
+        pool = self.small if size <= SMALL_SIZE else self.large
+        if config.page_size_1g and not pool.small:
+            alloc_size = -(-size // EXTRA_LARGE_BUFFER) * EXTRA_LARGE_BUFFER
+        else:
+            alloc_size = self._allocation_size(size)
+        block = self._get_free_block(pool, size, stream)
+        if block is not None:
+            self.stats.cache_hits += 1
+        else:
+            if self.allowed is not None and config.garbage_collection_threshold > 0:
+                self._garbage_collect()
+            block = (self._alloc_block(pool, size, alloc_size, stream, retry=False)
+                     or (self._release_available(pool, size, stream)
+                         and self._alloc_block(pool, size, alloc_size, stream, retry=False))
+                     or (self.release_cached()
+                         and self._alloc_block(pool, size, alloc_size, stream, retry=True)))
+            if not block:
+                raise self._out_of_memory(orig_size, size, alloc_size, stream)
+        if config.flavour == "npu":
+            block = self._align_start(block, size)
+        return self._alloc_found_block(block, size, orig_size, stream, self._should_split(block, size))
+
+    def free(self, block: Block) -> None:
+        if not block.allocated:
+            raise ValueError(f"{block} is not allocated")
+        block.allocated = False
+        self.active.discard(block)
+        stats = self.stats
+        stats.allocated -= block.size
+        stats.requested -= block.requested
+        stats.allocations -= 1
+        self._free_block(block)
+
+    def empty_cache(self) -> None:
+        self.release_cached()
+
+    def release_cached(self) -> bool:
+        """Give every unsplit cached block back to the driver (release_cached_blocks)."""
+        self._release_blocks(self.large)
+        self._release_blocks(self.small)
+        return True
+
+    # --- sizes -----------------------------------------------------------------------------
+    def _allocation_size(self, size: int) -> int:
+        if size <= SMALL_SIZE:
+            return SMALL_BUFFER
+        if size < MIN_LARGE_ALLOC:
+            return self.config.large_segment_size
+        return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+    def _should_split(self, block: Block, size: int) -> bool:
+        remaining = block.size - size
+        if block.pool.small or self.config.expandable_segments:
+            return remaining >= MIN_BLOCK
+        return size < self.config.max_split_size and remaining > SMALL_SIZE
+
+    # --- finding cached blocks -------------------------------------------------------------
+    def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
+        config = self.config
+        if self.allowed is not None and config.garbage_collection_threshold > 0:
+            pool.free_block_calls += 1
+        keys = pool.keys
+        index = pool.lower_bound(stream, size)
+        if index == len(keys) or keys[index][0] != stream:
+            return None
+        block = pool.block_at(index)
+        if block.segment is not None:
+            if config.expandable_segments:
+                # an expandable block counts as the size it can grow to
+                following = index + 1
+                while (block.segment is not None and following < len(keys)
+                       and keys[following][0] == stream
+                       and _expandable_size(pool.block_at(following)) < _expandable_size(block)):
+                    block = pool.block_at(following)
+                    following += 1
+            else:                                # expandable blocks from before it was turned off
+                index += 1
+                while (index < len(keys) and keys[index][0] == stream
+                       and pool.block_at(index).segment is not None):
+                    index += 1
+                if index == len(keys) or keys[index][0] != stream:
+                    return None
+                block = pool.block_at(index)
+        limit = config.max_split_size
+        if size < limit <= block.size:
+            return None
+        if size >= limit and block.size >= size + config.max_non_split_rounding_size:
+            return None
+        pool.remove(block)
+        return block
+
+    # --- new memory from the driver ---------------------------------------------------------
+    def _alloc_block(self, pool, size, alloc_size, stream, retry) -> Block | None:
+        if retry:
+            self.stats.num_alloc_retries += 1
+        if self.allowed is not None and self.total_allocated + alloc_size > self.allowed:
+            return None
+        if self.config.expandable_segments:
+            return self._allocate_expandable(pool, size, stream)
+        addr = self.device.malloc(alloc_size)
+        if addr is None:
+            return None
+        self.total_allocated += alloc_size
+        block = Block(addr, alloc_size, stream, pool)
+        self._reserve(alloc_size, +1, "segment_alloc", addr, stream)
+        return block
+
+    def _reserve(self, size: int, sign: int, action: str, addr: int, stream: int) -> None:
+        stats = self.stats
+        stats.reserved += sign * size
+        if stats.reserved > stats.peak_reserved:
+            stats.peak_reserved = stats.reserved
+        if sign > 0:
+            stats.num_device_alloc += 1
+        else:
+            stats.num_device_free += 1
+        stats.events.append(SegmentEvent(action, addr, size, stream))
+
+    # --- placing a block ---------------------------------------------------------------------
+    def _align_start(self, block: Block, size: int) -> Block:
+        """torch_npu: in expandable segments, large blocks start on base_addr_aligned_kb."""
+        align = self.config.base_addr_aligned_kb * 1024
+        if not (size >= ROUND_LARGE and self.config.expandable_segments and align
+                and block.addr % align):
+            return block
+        offset = align - block.addr % align
+        if offset + size > block.size:
+            return block
+        aligned = Block(block.addr + offset, block.size - offset, stream=block.stream,
+                        pool=block.pool, segment=block.segment)
+        aligned.splice(block, block.next)
+        block.size = offset
+        block.pool.insert(block)
+        return aligned
+
+    def _alloc_found_block(self, block: Block, size: int, orig_size: int, stream: int,
+                           split: bool) -> Block:
+        pool = block.pool
+        if split:
+            remaining = block
+            block = Block(remaining.addr, size, stream, pool, segment=remaining.segment)
+            block.splice(remaining.prev, remaining)
+            remaining.addr += size
+            remaining.size -= size
+            pool.insert(remaining)
+        block.allocated = True
+        block.requested = orig_size
+        self.active.add(block)
+        stats = self.stats
+        stats.allocations += 1
+        stats.allocated += block.size
+        stats.requested += orig_size
+        if stats.allocated > stats.peak_allocated:
+            stats.peak_allocated = stats.allocated
+        if stats.requested > stats.peak_requested:
+            stats.peak_requested = stats.requested
+        return block
+
+    def _free_block(self, block: Block) -> None:
+        pool = block.pool
+        self._try_merge(block, block.prev)
+        self._try_merge(block, block.next)
+        pool.insert(block)
+
+    def _try_merge(self, dst: Block, src: Block | None) -> int:
+        if src is None or src.allocated or dst.mapped != src.mapped:
+            return 0
+        if dst.prev is src:
+            dst.addr = src.addr
+            dst.prev = src.prev
+            if dst.prev is not None:
+                dst.prev.next = dst
+        else:
+            dst.next = src.next
+            if dst.next is not None:
+                dst.next.prev = dst
+        dst.size += src.size
+        if src.mapped:
+            src.pool.remove(src)
+        else:
+            src.pool.remove_unmapped(src)
+        return src.size
+
+    # --- expandable segments ---------------------------------------------------------------
+    def _find_expandable_block(self, pool: BlockPool, size: int, stream: int) -> Block:
+        for candidate in pool.unmapped_from(stream):
+            if candidate.prev is not None and not candidate.prev.allocated:
+                candidate = candidate.prev
+            room, walker = 0, candidate
+            while room < size and walker is not None and not walker.allocated:
+                room += walker.size
+                walker = walker.next
+            if room >= size:
+                return candidate
+        page = SMALL_BUFFER if pool.small else self.config.large_segment_size
+        if self.config.page_size_1g and not pool.small:
+            page = EXTRA_LARGE_BUFFER
+        capacity = self.device.capacity or (1 << 40)
+        segment = ExpandableSegment(self.device, stream, page, capacity + capacity // 8)
+        self.expandable.append(segment)
+        candidate = segment.whole(pool, stream)
+        pool.insert_unmapped(candidate)
+        return candidate
+
+    def _map_block(self, block: Block, size: int) -> bool:
+        start, mapped = block.segment.map(block.addr, size)
+        if mapped == 0:
+            return False
+        pool = block.pool
+        pool.remove_unmapped(block)
+        block.mapped = True
+        if mapped < block.size:
+            rest = Block(block.addr + mapped, block.size - mapped, block.stream, pool,
+                         segment=block.segment, mapped=False)
+            rest.splice(block, block.next)
+            pool.insert_unmapped(rest)
+            block.size = mapped
+        self._try_merge(block, block.prev)
+        self._try_merge(block, block.next)
+        pool.insert(block)
+        self.total_allocated += mapped
+        self._reserve(mapped, +1, "segment_map", start, block.stream)
+        return True
+
+    def _allocate_expandable(self, pool: BlockPool, size: int, stream: int) -> Block | None:
+        candidate = self._find_expandable_block(pool, size, stream)
+        if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size)):
+            return None
+        while candidate.size < size:
+            following = candidate.next
+            if not self._map_block(following, min(size - candidate.size, following.size)):
+                return None
+            candidate = following
+        pool.remove(candidate)
+        return candidate
+
+    def _unmap_block(self, block: Block) -> None:
+        start, unmapped = block.segment.unmap(block.addr, block.size)
+        if unmapped == 0:
+            return
+        pool = block.pool
+        pool.remove(block)
+        before = start - block.addr
+        if before > 0:
+            head = Block(block.addr, before, block.stream, pool, segment=block.segment)
+            head.splice(block.prev, block)
+            pool.insert(head)
+        after = block.size - before - unmapped
+        if after > 0:
+            tail = Block(start + unmapped, after, block.stream, pool, segment=block.segment)
+            tail.splice(block, block.next)
+            pool.insert(tail)
+        block.addr, block.size, block.mapped = start, unmapped, False
+        self._try_merge(block, block.prev)
+        self._try_merge(block, block.next)
+        pool.insert_unmapped(block)
+        self.total_allocated -= unmapped
+        self._reserve(unmapped, -1, "segment_unmap", start, block.stream)
+
+    # --- giving memory back -----------------------------------------------------------------
+    def _release_block(self, block: Block) -> None:
+        self.device.free(block.addr, block.size)
+        self.total_allocated -= block.size
+        block.pool.remove(block)
+        self._reserve(block.size, -1, "segment_free", block.addr, block.stream)
+
+    def _release_blocks(self, pool: BlockPool) -> None:
+        to_unmap = []
+        for stream, size, addr in list(pool.keys):
+            block = pool.by_addr.get(addr)
+            if block is None:
+                continue
+            if block.segment is not None:
+                to_unmap.append(block)
+            elif not block.is_split:
+                self._release_block(block)
+        for block in to_unmap:
+            self._unmap_block(block)
+            if not block.is_split and not block.mapped:
+                pool.remove_unmapped(block)
+                block.segment.release()
+                self.expandable.remove(block.segment)
+
+    def _release_available(self, pool: BlockPool, size: int, stream: int) -> bool:
+        """Free oversize cached blocks, just enough for `size` (release_available_cached_blocks)."""
+        limit = self.config.max_split_size
+        if limit == NO_LIMIT:
+            return False
+        wanted = max(size, limit)
+        keys = pool.keys
+        index = pool.lower_bound(stream, wanted)
+        if index < len(keys) and keys[index][0] == stream:
+            block = pool.block_at(index)
+            if block.segment is not None:
+                return False
+            self._release_block(block)
+            return True
+        if index == 0:
+            return False
+        released = 0
+        index -= 1
+        while released < wanted and index >= 0 and keys[index][0] == stream:
+            block = pool.block_at(index)
+            if block.size < limit or block.segment is not None:
+                break
+            released += block.size
+            index -= 1
+            self._release_block(block)
+        return released >= wanted
+
+    def _garbage_collect(self) -> None:
+        """Free old unsplit large blocks once reserved memory passes the threshold."""
+        threshold = int(self.config.garbage_collection_threshold * self.allowed)
+        if self.total_allocated <= threshold:
+            return
+        target = self.total_allocated - threshold
+        pool = self.large
+        ages = {addr: pool.free_block_calls - block.gc_base
+                for addr, block in pool.by_addr.items() if not block.is_split}
+        if not ages:
+            return
+        total_age, count, reclaimed, freed = sum(ages.values()), len(ages), 0, True
+        while reclaimed < target and freed and count > 0:
+            average = total_age / count
+            freed = False
+            for stream, size, addr in list(pool.keys):
+                block = pool.by_addr.get(addr)
+                if block is None or block.is_split or block.segment is not None:
+                    continue
+                age = pool.free_block_calls - block.gc_base
+                if age >= average:
+                    freed = True
+                    reclaimed += block.size
+                    total_age -= age
+                    count -= 1
+                    self._release_block(block)
+
+    # --- out of memory ----------------------------------------------------------------------
+    def largest_free(self) -> int:
+        return max((key[1] for pool in (self.small, self.large) for key in pool.keys), default=0)
+
+    def _out_of_memory(self, orig_size: int, size: int, alloc_size: int, stream: int):
+        stats = self.stats
+        stats.num_ooms += 1
+        free = self.device.free_bytes()
+        if self.allowed is not None:
+            free = max(0, min(free if free is not None else self.allowed,
+                              self.allowed - self.total_allocated))
+        stats.events.append(SegmentEvent("oom", free or 0, size, stream))
+        unallocated = stats.reserved - stats.allocated
+        message = (f"out of memory: tried to allocate {format_size(alloc_size)} "
+                   f"(request {format_size(orig_size)}); {format_size(free or 0)} free on the device, "
+                   f"{format_size(stats.allocated)} allocated, {format_size(unallocated)} reserved "
+                   f"but unallocated (largest cached block {format_size(self.largest_free())})")
+        return ModelOutOfMemory(message, orig_size, alloc_size, free, stats.reserved,
+                                stats.allocated, self.largest_free())
+
+    # --- state ------------------------------------------------------------------------------
+    def restore(self, segments) -> dict[int, Block]:
+        """Start from a recorded state (StartSegment-shaped: addr, size, stream, small,
+        expandable, blocks of addr, size, requested, allocated). Returns the live blocks by
+        address. Expandable ranges of one stream and pool become one expandable segment."""
+        live: dict[int, Block] = {}
+        groups: dict[tuple[int, bool], list] = {}
+        for segment in segments:
+            if segment.expandable:
+                groups.setdefault((segment.stream, segment.small), []).append(segment)
+                continue
+            self.device.claim(segment.addr, segment.size)
+            self._restore_blocks(segment.blocks, segment.stream,
+                                 self.small if segment.small else self.large, None, live)
+            self.total_allocated += segment.size
+        for (stream, small), ranges in groups.items():
+            self._restore_expandable(stream, small, sorted(ranges, key=lambda s: s.addr), live)
+        stats = self.stats
+        stats.reserved = stats.peak_reserved = self.total_allocated
+        stats.peak_allocated, stats.peak_requested = stats.allocated, stats.requested
+        return live
+
+    def _restore_blocks(self, blocks, stream, pool, segment, live, before=None) -> Block | None:
+        previous = before
+        for item in blocks:
+            block = Block(item.addr, item.size, stream, pool, segment=segment)
+            block.splice(previous, None)
+            if item.allocated:
+                block.allocated, block.requested = True, item.requested
+                self.active.add(block)
+                live[item.addr] = block
+                self.stats.allocations += 1
+                self.stats.allocated += block.size
+                self.stats.requested += item.requested
+            else:
+                pool.insert(block)
+            previous = block
+        return previous
+
+    def _restore_expandable(self, stream: int, small: bool, ranges, live) -> None:
+        pool = self.small if small else self.large
+        page = SMALL_BUFFER if small else self.config.large_segment_size
+        base = ranges[0].addr
+        end = ranges[-1].addr + ranges[-1].size
+        capacity = self.device.capacity or (1 << 40)
+        space = max(capacity + capacity // 8, end - base)
+        segment = ExpandableSegment(self.device, stream, page, space, base=base)
+        self.expandable.append(segment)
+        previous, cursor = None, base
+        for mapped in ranges:
+            if mapped.addr > cursor:
+                previous = self._unmapped(segment, pool, stream, cursor, mapped.addr - cursor, previous)
+            segment.mark_mapped(mapped.addr, mapped.size)
+            self.total_allocated += mapped.size
+            previous = self._restore_blocks(mapped.blocks, stream, pool, segment, live, previous)
+            cursor = mapped.addr + mapped.size
+        if cursor < base + segment.size:
+            self._unmapped(segment, pool, stream, cursor, base + segment.size - cursor, previous)
+
+    def _unmapped(self, segment, pool, stream, addr, size, previous) -> Block:
+        block = Block(addr, size, stream, pool, segment=segment, mapped=False)
+        block.splice(previous, None)
+        pool.insert_unmapped(block)
+        return block
+
+    def segment_list(self) -> list[dict]:
+        """Segments (each contiguous mapped range of an expandable segment counts as one),
+        with their blocks, in address order: the shape of a snapshot's `segments`."""
+        heads = [block for block in self._all_blocks()
+                 if block.mapped and (block.prev is None or not block.prev.mapped)]
+        out = []
+        for head in sorted(heads, key=lambda b: b.addr):
+            blocks, block = [], head
+            while block is not None and block.mapped:
+                blocks.append({"address": block.addr, "size": block.size,
+                               "requested_size": block.requested if block.allocated else 0,
+                               "state": "active_allocated" if block.allocated else "inactive"})
+                block = block.next
+            out.append({"address": head.addr, "total_size": sum(b["size"] for b in blocks),
+                        "stream": head.stream,
+                        "segment_type": "small" if head.pool.small else "large",
+                        "is_expandable": head.segment is not None, "blocks": blocks})
+        return out
+
+    def _all_blocks(self):
+        seen = set()
+        starts = list(self.active)
+        for pool in (self.small, self.large):
+            starts += list(pool.unmapped.values()) + list(pool.by_addr.values())
+        for block in starts:
+            while block.prev is not None:
+                block = block.prev
+            yield from _chain(block, seen)
+
+
+def _chain(head: Block, seen: set):
+    block = head
+    while block is not None:
+        if id(block) in seen:
+            return
+        seen.add(id(block))
+        yield block
+        block = block.next
+
+
+def _expandable_size(block: Block) -> int:
+    following = block.next
+    return block.size + (following.size if following is not None and not following.mapped else 0)

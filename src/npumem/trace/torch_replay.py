@@ -1,0 +1,287 @@
+"""Replay a PyTorch recording through the model of PyTorch's allocator, from the recording's
+start state, and compare what the model did with what the real allocator did.
+
+Each trace entry becomes a call on the model: `alloc` -> malloc, the free that makes a block
+reusable -> free, `oom` -> a request the real allocator refused, and a run of segment frees that
+no failed allocation caused -> empty_cache(). The device's capacity matters only where the
+recording ran into it (a retry that freed cached segments, or an OOM); it is then inferred from
+the trace, so the model meets the same wall at the same place.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from ..alloc.torch_model import (DeviceMemory, ModelOutOfMemory, TorchAllocatorConfig,
+                                 TorchAllocatorModel)
+from ..units import format_size
+from .recording import SEGMENT_ADD, SEGMENT_REMOVE, Recording
+
+
+@dataclass
+class Divergence:
+    index: int                 # trace entry where the model first did something else
+    request: str               # what was asked there
+    recorded: list[str]        # what the real allocator did for it
+    model: list[str]           # what the model did
+
+    def describe(self) -> str:
+        return (f"entry {self.index}: {self.request}\n"
+                f"  recorded: {'; '.join(self.recorded) or 'no segment event'}\n"
+                f"  model:    {'; '.join(self.model) or 'no segment event'}")
+
+
+@dataclass
+class TorchReplay:
+    trace: str
+    flavour: str
+    settings: str                         # the allocator settings replayed ("" = defaults)
+    capacity: int | None                  # device bytes the model was given (None: no limit)
+    events: int
+    start_reserved_bytes: int
+    start_allocated_bytes: int
+    peak_allocated_bytes: int             # requested bytes live at the peak, start state included
+    peak_reserved_bytes: int              # start state included
+    device_allocs: int                    # segment allocations during the trace
+    device_frees: int
+    recorded_peak_reserved_bytes: int | None
+    recorded_device_allocs: int | None
+    recorded_device_frees: int | None
+    unmatched_frees: int = 0
+    oom: dict | None = None               # the first request the model could not serve
+    divergence: Divergence | None = None
+    misplaced_blocks: int = 0             # allocs the model put at another address
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def faithful(self) -> bool:
+        return (self.divergence is None and self.recorded_peak_reserved_bytes is not None
+                and self.peak_reserved_bytes == self.recorded_peak_reserved_bytes
+                and self.device_allocs == self.recorded_device_allocs)
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["faithful"] = self.faithful
+        return data
+
+
+def _describe(entry: dict) -> str:
+    action = entry["action"]
+    if action in ("alloc", "oom"):
+        return f"{action} {format_size(entry.get('size', 0))} ({entry.get('size', 0)} bytes) " \
+               f"on stream {entry.get('stream', 0)}"
+    return f"{action} 0x{entry.get('addr', 0):x} ({entry.get('size', 0)} bytes)"
+
+
+def _event_text(action: str, addr: int, size: int) -> str:
+    if action == "oom":
+        return f"oom ({format_size(addr)} free)"
+    return f"{action} 0x{addr:x} {format_size(size)} ({size} bytes)"
+
+
+def plan_calls(recording: Recording):
+    """(index, call, entry) for each entry the model must act on, where call is alloc, free,
+    oom or empty_cache; and the recorded segment events keyed by the index they belong to."""
+    entries = recording.entries
+    free_action = recording.free_action
+    calls, recorded = [], []
+    pending: list[dict] = []             # segment events waiting for the request they serve
+    run_start = None
+    for index, entry in enumerate(entries):
+        action = entry["action"]
+        if action in SEGMENT_REMOVE:
+            if run_start is None:
+                run_start = index
+            pending.append(entry)
+            continue
+        if run_start is not None and action not in SEGMENT_ADD and action != "oom":
+            # a run of frees that no failed allocation caused: empty_cache()
+            calls.append((run_start, "empty_cache", entries[run_start]))
+            recorded += [(run_start, e) for e in pending]
+            pending = []
+        run_start = None
+        if action in SEGMENT_ADD:
+            pending.append(entry)
+        elif action in ("alloc", "oom"):
+            calls.append((index, action, entry))
+            recorded += [(index, e) for e in pending]
+            if action == "oom":
+                recorded.append((index, entry))
+            pending = []
+        elif action == free_action:
+            calls.append((index, "free", entry))
+    if run_start is not None:
+        calls.append((run_start, "empty_cache", entries[run_start]))
+        recorded += [(run_start, e) for e in pending]
+    return calls, recorded
+
+
+def infer_capacity(recording: Recording, start_reserved: int) -> int | None:
+    """The device bytes the allocator could use, where the recording shows it hit that limit:
+    an OOM entry says it outright (reserved + the free bytes it carries); a retry (cached
+    segments freed, then a new one) bounds it. None where the trace never met the limit."""
+    reserved = low = start_reserved
+    high = None
+    before_run = None
+    for entry in recording.entries:
+        action, size = entry["action"], entry.get("size", 0)
+        if action in SEGMENT_REMOVE:
+            before_run = reserved if before_run is None else before_run
+            reserved -= size
+            continue
+        if action in SEGMENT_ADD:
+            if before_run is not None:          # a retry: the first attempt did not fit
+                bound = before_run + size - 1
+                high = bound if high is None else min(high, bound)
+            reserved += size
+            low = max(low, reserved)
+        elif action == "oom":
+            measured = reserved + entry.get("addr", 0)
+            high = measured if high is None else min(high, measured)
+            low = max(low, min(measured, high))
+        before_run = None
+    if high is None or high < low:
+        return None
+    return low if not any(e["action"] == "oom" for e in recording.entries) else high
+
+
+def replay_recording(recording: Recording, config: TorchAllocatorConfig | None = None,
+                     capacity: int | None = None, infer: bool = True, check: bool = False,
+                     progress=None) -> TorchReplay:
+    """Run the recording through the model. `capacity` None: inferred where the recording hit
+    the device's limit (with `infer`), else unlimited. `check` stops at the first divergence
+    from the recorded segment events."""
+    config = config or TorchAllocatorConfig(recording.flavour)
+    started = time.perf_counter()
+    start = recording.start_state(config)
+    notes = []
+    if capacity is None and infer:
+        capacity = infer_capacity(recording, start.reserved)
+        if capacity is not None:
+            notes.append(f"the recording ran into the device's limit; replayed with the "
+                         f"{format_size(capacity)} it could use")
+    recorded_addresses = [e.get("addr", 0) for e in recording.entries] + \
+        [s["address"] for s in recording.segments]
+    fresh = max(recorded_addresses + [0]) + (1 << 40)
+    device = DeviceMemory(capacity, fresh_base=-(-fresh // (1 << 30)) * (1 << 30))
+    for entry in recording.entries:
+        if entry["action"] == "segment_alloc":
+            device.expect("malloc", entry["addr"], entry["size"])
+    model = TorchAllocatorModel(config, device)
+    live = model.restore(start.segments)
+    calls, recorded = plan_calls(recording)
+    model_events: list[tuple[int, object]] = []
+    allocated = peak_allocated = start.allocated
+    unmatched = misplaced = 0
+    oom = None
+    divergence = None
+    compared = 0
+    for done, (index, call, entry) in enumerate(calls):
+        if progress is not None and done % 10000 == 0 and done:
+            progress(done)
+        before = len(model.stats.events)
+        if call == "alloc":
+            try:
+                block = model.malloc(entry.get("size", 0), int(entry.get("stream") or 0))
+            except ModelOutOfMemory as exc:
+                oom = _oom_record(index, entry, exc)
+                model_events += [(index, e) for e in model.stats.events[before:]]
+                break
+            if block.addr != entry["addr"]:
+                misplaced += 1
+            if entry["addr"] in live:             # its free was never recorded
+                unmatched += 1
+            live[entry["addr"]] = block
+            allocated += entry.get("size", 0)
+            peak_allocated = max(peak_allocated, allocated)
+        elif call == "free":
+            block = live.pop(entry["addr"], None)
+            if block is None or not block.allocated:
+                unmatched += 1
+            else:
+                allocated -= block.requested
+                model.free(block)
+        elif call == "empty_cache":
+            model.empty_cache()
+        elif call == "oom":
+            try:
+                block = model.malloc(entry.get("size", 0), int(entry.get("stream") or 0))
+                if oom is None:
+                    notes.append(f"entry {index}: the recorded out-of-memory request "
+                                 f"({format_size(entry.get('size', 0))}) fits under these settings")
+            except ModelOutOfMemory as exc:
+                oom = oom or _oom_record(index, entry, exc)
+        model_events += [(index, e) for e in model.stats.events[before:]]
+        if check:
+            divergence, compared = _compare(recording, recorded, model_events, index, compared)
+            if divergence is not None:
+                break
+    if check and divergence is None and oom is None:
+        divergence, compared = _compare(recording, recorded, model_events, len(recording.entries),
+                                        compared)
+    stats = model.stats
+    recorded_peak, recorded_allocs, recorded_frees = _recorded_totals(recording, start.reserved)
+    if start.unplaced:
+        notes.append(f"{start.unplaced} block(s) live at the start lie outside every segment")
+    if start.inconsistent:
+        notes.append(f"{start.inconsistent} trace entr(ies) contradict the snapshot's segments")
+    return TorchReplay(
+        trace=recording.path, flavour=config.flavour, settings=config.describe(),
+        capacity=capacity, events=len(recording.entries),
+        start_reserved_bytes=start.reserved, start_allocated_bytes=start.allocated,
+        peak_allocated_bytes=peak_allocated, peak_reserved_bytes=stats.peak_reserved,
+        device_allocs=stats.num_device_alloc, device_frees=stats.num_device_free,
+        recorded_peak_reserved_bytes=recorded_peak, recorded_device_allocs=recorded_allocs,
+        recorded_device_frees=recorded_frees, unmatched_frees=unmatched, oom=oom,
+        divergence=divergence, misplaced_blocks=misplaced,
+        seconds=time.perf_counter() - started, notes=notes)
+
+
+def _oom_record(index: int, entry: dict, exc: ModelOutOfMemory) -> dict:
+    return {"index": index, "request_bytes": exc.request, "alloc_bytes": exc.alloc_size,
+            "free_bytes": exc.free, "reserved_bytes": exc.reserved,
+            "allocated_bytes": exc.allocated, "largest_free_bytes": exc.largest_free,
+            "message": str(exc)}
+
+
+def _recorded_totals(recording: Recording, start_reserved: int):
+    reserved = peak = start_reserved
+    allocs = frees = 0
+    for entry in recording.entries:
+        if entry["action"] in SEGMENT_ADD:
+            reserved += entry.get("size", 0)
+            allocs += 1
+            peak = max(peak, reserved)
+        elif entry["action"] in SEGMENT_REMOVE:
+            reserved -= entry.get("size", 0)
+            frees += 1
+    return peak, allocs, frees
+
+
+def _compare(recording, recorded, model_events, upto: int, compared: int):
+    """Compare the segment events of entries up to `upto`, from position `compared` on; the
+    first difference, or None and how far both agree."""
+    limit = compared
+    while limit < len(recorded) and recorded[limit][0] <= upto:
+        limit += 1
+    for position in range(compared, max(limit, len(model_events))):
+        if position >= limit or position >= len(model_events):
+            index = (model_events[position][0] if position < len(model_events)
+                     else recorded[position][0])
+            return _divergence(recording, recorded, model_events, index), position
+        (r_index, r_entry), (m_index, m_event) = recorded[position], model_events[position]
+        same = (r_index == m_index and r_entry["action"] == m_event.action and
+                (r_entry["action"] == "oom" or (r_entry.get("size") == m_event.size and
+                                               r_entry.get("addr") == m_event.addr)))
+        if not same:
+            return _divergence(recording, recorded, model_events, min(r_index, m_index)), position
+    return None, limit
+
+
+def _divergence(recording, recorded, model_events, index) -> Divergence:
+    return Divergence(
+        index, _describe(recording.entries[index]),
+        [_event_text(e["action"], e.get("addr", 0), e.get("size", 0)) for i, e in recorded if i == index],
+        [_event_text(e.action, e.addr, e.size) for i, e in model_events if i == index])
