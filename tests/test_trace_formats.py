@@ -181,12 +181,17 @@ def test_replay_sweep_cli_table_json_and_plot(tmp_path):
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
     assert [(r["allocator"], r["settings"]) for r in rows] == [
-        ("pool", "defaults"), ("pool", "expandable_segments:False"), ("torch", "")]
-    assert rows[0]["peak_reserved_bytes"] < rows[2]["peak_reserved_bytes"]
+        ("pool", "defaults"), ("pool", "expandable_segments:False"),
+        ("torch", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"), ("torch", "defaults")]
+    assert rows[0]["peak_reserved_bytes"] < rows[3]["peak_reserved_bytes"]
+    assert rows[2]["peak_reserved_bytes"] != rows[3]["peak_reserved_bytes"]   # the setting acts
     svg = plot.read_text()
-    assert svg.startswith("<svg") and svg.count("<rect") == 3 and "expandable_segments:False" in svg
+    assert svg.startswith("<svg") and svg.count("<rect") == 4 and "expandable_segments:False" in svg
     result = CliRunner().invoke(main, ["replay", trace, "--allocator", "torch", "--sweep", "x=1"])
-    assert result.exit_code == 2 and "add pool" in result.output
+    assert result.exit_code == 2 and "unknown key 'x'" in result.output
+    assert "max_split_size_mb" in result.output         # it names the keys PyTorch has
+    result = CliRunner().invoke(main, ["replay", trace, "--allocator", "device", "--sweep", "x=1"])
+    assert result.exit_code == 2 and "add pool or torch" in result.output
 
 
 @needs_shared

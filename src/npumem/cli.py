@@ -106,53 +106,56 @@ def _run_replays(label: str, quiet: bool, work):
 @main.command()
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--allocator", "allocators", default="pool,torch,device", show_default=True,
-              help="Comma-separated: pool (npumem), torch (PyTorch's policy), device (no cache).")
+              help="Comma-separated: pool (npumem), torch (PyTorch's caching allocator, CUDA or "
+                   "the recording's own flavour), torch_npu (torch_npu's), device (no cache).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="A pool setting (NPUMEM_ALLOC_CONF keys), repeatable.")
+              help="An allocator setting, repeatable: NPUMEM_ALLOC_CONF keys for pool, "
+                   "PYTORCH_CUDA_ALLOC_CONF / PYTORCH_NPU_ALLOC_CONF keys for torch (on top of "
+                   "what the recording used).")
 @click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2",
-              help="Replay the pool once per value (repeatable: every combination).")
-@click.option("--memory", default="64GiB", show_default=True, help="Simulated device memory.")
+              help="Replay once per value (repeatable: every combination).")
+@click.option("--memory", default=None, help="Device memory, e.g. 16GiB. Default: 64GiB for "
+              "pool and device; for torch, what the recording shows the device had where it "
+              "ran into it, else no limit.")
+@click.option("--check", is_flag=True, help="Compare the torch model's segment events and peak "
+              "reserved with the recording's; print the first divergence; exit 1 on a mismatch.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write an SVG bar chart of peak reserved per trace and setting.")
 @_scheduler_options
-def replay(traces, allocators, settings, sweeps, memory, as_json, plot_path, scheduler, workers):
+def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_path, scheduler,
+           workers):
     """Replay allocation traces through allocators and compare what they reserve.
 
-        npumem replay train.jsonl.gz --sweep expandable_segments=True,False --plot sweep.svg
+        npumem replay snapshot.pickle --allocator torch --set expandable_segments=True
+        npumem replay --check snapshot.pickle
 
-    Reads npumem JSONL, PyTorch Chrome traces and snapshot pickles, RMM CSV logs and msprof
-    operator_memory.csv (gzip or not). Several traces or settings replay in parallel.
+    Reads PyTorch snapshot pickles (replayed from the state at their first entry), npumem
+    JSONL, PyTorch Chrome traces, RMM CSV logs and msprof operator_memory.csv (gzip or not).
+    Several traces or settings replay in parallel.
     """
     import json
 
-    from .errors import InvalidParamError
-    from .trace import TraceFormatError, detect_format
     from .trace.replay import ALLOCATORS
-    from .trace.sweep import ReplayJob, run_jobs, sweep_settings
-    from .units import format_size
+    from .trace.sweep import ReplayJob, run_jobs
 
     names = [name.strip() for name in allocators.split(",") if name.strip()]
     unknown = [name for name in names if name not in ALLOCATORS]
     if unknown or not names:
         raise click.BadParameter(f"unknown allocator(s) {unknown}; choose from {', '.join(ALLOCATORS)}",
                                  param_hint="--allocator")
-    if sweeps and "pool" not in names:
-        raise click.BadParameter("--sweep varies the pool's settings; add pool to --allocator",
+    device_memory = _size_option(memory) if memory else None
+    _check_paths(traces, plot_path)
+    if check:
+        _replay_check(traces, names, settings, device_memory, as_json)
+        return
+    tunable = [name for name in names if name != "device"]
+    if sweeps and not tunable:
+        raise click.BadParameter("--sweep varies allocator settings; add pool or torch to --allocator",
                                  param_hint="--sweep")
-    try:
-        pool_settings = sweep_settings(",".join(settings), sweeps)
-    except InvalidParamError as exc:
-        raise click.BadParameter(exc.message, param_hint="--sweep" if sweeps else "--set") from None
-    device_memory = _size_option(memory)
-    for path in traces:
-        try:
-            detect_format(path)
-        except TraceFormatError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+    combos = {name: _settings_for(name, settings, sweeps) for name in tunable}
     jobs = [ReplayJob(path, name, chosen, device_memory) for path in traces for name in names
-            for chosen in (pool_settings if name == "pool" else [""])]
+            for chosen in combos.get(name, [""])]
     results = _run_replays("replay", as_json, lambda update: run_jobs(jobs, scheduler, workers, update))
     if plot_path:
         from .trace.plot import sweep_svg
@@ -161,15 +164,124 @@ def replay(traces, allocators, settings, sweeps, memory, as_json, plot_path, sch
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in results], indent=2))
         return
+    _print_replay_table(results)
+    if plot_path:
+        click.echo(f"wrote {plot_path}")
+
+
+def _check_paths(traces, plot_path) -> None:
+    """Bad inputs and an unwritable output fail before any replay runs."""
+    import os
+
+    from .trace import TraceFormatError, detect_format
+
+    for path in traces:
+        try:
+            detect_format(path)
+        except TraceFormatError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+    if plot_path:
+        folder = os.path.dirname(os.path.abspath(plot_path))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise click.BadParameter(f"cannot write {plot_path}: {folder} is not a writable folder",
+                                     param_hint="--plot")
+
+
+def _settings_for(name: str, settings, sweeps) -> list[str]:
+    """The settings strings to replay `name` with; bad keys fail naming the keys it has."""
+    from .alloc.torch_model import parse_config
+    from .errors import InvalidParamError
+    from .trace.sweep import sweep_settings
+
+    base = ",".join(item.replace("=", ":", 1) for item in settings)
+    if name == "pool":
+        validate, label = None, "pool (NPUMEM_ALLOC_CONF)"
+    else:
+        flavour = "npu" if name == "torch_npu" else "cuda"
+        validate, label = (lambda text: parse_config(text, flavour)), f"{name}"
+    try:
+        return sweep_settings(base, sweeps, validate) if validate else sweep_settings(base, sweeps)
+    except InvalidParamError as exc:
+        raise click.BadParameter(f"{label}: {exc.message}",
+                                 param_hint="--sweep" if sweeps else "--set") from None
+
+
+def _print_replay_table(results) -> None:
+    from .units import format_size
+
     click.echo(f"{'trace':<28} {'allocator':<9} {'events':>7} {'peak live':>11} {'peak reserved':>13} "
-               f"{'ratio':>6} {'dev allocs':>10} {'hit rate':>8} {'alloc us':>8}  settings")
+               f"{'ratio':>6} {'dev allocs':>10} {'hit rate':>8}  settings")
     for r in results:
         click.echo(f"{r.trace[-28:]:<28} {r.allocator:<9} {r.events:>7} "
                    f"{format_size(r.peak_allocated_bytes):>11} {format_size(r.peak_reserved_bytes):>13} "
-                   f"{r.reserved_over_allocated:>6.3f} {r.device_allocs:>10} {r.cache_hit_rate:>8.1%} "
-                   f"{r.mean_alloc_us:>8.2f}  {r.settings}")
-    if plot_path:
-        click.echo(f"wrote {plot_path}")
+                   f"{r.reserved_over_allocated:>6.3f} {r.device_allocs:>10} {r.cache_hit_rate:>8.1%}"
+                   f"  {r.settings}")
+    for r in results:
+        if r.start_reserved_bytes:
+            click.echo(f"{r.trace}: {format_size(r.start_reserved_bytes)} was reserved before the "
+                       f"trace began (counted in peak reserved)")
+            break
+    for r in results:
+        if r.recorded_peak_reserved_bytes is not None and r.allocator.startswith("torch") and \
+                r.settings == "defaults":
+            click.echo(f"{r.trace}: the real allocator reserved {format_size(r.recorded_peak_reserved_bytes)} "
+                       f"at peak in {r.recorded_device_allocs} segment allocation(s)")
+        if r.oom:
+            click.echo(f"{r.trace} [{r.allocator} {r.settings}]: out of memory at entry "
+                       f"{r.oom['index']}: {r.oom['message']}")
+        for note in r.notes:
+            click.echo(f"{r.trace} [{r.allocator}]: {note}")
+
+
+def _replay_check(traces, names, settings, memory, as_json) -> None:
+    """npumem replay --check: the torch model against what the real allocator recorded."""
+    import json
+
+    from .errors import InvalidParamError
+    from .trace import TraceFormatError
+    from .trace.torch_replay import replay_file
+    from .units import format_size
+
+    allocator = "torch_npu" if "torch_npu" in names else "torch"
+    text = ",".join(item.replace("=", ":", 1) for item in settings)
+    failed = False
+    reports = []
+    for path in traces:
+        try:
+            result = replay_file(path, allocator, text, memory, check=True)
+        except TraceFormatError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except InvalidParamError as exc:
+            raise click.BadParameter(exc.message, param_hint="--set") from None
+        reports.append(result.as_dict())
+        failed |= not result.faithful
+        if as_json:
+            continue
+        verdict = "MATCH" if result.faithful else "MISMATCH"
+        click.echo(f"{path}: {verdict} ({result.flavour} allocator, "
+                   f"{result.settings or 'default settings'}, {result.events} entries, "
+                   f"{result.seconds:.2f} s)")
+        click.echo(f"  segment allocations: model {result.device_allocs}, recorded "
+                   f"{result.recorded_device_allocs}; segment frees: model {result.device_frees}, "
+                   f"recorded {result.recorded_device_frees}")
+        click.echo(f"  peak reserved: model {format_size(result.peak_reserved_bytes)} "
+                   f"({result.peak_reserved_bytes} bytes), recorded "
+                   f"{format_size(result.recorded_peak_reserved_bytes or 0)} "
+                   f"({result.recorded_peak_reserved_bytes} bytes); "
+                   f"{format_size(result.start_reserved_bytes)} reserved at the first entry")
+        click.echo(f"  blocks placed at another address than recorded: {result.misplaced_blocks}")
+        if result.divergence is not None:
+            click.echo("  first divergence at " + result.divergence.describe())
+        if result.oom is not None:
+            click.echo(f"  the model ran out of memory at entry {result.oom['index']}: "
+                       f"{result.oom['message']}")
+        for note in result.notes:
+            click.echo(f"  note: {note}")
+    if as_json:
+        click.echo(json.dumps(reports, indent=2, default=lambda o: o.__dict__))
+    sys.exit(1 if failed else 0)
 
 
 @main.command()

@@ -82,6 +82,16 @@ class Recording:
     def start_state(self, config: TorchAllocatorConfig | None = None) -> StartState:
         return rebuild_start(self, config or TorchAllocatorConfig(self.flavour))
 
+    @classmethod
+    def from_events(cls, path: str, events, flavour: str = "cuda") -> "Recording":
+        """A trace without a snapshot's segments (JSONL, RMM, msprof, ...): it starts empty."""
+        entries = []
+        for event in events:
+            action = "alloc" if event.action == "alloc" else "free_completed"
+            entries.append({"action": action, "addr": event.addr, "size": event.size,
+                            "stream": event.stream, "time_us": event.t_us})
+        return cls(path, 0, flavour, None, [], entries)
+
 
 def load_data(path: str) -> dict:
     """The snapshot's dict, read without running code; TraceFormatError when it is not one."""
@@ -119,7 +129,10 @@ def load_recording(path: str, device: int | None = None, flavour: str | None = N
     with_entries = [i for i, trace in enumerate(traces) if trace]
     with_segments = sorted({s.get("device", 0) for s in segments})
     if device is None:
-        device = (with_entries or with_segments or [0])[0]
+        if not with_entries and not with_segments:
+            raise TraceFormatError(path, "device_traces", "every device trace is empty and no "
+                                   "segment is cached: the snapshot holds nothing")
+        device = (with_entries or with_segments)[0]
     if device not in with_entries and device not in with_segments:
         raise TraceFormatError(path, "device_traces", f"no device {device}; devices with events: "
                                f"{with_entries}, with segments: {with_segments}")

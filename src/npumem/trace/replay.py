@@ -1,15 +1,15 @@
 """Replay a recorded allocation trace through an allocator and measure what it would reserve.
 
-Allocators: `pool` (npumem's caching pool with the given settings), `torch` (the same pool code
-running PyTorch's CUDA caching policy: 512-byte rounding, cached segments, its split rules) and
-`device` (every request straight to the driver). Each replay runs on a fresh simulated device
-with room to spare, so the numbers show the allocator's policy, not an OOM.
+Allocators: `pool` (npumem's caching pool with the given settings), `torch` / `torch_npu` (the
+model of PyTorch's caching allocator, `alloc/torch_model`, replayed by `torch_replay`) and
+`device` (every request straight to the driver). Pool and device replays run on a fresh
+simulated device with room to spare, so the numbers show the allocator's policy, not an OOM.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 from ..alloc.caching_allocator import CachingAllocator
@@ -20,7 +20,7 @@ from ..device.sim import SimBackend, SimConfig
 from ..units import GiB
 from .events import TraceEvent
 
-ALLOCATORS = ("pool", "torch", "device")
+ALLOCATORS = ("pool", "torch", "torch_npu", "device")
 
 
 @dataclass
@@ -36,6 +36,11 @@ class ReplayResult:
     mean_alloc_us: float
     unmatched_frees: int = 0
     settings: str = ""
+    start_reserved_bytes: int = 0              # reserved before the trace's first entry
+    recorded_peak_reserved_bytes: int | None = None    # what the real allocator reserved
+    recorded_device_allocs: int | None = None
+    oom: dict | None = None                    # the first request the allocator could not serve
+    notes: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -44,8 +49,6 @@ class ReplayResult:
 def make_allocator(name: str, backend: SimBackend, settings: AllocatorSettings | None):
     if name == "pool":
         return CachingAllocator(backend, 0, settings or AllocatorSettings())
-    if name == "torch":
-        return CachingAllocator(backend, 0, AllocatorSettings(expandable_segments=False), flavour="torch")
     if name == "device":
         return DeviceResource(backend, 0)
     raise ValueError(f"unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
@@ -54,7 +57,16 @@ def make_allocator(name: str, backend: SimBackend, settings: AllocatorSettings |
 def replay(events: Iterable[TraceEvent], allocator: str = "pool",
            settings: AllocatorSettings | None = None, trace_name: str = "",
            memory: int = 64 * GiB, progress=None) -> ReplayResult:
-    """Run `events` through a fresh allocator; `progress(n)` is called every 10,000 events."""
+    """Run `events` through a fresh allocator; `progress(n)` is called every 10,000 events.
+    (PyTorch's allocator starts empty here; `torch_replay.replay_file` starts a snapshot from
+    its recorded state.)"""
+    if allocator in ("torch", "torch_npu"):
+        from .recording import Recording
+        from .torch_replay import as_replay_result, replay_recording
+
+        recording = Recording.from_events(trace_name, events,
+                                          "npu" if allocator == "torch_npu" else "cuda")
+        return as_replay_result(replay_recording(recording, progress=progress), allocator)
     backend = SimBackend(SimConfig(memory=memory))
     resource = make_allocator(allocator, backend, settings)
     live: dict[int, tuple[int, int]] = {}      # trace addr -> (pointer, size)

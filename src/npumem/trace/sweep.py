@@ -22,20 +22,28 @@ from ..errors import InvalidParamError
 from ..units import GiB
 from .formats import read_trace
 from .replay import ReplayResult, replay
+from .torch_replay import as_replay_result, replay_file
+
+TORCH_ALLOCATORS = ("torch", "torch_npu")
 
 
 @dataclass(frozen=True)
 class ReplayJob:
     trace: str
     allocator: str = "pool"
-    settings: str = ""             # NPUMEM_ALLOC_CONF text for the pool
-    memory: int = 64 * GiB
+    settings: str = ""             # NPUMEM_ALLOC_CONF text (pool), PyTorch's text (torch)
+    memory: int | None = None      # device bytes; None: 64 GiB for the pool, and for PyTorch's
+                                   # allocator what the recording shows it could use
 
     def run(self, progress: Callable[[int], None] | None = None) -> ReplayResult:
         """`progress(events)` every 10,000 events replayed."""
+        if self.allocator in TORCH_ALLOCATORS:
+            result = replay_file(self.trace, self.allocator, self.settings, self.memory,
+                                 progress=progress)
+            return as_replay_result(result, self.allocator)
         settings = parse_settings(self.settings)
         return replay(read_trace(self.trace), self.allocator, settings, trace_name=self.trace,
-                      memory=self.memory, progress=progress)
+                      memory=self.memory or 64 * GiB, progress=progress)
 
 
 def run_job(job: ReplayJob) -> ReplayResult:
@@ -43,10 +51,10 @@ def run_job(job: ReplayJob) -> ReplayResult:
     return job.run()
 
 
-def sweep_settings(base: str, sweeps: Sequence[str]) -> list[str]:
+def sweep_settings(base: str, sweeps: Sequence[str], validate=parse_settings) -> list[str]:
     """Every combination of `key=v1,v2,...` sweeps on top of `base`, as settings strings.
 
-    Each string is validated here, so a typo fails before any replay starts."""
+    Each string is checked with `validate` here, so a typo fails before any replay starts."""
     axes = []
     for sweep in sweeps:
         key, sep, values = sweep.replace(":", "=", 1).partition("=")
@@ -56,7 +64,7 @@ def sweep_settings(base: str, sweeps: Sequence[str]) -> list[str]:
         axes.append([f"{key.strip()}:{value}" for value in choices])
     combos = [",".join(filter(None, [base, *combo])) for combo in itertools.product(*axes)]
     for combo in combos:
-        parse_settings(combo)
+        validate(combo)
     return combos
 
 

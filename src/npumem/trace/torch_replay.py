@@ -52,6 +52,7 @@ class TorchReplay:
     oom: dict | None = None               # the first request the model could not serve
     divergence: Divergence | None = None
     misplaced_blocks: int = 0             # allocs the model put at another address
+    cache_hit_rate: float = 0.0           # requests served from cached blocks
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -222,6 +223,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         divergence, compared = _compare(recording, recorded, model_events, len(recording.entries),
                                         compared)
     stats = model.stats
+    requests = sum(1 for _, call, _ in calls if call == "alloc")
     recorded_peak, recorded_allocs, recorded_frees = _recorded_totals(recording, start.reserved)
     if start.unplaced:
         notes.append(f"{start.unplaced} block(s) live at the start lie outside every segment")
@@ -236,6 +238,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         recorded_peak_reserved_bytes=recorded_peak, recorded_device_allocs=recorded_allocs,
         recorded_device_frees=recorded_frees, unmatched_frees=unmatched, oom=oom,
         divergence=divergence, misplaced_blocks=misplaced,
+        cache_hit_rate=stats.cache_hits / requests if requests else 0.0,
         seconds=time.perf_counter() - started, notes=notes)
 
 
@@ -285,3 +288,49 @@ def _divergence(recording, recorded, model_events, index) -> Divergence:
         index, _describe(recording.entries[index]),
         [_event_text(e["action"], e.get("addr", 0), e.get("size", 0)) for i, e in recorded if i == index],
         [_event_text(e.action, e.addr, e.size) for i, e in model_events if i == index])
+
+
+def load_for_model(path: str, flavour: str | None = None) -> Recording:
+    """A snapshot pickle as a recording with its start state; any other trace format as a
+    recording that starts empty."""
+    from .formats import detect_format, read_trace
+    from .recording import load_recording
+
+    if detect_format(path) == "snapshot":
+        return load_recording(path, flavour=flavour)
+    return Recording.from_events(path, read_trace(path), flavour or "cuda")
+
+
+def replay_file(path: str, allocator: str = "torch", settings: str = "",
+                memory: int | None = None, check: bool = False, progress=None) -> TorchReplay:
+    """`allocator` torch (the recording's own flavour, CUDA unless it came from an NPU) or
+    torch_npu; `settings` in PyTorch's key:value text, on top of what the recording used."""
+    from ..alloc.torch_model import from_snapshot, parse_config
+
+    recording = load_for_model(path, "npu" if allocator == "torch_npu" else None)
+    base = from_snapshot(recording.settings, recording.flavour)
+    config = parse_config(settings, base=base) if settings else base
+    return replay_recording(recording, config, capacity=memory, check=check, progress=progress)
+
+
+def as_replay_result(result: TorchReplay, allocator: str):
+    """The row `npumem replay` prints for every allocator."""
+    from .replay import ReplayResult
+
+    live = result.peak_allocated_bytes
+    return ReplayResult(
+        trace=result.trace, allocator=allocator, events=result.events,
+        peak_allocated_bytes=live, peak_reserved_bytes=result.peak_reserved_bytes,
+        reserved_over_allocated=result.peak_reserved_bytes / live if live else 0.0,
+        device_allocs=result.device_allocs, cache_hit_rate=result.cache_hit_rate,
+        mean_alloc_us=result.seconds / max(result.events, 1) * 1e6,
+        unmatched_frees=result.unmatched_frees,
+        settings=f"{_env(result)}={result.settings}" if result.settings else "defaults",
+        start_reserved_bytes=result.start_reserved_bytes,
+        recorded_peak_reserved_bytes=result.recorded_peak_reserved_bytes,
+        recorded_device_allocs=result.recorded_device_allocs, oom=result.oom,
+        notes=list(result.notes))
+
+
+def _env(result: TorchReplay) -> str:
+    return "PYTORCH_NPU_ALLOC_CONF" if result.flavour == "npu" else "PYTORCH_CUDA_ALLOC_CONF"
