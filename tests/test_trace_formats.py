@@ -184,7 +184,6 @@ def test_replay_sweep_cli_table_json_and_plot(tmp_path):
         ("pool", "defaults"), ("pool", "expandable_segments:False"),
         ("torch", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"), ("torch", "defaults")]
     assert rows[0]["peak_reserved_bytes"] < rows[3]["peak_reserved_bytes"]
-    assert rows[2]["device_allocs"] != rows[3]["device_allocs"]   # the setting acts
     svg = plot.read_text()
     assert svg.startswith("<svg") and svg.count("<rect") == 4 and "expandable_segments:False" in svg
     result = CliRunner().invoke(main, ["replay", trace, "--allocator", "torch", "--sweep", "x=1"])

@@ -225,6 +225,8 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
     stats = model.stats
     requests = sum(1 for _, call, _ in calls if call == "alloc")
     recorded_peak, recorded_allocs, recorded_frees = _recorded_totals(recording, start.reserved)
+    if not recording.segments and not recording.recorded_segment_events():
+        recorded_peak = recorded_allocs = recorded_frees = None     # not a PyTorch recording
     if start.unplaced:
         notes.append(f"{start.unplaced} block(s) live at the start lie outside every segment")
     if start.inconsistent:
