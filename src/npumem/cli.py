@@ -286,11 +286,85 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
 
 @main.command()
 @click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--allocator", default=None, help="torch (PyTorch's settings; the default for "
+              "PyTorch snapshots), torch_npu, or pool (npumem's pool settings; the default for "
+              "other traces).")
+@click.option("--memory", default=None, help="Replay on a device of this size (e.g. 16GiB) and "
+              "list the settings that finish: which settings would have avoided an OOM.")
 @click.option("--json", "as_json", is_flag=True, help="Print the recommendation as JSON.")
 @_scheduler_options
-def tune(trace, as_json, scheduler, workers):
-    """Recommend pool settings for a recorded trace: replays every candidate and picks the one
-    with the lowest peak reserved memory."""
+def tune(trace, allocator, memory, as_json, scheduler, workers):
+    """Recommend allocator settings for a recorded trace: replays every candidate and picks the
+    one with the lowest peak reserved memory.
+
+    For a PyTorch snapshot it sweeps PyTorch's own settings through the model of its allocator
+    and prints the PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_NPU_ALLOC_CONF) line to set.
+    """
+    from .trace import TraceFormatError, detect_format
+
+    if allocator not in (None, "torch", "torch_npu", "pool"):
+        raise click.BadParameter("choose torch, torch_npu or pool", param_hint="--allocator")
+    try:
+        snapshot = detect_format(trace) == "snapshot"
+    except TraceFormatError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    device_memory = _size_option(memory) if memory else None
+    if allocator in ("torch", "torch_npu") or (allocator is None and snapshot):
+        _tune_torch(trace, allocator, device_memory, as_json)
+    else:
+        _tune_pool(trace, as_json, scheduler, workers)
+
+
+def _tune_torch(trace, allocator, memory, as_json) -> None:
+    import json
+
+    from .trace import TraceFormatError
+    from .trace.replay import replay
+    from .trace.torch_replay import load_for_model
+    from .trace.torch_tune import tune_recording
+    from .trace.formats import read_trace
+    from .units import format_size
+
+    try:
+        recording = load_for_model(trace, "npu" if allocator == "torch_npu" else None)
+        if not recording.entries:
+            raise TraceFormatError(trace, "device_traces", "no trace entries to replay")
+        result = tune_recording(recording, memory)
+        pool = replay(read_trace(trace), "pool", trace_name=trace,
+                      memory=memory or 64 * (1 << 30))
+    except TraceFormatError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    result.pool_peak_reserved_bytes = pool.peak_reserved_bytes if pool.oom is None else None
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    click.echo(f"{'settings':<58} {'peak reserved':>13} {'dev allocs':>10}  finishes")
+    for c in sorted(result.candidates, key=lambda c: (not c.finishes, c.result.peak_reserved_bytes)):
+        click.echo(f"{c.config.describe() or '(as recorded)':<58} "
+                   f"{format_size(c.result.peak_reserved_bytes):>13} {c.result.device_allocs:>10}  "
+                   f"{'yes' if c.finishes else 'OOM at entry ' + str(c.result.oom['index'])}")
+    click.echo("")
+    if result.best is None:
+        click.echo("recommended: none of the settings finishes on this device")
+    else:
+        click.echo(f"recommended: {result.best.line}")
+        click.echo(f"  predicted peak reserved {format_size(result.best.result.peak_reserved_bytes)}; "
+                   f"the recording really reserved {format_size(result.recorded_peak_reserved_bytes)}")
+    for reason in result.reasons:
+        click.echo(f"  why: {reason}")
+    if result.pool_peak_reserved_bytes is not None:
+        click.echo(f"  npumem's own pool would reserve {format_size(result.pool_peak_reserved_bytes)} "
+                   f"(npumem replay {trace} --allocator pool); to use it, run the allocations through "
+                   f"npumem on the torch backend (NPUMEM_DEVICE=torch:cuda) and hand tensors to "
+                   f"PyTorch by DLPack: docs/hardware.md")
+    if result.best is not None and result.best.config.describe():
+        click.echo(f"use: export {result.best.config.env_name}="
+                   f"\"{result.best.config.describe()}\"")
+
+
+def _tune_pool(trace, as_json, scheduler, workers) -> None:
     import json
 
     from .trace.sweep import settings_label

@@ -102,9 +102,20 @@ class TorchAllocatorConfig:
 
 
 def _describe_divisions(divisions: tuple) -> str:
+    """The shortest text c10's parser reads back as `divisions`: the first interval named
+    also fills the ones below it, and `>` fills from the last one named upwards."""
     if len(set(divisions)) == 1:
         return str(divisions[0])
-    items = [f"{1 << index}:{value}" for index, value in enumerate(divisions)]
+    first_end = 0
+    while divisions[first_end + 1] == divisions[0]:
+        first_end += 1
+    last_start = len(divisions) - 1
+    while divisions[last_start - 1] == divisions[-1]:
+        last_start -= 1
+    items = [f"{1 << first_end}:{divisions[0]}"]
+    items += [f"{1 << index}:{divisions[index]}" for index in range(first_end + 1, last_start)]
+    if last_start > first_end:
+        items += [f"{1 << last_start}:{divisions[-1]}", f">:{divisions[-1]}"]
     return "[" + ",".join(items) + "]"
 
 
