@@ -1,8 +1,9 @@
 """What a snapshot says: the timeline, the peak and who held memory then, what was never freed,
 and what grew between two snapshots. Works on npumem's snapshots and on PyTorch's.
 
-A trace recorded mid-run starts with memory already in use that it never saw allocated; the
-timeline is lifted so that it never goes below zero, and frees of unseen blocks are ignored.
+A trace recorded mid-run starts with memory already in use that it never saw allocated: the
+timeline starts from the state rebuilt at its first entry (`trace.recording`), so peaks count
+the memory that was live or cached before the trace, and blocks live then count at the peak.
 """
 
 from __future__ import annotations
@@ -45,13 +46,40 @@ class DeviceAnalysis:
     by_site: list[SiteUsage] = field(default_factory=list)    # all allocations in the trace
 
 
+# Frames of PyTorch's stack unwinder and allocator, which start every C++ stack in a snapshot.
+_MACHINERY = ("torch::unwind", "CapturedTraceback", "gather_with_cpp", "CachingAllocator",
+              "c10::", "at::detail::", "at::TensorBase", "empty_strided", "_PyEval", "PyObject_",
+              "_Py", "cfunction_call", "method_vectorcall", "slot_tp_call")
+_LIBRARIES = ("site-packages", "dist-packages", "torchinductor_", "/lib/python3", "<frozen")
+
+
+def _framework(name: str) -> bool:
+    return is_internal_file(name) or "/torch/" in name or "/torch_npu/" in name
+
+
 def user_frame(frames: list[dict]) -> dict | None:
-    """The innermost Python frame outside npumem and torch (the user's line)."""
+    """The innermost frame of the user's own code: a Python file outside npumem, torch and
+    installed libraries; else outside npumem and torch; else the first C++ frame that is not
+    PyTorch's unwinder or allocator."""
+    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    for frame in python:
+        name = frame["filename"]
+        if not _framework(name) and not any(mark in name for mark in _LIBRARIES):
+            return frame
+    for frame in python:
+        if not _framework(frame["filename"]):
+            return frame
     for frame in frames:
-        name = frame.get("filename", "")
-        if name.endswith(".py") and not is_internal_file(name) and "/torch/" not in name:
+        if not any(mark in str(frame.get("name", "")) for mark in _MACHINERY):
             return frame
     return frames[0] if frames else None
+
+
+def callers(frames: list[dict], chosen: dict | None, limit: int = 7) -> list[str]:
+    """The Python frames that called the chosen one, outermost last."""
+    after = frames[frames.index(chosen) + 1:] if chosen in frames else frames
+    python = [f for f in after if str(f.get("filename", "")).endswith(".py")]
+    return [f"{f['filename']}:{f['line']} in {f['name']}" for f in python[:limit]]
 
 
 def site_name(entry: dict) -> str:
@@ -70,17 +98,20 @@ def group_by_site(entries) -> list[SiteUsage]:
         site = sites.get(where)
         if site is None:
             frames = entry.get("frames") or []
-            site = sites[where] = SiteUsage(where, callers=[
-                f"{f['filename']}:{f['line']} in {f['name']}" for f in frames[1:8]])
+            site = sites[where] = SiteUsage(where, callers=callers(frames, user_frame(frames)))
         site.count += 1
         site.bytes += entry.get("requested_size") or entry["size"]
     return sorted(sites.values(), key=lambda s: (-s.bytes, s.where))
 
 
-def analyze_trace(device: int, entries: list[dict]) -> DeviceAnalysis:
+def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
+                  start_reserved: int = 0) -> DeviceAnalysis:
+    """`start_live` (entries of the blocks live at the first entry) and `start_reserved` are
+    the state the trace began in."""
     result = DeviceAnalysis(device, events=len(entries))
     live: dict[int, dict] = {}
-    allocated = reserved = active = 0
+    allocated = active = sum(entry["size"] for entry in start_live)
+    reserved = start_reserved
     points = []
     peak_index = peak_entry = -1
     for i, entry in enumerate(entries):
@@ -115,7 +146,8 @@ def analyze_trace(device: int, entries: list[dict]) -> DeviceAnalysis:
         if peak_index >= 0:
             result.peak_time_us = points[peak_index].time_us
     result.timeline = points
-    result.at_peak = group_by_site(live_after(entries, peak_entry))
+    result.at_peak = group_by_site(live_after(list(start_live) + entries,
+                                              peak_entry + len(start_live)))
     result.by_site = group_by_site([e for e in entries if e.get("action") == "alloc"])
     return result
 
@@ -131,9 +163,25 @@ def live_after(entries: list[dict], last: int) -> list[dict]:
     return list(live.values())
 
 
+def start_of(snapshot: dict, device: int) -> tuple[list[dict], int]:
+    """(entries standing for the blocks live at the trace's first entry, reserved bytes then)."""
+    from ..trace.events import TraceFormatError
+    from ..trace.recording import recording_from_data
+
+    try:
+        state = recording_from_data(snapshot, device=device).start_state()
+    except (TraceFormatError, KeyError, TypeError, ValueError):
+        return [], 0
+    live = [{"action": "alloc", "addr": block.addr, "size": block.requested,
+             "requested_size": block.requested, "frames": block.frames,
+             "user_metadata": "" if block.frames else "allocated before the trace began"}
+            for block in state.live.values()]
+    return live, state.reserved
+
+
 def analyze_snapshot(snapshot: dict) -> list[DeviceAnalysis]:
-    """One analysis per device that has trace events."""
-    return [analyze_trace(device, entries)
+    """One analysis per device that has trace events, from the state at its first entry."""
+    return [analyze_trace(device, entries, *start_of(snapshot, device))
             for device, entries in enumerate(snapshot.get("device_traces") or []) if entries]
 
 

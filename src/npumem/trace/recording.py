@@ -122,7 +122,12 @@ def _guess_flavour(data: dict, segments: list[dict], entries: list[dict]) -> str
 
 def load_recording(path: str, device: int | None = None, flavour: str | None = None) -> Recording:
     """One device of a snapshot (default: the first with trace entries, else with segments)."""
-    data = load_data(path)
+    return recording_from_data(load_data(path), path, device, flavour)
+
+
+def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None = None,
+                        flavour: str | None = None) -> Recording:
+    """One device of an already loaded snapshot dict."""
     traces = data.get("device_traces")
     traces = traces if isinstance(traces, list) else []
     segments = [s for s in data.get("segments", []) if isinstance(s, dict)]
