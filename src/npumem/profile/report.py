@@ -32,6 +32,7 @@ class Report:
     ops: list[OpRow] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    oom: list[str] = field(default_factory=list)      # an out-of-memory, explained
 
     @property
     def leaked_bytes(self) -> int:
@@ -69,8 +70,12 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
         notes.append("The snapshot has no event history (device_traces): record it with "
                      "record_memory_history / torch.cuda.memory._record_memory_history to get "
                      "the timeline, the peak and allocation sites.")
-    return Report(title, devices, analyze(snapshot), rows, heading, op_rows(list(annotations)),
-                  list(samples), notes)
+    from .oom import explain_oom
+
+    report = Report(title, devices, analyze(snapshot), rows, heading, op_rows(list(annotations)),
+                    list(samples), notes)
+    report.oom = explain_oom(snapshot, title)
+    return report
 
 
 def _sites(title: str, sites: list[SiteUsage], limit: int) -> list[str]:
@@ -85,6 +90,10 @@ def _sites(title: str, sites: list[SiteUsage], limit: int) -> list[str]:
 def format_report(report: Report, limit: int = 10) -> str:
     lines = [report.title, "=" * len(report.title)]
     lines += [f"note: {note}" for note in report.notes]
+    if report.oom:
+        lines.append("Out of memory:")
+        lines += ["  " + line for line in report.oom]
+        lines.append("")
     for device in report.devices:
         ratio = device.peak_reserved / device.peak_allocated if device.peak_allocated else 0.0
         lines.append(f"device {device.device}: {device.events} events, peak allocated "

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..alloc.torch_model import (DeviceMemory, ModelOutOfMemory, TorchAllocatorConfig,
                                  TorchAllocatorModel)
+from ..alloc.torch_model.config import NO_LIMIT
 from ..units import format_size
 from .recording import SEGMENT_ADD, SEGMENT_REMOVE, Recording
 
@@ -106,6 +107,11 @@ def plan_calls(recording: Recording):
         if action in SEGMENT_ADD:
             pending.append(entry)
         elif action in ("alloc", "oom"):
+            if any(e["action"] in SEGMENT_REMOVE for e in pending):
+                # frees right before a request: empty_cache() then the request, or the
+                # request's own retry; the replay tells them apart
+                frees = [e for e in pending if e["action"] in SEGMENT_REMOVE]
+                calls.append((index, "frees_before", dict(entry, frees=frees)))
             calls.append((index, action, entry))
             recorded += [(index, e) for e in pending]
             if action == "oom":
@@ -206,6 +212,15 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
                 model.free(block)
         elif call == "empty_cache":
             model.empty_cache()
+        elif call == "frees_before":
+            # A retry path frees only when no cached block fits; without max_split_size it
+            # frees exactly what empty_cache() does. Otherwise the capacity decides.
+            # (a retry with max_split_size frees oversize blocks first, largest last)
+            stream = int(entry.get("stream") or 0)
+            if model.would_reuse(entry.get("size", 0), stream) or \
+                    config.max_split_size == NO_LIMIT or \
+                    entry["frees"][0].get("size", 0) < config.max_split_size:
+                model.empty_cache()
         elif call == "oom":
             try:
                 block = model.malloc(entry.get("size", 0), int(entry.get("stream") or 0))
@@ -215,7 +230,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
             except ModelOutOfMemory as exc:
                 oom = oom or _oom_record(index, entry, exc)
         model_events += [(index, e) for e in model.stats.events[before:]]
-        if check:
+        if check and call != "frees_before":
             divergence, compared = _compare(recording, recorded, model_events, index, compared)
             if divergence is not None:
                 break
@@ -277,9 +292,11 @@ def _compare(recording, recorded, model_events, upto: int, compared: int):
                      else recorded[position][0])
             return _divergence(recording, recorded, model_events, index), position
         (r_index, r_entry), (m_index, m_event) = recorded[position], model_events[position]
-        same = (r_index == m_index and r_entry["action"] == m_event.action and
-                (r_entry["action"] == "oom" or (r_entry.get("size") == m_event.size and
-                                               r_entry.get("addr") == m_event.addr)))
+        # (an expandable segment's address range is the driver's pick: its maps compare by size)
+        same = (r_entry["action"] == m_event.action and
+                (r_entry["action"] == "oom" or (r_entry.get("size") == m_event.size and (
+                    r_entry.get("addr") == m_event.addr or m_event.action in SEGMENT_ADD[1:] +
+                    SEGMENT_REMOVE[1:]))))
         if not same:
             return _divergence(recording, recorded, model_events, min(r_index, m_index)), position
     return None, limit
@@ -299,7 +316,14 @@ def load_for_model(path: str, flavour: str | None = None) -> Recording:
     from .recording import load_recording
 
     if detect_format(path) == "snapshot":
-        return load_recording(path, flavour=flavour)
+        recording = load_recording(path, flavour=flavour)
+        if not recording.entries:
+            from .events import TraceFormatError
+            raise TraceFormatError(path, "device_traces", "the snapshot has no trace entries, so "
+                                   "there is nothing to replay (record with "
+                                   "torch.cuda.memory._record_memory_history()); npumem report "
+                                   "reads its segments")
+        return recording
     return Recording.from_events(path, read_trace(path), flavour or "cuda")
 
 

@@ -153,6 +153,18 @@ class TorchAllocatorModel:
         stats.allocations -= 1
         self._free_block(block)
 
+    def would_reuse(self, orig_size: int, stream: int = 0) -> bool:
+        """Whether malloc would serve this request from a cached block (changes nothing)."""
+        size = round_size(orig_size, self.config)
+        pool = self.small if size <= SMALL_SIZE else self.large
+        calls = pool.free_block_calls
+        block = self._get_free_block(pool, size, stream)
+        pool.free_block_calls = calls
+        if block is None:
+            return False
+        pool.insert(block)
+        return True
+
     def empty_cache(self) -> None:
         self.release_cached()
 
