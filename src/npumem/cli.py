@@ -190,18 +190,19 @@ def _check_paths(traces, plot_path) -> None:
 
 def _settings_for(name: str, settings, sweeps) -> list[str]:
     """The settings strings to replay `name` with; bad keys fail naming the keys it has."""
+    from .alloc.settings import parse_settings
     from .alloc.torch_model import parse_config
     from .errors import InvalidParamError
     from .trace.sweep import sweep_settings
 
     base = ",".join(item.replace("=", ":", 1) for item in settings)
     if name == "pool":
-        validate, label = None, "pool (NPUMEM_ALLOC_CONF)"
+        validate, label = parse_settings, "pool (NPUMEM_ALLOC_CONF)"
     else:
         flavour = "npu" if name == "torch_npu" else "cuda"
-        validate, label = (lambda text: parse_config(text, flavour)), f"{name}"
+        validate, label = (lambda text: parse_config(text, flavour)), name
     try:
-        return sweep_settings(base, sweeps, validate) if validate else sweep_settings(base, sweeps)
+        return sweep_settings(base, sweeps, validate)
     except InvalidParamError as exc:
         raise click.BadParameter(f"{label}: {exc.message}",
                                  param_hint="--sweep" if sweeps else "--set") from None
@@ -211,12 +212,12 @@ def _print_replay_table(results) -> None:
     from .units import format_size
 
     click.echo(f"{'trace':<28} {'allocator':<9} {'events':>7} {'peak live':>11} {'peak reserved':>13} "
-               f"{'ratio':>6} {'dev allocs':>10} {'hit rate':>8}  settings")
+               f"{'ratio':>6} {'dev allocs':>10} {'hit rate':>8} {'alloc us':>8}  settings")
     for r in results:
         click.echo(f"{r.trace[-28:]:<28} {r.allocator:<9} {r.events:>7} "
                    f"{format_size(r.peak_allocated_bytes):>11} {format_size(r.peak_reserved_bytes):>13} "
-                   f"{r.reserved_over_allocated:>6.3f} {r.device_allocs:>10} {r.cache_hit_rate:>8.1%}"
-                   f"  {r.settings}")
+                   f"{r.reserved_over_allocated:>6.3f} {r.device_allocs:>10} {r.cache_hit_rate:>8.1%} "
+                   f"{f'{r.mean_alloc_us:.2f}' if r.mean_alloc_us else '-':>8}  {r.settings}")
     for r in results:
         if r.start_reserved_bytes:
             click.echo(f"{r.trace}: {format_size(r.start_reserved_bytes)} was reserved before the "
@@ -280,7 +281,7 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
         for note in result.notes:
             click.echo(f"  note: {note}")
     if as_json:
-        click.echo(json.dumps(reports, indent=2, default=lambda o: o.__dict__))
+        click.echo(json.dumps(reports, indent=2))
     sys.exit(1 if failed else 0)
 
 
@@ -319,17 +320,14 @@ def tune(trace, allocator, memory, as_json, scheduler, workers):
 def _tune_torch(trace, allocator, memory, as_json) -> None:
     import json
 
-    from .trace import TraceFormatError
+    from .trace import TraceFormatError, read_trace
     from .trace.replay import replay
     from .trace.torch_replay import load_for_model
     from .trace.torch_tune import tune_recording
-    from .trace.formats import read_trace
     from .units import format_size
 
     try:
         recording = load_for_model(trace, "npu" if allocator == "torch_npu" else None)
-        if not recording.entries:
-            raise TraceFormatError(trace, "device_traces", "no trace entries to replay")
         result = tune_recording(recording, memory)
         pool = replay(read_trace(trace), "pool", trace_name=trace,
                       memory=memory or 64 * (1 << 30))

@@ -165,12 +165,11 @@ def live_after(entries: list[dict], last: int) -> list[dict]:
 
 def start_of(snapshot: dict, device: int) -> tuple[list[dict], int]:
     """(entries standing for the blocks live at the trace's first entry, reserved bytes then)."""
-    from ..trace.events import TraceFormatError
     from ..trace.recording import recording_from_data
 
     try:
         state = recording_from_data(snapshot, device=device).start_state()
-    except (TraceFormatError, KeyError, TypeError, ValueError):
+    except (ValueError, KeyError, TypeError):      # unreadable entries: start from nothing
         return [], 0
     live = [{"action": "alloc", "addr": block.addr, "size": block.requested,
              "requested_size": block.requested, "frames": block.frames,

@@ -10,9 +10,8 @@ from ..units import format_size
 
 def explain_oom(snapshot: dict, path: str = "<snapshot>") -> list[str]:
     """Lines for the report; [] when no device trace has an OOM."""
-    from ..trace.events import TraceFormatError
     from ..trace.recording import recording_from_data
-    from ..trace.torch_replay import infer_capacity, replay_recording
+    from ..trace.torch_replay import replay_recording
     from ..trace.torch_tune import tune_recording
 
     lines = []
@@ -22,17 +21,16 @@ def explain_oom(snapshot: dict, path: str = "<snapshot>") -> list[str]:
             continue
         try:
             recording = recording_from_data(snapshot, path, device)
-            start = recording.start_state()
-        except (TraceFormatError, KeyError, TypeError, ValueError) as exc:
+            replayed = replay_recording(recording)
+        except (ValueError, KeyError, TypeError) as exc:     # TraceFormatError included
             lines.append(f"device {device}: an out-of-memory at entry {ooms[0]}, but the trace "
                          f"cannot be replayed ({exc})")
             continue
         entry = entries[ooms[0]]
-        capacity = infer_capacity(recording, start.reserved)
+        capacity = replayed.capacity
         lines.append(f"device {device}: out of memory at trace entry {ooms[0]}: PyTorch asked "
                      f"for {format_size(entry.get('size', 0))} on stream {entry.get('stream', 0)} "
                      f"and the device had {format_size(entry.get('addr', 0))} free")
-        replayed = replay_recording(recording, capacity=capacity)
         oom = replayed.oom
         if oom is not None:
             lines.append(f"  at that moment PyTorch held {format_size(oom['reserved_bytes'])}: "

@@ -7,7 +7,6 @@ writes, and `npumem report` reads what PyTorch writes.
 
 from __future__ import annotations
 
-import gzip
 import pickle
 from typing import Iterable
 
@@ -92,24 +91,16 @@ def save_snapshot(snapshot: dict, path) -> None:
 
 
 def load_snapshot(path) -> dict:
-    """Read a snapshot pickle (npumem's or PyTorch's, gzip or not) and check its structure."""
+    """Read a snapshot pickle (npumem's or PyTorch's, gzip or not), as plain data only, and
+    check its structure."""
+    from ..trace.events import TraceFormatError
+    from ..trace.recording import load_data
+
     try:
-        with open(path, "rb") as raw:
-            head = raw.read(2)
-        opener = gzip.open if head == b"\x1f\x8b" else open
-        with opener(path, "rb") as stream:
-            data = pickle.load(stream)
-    except FileNotFoundError:
-        raise SnapshotError(f"{path}: no such file") from None
-    except (pickle.UnpicklingError, EOFError, OSError, ValueError, AttributeError,
-            ImportError, IndexError) as exc:
-        raise SnapshotError(f"{path}: not a readable snapshot pickle "
-                            f"({type(exc).__name__}: {exc}); is the file truncated?") from None
-    if not isinstance(data, dict) or "segments" not in data:
-        kind = type(data).__name__
-        raise SnapshotError(f"{path}: a pickle of a {kind}, not a memory snapshot (a dict with "
-                            "'segments' and 'device_traces', as torch.cuda.memory._snapshot() "
-                            "returns)")
+        data = load_data(str(path))
+    except TraceFormatError as exc:
+        raise SnapshotError(f"{path}: {exc.reason}") from None
+    data.setdefault("segments", [])
     data.setdefault("device_traces", [])
     for i, segment in enumerate(data["segments"]):
         missing = [key for key in ("address", "total_size", "blocks") if key not in segment]

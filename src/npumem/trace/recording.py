@@ -12,6 +12,7 @@ which blocks in them were live.
 from __future__ import annotations
 
 import pickle
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from ..alloc.torch_model.allocator import MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, round_size
@@ -67,7 +68,6 @@ class Recording:
     settings: dict | None                # the snapshot's allocator_settings, if recorded
     segments: list[dict]                 # this device's segments at the dump
     entries: list[dict]                  # this device's trace entries
-    annotations: list = field(default_factory=list)
 
     @property
     def free_action(self) -> str:
@@ -156,10 +156,9 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
                 or not isinstance(segment.get("blocks", []), list):
             raise TraceFormatError(path, f"segments[{index}]", "a segment without integer "
                                    "address and total_size, or without a list of blocks")
-    annotations = [a for a in data.get("external_annotations") or [] if isinstance(a, dict)]
+    settings = data.get("allocator_settings")
     return Recording(path, device, flavour or _guess_flavour(data, mine, entries),
-                     data.get("allocator_settings") if isinstance(data.get("allocator_settings"), dict)
-                     else None, mine, entries, annotations)
+                     settings if isinstance(settings, dict) else None, mine, entries)
 
 
 # --- rebuilding the state at the first entry ---------------------------------------------------
@@ -234,7 +233,6 @@ def _place_blocks(ranges, live, config, inconsistent) -> StartState:
     starts = sorted(ranges)
     by_segment: dict[int, list[StartBlock]] = {start: [] for start in starts}
     unplaced = 0
-    from bisect import bisect_right
     for block in sorted(live.values(), key=lambda b: b.addr):
         index = bisect_right(starts, block.addr) - 1
         if index < 0 or block.addr >= starts[index] + ranges[starts[index]][0]:

@@ -6,7 +6,6 @@ any class or function (the way hostile pickles run code) is refused with a clear
 
 from __future__ import annotations
 
-import io
 import pickle
 
 
@@ -23,7 +22,3 @@ class _PlainDataUnpickler(pickle.Unpickler):
 def load(handle) -> object:
     """pickle.load, refusing every global."""
     return _PlainDataUnpickler(handle).load()
-
-
-def loads(data: bytes) -> object:
-    return load(io.BytesIO(data))

@@ -155,16 +155,16 @@ def infer_capacity(recording: Recording, start_reserved: int) -> int | None:
 
 
 def replay_recording(recording: Recording, config: TorchAllocatorConfig | None = None,
-                     capacity: int | None = None, infer: bool = True, check: bool = False,
+                     capacity: int | None = None, check: bool = False,
                      progress=None) -> TorchReplay:
     """Run the recording through the model. `capacity` None: inferred where the recording hit
-    the device's limit (with `infer`), else unlimited. `check` stops at the first divergence
-    from the recorded segment events."""
+    the device's limit, else unlimited. `check` stops at the first divergence from the
+    recorded segment events."""
     config = config or TorchAllocatorConfig(recording.flavour)
     started = time.perf_counter()
     start = recording.start_state(config)
     notes = []
-    if capacity is None and infer:
+    if capacity is None:
         capacity = infer_capacity(recording, start.reserved)
         if capacity is not None:
             notes.append(f"the recording ran into the device's limit; replayed with the "
@@ -213,9 +213,9 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         elif call == "empty_cache":
             model.empty_cache()
         elif call == "frees_before":
-            # A retry path frees only when no cached block fits; without max_split_size it
-            # frees exactly what empty_cache() does. Otherwise the capacity decides.
-            # (a retry with max_split_size frees oversize blocks first, largest last)
+            # A retry frees only when no cached block fits; without max_split_size it frees
+            # exactly what empty_cache() does, and with it it starts with an oversize block.
+            # Anything else was an empty_cache() call; a real retry is left to the capacity.
             stream = int(entry.get("stream") or 0)
             if model.would_reuse(entry.get("size", 0), stream) or \
                     config.max_split_size == NO_LIMIT or \
@@ -349,7 +349,7 @@ def as_replay_result(result: TorchReplay, allocator: str):
         peak_allocated_bytes=live, peak_reserved_bytes=result.peak_reserved_bytes,
         reserved_over_allocated=result.peak_reserved_bytes / live if live else 0.0,
         device_allocs=result.device_allocs, cache_hit_rate=result.cache_hit_rate,
-        mean_alloc_us=result.seconds / max(result.events, 1) * 1e6,
+        mean_alloc_us=0.0,                   # a model, not an allocator: no latency to show
         unmatched_frees=result.unmatched_frees,
         settings=f"{_env(result)}={result.settings}" if result.settings else "defaults",
         start_reserved_bytes=result.start_reserved_bytes,

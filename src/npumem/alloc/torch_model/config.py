@@ -163,6 +163,27 @@ def _int(tokens: _Tokens, key: str) -> int:
     return int(text)
 
 
+def _megabytes(tokens: _Tokens, key: str, low: int, high: int | None = None) -> int:
+    """A size in MiB within [low, high], as bytes."""
+    value = _int(tokens, key)
+    if value < low or (high is not None and value > high):
+        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise tokens.fail(f"{key} must be {bounds}, got {value}")
+    return value * MiB
+
+
+def _fraction(tokens: _Tokens, key: str, one_allowed: bool) -> float:
+    """A number in (0, 1), or (0, 1] with `one_allowed`."""
+    text = tokens.take()
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 < value < 1 or (one_allowed and value == 1)):
+        raise tokens.fail(f"{key} must be in (0, 1{']' if one_allowed else ')'}, got {text!r}")
+    return value
+
+
 def _bool(tokens: _Tokens, key: str) -> bool:
     text = tokens.take()
     if text not in ("True", "False"):
@@ -229,24 +250,11 @@ def parse_config(text: str | None, flavour: str = "cuda",
                               f"{', '.join(sorted(KEYS[flavour]))}")
         tokens.take(":")
         if key == "max_split_size_mb":
-            value = _int(tokens, key)
-            if value < LARGE_BUFFER // MiB:
-                raise tokens.fail(f"max_split_size_mb must be >= {LARGE_BUFFER // MiB}, got {value}")
-            changes["max_split_size"] = value * MiB
+            changes["max_split_size"] = _megabytes(tokens, key, LARGE_BUFFER // MiB)
         elif key == "max_non_split_rounding_mb":
-            value = _int(tokens, key)
-            if value < LARGE_BUFFER // MiB:
-                raise tokens.fail(f"max_non_split_rounding_mb must be >= 20, got {value}")
-            changes["max_non_split_rounding_size"] = value * MiB
+            changes["max_non_split_rounding_size"] = _megabytes(tokens, key, LARGE_BUFFER // MiB)
         elif key == "garbage_collection_threshold":
-            text_value = tokens.take()
-            try:
-                value = float(text_value)
-            except ValueError:
-                value = -1.0
-            if not 0 < value < 1:
-                raise tokens.fail(f"garbage_collection_threshold must be in (0.0, 1.0), got {text_value!r}")
-            changes["garbage_collection_threshold"] = value
+            changes["garbage_collection_threshold"] = _fraction(tokens, key, one_allowed=False)
         elif key == "roundup_power2_divisions":
             changes["roundup_power2_divisions"] = _divisions(tokens)
         elif key == "expandable_segments":
@@ -259,10 +267,7 @@ def parse_config(text: str | None, flavour: str = "cuda",
                 raise tokens.fail(f"backend:{value} hands memory to the driver's own pool, which "
                                   "npumem does not model; only backend:native is replayed")
         elif key in ("large_segment_size_mb", "segment_size_mb"):
-            value = _int(tokens, key)
-            if not 20 <= value <= 512:
-                raise tokens.fail(f"{key} must be in [20, 512], got {value}")
-            changes["large_segment_size"] = value * MiB
+            changes["large_segment_size"] = _megabytes(tokens, key, 20, 512)
         elif key == "base_addr_aligned_kb":
             value = _int(tokens, key)
             if value > 16:
@@ -274,14 +279,7 @@ def parse_config(text: str | None, flavour: str = "cuda",
                 raise tokens.fail(f"page_size takes 1g, got {value!r}")
             changes["page_size_1g"] = True
         elif key == "per_process_memory_fraction":
-            text_value = tokens.take()
-            try:
-                value = float(text_value)
-            except ValueError:
-                value = -1.0
-            if not 0 < value <= 1:
-                raise tokens.fail(f"per_process_memory_fraction must be in (0, 1], got {text_value!r}")
-            changes["per_process_memory_fraction"] = value
+            changes["per_process_memory_fraction"] = _fraction(tokens, key, one_allowed=True)
         else:                                   # host-memory and locking keys: no placement effect
             tokens.take()
         if tokens.more():

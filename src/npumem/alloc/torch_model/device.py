@@ -83,9 +83,9 @@ class DeviceMemory:
         self._release(addr)
         self.used -= size
 
-    def reserve(self, size: int) -> int:
-        """cuMemAddressReserve: address space only."""
-        addr = self._address("reserve", size, match_size=False)
+    def reserve(self, size: int, at: int | None = None) -> int:
+        """cuMemAddressReserve: address space only (`at`: where a recording shows it)."""
+        addr = self._address("reserve", size, match_size=False) if at is None else at
         self._claim(addr, size)
         return addr
 
@@ -100,11 +100,7 @@ class ExpandableSegment:
                  base: int | None = None):
         self.device, self.stream, self.page = device, stream, page
         self.max_pages = -(-address_space // page)
-        if base is None:
-            self.base = device.reserve(self.max_pages * page)
-        else:                                    # rebuilt from a recording
-            self.base = base
-            device._claim(base, self.max_pages * page)
+        self.base = device.reserve(self.max_pages * page, at=base)
         self.pages: list[bool] = []
 
     def mark_mapped(self, ptr: int, size: int) -> None:
