@@ -116,7 +116,7 @@ def _run_replays(label: str, quiet: bool, work):
               help="Replay once per value (repeatable: every combination).")
 @click.option("--memory", default=None, help="Device memory, e.g. 16GiB. Default: 64GiB for "
               "pool and device; for torch, what the recording shows the device had where it "
-              "ran into it, else no limit.")
+              "ran out (its OOM entry says how much it had), else no limit.")
 @click.option("--check", is_flag=True, help="Compare the torch model's segment events and peak "
               "reserved with the recording's; print the first divergence; exit 1 on a mismatch.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")

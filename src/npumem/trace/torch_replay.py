@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 
 from ..alloc.torch_model import (DeviceMemory, ModelOutOfMemory, TorchAllocatorConfig,
                                  TorchAllocatorModel)
-from ..alloc.torch_model.config import NO_LIMIT
 from ..units import format_size
 from .recording import SEGMENT_ADD, SEGMENT_REMOVE, Recording
 
@@ -126,32 +125,19 @@ def plan_calls(recording: Recording):
 
 
 def infer_capacity(recording: Recording, start_reserved: int) -> int | None:
-    """The device bytes the allocator could use, where the recording shows it hit that limit:
-    an OOM entry says it outright (reserved + the free bytes it carries); a retry (cached
-    segments freed, then a new one) bounds it. None where the trace never met the limit."""
-    reserved = low = start_reserved
-    high = None
-    before_run = None
+    """The device bytes the allocator could use, where the recording says so: an OOM entry
+    carries the free bytes the driver reported, so reserved + free is that limit. None when the
+    trace never ran out (a retry's frees are replayed as recorded; they need no limit)."""
+    reserved, limits = start_reserved, []
     for entry in recording.entries:
-        action, size = entry["action"], entry.get("size", 0)
-        if action in SEGMENT_REMOVE:
-            before_run = reserved if before_run is None else before_run
-            reserved -= size
-            continue
+        action = entry["action"]
         if action in SEGMENT_ADD:
-            if before_run is not None:          # a retry: the first attempt did not fit
-                bound = before_run + size - 1
-                high = bound if high is None else min(high, bound)
-            reserved += size
-            low = max(low, reserved)
+            reserved += entry.get("size", 0)
+        elif action in SEGMENT_REMOVE:
+            reserved -= entry.get("size", 0)
         elif action == "oom":
-            measured = reserved + entry.get("addr", 0)
-            high = measured if high is None else min(high, measured)
-            low = max(low, min(measured, high))
-        before_run = None
-    if high is None or high < low:
-        return None
-    return low if not any(e["action"] == "oom" for e in recording.entries) else high
+            limits.append(reserved + entry.get("addr", 0))
+    return min(limits) if limits else None
 
 
 def replay_recording(recording: Recording, config: TorchAllocatorConfig | None = None,
@@ -167,7 +153,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
     if capacity is None:
         capacity = infer_capacity(recording, start.reserved)
         if capacity is not None:
-            notes.append(f"the recording ran into the device's limit; replayed with the "
+            notes.append(f"the recording ran out of memory; replayed with the "
                          f"{format_size(capacity)} it could use")
     recorded_addresses = [e.get("addr", 0) for e in recording.entries] + \
         [s["address"] for s in recording.segments]
@@ -213,14 +199,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         elif call == "empty_cache":
             model.empty_cache()
         elif call == "frees_before":
-            # A retry frees only when no cached block fits; without max_split_size it frees
-            # exactly what empty_cache() does, and with it it starts with an oversize block.
-            # Anything else was an empty_cache() call; a real retry is left to the capacity.
-            stream = int(entry.get("stream") or 0)
-            if model.would_reuse(entry.get("size", 0), stream) or \
-                    config.max_split_size == NO_LIMIT or \
-                    entry["frees"][0].get("size", 0) < config.max_split_size:
-                model.empty_cache()
+            _free_before_request(model, entry)
         elif call == "oom":
             try:
                 block = model.malloc(entry.get("size", 0), int(entry.get("stream") or 0))
@@ -257,6 +236,22 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         divergence=divergence, misplaced_blocks=misplaced,
         cache_hit_rate=stats.cache_hits / requests if requests else 0.0,
         seconds=time.perf_counter() - started, notes=notes)
+
+
+def _free_before_request(model: TorchAllocatorModel, entry: dict) -> None:
+    """Segments freed right before a request: the recording says the driver refused memory
+    (or the program called empty_cache()); the model decides what to free. Its retry frees the
+    oversize blocks it picks (with max_split_size), then every unsplit cached block, which is
+    what empty_cache() frees too; an empty_cache() call is also all a request that a cached
+    block could serve can have been preceded by."""
+    size, stream = entry.get("size", 0), int(entry.get("stream") or 0)
+    freed = [e.get("addr") for e in entry["frees"]]
+    first = [] if model.would_reuse(size, stream) else model.oversize_release(size, stream, dry_run=True)
+    if first and freed[:len(first)] == first:
+        model.oversize_release(size, stream)
+        if len(freed) == len(first):
+            return
+    model.empty_cache()
 
 
 def _oom_record(index: int, entry: dict, exc: ModelOutOfMemory) -> dict:

@@ -415,32 +415,45 @@ class TorchAllocatorModel:
                 block.segment.release()
                 self.expandable.remove(block.segment)
 
+    def oversize_release(self, orig_size: int, stream: int = 0, dry_run: bool = False) -> list[int]:
+        """Addresses of the cached blocks the out-of-memory retry frees first for this request
+        (release_available_cached_blocks); `dry_run` changes nothing."""
+        size = round_size(orig_size, self.config)
+        pool = self.small if size <= SMALL_SIZE else self.large
+        blocks, _ = self._oversize_blocks(pool, size, stream)
+        if not dry_run:
+            for block in blocks:
+                self._release_block(block)
+        return [block.addr for block in blocks]
+
     def _release_available(self, pool: BlockPool, size: int, stream: int) -> bool:
-        """Free oversize cached blocks, just enough for `size` (release_available_cached_blocks)."""
+        blocks, enough = self._oversize_blocks(pool, size, stream)
+        for block in blocks:                  # freed even when they are not enough, as in c10
+            self._release_block(block)
+        return enough
+
+    def _oversize_blocks(self, pool: BlockPool, size: int, stream: int) -> tuple[list[Block], bool]:
+        """The oversize cached blocks to free for `size`: the best fit at or above
+        max(size, max_split_size), else the largest ones, largest first, until they add up."""
         limit = self.config.max_split_size
         if limit == NO_LIMIT:
-            return False
+            return [], False
         wanted = max(size, limit)
         keys = pool.keys
         index = pool.lower_bound(stream, wanted)
         if index < len(keys) and keys[index][0] == stream:
             block = pool.block_at(index)
-            if block.segment is not None:
-                return False
-            self._release_block(block)
-            return True
-        if index == 0:
-            return False
-        released = 0
+            return ([], False) if block.segment is not None else ([block], True)
+        chosen, released = [], 0
         index -= 1
         while released < wanted and index >= 0 and keys[index][0] == stream:
             block = pool.block_at(index)
             if block.size < limit or block.segment is not None:
                 break
+            chosen.append(block)
             released += block.size
             index -= 1
-            self._release_block(block)
-        return released >= wanted
+        return chosen, released >= wanted
 
     def _garbage_collect(self) -> None:
         """Free old unsplit large blocks once reserved memory passes the threshold."""
