@@ -137,8 +137,9 @@ def workloads(draw):
 
 
 @settings(max_examples=40, deadline=None)
-@given(workloads(), st.sampled_from(["", "expandable_segments:True", "max_split_size_mb:24"]),
-       st.integers(1, 200), st.sampled_from([None, 160 << 20]))
+@given(workloads(), st.sampled_from(["", "expandable_segments:True", "max_split_size_mb:24",
+                                   "max_split_size_mb:24,roundup_power2_divisions:4"]),
+       st.integers(1, 200), st.sampled_from([None, 160 << 20, 60 << 20]))
 def test_any_recording_replays_exactly(tmp_path_factory, steps, settings_text, keep, capacity):
     snapshot = record(steps, settings_text, capacity=capacity, keep=keep)
     if not snapshot["device_traces"][0]:
