@@ -211,3 +211,10 @@ def test_check_cli_on_real_snapshots():
     result = CliRunner().invoke(main, ["replay", "--check", "--set", "max_split_size_mb:40",
                                        str(SNAPSHOTS / "cs336_logs_ctx128_forward.pickle")])
     assert result.exit_code == 1 and "first divergence at entry" in result.output
+
+
+def test_check_needs_a_snapshot(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"t_us": 1, "action": "alloc", "addr": 1, "size": 100}\n')
+    result = CliRunner().invoke(main, ["replay", "--check", str(trace)])
+    assert result.exit_code == 2 and "needs a memory snapshot pickle" in result.output

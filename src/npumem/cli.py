@@ -240,10 +240,16 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
     import json
 
     from .errors import InvalidParamError
-    from .trace import TraceFormatError
+    from .trace import TraceFormatError, detect_format
+    from .trace.formats import DESCRIPTIONS
     from .trace.torch_replay import replay_file
     from .units import format_size
 
+    for path in traces:
+        fmt = detect_format(path)
+        if fmt != "snapshot":
+            raise click.UsageError(f"--check compares with what PyTorch's allocator recorded, so it "
+                                   f"needs a memory snapshot pickle; {path} is {DESCRIPTIONS[fmt]}")
     allocator = "torch_npu" if "torch_npu" in names else "torch"
     text = ",".join(item.replace("=", ":", 1) for item in settings)
     failed = False
