@@ -1,13 +1,14 @@
-"""Cache-hit allocate+deallocate pairs: npumem's pool against torch.empty + del, in one run.
+"""Cache-hit allocate+deallocate pairs: npumem's pool against its peers, in one run.
 
-    python bench/alloc_latency.py [--pairs 20000] [--json]
+    python bench/alloc_latency.py [--device sim|torch:cpu|torch:cuda] [--pairs 20000] [--json]
 
 Mixed sizes from 512 B to 16 MiB, the pools warmed so every request is a cache hit. Times the
 pool (expandable and segment modes), the pool under the statistics adaptor, the tracking adaptor
-with Python stacks (cost per event), and torch.empty(n, dtype=torch.uint8) + del on CPU when
-torch is installed. The paths take turns on each request size, so drift in a shared machine's
-speed hits them all alike. Reports the median (the typical call) and the mean (which includes
-work amortized over many calls, such as the pool folding its statistics log).
+with Python stacks (cost per event), and the peers on the same device: torch.empty(n,
+dtype=torch.uint8) + del (PyTorch's caching allocator on cuda), and on cuda CuPy's MemoryPool
+when CuPy is installed. The paths take turns on each request size, so drift in a shared
+machine's speed hits them all alike. Reports the median (the typical call) and the mean (which
+includes work amortized over many calls, such as the pool folding its statistics log).
 Targets: pool median <= 2x torch; statistics adaptor <= +30%.
 """
 
@@ -25,6 +26,7 @@ from npumem.alloc.adaptors import StatisticsAdaptor, TrackingAdaptor
 from npumem.alloc.caching_allocator import CachingAllocator
 from npumem.alloc.settings import AllocatorSettings
 from npumem.device import SimBackend, SimConfig
+from npumem.device.torch_backend import TorchBackend
 from npumem.units import GiB
 
 
@@ -49,12 +51,44 @@ def interleaved_pairs(paths: dict, requests: list[int]) -> dict[str, tuple[float
             for label, times in samples.items()}
 
 
+def peers(device: str) -> dict:
+    """{label: (allocate, free)} of the other allocators on `device` that are installed."""
+    found = {}
+    try:
+        import torch
+    except ImportError:
+        return found
+    where = "cuda" if device == "torch:cuda" else "cpu"
+    found["torch_empty_del"] = (lambda n: torch.empty(n, dtype=torch.uint8, device=where),
+                                lambda t: None)
+    if where == "cuda":
+        try:
+            import cupy
+        except ImportError:
+            return found
+        cupy_pool = cupy.cuda.MemoryPool()
+        found["cupy_memory_pool"] = (cupy_pool.malloc, lambda pointer: None)
+    return found
+
+
+def machine(device: str) -> str:
+    text = f"{platform.machine()} python {platform.python_version()}"
+    if device == "torch:cuda":
+        import torch
+        text += f", {torch.cuda.get_device_name()}, torch {torch.__version__}"
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="sim", choices=["sim", "torch:cpu", "torch:cuda"])
     parser.add_argument("--pairs", type=int, default=20000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    backend = SimBackend(SimConfig(memory=16 * GiB))
+    if args.device == "sim":
+        backend = SimBackend(SimConfig(memory=16 * GiB))
+    else:
+        backend = TorchBackend(args.device.split(":")[1], memory=16 * GiB)
     pool = CachingAllocator(backend, 0)
     segments = CachingAllocator(backend, 0, AllocatorSettings(expandable_segments=False))
     stats, tracked = StatisticsAdaptor(pool), TrackingAdaptor(pool, stacks=True)
@@ -62,16 +96,12 @@ def main() -> None:
              "pool_segments": (segments.allocate, segments.deallocate),
              "pool_with_statistics": (stats.allocate, stats.deallocate),
              "pool_with_stacks": (tracked.allocate, tracked.deallocate)}
-    try:
-        import torch
-        paths["torch_empty_del"] = (lambda n: torch.empty(n, dtype=torch.uint8), lambda t: None)
-    except ImportError:
-        pass
+    paths.update(peers(args.device))
     timed = interleaved_pairs(paths, sizes(args.pairs))
     pool.close()
     segments.close()
 
-    results = {"machine": f"{platform.machine()} python {platform.python_version()}", "pairs": args.pairs}
+    results = {"machine": machine(args.device), "device": args.device, "pairs": args.pairs}
     for label, (median, mean) in timed.items():
         results[f"{label}_us"], results[f"{label}_mean_us"] = median, mean
     results["statistics_overhead"] = results["pool_with_statistics_us"] / results["pool_us"] - 1
@@ -79,6 +109,8 @@ def main() -> None:
     if "torch_empty_del" in timed:
         results["pool_over_torch"] = results["pool_us"] / results["torch_empty_del_us"]
         results["pool_over_torch_mean"] = results["pool_mean_us"] / results["torch_empty_del_mean_us"]
+    if "cupy_memory_pool" in timed:
+        results["pool_over_cupy"] = results["pool_us"] / results["cupy_memory_pool_us"]
 
     if args.json:
         print(json.dumps(results))
@@ -92,6 +124,8 @@ def main() -> None:
     if "pool_over_torch" in results:
         print(f"  pool / torch: {results['pool_over_torch']:.2f}x median (target <= 2x), "
               f"{results['pool_over_torch_mean']:.2f}x mean")
+    if "pool_over_cupy" in results:
+        print(f"  pool / CuPy MemoryPool: {results['pool_over_cupy']:.2f}x median")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 """Record allocation traces of small plain-PyTorch workloads, beyond the ones in ../shared/data.
 
-    python bench/record_workloads.py OUT_DIR [NAME ...]      # then:
+    python bench/record_workloads.py OUT_DIR [NAME ...] [--device cpu|cuda]     # then:
     python bench/fragmentation.py ../shared/data/traces/*.gz OUT_DIR/*.jsonl.gz
+    npumem replay --check OUT_DIR/NAME.pickle                                   # cuda recordings
 
-Each workload runs on CPU under `torch.profiler.profile(profile_memory=True)`, as the shared
-traces were recorded, and is written as OUT_DIR/NAME.jsonl.gz (npumem's JSONL trace). The models
-are written here in plain torch (no downloads) and seeded, so a run is repeatable; they exist
-to check allocator policies on workloads they were not tuned on.
+On cpu (the default) each workload runs under `torch.profiler.profile(profile_memory=True)`, as
+the shared traces were recorded, and is written as OUT_DIR/NAME.jsonl.gz (npumem's JSONL trace).
+On cuda it runs on the GPU under `torch.cuda.memory._record_memory_history` (Python stacks) and
+the real caching allocator's snapshot is written as OUT_DIR/NAME.pickle, as
+`torch.cuda.memory._dump_snapshot` writes it. The models are written here in plain torch (no
+downloads) and seeded, so a run is repeatable; they exist to check allocator policies, and
+npumem's model of PyTorch's allocator, on workloads they were not tuned on.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import pickle
 import tempfile
 
 import torch
@@ -176,18 +181,43 @@ def record(name: str, out_dir: pathlib.Path) -> tuple[pathlib.Path, int]:
         os.unlink(chrome)
 
 
+def record_cuda(name: str, out_dir: pathlib.Path) -> tuple[pathlib.Path, int]:
+    """Run workload `name` on the GPU with the allocator's history on; write OUT_DIR/NAME.pickle
+    (the memory snapshot); (path, trace entries)."""
+    torch.manual_seed(0)
+    torch.cuda.empty_cache()
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    try:
+        with torch.device("cuda"):              # every tensor the workload makes is on the GPU
+            run = _workloads()[name]()
+            run()
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    del run
+    torch.cuda.empty_cache()
+    path = out_dir / f"{name}.pickle"
+    with open(path, "wb") as handle:
+        pickle.dump(snapshot, handle)
+    return path, sum(len(trace) for trace in snapshot["device_traces"])
+
+
 def main() -> None:
     names = list(_workloads())
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=pathlib.Path)
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"default: all of {', '.join(names)}")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
     unknown = sorted(set(args.names) - set(names))
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(names)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: PyTorch sees no CUDA GPU on this machine")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name in args.names or names:
-        path, events = record(name, args.out_dir)
+        path, events = (record_cuda if args.device == "cuda" else record)(name, args.out_dir)
         print(f"{name}: {events} events -> {path}", flush=True)
 
 

@@ -15,9 +15,10 @@ import ctypes
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..constants import MallocPolicy, MemAttr
+from ..constants import DEVICE_START_ALIGN, MallocPolicy, MemAttr
 from ..errors import FeatureNotSupportedError, MemoryAccessError
 from .address_index import Allocation
+from .backing import allocate_bytes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -114,6 +115,11 @@ class DeviceBackend(ABC):
     def unmap(self, reservation: Allocation, offset: int, nbytes: int) -> None:
         """Return the pages behind [offset, offset + nbytes) of a reservation."""
         raise FeatureNotSupportedError(f"the {self.name} backend has no virtual memory")
+
+    def allocate_host(self, nbytes: int) -> np.ndarray:
+        """`nbytes` of 64-byte aligned host memory for malloc_host. Backends whose device copies
+        are faster from page-locked memory (cuda) return page-locked bytes."""
+        return allocate_bytes(nbytes, DEVICE_START_ALIGN)
 
     def register_host(self, device: int, host: Allocation, offset: int, nbytes: int) -> Allocation:
         """Give [offset, offset + nbytes) of pinned host allocation `host` a device address.

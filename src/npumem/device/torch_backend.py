@@ -15,8 +15,9 @@ the streams.
 Limits: NPUMEM_TORCH_MEMORY (or `memory=`) caps what npumem takes per device; the default is the
 device's total memory (physical RAM on cpu). NPUMEM_TORCH_DEVICES sets how many logical devices
 `torch:cpu` shows (default 1), for multi-device code on one host. There is no virtual memory, so
-the pool uses plain segments; host memory can be mapped into the device (zero copy) on cpu only.
-Memory info reports the device memory as HBM.
+the pool uses plain segments. Host memory is mapped into the device (zero copy) on cpu and cuda
+(`cuda_host`: malloc_host is page-locked there); on npu it must be copied. Memory info reports the
+device memory as HBM.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from typing import Callable
 
 import numpy as np
 
-from ..constants import MallocPolicy, MemAttr
+from ..constants import DEVICE_START_ALIGN, MallocPolicy, MemAttr
 from ..errors import (
     FeatureNotSupportedError, InvalidDeviceError, InvalidParamError, MemoryAccessError,
     MemoryAllocationError, MemoryFreeError,
 )
 from ..units import format_size, parse_size
+from . import cuda_host
 from .address_index import AddressIndex, Allocation
 from .address_space import MAX_DEVICES, AddressSpace, device_of, in_device_space
 from .backend import DLPACK_CPU, DLPACK_CUDA, DeviceBackend, DeviceRange
@@ -197,11 +199,22 @@ class TorchBackend(DeviceBackend):
             return DLPACK_CUDA, self._device(device).torch_device.index
         return super().dlpack_device(device)
 
+    def allocate_host(self, nbytes: int) -> np.ndarray:
+        if self.device_type == "cuda":        # page-locked: copies are DMA, the GPU can map it
+            buffer = cuda_host.pinned_host_bytes(self.torch, nbytes)
+            if buffer.ctypes.data % DEVICE_START_ALIGN == 0:
+                return buffer
+        return super().allocate_host(nbytes)
+
     def register_host(self, device: int, host: Allocation, offset: int, nbytes: int) -> Allocation:
-        if self.device_type != "cpu":
+        if self.device_type == "cpu":
+            tensor = self.torch.from_numpy(np.asarray(host.buffer[offset:offset + nbytes]))
+        elif self.device_type == "cuda":
+            tensor = cuda_host.device_view(self.torch, host.host_address + offset, nbytes,
+                                           self._device(device).torch_device, owner=host)
+        else:
             raise FeatureNotSupportedError(
                 f"{self.name} cannot map host memory into the device; copy it with memcpy")
-        tensor = self.torch.from_numpy(np.asarray(host.buffer[offset:offset + nbytes]))
         allocation = self.register_tensor(device, tensor, "host_register", "host_unregister",
                                           {"host": host})
         host.extra.setdefault("registered", []).append(allocation.start)

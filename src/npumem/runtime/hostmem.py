@@ -27,8 +27,9 @@ class PinnedHostMemory:
         self.index = AddressIndex()
         self.lock = threading.Lock()
 
-    def allocate(self, size: int) -> Allocation:
-        buffer = allocate_bytes(size, DEVICE_START_ALIGN)
+    def allocate(self, size: int, backend=None) -> Allocation:
+        """`backend.allocate_host` gives the bytes where a backend is given (cuda pins them)."""
+        buffer = backend.allocate_host(size) if backend else allocate_bytes(size, DEVICE_START_ALIGN)
         start = address_of(buffer)
         allocation = Allocation(start=start, size=size, reserved=size, api="malloc_host",
                                 device=-1, buffer=buffer, host_address=start,

@@ -136,8 +136,7 @@ def dvpp_free(pointer: int) -> None:
 def malloc_host(size: int) -> int:
     """Pinned (page-locked) host memory, 64-byte aligned; release it with `free_host` only."""
     size = _size(size, "malloc_host")
-    RUNTIME.require()
-    return PINNED.allocate(size).start
+    return PINNED.allocate(size, RUNTIME.require()).start
 
 
 def free_host(pointer: int) -> None:
