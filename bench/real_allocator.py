@@ -61,7 +61,7 @@ def real_replay(events) -> tuple[dict, dict]:
 
 
 def compare(path: pathlib.Path, record_dir: pathlib.Path | None) -> dict:
-    events = read_trace(str(path))
+    events = list(read_trace(str(path)))
     name = path.name.split(".")[0]
     real, snapshot = real_replay(events)
     model = replay(events, "torch", trace_name=name)

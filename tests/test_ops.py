@@ -394,6 +394,8 @@ def test_dlpack_exchange(rt):
         assert device.__dlpack_device__() == (12, 0)
         with pytest.raises(BufferError, match="device memory"):
             np.from_dlpack(device)
+    elif npumem.get_backend().name == "torch:cuda":
+        assert device.__dlpack_device__() == (2, 0)       # kDLCUDA: for CUDA consumers
     else:                          # torch:cpu device memory is host memory: exported in place
         assert device.__dlpack_device__() == (1, 0)
         assert np.from_dlpack(device)[0, 0] == 99

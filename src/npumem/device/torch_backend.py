@@ -217,6 +217,7 @@ class TorchBackend(DeviceBackend):
                 f"{self.name} cannot map host memory into the device; copy it with memcpy")
         allocation = self.register_tensor(device, tensor, "host_register", "host_unregister",
                                           {"host": host})
+        allocation.host_address = host.host_address + offset     # the host sees it too
         host.extra.setdefault("registered", []).append(allocation.start)
         return allocation
 
@@ -300,9 +301,17 @@ class TorchBackend(DeviceBackend):
                 abs(dst.offset - src.offset) < dst.nbytes:
             source = source.clone()          # torch refuses copies between overlapping views
         target.copy_(source)
+        self._finish(dst)
 
     def fill(self, dst: DeviceRange, value: int) -> None:
         self.tensor_view(dst, "memset").fill_(value)
+        self._finish(dst)
+
+    def _finish(self, rng: DeviceRange) -> None:
+        """Wait for a kernel just queued on the current torch stream: a synchronous call must
+        be done when it returns, and a stream task's work before its stream reports it done."""
+        if self.device_type != "cpu":
+            self.module.current_stream(rng.allocation.buffer.device).synchronize()
 
     # --- streams ----------------------------------------------------------------------------
 
