@@ -218,3 +218,21 @@ def test_check_needs_a_snapshot(tmp_path):
     trace.write_text('{"t_us": 1, "action": "alloc", "addr": 1, "size": 100}\n')
     result = CliRunner().invoke(main, ["replay", "--check", str(trace)])
     assert result.exit_code == 2 and "needs a memory snapshot pickle" in result.output
+
+
+RECORDED_ON_CUDA = sorted((Path(__file__).parent / "data" / "cuda_snapshots").glob("*.pickle.gz"))
+
+
+@pytest.mark.parametrize("path", RECORDED_ON_CUDA, ids=lambda p: p.name.split(".")[0])
+def test_snapshots_recorded_on_a_gpu_replay_exactly(path):
+    """bench/record_workloads.py --device cuda on an H100 (torch 2.11): the real allocator's
+    decisions, segment by segment, shipped as test data."""
+    result = replay_file(str(path), check=True)
+    assert result.faithful, result.divergence.describe() if result.divergence else result
+    assert result.misplaced_blocks == 0 and result.recorded_device_allocs > 0
+
+
+def test_a_gpu_recording_reports_the_workload_frames():
+    report = CliRunner().invoke(main, ["report", str(RECORDED_ON_CUDA[0])])
+    assert report.exit_code == 0, report.output
+    assert "record_workloads.py:" in report.output and "unwind" not in report.output

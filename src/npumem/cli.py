@@ -262,6 +262,12 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
             sys.exit(2)
         except InvalidParamError as exc:
             raise click.BadParameter(exc.message, param_hint="--set") from None
+        if result.recorded_device_allocs is None:
+            click.echo(f"error: {path} records allocations and frees but no caching-allocator "
+                       "segments (a CPU recording, say), so there is nothing to check the model "
+                       f"against; `npumem replay {path} --allocator torch` shows what PyTorch's "
+                       "caching allocator would reserve for it", err=True)
+            sys.exit(2)
         reports.append(result.as_dict())
         failed |= not result.faithful
         if as_json:
@@ -354,8 +360,12 @@ def _tune_torch(trace, allocator, memory, as_json) -> None:
         click.echo("recommended: none of the settings finishes on this device")
     else:
         click.echo(f"recommended: {result.best.line}")
-        click.echo(f"  predicted peak reserved {format_size(result.best.result.peak_reserved_bytes)}; "
-                   f"the recording really reserved {format_size(result.recorded_peak_reserved_bytes)}")
+        real = (f"the recording really reserved {format_size(result.recorded_peak_reserved_bytes)}"
+                if result.recorded_peak_reserved_bytes is not None else
+                "the recording has no caching-allocator segments to compare with (a CPU or "
+                "plain alloc/free trace)")
+        click.echo(f"  predicted peak reserved "
+                   f"{format_size(result.best.result.peak_reserved_bytes)}; {real}")
     for reason in result.reasons:
         click.echo(f"  why: {reason}")
     if result.pool_peak_reserved_bytes is not None:
@@ -483,15 +493,21 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
               help="Sampling interval of allocated/reserved/host RSS, in milliseconds.")
 @click.option("--max-entries", default=1_000_000, show_default=True, type=int,
               help="Events kept (a ring buffer: the oldest go first).")
+@click.option("--torch/--no-torch", "torch_memory", default=True, show_default=True,
+              help="Also record PyTorch's own memory when the script imports torch: the CUDA "
+              "or NPU caching allocator's history, or on a machine without either the CPU "
+              "through torch.profiler (which slows Python code down).")
 @click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True)
-def profile(out_dir, force, stacks, interval_ms, max_entries, target):
+def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, target):
     """Run a Python script with memory tracking on and write a report folder.
 
         npumem profile --stacks -- train.py --epochs 1
 
     Writes report.html, snapshot.pickle (PyTorch's format), trace.json (Perfetto),
-    memory_record.csv, operator_memory.csv, leaks.txt and summary.txt. Exits with the script's
-    own exit code. `-m module` runs a module instead of a script.
+    memory_record.csv, operator_memory.csv, leaks.txt and summary.txt for npumem's memory, and
+    when the script uses torch, torch_snapshot.pickle, torch_summary.txt and torch_report.html
+    for PyTorch's own (`npumem replay`/`tune` take the pickle). Exits with the script's own exit
+    code. `-m module` runs a module instead of a script.
     """
     from .errors import InvalidParamError
     from .profile.session import ProfileSession, prepare_folder, run_target
@@ -501,7 +517,8 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, target):
         raise click.BadParameter("must be positive", param_hint="--interval")
     try:
         folder = prepare_folder(out_dir, force)
-        session = ProfileSession(stacks=stacks, interval_ms=interval_ms, max_entries=max_entries)
+        session = ProfileSession(stacks=stacks, interval_ms=interval_ms, max_entries=max_entries,
+                                 torch_memory=torch_memory)
     except InvalidParamError as exc:
         raise click.UsageError(exc.message) from None
     session.start()
@@ -522,7 +539,29 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, target):
                    f"{format_size(totals['peak_reserved'])}", err=True)
     click.echo(f"npumem profile: {leaks.count} leaked allocation(s), {format_size(leaks.bytes)}; "
                f"report: {folder / 'report.html'}", err=True)
+    _echo_torch_memory(session.tracker.torch_memory, folder)
     sys.exit(code)
+
+
+def _echo_torch_memory(recorder, folder) -> None:
+    """The profile's summary of PyTorch's own memory, and where to go next."""
+    from .profile.analysis import analyze_snapshot
+    from .units import format_size
+
+    torch_snapshot = recorder.snapshot() if recorder is not None else None
+    if torch_snapshot is None:
+        return
+    for device in analyze_snapshot(torch_snapshot):
+        reserved = (f", peak reserved {format_size(device.peak_reserved)}"
+                    if recorder.device != "cpu" else "")
+        click.echo(f"npumem profile: PyTorch {recorder.device}:{device.device} peak allocated "
+                   f"{format_size(device.peak_allocated)}{reserved} ({device.events} events)",
+                   err=True)
+    pickle_path = folder / "torch_snapshot.pickle"
+    replay = (f"npumem replay {pickle_path} --allocator torch" if recorder.device == "cpu" else
+              f"npumem replay --check {pickle_path}")
+    click.echo(f"npumem profile: PyTorch's memory: {folder / 'torch_report.html'}; {replay}; "
+               f"npumem tune {pickle_path}", err=True)
 
 
 def _load(path: str):
@@ -554,15 +593,24 @@ def report(path, html_out, top, snapshot_path):
     if path.endswith(".json"):
         _report_torch_stats(path, snapshot_path)
         return
+    reports = []
     if os.path.isdir(path):
-        pickle_path = os.path.join(path, "snapshot.pickle")
-        if not os.path.exists(pickle_path):
+        # A profile folder: npumem's memory, and PyTorch's own when the script used torch.
+        found = [os.path.join(path, name) for name in ("snapshot.pickle", "torch_snapshot.pickle")
+                 if os.path.exists(os.path.join(path, name))]
+        if not found:
             click.echo(f"error: {path} has no snapshot.pickle; is it an npumem profile folder?",
                        err=True)
             sys.exit(2)
-        path = pickle_path
-    result = build_report(_load(path), f"npumem report of {path}")
-    click.echo(format_report(result, top), nl=False)
+        snapshots = [(name, _load(name)) for name in found]
+        if len(snapshots) == 2 and not any(snapshots[0][1].get("device_traces") or []):
+            snapshots = snapshots[1:]             # a plain PyTorch script: npumem saw nothing
+        reports = [build_report(data, f"npumem report of {name}") for name, data in snapshots]
+    else:
+        reports = [build_report(_load(path), f"npumem report of {path}")]
+    for result in reports:
+        click.echo(format_report(result, top), nl=False)
+    result = reports[-1]
     if html_out:
         try:
             with open(html_out, "w", encoding="utf-8") as out:

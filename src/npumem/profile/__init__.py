@@ -39,9 +39,15 @@ __all__ = [
 ]
 
 
-def track(stacks: bool = False, max_entries: int = 1_000_000, max_frames: int = 16) -> Tracker:
-    """A new tracker: `with track() as t:`, `@track()`, or `t = track().start()`."""
-    return Tracker(stacks=stacks, max_entries=max_entries, max_frames=max_frames)
+def track(stacks: bool = False, max_entries: int = 1_000_000, max_frames: int = 16,
+          torch_memory: bool | None = None) -> Tracker:
+    """A new tracker: `with track() as t:`, `@track()`, or `t = track().start()`.
+
+    It also records PyTorch's own memory when the program uses torch on a GPU or NPU
+    (`t.torch_snapshot()`); `torch_memory=True` records the CPU too (through torch.profiler,
+    which slows Python down), False never."""
+    return Tracker(stacks=stacks, max_entries=max_entries, max_frames=max_frames,
+                   torch_memory=torch_memory)
 
 
 def _trackers():

@@ -54,7 +54,8 @@ _LIBRARIES = ("site-packages", "dist-packages", "torchinductor_", "/lib/python3"
 
 
 def _framework(name: str) -> bool:
-    return is_internal_file(name) or "/torch/" in name or "/torch_npu/" in name
+    return (is_internal_file(name) or "/torch/" in name or "/torch_npu/" in name
+            or name.startswith(("torch/", "torch_npu/")))      # the profiler's short paths
 
 
 def user_frame(frames: list[dict]) -> dict | None:
@@ -87,7 +88,10 @@ def site_name(entry: dict) -> str:
     if frame is not None:
         return f"{frame['filename']}:{frame['line']} in {frame['name']}"
     tag = entry.get("user_metadata")
-    return f"[{tag}]" if tag else "(no stack recorded)"
+    return f"[{tag}]" if tag else NO_STACK
+
+
+NO_STACK = "(no Python stack: recorded without stacks, or by a C++ thread such as autograd's)"
 
 
 def group_by_site(entries) -> list[SiteUsage]:

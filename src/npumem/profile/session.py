@@ -44,10 +44,15 @@ def prepare_folder(out: str | os.PathLike, force: bool = False) -> Path:
     return path
 
 
+# Written too when the program used torch: PyTorch's own memory (see torch_memory).
+TORCH_OUTPUTS = ("torch_snapshot.pickle", "torch_summary.txt", "torch_report.html")
+
+
 class ProfileSession:
     def __init__(self, stacks: bool = False, interval_ms: float = 10.0,
-                 max_entries: int = 1_000_000):
-        self.tracker = Tracker(stacks=stacks, max_entries=max_entries)
+                 max_entries: int = 1_000_000, torch_memory: bool = True):
+        self.tracker = Tracker(stacks=stacks, max_entries=max_entries,
+                               torch_memory=True if torch_memory else False)
         self.sampler = Sampler(interval_ms=interval_ms)
 
     def start(self) -> "ProfileSession":
@@ -98,7 +103,22 @@ class ProfileSession:
         attempt("leaks.txt", lambda p: p.write_text(leaks.format(limit=100) + "\n", encoding="utf-8"))
         attempt("summary.txt", lambda p: p.write_text(format_report(report), encoding="utf-8"))
         attempt("report.html", lambda p: p.write_text(render_html(report), encoding="utf-8"))
+        self._write_torch(folder, title, attempt, problems)
         return problems
+
+    def _write_torch(self, folder: Path, title: str, attempt, problems: list[str]) -> None:
+        recorder = self.tracker.torch_memory
+        if recorder is None:
+            return
+        if recorder.error:
+            problems.append(f"PyTorch's memory: {recorder.error}")
+        torch_snapshot = recorder.snapshot()
+        if torch_snapshot is None:
+            return
+        report = build_report(torch_snapshot, f"{title}: PyTorch's own {recorder.device} memory")
+        attempt("torch_snapshot.pickle", lambda p: save_snapshot(torch_snapshot, p))
+        attempt("torch_summary.txt", lambda p: p.write_text(format_report(report), encoding="utf-8"))
+        attempt("torch_report.html", lambda p: p.write_text(render_html(report), encoding="utf-8"))
 
 
 def run_target(target: list[str]) -> int:

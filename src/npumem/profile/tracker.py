@@ -24,6 +24,7 @@ from ..errors import InvalidParamError
 from ..observe import OBSERVERS, TAGS
 from . import stacks as stack_capture
 from .stacks import Frame, capture
+from .torch_memory import TorchMemory
 
 # What each action does to the device's (allocated, active, reserved) bytes.
 _DELTAS = {
@@ -84,7 +85,8 @@ def _stream_id(stream) -> int:
 class Tracker:
     """Records allocations while started. Use as a context manager, decorator, or start/stop."""
 
-    def __init__(self, stacks: bool = False, max_entries: int = 1_000_000, max_frames: int = 16):
+    def __init__(self, stacks: bool = False, max_entries: int = 1_000_000, max_frames: int = 16,
+                 torch_memory: bool | None = None):
         if max_entries <= 0:
             raise InvalidParamError(f"max_entries must be positive, got {max_entries}")
         if max_frames <= 0:
@@ -102,6 +104,10 @@ class Tracker:
         self.started_ns = 0
         self.started_wall_us = 0.0              # wall clock at start, to date the events
         self._starts = 0
+        # PyTorch's own memory, when the program uses torch: on a GPU/NPU unless False; on the
+        # CPU (torch.profiler, slow) only if True.
+        self.torch_memory = None if torch_memory is False else \
+            TorchMemory(max_entries, cpu=bool(torch_memory))
 
     # --- on / off --------------------------------------------------------------------------
 
@@ -110,6 +116,8 @@ class Tracker:
             self.started_ns = time.perf_counter_ns()
             self.started_wall_us = time.time() * 1e6
             OBSERVERS.add(self)
+            if self.torch_memory is not None:
+                self.torch_memory.start()
         self._starts += 1
         return self
 
@@ -118,7 +126,14 @@ class Tracker:
             self._starts -= 1
             if self._starts == 0:
                 OBSERVERS.remove(self)
+                if self.torch_memory is not None:
+                    self.torch_memory.stop()
         return self
+
+    def torch_snapshot(self) -> dict | None:
+        """What PyTorch's own allocator did while tracking, as a snapshot in PyTorch's format
+        (`npumem report`/`replay`/`tune` read it); None when torch was not used."""
+        return self.torch_memory.snapshot() if self.torch_memory is not None else None
 
     @property
     def running(self) -> bool:

@@ -186,6 +186,8 @@ def _containing(ranges: dict[int, list], addr: int):
 
 
 def rebuild_start(recording: Recording, config: TorchAllocatorConfig) -> StartState:
+    if not recording.segments and not recording.recorded_segment_events():
+        return StartState([], {})     # allocs and frees only (a CPU recording): nothing before
     ranges, live = _end_state(recording)
     free_action = recording.free_action
     inconsistent = 0

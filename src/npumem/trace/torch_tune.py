@@ -58,7 +58,7 @@ class TorchTuning:
     recorded: Candidate                   # the settings the recording ran with
     best: Candidate | None                # None: nothing finishes on that memory
     candidates: list[Candidate]
-    recorded_peak_reserved_bytes: int
+    recorded_peak_reserved_bytes: int | None    # None: no allocator segments were recorded
     pool_peak_reserved_bytes: int | None = None
     reasons: list[str] = field(default_factory=list)
 
@@ -91,7 +91,7 @@ def tune_recording(recording: Recording, memory: int | None = None,
         if progress is not None:
             progress(done + 1, len(texts))
     recorded = results[0]
-    recorded_peak = recorded.result.recorded_peak_reserved_bytes or recorded.result.peak_reserved_bytes
+    recorded_peak = recorded.result.recorded_peak_reserved_bytes
     finishing = [c for c in results if c.finishes]
     ranked = sorted(finishing, key=lambda c: (c.result.peak_reserved_bytes,
                                               c.result.device_allocs, len(c.config.describe())))

@@ -1,0 +1,154 @@
+"""PyTorch's own memory in `npumem profile` and `track()`: the CPU recording through
+torch.profiler (CI), its conversion, and the hand-over to report, replay and tune. The cuda
+recording runs in tests/test_torch_cuda.py on a GPU."""
+
+import json
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from npumem import profile
+from npumem.cli import main
+from npumem.profile.analysis import analyze_snapshot
+from npumem.profile.torch_memory import snapshot_from_profiler_trace
+
+SCRIPT = textwrap.dedent("""\
+    import torch
+
+    def build():
+        return [torch.ones(128, 128) for _ in range(4)]
+
+    def step(weights):
+        x = torch.ones(32, 128)
+        for w in weights:
+            x = torch.relu(x @ w)
+        return x.sum()
+
+    weights = build()
+    kept = []
+    for _ in range(3):
+        step(weights)
+        kept.append(torch.empty(4096))          # grows every step: a planted leak
+""")
+
+
+def _python(ts, dur, name, tid=1):
+    return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+
+def _memory(ts, addr, nbytes, tid=1, device_type=0):
+    return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": ts, "tid": tid,
+            "args": {"Addr": addr, "Bytes": nbytes, "Device Type": device_type}}
+
+
+def test_profiler_memory_events_become_a_snapshot_with_the_python_stack():
+    trace = {"traceEvents": [
+        _python(0, 100, "npumem/profile/session.py(120): run_target"),     # the runner: dropped
+        _python(1, 90, "train.py(1): <module>"),
+        _python(10, 30, "train.py(7): step"),
+        _python(12, 5, "torch/nn/modules/linear.py(100): forward"),
+        _memory(13, 0x1000, 512),                       # inside forward, inside step
+        _memory(50, 0x2000, 64),                        # back in <module>
+        _memory(60, 0x1000, -512),
+        _memory(61, 0x9000, -32),                       # allocated before recording began
+        _memory(62, 0x3000, 128, device_type=1),        # not CPU memory: not this recording's
+        _python(70, 5, "<built-in method relu>"),
+    ]}
+    snapshot = snapshot_from_profiler_trace(trace)
+    entries = snapshot["device_traces"][0]
+    assert [e["action"] for e in entries] == ["alloc", "alloc", "free_requested", "free_completed"]
+    assert [f["name"] for f in entries[0]["frames"]] == ["forward", "step", "<module>"]
+    assert entries[0]["frames"][1] == {"filename": "train.py", "line": 7, "name": "step"}
+    assert [f["name"] for f in entries[1]["frames"]] == ["<module>"]
+    assert entries[2]["size"] == 512 and snapshot["segments"] == []
+    assert snapshot["npumem"]["frees_of_earlier_allocations"] == 1
+    device = analyze_snapshot(snapshot)[0]
+    assert device.peak_allocated == 576
+    assert device.at_peak[0].where == "train.py:7 in step"     # torch's own frame skipped
+
+
+def test_a_broken_profiler_trace_gives_an_empty_recording():
+    assert snapshot_from_profiler_trace({"traceEvents": [{"name": "[memory]"}, "junk"]}) == {
+        "segments": [], "device_traces": [[]],
+        "npumem": {"source": "torch.profiler memory events (cpu)", "frees_of_earlier_allocations": 0}}
+    assert snapshot_from_profiler_trace([])["device_traces"] == [[]]
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """`npumem profile` of a plain PyTorch script, in a fresh interpreter: torch is imported by
+    the script, so recording starts through the import hook, as for a user."""
+    pytest.importorskip("torch")
+    folder = tmp_path_factory.mktemp("profile")
+    script = folder / "train.py"
+    script.write_text(SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "npumem", "profile", "--out", str(folder / "out"),
+                          "--", str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return folder / "out", run.stderr
+
+
+def test_profile_of_a_plain_torch_script_records_torch_memory(profiled):
+    out, stderr = profiled
+    assert "PyTorch cpu:0 peak allocated" in stderr
+    for name in ("torch_snapshot.pickle", "torch_summary.txt", "torch_report.html"):
+        assert (out / name).stat().st_size > 0, name
+    summary = (out / "torch_summary.txt").read_text()
+    assert "train.py:6 in step" in summary                # sites: the user's functions
+    assert "train.py:4 in <listcomp>" in summary or "train.py:3 in build" in summary
+    with open(out / "torch_snapshot.pickle", "rb") as handle:
+        snapshot = pickle.load(handle)
+    entries = snapshot["device_traces"][0]
+    allocs = [e for e in entries if e["action"] == "alloc"]
+    assert sum(1 for e in allocs if e["size"] == 128 * 128 * 4) >= 4       # the weights
+    live = {}
+    for e in entries:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+    assert sum(1 for e in live.values() if e["size"] == 4096 * 4) == 3      # the planted leak
+
+
+def test_report_replay_and_tune_take_the_torch_recording(profiled):
+    out, _ = profiled
+    runner = CliRunner()
+    report = runner.invoke(main, ["report", str(out)])
+    assert report.exit_code == 0 and "torch_snapshot.pickle" in report.output
+    replay = runner.invoke(main, ["replay", str(out / "torch_snapshot.pickle"), "--allocator",
+                                  "torch", "--json"])
+    assert replay.exit_code == 0, replay.output
+    assert json.loads(replay.output)[0]["device_allocs"] >= 1
+    check = runner.invoke(main, ["replay", "--check", str(out / "torch_snapshot.pickle")])
+    assert check.exit_code == 2 and "no caching-allocator segments" in check.output
+    assert "Traceback" not in check.output
+    tune = runner.invoke(main, ["tune", str(out / "torch_snapshot.pickle")])
+    assert tune.exit_code == 0 and "no caching-allocator segments to compare" in tune.output
+
+
+def test_no_torch_flag_and_scripts_without_torch_write_no_torch_files(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("x = [0] * 1000\n")
+    for flags in ([], ["--no-torch"]):
+        out = tmp_path / f"out{len(flags)}"
+        result = CliRunner().invoke(main, ["profile", "--out", str(out), *flags, "--", str(script)])
+        assert result.exit_code == 0, result.output
+        assert not (out / "torch_snapshot.pickle").exists()
+
+
+def test_track_records_torch_cpu_memory_when_asked():
+    torch = pytest.importorskip("torch")
+    with profile.track(torch_memory=True) as tracker:
+        kept = torch.ones(1000)
+    snapshot = tracker.torch_snapshot()
+    allocs = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc"]
+    assert any(e["size"] == 4000 and e["frames"] and
+               e["frames"][0]["filename"].endswith("test_profile_torch.py") for e in allocs)
+    assert kept.sum().item() == 1000
+    with profile.track() as quiet:                      # by default no CPU profiler
+        torch.ones(10)
+    assert quiet.torch_snapshot() is None
