@@ -56,3 +56,77 @@ def test_custom_matmul_on_the_gpu(cuda_rt):
 def test_demo_on_the_gpu():
     result = CliRunner().invoke(main, ["demo", "--device", "torch:cuda", "--size", "64K"])
     assert result.exit_code == 0, result.output
+
+
+def test_malloc_host_is_page_locked_and_the_gpu_writes_it_in_place(cuda_rt):
+    from npumem.runtime.hostmem import PINNED
+
+    pinned = npumem.malloc_host(1 << 16)
+    assert torch.from_numpy(PINNED.find(pinned).buffer).is_pinned()    # DMA, not a staged copy
+    device = npumem.host_register(pinned + 4096, 4096)
+    npumem.memset(device, 4096, 7, 4096)                 # a CUDA kernel writes the host bytes
+    assert (PINNED.find(pinned).buffer[4096:8192] == 7).all()
+    npumem.host_unregister(device)
+    npumem.free_host(pinned)
+
+
+def test_numpy_memory_imported_by_dlpack_is_mapped_and_released(cuda_rt):
+    from npumem.device import cuda_host
+
+    host = np.arange(4096, dtype=np.float32)
+    shared = npumem.from_dlpack(host)
+    out = ops.empty((4096,))
+    aclnn.run_with_pool_workspace(aclnn.mul, aclnn.mul_get_workspace_size(shared, shared, out))
+    np.testing.assert_array_equal(out.numpy(), host * host)       # the GPU read the host array
+    assert cuda_host._units
+    del shared
+    import gc
+    gc.collect()
+    assert not cuda_host._units                                   # unregistered with its view
+
+
+CUDA_SCRIPT = """\
+import torch
+
+def step(x, w):
+    return torch.relu(x @ w)
+
+w = torch.randn(1024, 1024, device="cuda")
+outs = [step(torch.randn(256, 1024, device="cuda"), w) for _ in range(5)]
+del outs
+torch.cuda.empty_cache()
+kept = torch.empty(1 << 20, device="cuda")
+"""
+
+
+def test_profile_of_a_plain_cuda_script_records_the_caching_allocator(tmp_path):
+    import pickle
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(CUDA_SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "npumem", "profile", "--out", str(tmp_path / "out"),
+                          "--", str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "PyTorch cuda:0 peak allocated" in run.stderr and "peak reserved" in run.stderr
+    snapshot_path = tmp_path / "out" / "torch_snapshot.pickle"
+    with open(snapshot_path, "rb") as handle:
+        snapshot = pickle.load(handle)
+    actions = {e["action"] for e in snapshot["device_traces"][0]}
+    assert {"alloc", "segment_alloc", "segment_free"} <= actions      # empty_cache was seen
+    summary = (tmp_path / "out" / "torch_summary.txt").read_text()
+    assert "train.py:4 in step" in summary
+    check = CliRunner().invoke(main, ["replay", "--check", str(snapshot_path)])
+    assert check.exit_code == 0 and "MATCH" in check.output, check.output
+
+
+def test_track_records_cuda_memory_by_default():
+    from npumem import profile
+
+    with profile.track() as tracker:
+        kept = torch.empty(1 << 20, device="cuda")
+    snapshot = tracker.torch_snapshot()
+    assert any(e["action"] == "alloc" and e["size"] == 4 << 20
+               for e in snapshot["device_traces"][0])
+    del kept
