@@ -98,10 +98,13 @@ def main() -> None:
     if args.op == "matmul":
         weight = npumem.from_numpy(rng.random((WIDTH, WIDTH), dtype=np.float32) / WIDTH, stream)
 
-    ops = 1              # calibrate while copies and compute run together, as measured
-    for _ in range(4):
+    ops = 1              # calibrate while copies and compute run together, as measured,
+    for _ in range(6):   # until the count is stable: then compute is at least the copy time
         stats = pipelined(batches, ops, args.depth, stream, weight)[1]
-        ops = max(1, math.ceil(ops * stats.copy_ms / stats.compute_ms))
+        wanted = max(1, math.ceil(ops * stats.copy_ms / stats.compute_ms))
+        if wanted == ops:
+            break
+        ops = wanted
 
     rounds = []
     for _ in range(args.rounds):

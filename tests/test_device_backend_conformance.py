@@ -143,9 +143,9 @@ def _finish_device_work(backend) -> None:
 
 def test_registered_host_memory_is_shared_not_copied(backend):
     from npumem.device.address_index import Allocation
-    from npumem.device.backing import address_of, allocate_bytes
+    from npumem.device.backing import address_of
 
-    buffer = allocate_bytes(4096)
+    buffer = backend.allocate_host(4096)        # what malloc_host gives (page-locked on cuda)
     buffer[:] = 0
     host = Allocation(start=address_of(buffer), size=4096, reserved=4096, api="malloc_host",
                       device=-1, buffer=buffer, host_address=address_of(buffer))

@@ -36,6 +36,18 @@ SCRIPT = textwrap.dedent("""\
 """)
 
 
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+# Where a GPU is, PyTorch's CUDA allocator is recorded instead (tests/test_torch_cuda.py).
+cpu_recording = pytest.mark.skipif(_cuda_available(), reason="a GPU is recorded instead of the CPU")
+
+
 def _python(ts, dur, name, tid=1):
     return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
 
@@ -92,6 +104,7 @@ def profiled(tmp_path_factory):
     return folder / "out", run.stderr
 
 
+@cpu_recording
 def test_profile_of_a_plain_torch_script_records_torch_memory(profiled):
     out, stderr = profiled
     assert "PyTorch cpu:0 peak allocated" in stderr
@@ -114,6 +127,7 @@ def test_profile_of_a_plain_torch_script_records_torch_memory(profiled):
     assert sum(1 for e in live.values() if e["size"] == 4096 * 4) == 3      # the planted leak
 
 
+@cpu_recording
 def test_report_replay_and_tune_take_the_torch_recording(profiled):
     out, _ = profiled
     runner = CliRunner()
@@ -140,6 +154,7 @@ def test_no_torch_flag_and_scripts_without_torch_write_no_torch_files(tmp_path):
         assert not (out / "torch_snapshot.pickle").exists()
 
 
+@cpu_recording
 def test_track_records_torch_cpu_memory_when_asked():
     torch = pytest.importorskip("torch")
     with profile.track(torch_memory=True) as tracker:

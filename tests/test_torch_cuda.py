@@ -70,19 +70,18 @@ def test_malloc_host_is_page_locked_and_the_gpu_writes_it_in_place(cuda_rt):
     npumem.free_host(pinned)
 
 
-def test_numpy_memory_imported_by_dlpack_is_mapped_and_released(cuda_rt):
-    from npumem.device import cuda_host
-
-    host = np.arange(4096, dtype=np.float32)
-    shared = npumem.from_dlpack(host)
+def test_pinned_memory_is_shared_with_the_gpu_and_pageable_memory_refused(cuda_rt):
+    with pytest.raises(npumem.errors.FeatureNotSupportedError, match="pageable"):
+        npumem.from_dlpack(np.arange(4096, dtype=np.float32))
+    source = torch.arange(4096, dtype=torch.float32).pin_memory()
+    shared = npumem.from_dlpack(source)
     out = ops.empty((4096,))
     aclnn.run_with_pool_workspace(aclnn.mul, aclnn.mul_get_workspace_size(shared, shared, out))
-    np.testing.assert_array_equal(out.numpy(), host * host)       # the GPU read the host array
-    assert cuda_host._units
-    del shared
-    import gc
-    gc.collect()
-    assert not cuda_host._units                                   # unregistered with its view
+    np.testing.assert_array_equal(out.numpy(), (source * source).numpy())   # read in place
+    scratch = np.zeros(4096, dtype=np.float32)           # a pageable neighbour copies as before
+    npumem.memcpy(scratch, scratch.nbytes, out.address, out.nbytes,
+                  npumem.MemcpyKind.DEVICE_TO_HOST)
+    assert scratch[3] == 9.0
 
 
 CUDA_SCRIPT = """\

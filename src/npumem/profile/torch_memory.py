@@ -105,13 +105,14 @@ class TorchMemory:
         torch = sys.modules["torch"]
         if self.device == "cpu":
             snapshot = _cpu_snapshot(self._profiler)
-            return snapshot if snapshot["device_traces"][0] else None    # no tensor was made
-        module = torch.get_device_module(self.device)
-        module.synchronize()
-        try:
-            return module.memory._snapshot()
-        finally:
-            module.memory._record_memory_history(enabled=None)
+        else:
+            module = torch.get_device_module(self.device)
+            module.synchronize()
+            try:
+                snapshot = module.memory._snapshot()
+            finally:
+                module.memory._record_memory_history(enabled=None)
+        return snapshot if any(snapshot.get("device_traces") or []) else None   # no tensor made
 
 
 def _accelerator(torch) -> str | None:
