@@ -129,3 +129,20 @@ def test_track_records_cuda_memory_by_default():
     assert any(e["action"] == "alloc" and e["size"] == 4 << 20
                for e in snapshot["device_traces"][0])
     del kept
+
+
+def test_cupy_allocates_from_npumem_pool(cuda_rt):
+    cupy = pytest.importorskip("cupy")
+    import npumem.memory as mem
+    from npumem.bridges.cupy import use_npumem_pool
+
+    before = mem.memory_allocated()
+    use_npumem_pool()
+    try:
+        x = cupy.arange(1 << 20, dtype=cupy.float32)
+        assert mem.memory_allocated() >= before + (4 << 20)       # a block of npumem's pool
+        assert float((x[:1000] * 2).sum()) == 999_000.0
+        del x
+        assert mem.memory_allocated() == before                    # back once CuPy let go
+    finally:
+        cupy.cuda.set_allocator(None)
