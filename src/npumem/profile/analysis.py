@@ -77,9 +77,16 @@ def user_frame(frames: list[dict]) -> dict | None:
 
 
 def callers(frames: list[dict], chosen: dict | None, limit: int = 7) -> list[str]:
-    """The Python frames that called the chosen one, outermost last."""
+    """The Python frames that called the chosen one, outermost last; they end where npumem's
+    own runner (`npumem profile`) called the script."""
     after = frames[frames.index(chosen) + 1:] if chosen in frames else frames
-    python = [f for f in after if str(f.get("filename", "")).endswith(".py")]
+    python = []
+    for frame in after:
+        name = str(frame.get("filename", ""))
+        if is_internal_file(name) or name.startswith("npumem/"):
+            break
+        if name.endswith(".py"):
+            python.append(frame)
     return [f"{f['filename']}:{f['line']} in {f['name']}" for f in python[:limit]]
 
 
