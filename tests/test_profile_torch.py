@@ -167,3 +167,15 @@ def test_track_records_torch_cpu_memory_when_asked():
     with profile.track() as quiet:                      # by default no CPU profiler
         torch.ones(10)
     assert quiet.torch_snapshot() is None
+
+
+@cpu_recording
+def test_a_tracker_records_again_after_a_restart():
+    torch = pytest.importorskip("torch")
+    tracker = profile.track(torch_memory=True)
+    for size in (1000, 3000):
+        with tracker:
+            kept = torch.ones(size)
+        allocs = [e["size"] for e in tracker.torch_snapshot()["device_traces"][0]
+                  if e["action"] == "alloc"]
+        assert size * 4 in allocs and kept.numel() == size

@@ -593,7 +593,6 @@ def report(path, html_out, top, snapshot_path):
     if path.endswith(".json"):
         _report_torch_stats(path, snapshot_path)
         return
-    reports = []
     if os.path.isdir(path):
         # A profile folder: npumem's memory, and PyTorch's own when the script used torch.
         found = [os.path.join(path, name) for name in ("snapshot.pickle", "torch_snapshot.pickle")

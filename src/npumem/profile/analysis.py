@@ -90,15 +90,15 @@ def callers(frames: list[dict], chosen: dict | None, limit: int = 7) -> list[str
     return [f"{f['filename']}:{f['line']} in {f['name']}" for f in python[:limit]]
 
 
+NO_STACK = "(no Python stack: recorded without stacks, or by a C++ thread such as autograd's)"
+
+
 def site_name(entry: dict) -> str:
     frame = user_frame(entry.get("frames") or [])
     if frame is not None:
         return f"{frame['filename']}:{frame['line']} in {frame['name']}"
     tag = entry.get("user_metadata")
     return f"[{tag}]" if tag else NO_STACK
-
-
-NO_STACK = "(no Python stack: recorded without stacks, or by a C++ thread such as autograd's)"
 
 
 def group_by_site(entries) -> list[SiteUsage]:

@@ -96,10 +96,9 @@ def format_report(report: Report, limit: int = 10) -> str:
         lines.append("")
     for device in report.devices:
         ratio = device.peak_reserved / device.peak_allocated if device.peak_allocated else 0.0
-        reserved = (f", peak reserved {format_size(device.peak_reserved)} (reserved/allocated "
-                    f"{ratio:.3f})" if device.peak_reserved else ", nothing reserved (no cache)")
         lines.append(f"device {device.device}: {device.events} events, peak allocated "
-                     f"{format_size(device.peak_allocated)}{reserved}")
+                     f"{format_size(device.peak_allocated)}, peak reserved "
+                     f"{format_size(device.peak_reserved)} (reserved/allocated {ratio:.3f})")
         lines += _sites("live at the allocated peak, by site", device.at_peak, limit)
         lines += _sites("all allocations, by site", device.by_site, limit)
     lines.append("")

@@ -44,15 +44,11 @@ def prepare_folder(out: str | os.PathLike, force: bool = False) -> Path:
     return path
 
 
-# Written too when the program used torch: PyTorch's own memory (see torch_memory).
-TORCH_OUTPUTS = ("torch_snapshot.pickle", "torch_summary.txt", "torch_report.html")
-
-
 class ProfileSession:
     def __init__(self, stacks: bool = False, interval_ms: float = 10.0,
                  max_entries: int = 1_000_000, torch_memory: bool = True):
         self.tracker = Tracker(stacks=stacks, max_entries=max_entries,
-                               torch_memory=True if torch_memory else False)
+                               torch_memory=bool(torch_memory))   # the CPU too, when asked
         self.sampler = Sampler(interval_ms=interval_ms)
 
     def start(self) -> "ProfileSession":

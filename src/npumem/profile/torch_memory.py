@@ -43,7 +43,8 @@ class TorchMemory:
         self.device: str | None = None          # "cuda", "npu" or "cpu" once recording
         self.error: str | None = None           # why nothing could be recorded
         self._lock = threading.Lock()
-        self._running = False
+        self._running = False                   # between start and stop
+        self._recording = False                 # PyTorch is recording for us now
         self._hook: _AfterImport | None = None
         self._profiler = None
         self._snapshot: dict | None = None
@@ -80,7 +81,7 @@ class TorchMemory:
     # --- per device ---------------------------------------------------------------------------
 
     def _begin(self, torch) -> None:
-        if not self._running or self.device is not None:
+        if not self._running or self._recording:
             return
         try:
             accelerator = _accelerator(torch)
@@ -95,13 +96,14 @@ class TorchMemory:
                     activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                     with_stack=True)
                 self._profiler.__enter__()
-            self.device = accelerator or "cpu"
+            self.device, self._recording = accelerator or "cpu", True
         except Exception as exc:            # noqa: BLE001 - profile the rest all the same
             self.error = f"could not record PyTorch's memory: {type(exc).__name__}: {exc}"
 
     def _end(self) -> dict | None:
-        if self.device is None:
+        if not self._recording:
             return None
+        self._recording = False
         torch = sys.modules["torch"]
         if self.device == "cpu":
             snapshot = _cpu_snapshot(self._profiler)
