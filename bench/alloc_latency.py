@@ -27,6 +27,7 @@ from npumem.alloc.caching_allocator import CachingAllocator
 from npumem.alloc.settings import AllocatorSettings
 from npumem.device import SimBackend, SimConfig
 from npumem.device.torch_backend import TorchBackend
+from npumem.errors import AclError
 from npumem.units import GiB
 
 
@@ -88,7 +89,10 @@ def main() -> None:
     if args.device == "sim":
         backend = SimBackend(SimConfig(memory=16 * GiB))
     else:
-        backend = TorchBackend(args.device.split(":")[1], memory=16 * GiB)
+        try:
+            backend = TorchBackend(args.device.split(":")[1], memory=16 * GiB)
+        except AclError as exc:
+            parser.error(exc.message)
     pool = CachingAllocator(backend, 0)
     segments = CachingAllocator(backend, 0, AllocatorSettings(expandable_segments=False))
     stats, tracked = StatisticsAdaptor(pool), TrackingAdaptor(pool, stacks=True)
