@@ -158,8 +158,9 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
             for chosen in combos.get(name, [""])]
     results = _run_replays("replay", as_json, lambda update: run_jobs(jobs, scheduler, workers, update))
     if plot_path:
+        from .output_files import written_whole
         from .trace.plot import sweep_svg
-        with open(plot_path, "w", encoding="utf-8") as out:
+        with written_whole(plot_path) as partial, open(partial, "w", encoding="utf-8") as out:
             out.write(sweep_svg(results))
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in results], indent=2))
@@ -171,8 +172,7 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
 
 def _check_paths(traces, plot_path) -> None:
     """Bad inputs and an unwritable output fail before any replay runs."""
-    import os
-
+    from .output_files import OutputPathError, check_output
     from .trace import TraceFormatError, detect_format
 
     for path in traces:
@@ -182,10 +182,10 @@ def _check_paths(traces, plot_path) -> None:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
     if plot_path:
-        folder = os.path.dirname(os.path.abspath(plot_path))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise click.BadParameter(f"cannot write {plot_path}: {folder} is not a writable folder",
-                                     param_hint="--plot")
+        try:
+            check_output(plot_path)
+        except OutputPathError as exc:
+            raise click.BadParameter(str(exc), param_hint="--plot") from None
 
 
 def _settings_for(name: str, settings, sweeps) -> list[str]:
@@ -409,15 +409,21 @@ def _tune_pool(trace, as_json, scheduler, workers) -> None:
 def convert(source, target, fmt):
     """Convert an allocation trace between formats (any readable format in; .jsonl, .json,
     .pickle, .csv (RMM) or operator_memory.csv out; add .gz to compress)."""
+    from .output_files import OutputPathError, check_output, written_whole
     from .trace import FORMATS, TraceFormatError, detect_format, read_trace, write_trace
     from .trace.formats import format_for_output
 
     if fmt is not None and fmt not in FORMATS:
         raise click.BadParameter(f"choose from {', '.join(FORMATS)}", param_hint="--to")
     try:
+        check_output(target, source)
         fmt = fmt or format_for_output(target)
         source_format = detect_format(source)
-        count = write_trace(read_trace(source, source_format), target, fmt)
+        with written_whole(target) as partial:
+            count = write_trace(read_trace(source, source_format), partial, fmt)
+    except OutputPathError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -443,6 +449,7 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
     id,lower,upper,size CSV or any allocation trace (lifetimes from alloc/free order)."""
     import json
 
+    from .output_files import OutputPathError, check_output, written_whole
     from .planning import ALGORITHMS, ProblemFormatError, load_problem, plan as run_plan
     from .trace import TraceFormatError
     from .units import format_size
@@ -452,7 +459,11 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
     if time_limit <= 0:
         raise click.BadParameter("must be positive", param_hint="--time-limit")
     try:
+        if out_path:
+            check_output(out_path, problem_file)
         problem = load_problem(problem_file)
+    except OutputPathError as exc:
+        raise click.BadParameter(str(exc), param_hint="--out") from None
     except (ProblemFormatError, TraceFormatError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -467,7 +478,7 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
 
     result = run_plan(problem, algorithm, time_limit, progress=say)
     if out_path:
-        with open(out_path, "w", encoding="utf-8") as out:
+        with written_whole(out_path) as partial, open(partial, "w", encoding="utf-8") as out:
             out.write("id,lower,upper,size,offset\n")
             for i in range(len(problem)):
                 out.write(f"{problem.ids[i]},{problem.lower[i]},{problem.upper[i]},"
@@ -587,9 +598,15 @@ def report(path, html_out, top, snapshot_path):
     PyTorch's memory_stats() prints its summary table with hit rate (and fragmentation)."""
     import os
 
+    from .output_files import OutputPathError, check_output, written_whole
     from .profile.html import render_html
     from .profile.report import build_report, format_report
 
+    if html_out:
+        try:
+            check_output(html_out, None if os.path.isdir(path) else path)
+        except OutputPathError as exc:
+            raise click.BadParameter(str(exc), param_hint="--html") from None
     if path.endswith(".json"):
         _report_torch_stats(path, snapshot_path)
         return
@@ -612,7 +629,7 @@ def report(path, html_out, top, snapshot_path):
     result = reports[-1]
     if html_out:
         try:
-            with open(html_out, "w", encoding="utf-8") as out:
+            with written_whole(html_out) as partial, open(partial, "w", encoding="utf-8") as out:
                 out.write(render_html(result))
         except OSError as exc:
             click.echo(f"error: cannot write {html_out}: {exc.strerror}", err=True)
