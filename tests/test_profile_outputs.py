@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -180,6 +181,48 @@ def test_chrome_trace_counters_follow_the_totals(rt):
     assert all(c["ts"] >= 0 for c in counters)
     assert json.loads(json.dumps({"traceEvents": events}))
     mem.caching_allocator_delete(b)
+
+
+def _check_trace_event_format(events: list[dict]) -> None:
+    """The Trace Event Format's rules that viewers depend on."""
+    named = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    for event in events:
+        assert event["ph"] in "MCiX" and isinstance(event["name"], str) and event["name"]
+        assert isinstance(event["pid"], int) and 0 <= event["pid"] < 2**31
+        if event["ph"] != "M":
+            assert isinstance(event["ts"], (int, float)) and event["ts"] >= 0
+        if event["ph"] == "C":
+            assert all(isinstance(v, (int, float)) for v in event["args"].values())
+            continue
+        if event["ph"] == "X":
+            assert event["dur"] >= 0
+        if event["ph"] == "i":
+            assert event["s"] in "gpt"
+        if "tid" in event:
+            assert isinstance(event["tid"], int) and 0 <= event["tid"] < 2**31
+            assert event["ph"] == "M" or (event["pid"], event["tid"]) in named, event
+
+
+def test_chrome_trace_has_a_named_small_track_per_stream_and_thread(rt):
+    first, second = npumem.create_stream(), npumem.create_stream()
+    with profile.track() as tracker:
+        with profile.range("step"):
+            a = npumem.from_numpy(np.ones((64, 64), np.float32), stream=first)
+            b = npumem.from_numpy(np.ones((64, 64), np.float32), stream=second)
+            for stream, x in ((first, a), (second, b)):
+                out = npumem.empty((64, 64), "float32", stream=stream)
+                npumem.aclnn.run_with_pool_workspace(
+                    npumem.aclnn.matmul, npumem.aclnn.matmul_get_workspace_size(x, x, out), stream)
+                stream.synchronize()
+        profile.mark("done")
+    events = chrome_events(tracker)
+    _check_trace_event_format(events)
+    names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert {f"stream 0x{first.handle:x}", f"stream 0x{second.handle:x}"} <= names
+    assert any(name.startswith("thread ") for name in names)          # the range and the mark
+    ops = {(e["pid"], e["tid"]) for e in events if e.get("cat") == "op"}
+    assert len(ops) == 2                                              # one track per stream
+    del a, b
 
 
 def test_fragmentation_of_a_known_segment():

@@ -211,3 +211,16 @@ def test_replay_cli_reports_bad_trace(tmp_path):
     bad.write_bytes(gzip.compress(b'{"action": "alloc", "addr": 1, "size": 8}\n{"action": "grow"}\n'))
     result = CliRunner().invoke(main, ["replay", str(bad), "--allocator", "pool", "--scheduler", "serial"])
     assert result.exit_code == 2 and f"{bad}:2:" in result.output and "action must be" in result.output
+
+
+def test_chrome_output_gives_each_stream_a_small_named_track(tmp_path):
+    streams = (0, 0x7F3A5C000000, 0x7F3A5C100000)          # CUDA stream pointers are this big
+    events = [TraceEvent(float(i), "alloc", 4096 * i, 512, streams[i % 3]) for i in range(6)]
+    path = tmp_path / "t.json"
+    write_trace(events, str(path), "chrome")
+    trace = json.loads(path.read_text())["traceEvents"]
+    memory = [e for e in trace if e["name"] == "[memory]"]
+    names = {e["tid"]: e["args"]["name"] for e in trace if e["name"] == "thread_name"}
+    assert {e["tid"] for e in memory} == set(names) == {1, 2, 3}
+    assert sorted(names.values()) == ["default stream", "stream 0x7f3a5c000000",
+                                      "stream 0x7f3a5c100000"]

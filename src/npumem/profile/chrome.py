@@ -3,6 +3,10 @@
 One process per device: counter tracks "memory" (allocated, reserved, active bytes) and
 "host" (resident set size from the sampler), instant events for each alloc and free, and op
 slices on one track per stream. User ranges and marks go on the thread that made them.
+
+Stream handles and host thread ids are far above 2**31, where viewers truncate them and fold
+every track into one: each track gets a small tid instead, and a thread_name that names the
+stream or thread.
 """
 
 from __future__ import annotations
@@ -28,7 +32,12 @@ def chrome_events(tracker: Tracker, samples: list[Sample] = ()) -> list[dict]:
 
     events: list[dict] = []
     events.append({"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host"}})
-    devices, streams = set(), set()
+    devices = set()
+    tracks: dict[tuple[int, int], int] = {}         # (pid, stream handle or thread id) -> tid
+
+    def track(pid: int, raw: int) -> int:
+        return tracks.setdefault((pid, raw), 1 + sum(1 for p, _ in tracks if p == pid))
+
     memory: list[MemoryEvent] = tracker.events()
     for event in memory:
         pid = _pid(event.device)
@@ -43,17 +52,16 @@ def chrome_events(tracker: Tracker, samples: list[Sample] = ()) -> list[dict]:
                 args["tag"] = event.tag
             if event.frames:
                 args["stack"] = [str(frame) for frame in event.frames]
-            events.append({"ph": "i", "s": "t", "pid": pid, "tid": event.stream,
+            events.append({"ph": "i", "s": "t", "pid": pid, "tid": track(pid, event.stream),
                            "ts": ts(event.time_ns), "cat": "memory",
                            "name": f"{event.action} {format_size(event.requested)}", "args": args})
-            streams.add((pid, event.stream))
     for annotation in tracker.annotations():
         if annotation.kind == "op":
-            pid, tid = _pid(annotation.device), annotation.thread
-            streams.add((pid, tid))
+            pid = _pid(annotation.device)
             devices.add(annotation.device)
         else:
-            pid, tid = HOST_PID, annotation.thread
+            pid = HOST_PID
+        tid = track(pid, annotation.thread)
         if annotation.kind == "mark":
             events.append({"ph": "i", "s": "p", "pid": pid, "tid": tid, "name": annotation.name,
                            "ts": ts(annotation.start_ns), "cat": "mark"})
@@ -67,8 +75,11 @@ def chrome_events(tracker: Tracker, samples: list[Sample] = ()) -> list[dict]:
     for device in sorted(devices):
         events.append({"ph": "M", "name": "process_name", "pid": _pid(device),
                        "args": {"name": f"npu {device}"}})
-    for pid, tid in sorted(streams):
-        name = "default stream" if tid == 0 else f"stream 0x{tid:x}"
+    for (pid, raw), tid in sorted(tracks.items(), key=lambda item: item[1]):
+        if pid == HOST_PID:
+            name = f"thread {raw}"
+        else:
+            name = "default stream" if raw == 0 else f"stream 0x{raw:x}"
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                        "args": {"name": name}})
     return events

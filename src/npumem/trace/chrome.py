@@ -103,17 +103,26 @@ def read(path: str) -> Iterator[TraceEvent]:
 
 
 def write(events: Iterable[TraceEvent], path: str) -> int:
-    """Write the events as the profiler does, streaming; Total Allocated is the running sum."""
+    """Write the events as the profiler does, streaming; Total Allocated is the running sum.
+
+    Each stream gets a small tid and a thread_name naming it (stream handles are pointers,
+    above 2**31, which viewers truncate into one track)."""
     count = allocated = 0
+    tracks: dict[int, int] = {}
     with open_for_writing(path) as out:
         out.write('{"schemaVersion": 1, "traceEvents": [\n')
         for event in events:
             signed = event.size if event.action == "alloc" else -event.size
             allocated += signed
-            record = {"ph": "i", "s": "t", "name": "[memory]", "pid": 0, "tid": event.stream,
+            tid = tracks.setdefault(event.stream, len(tracks) + 1)
+            record = {"ph": "i", "s": "t", "name": "[memory]", "pid": 0, "tid": tid,
                       "ts": event.t_us, "args": {"Addr": event.addr, "Bytes": signed,
                                                  "Total Allocated": allocated, "Device Id": 0}}
             out.write(("," if count else "") + json.dumps(record, separators=(",", ":")) + "\n")
             count += 1
+        for stream, tid in tracks.items():
+            name = "default stream" if stream == 0 else f"stream 0x{stream:x}"
+            out.write("," + json.dumps({"ph": "M", "name": "thread_name", "pid": 0, "tid": tid,
+                                        "args": {"name": name}}) + "\n")
         out.write('], "displayTimeUnit": "ms"}\n')
     return count
