@@ -610,6 +610,9 @@ def report(path, html_out, top, snapshot_path):
     if path.endswith(".json"):
         _report_torch_stats(path, snapshot_path)
         return
+    if os.path.isfile(path) and _is_usage_curve(path):
+        click.echo(_usage_summary(path), nl=False)
+        return
     if os.path.isdir(path):
         # A profile folder: npumem's memory, and PyTorch's own when the script used torch.
         found = [os.path.join(path, name) for name in ("snapshot.pickle", "torch_snapshot.pickle")
@@ -635,6 +638,24 @@ def report(path, html_out, top, snapshot_path):
             click.echo(f"error: cannot write {html_out}: {exc.strerror}", err=True)
             sys.exit(2)
         click.echo(f"wrote {html_out}")
+
+
+def _is_usage_curve(path: str) -> bool:
+    from .trace.msprof import is_usage_curve
+    from .trace.textio import read_head
+
+    return is_usage_curve(read_head(path))
+
+
+def _usage_summary(path: str) -> str:
+    from .trace import TraceFormatError
+    from .trace.msprof import usage_summary
+
+    try:
+        return usage_summary(path)
+    except TraceFormatError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
 
 
 def _report_torch_stats(path: str, snapshot_path: str | None) -> None:

@@ -32,6 +32,11 @@ def detect_format(path: str | os.PathLike) -> str:
     for name, module in FORMATS.items():
         if module.sniff(head):
             return name
+    if msprof.is_usage_curve(head):
+        raise TraceFormatError(path, "1", "a memory usage curve (msprof memory_record.csv: totals "
+                               "over time, no allocations), so there is nothing to replay or "
+                               "convert; `npumem report` summarizes it, and msprof's "
+                               "operator_memory.csv holds the allocations")
     raise TraceFormatError(path, "1", "unknown trace format; npumem reads "
                            + "; ".join(DESCRIPTIONS.values()))
 
@@ -53,7 +58,7 @@ def format_for_output(path: str) -> str:
         return "chrome"
     if name.endswith((".pickle", ".pkl")):
         return "snapshot"
-    if name.endswith(".csv"):
+    if name.endswith(".csv") or ".csv.dev" in name:          # RMM's Python log names: .csv.dev0
         return "msprof" if "operator_memory" in name else "rmm"
     raise ValueError(f"cannot tell the format from {path!r}; name it .jsonl, .json, .pickle, "
                      "operator_memory.csv or .csv (RMM log), or pass the format")

@@ -1,9 +1,16 @@
 """msprof / torch_npu profiler `operator_memory.csv`: one row per allocation, with the time it was
 allocated and released (REFERENCE.md section 5).
 
-The rows carry no address, so the reader numbers them; an empty release time means the memory
-was still allocated at the end. Rows are gathered and turned into time-ordered events (a free
-before an allocation at the same microsecond).
+Two layouts are read: torch_npu's (`Name,Size(KB),Allocation Time(us),Release Time(us),...`) and
+msprof's own `operator_memory_*.csv` (`Device_id,Name,Size(KB),Allocation Time(us),Duration(us),
+...`), whose release is the allocation time plus the duration. Times may carry a trailing tab.
+
+The rows carry no address, so the reader numbers them. An empty release time (or duration) means
+the memory was still allocated at the end. Rows CANN documents as possible are taken for what
+they are: a negative size is the release of memory allocated before collection began (a free of
+a block the trace never saw allocated, which replays count as such); an empty allocation time
+means the time is unknown, and the row is placed at the start of the trace. Rows are gathered and
+turned into time-ordered events (a free before an allocation at the same microsecond).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ OPERATOR_MEMORY_COLUMNS = (
     "Duration(us)", "Active Duration(us)", "Allocation Total Allocated(MB)",
     "Allocation Total Reserved(MB)", "Allocation Total Active(MB)", "Release Total Allocated(MB)",
     "Release Total Reserved(MB)", "Release Total Active(MB)", "Stream Ptr", "Device Type")
-REQUIRED = ("Size(KB)", "Allocation Time(us)", "Release Time(us)")
+REQUIRED = ("Size(KB)", "Allocation Time(us)")
 
 
 def sniff(head: bytes) -> bool:
@@ -34,26 +41,46 @@ def _stream(text: str) -> int:
         return 0
 
 
+def _number(text: str) -> float | None:
+    text = text.strip()
+    return float(text) if text else None
+
+
 def read(path: str) -> Iterator[TraceEvent]:
     rows = []                     # (time, 0 for free / 1 for alloc, row number, size, stream)
+    unknown_time = []             # rows without an allocation time: placed at the start
     for where, row, column in csv_records(path, REQUIRED, "an operator_memory.csv"):
-        size_at, alloc_at, release_at = (column[name] for name in REQUIRED)
+        cell = {name: row[index] if index < len(row) else "" for name, index in column.items()}
         try:
-            size = round(float(row[size_at]) * 1024)
-            start = float(row[alloc_at])
-            end = float(row[release_at]) if row[release_at].strip() else None
-        except (ValueError, IndexError):
-            raise TraceFormatError(path, where, "Size(KB), Allocation Time(us) and Release "
-                                   "Time(us) must be numbers") from None
-        if size < 0 or (end is not None and end < start):
-            raise TraceFormatError(path, where, f"negative size or release before allocation "
-                                   f"(size {size} B, {start} -> {end} us)")
-        stream = _stream(row[column["Stream Ptr"]].strip()) if "Stream Ptr" in column else 0
+            size = round(float(cell["Size(KB)"]) * 1024)
+            start = _number(cell["Allocation Time(us)"])
+            end = _number(cell.get("Release Time(us)", ""))
+            duration = _number(cell.get("Duration(us)", ""))
+        except ValueError:
+            raise TraceFormatError(path, where, "Size(KB), Allocation Time(us), Release Time(us) "
+                                   "and Duration(us) must be numbers (or empty)") from None
+        if end is None and duration is not None and start is not None:
+            end = start + duration                   # msprof's own layout
+        if start is not None and end is not None and end < start:
+            raise TraceFormatError(path, where, f"released before it was allocated "
+                                   f"({start} -> {end} us)")
+        stream = _stream(cell.get("Stream Ptr", "").strip())
         number = int(where)
-        rows.append((start, 1, number, size, stream))
+        if size < 0:                                 # a release of memory allocated earlier
+            when = start if start is not None else end
+            (rows.append((when, 0, number, -size, stream)) if when is not None
+             else unknown_time.append((0, number, -size, stream)))
+            continue
+        if start is None:
+            unknown_time.append((1, number, size, stream))
+        else:
+            rows.append((start, 1, number, size, stream))
         if end is not None:
             rows.append((end, 0, number, size, stream))
     rows.sort()
+    first = rows[0][0] if rows else 0.0
+    for is_alloc, number, size, stream in sorted(unknown_time):
+        yield TraceEvent(first, "alloc" if is_alloc else "free", number, size, stream)
     for when, is_alloc, number, size, stream in rows:
         yield TraceEvent(when, "alloc" if is_alloc else "free", number, size, stream)
 
@@ -86,3 +113,40 @@ def write(events: Iterable[TraceEvent], path: str) -> int:
         writer.writerow(OPERATOR_MEMORY_COLUMNS)
         writer.writerows(rows)
     return len(rows)
+
+
+# --- memory_record.csv: a usage curve, not allocations ------------------------------------------
+
+USAGE_COLUMNS = ("Component", "Timestamp(us)", "Total Allocated(MB)")
+
+
+def is_usage_curve(head: bytes) -> bool:
+    first = head.lstrip().split(b"\n", 1)[0]
+    return b"Component" in first and b"Timestamp(us)" in first and b"Total Allocated(MB)" in first
+
+
+def usage_summary(path: str) -> str:
+    """memory_record.csv in a few lines: per component and device, the samples, the time they
+    span and the peaks of allocated and reserved memory."""
+    curves: dict[tuple[str, str], list] = {}
+    for where, row, column in csv_records(path, USAGE_COLUMNS, "a memory_record.csv"):
+        cell = {name: row[index].strip() if index < len(row) else "" for name, index in column.items()}
+        try:
+            values = [_number(cell.get(name, "")) for name in
+                      ("Timestamp(us)", "Total Allocated(MB)", "Total Reserved(MB)")]
+        except ValueError:
+            raise TraceFormatError(path, where, "Timestamp(us) and the totals must be numbers "
+                                   "(or empty)") from None
+        curves.setdefault((cell["Component"], cell.get("Device Type", "")), []).append(values)
+    lines = [f"{path}: a memory usage curve (msprof memory_record.csv): totals over time, "
+             "no allocations, so there is nothing to replay"]
+    for (component, device), samples in sorted(curves.items()):
+        times = [t for t, _, _ in samples if t is not None]
+        allocated = max((a for _, a, _ in samples if a is not None), default=None)
+        reserved = max((r for _, _, r in samples if r is not None), default=None)
+        span = f", over {(max(times) - min(times)) / 1e3:.3f} ms" if len(times) > 1 else ""
+        peaks = ", ".join(f"peak {label} {value:g} MB" for label, value in
+                          (("allocated", allocated), ("reserved", reserved)) if value is not None)
+        lines.append(f"  {component or '?'} on {device or '?'}: {len(samples)} sample(s){span}; "
+                     f"{peaks or 'no totals'}")
+    return "\n".join(lines) + "\n"
