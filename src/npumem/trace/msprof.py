@@ -62,8 +62,8 @@ def read(path: str) -> Iterator[TraceEvent]:
         if end is None and duration is not None and start is not None:
             end = start + duration                   # msprof's own layout
         if start is not None and end is not None and end < start:
-            raise TraceFormatError(path, where, f"released before it was allocated "
-                                   f"({start} -> {end} us)")
+            raise TraceFormatError(path, where, f"release before allocation: allocated at "
+                                   f"{start} us, released at {end} us")
         stream = _stream(cell.get("Stream Ptr", "").strip())
         number = int(where)
         if size < 0:                                 # a release of memory allocated earlier
