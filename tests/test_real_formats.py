@@ -106,3 +106,20 @@ def test_the_shared_samples_read_without_a_traceback():
             ["replay", str(path), "--allocator", "pool"]
         result = CliRunner().invoke(main, command)
         assert result.exit_code == 0, (path.name, result.output)
+
+
+def test_report_and_diff_take_any_trace(tmp_path):
+    early = [TraceEvent(0.0, "alloc", 1, 4096), TraceEvent(1.0, "alloc", 2, 1 << 20),
+             TraceEvent(2.0, "free", 2, 1 << 20)]
+    late = early + [TraceEvent(3.0, "alloc", 3, 3 << 20)]
+    write_trace(early, str(tmp_path / "early.jsonl"))
+    write_trace(late, str(tmp_path / "late.json"), "chrome")
+    report = CliRunner().invoke(main, ["report", str(tmp_path / "late.json")])
+    assert report.exit_code == 0, report.output
+    assert "peak allocated 3.00 MiB" in report.output and "no segment data" in report.output
+    diff = CliRunner().invoke(main, ["diff", str(tmp_path / "early.jsonl"), str(tmp_path / "late.json")])
+    assert diff.exit_code == 0 and "+3.00 MiB" in diff.output, diff.output
+    junk = tmp_path / "notes.txt"
+    junk.write_text("hello\n")
+    bad = CliRunner().invoke(main, ["report", str(junk)])
+    assert bad.exit_code == 2 and "unknown trace format" in bad.output and "Traceback" not in bad.output

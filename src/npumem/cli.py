@@ -576,11 +576,17 @@ def _echo_torch_memory(recorder, folder) -> None:
 
 
 def _load(path: str):
+    """A snapshot dict from a snapshot pickle, or from any trace format npumem reads (its
+    allocations and frees, without segments)."""
     from .profile import SnapshotError, load_snapshot
+    from .trace import TraceFormatError, detect_format, read_trace
+    from .trace.snapshot import from_events
 
     try:
-        return load_snapshot(path)
-    except SnapshotError as exc:
+        if detect_format(path) == "snapshot":
+            return load_snapshot(path)
+        return from_events(read_trace(path))
+    except (SnapshotError, TraceFormatError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
 
@@ -593,9 +599,10 @@ def _load(path: str):
 @click.option("--snapshot", "snapshot_path", type=click.Path(dir_okay=False), default=None,
               help="With a memory_stats JSON file: the run's snapshot pickle, for fragmentation.")
 def report(path, html_out, top, snapshot_path):
-    """Report on a profile folder or a snapshot pickle (npumem's or PyTorch's
-    torch.cuda.memory._snapshot()): peak, top sites, leaks, fragmentation. A JSON file of
-    PyTorch's memory_stats() prints its summary table with hit rate (and fragmentation)."""
+    """Report on a profile folder, a snapshot pickle (npumem's or PyTorch's
+    torch.cuda.memory._snapshot()) or any allocation trace npumem reads: peak, top sites, leaks,
+    fragmentation. A JSON file of PyTorch's memory_stats() prints its summary table with hit
+    rate (and fragmentation); msprof's memory_record.csv, a summary of its usage curve."""
     import os
 
     from .output_files import OutputPathError, check_output, written_whole
@@ -607,7 +614,7 @@ def report(path, html_out, top, snapshot_path):
             check_output(html_out, None if os.path.isdir(path) else path)
         except OutputPathError as exc:
             raise click.BadParameter(str(exc), param_hint="--html") from None
-    if path.endswith(".json"):
+    if path.endswith(".json") and not _is_chrome_trace(path):
         _report_torch_stats(path, snapshot_path)
         return
     if os.path.isfile(path) and _is_usage_curve(path):
@@ -638,6 +645,15 @@ def report(path, html_out, top, snapshot_path):
             click.echo(f"error: cannot write {html_out}: {exc.strerror}", err=True)
             sys.exit(2)
         click.echo(f"wrote {html_out}")
+
+
+def _is_chrome_trace(path: str) -> bool:
+    from .trace import TraceFormatError, detect_format
+
+    try:
+        return detect_format(path) == "chrome"
+    except TraceFormatError:
+        return False
 
 
 def _is_usage_curve(path: str) -> bool:

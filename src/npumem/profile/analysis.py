@@ -195,23 +195,29 @@ def analyze_snapshot(snapshot: dict) -> list[DeviceAnalysis]:
             for device, entries in enumerate(snapshot.get("device_traces") or []) if entries]
 
 
+def _live_blocks(snapshot: dict) -> list[dict]:
+    """The blocks allocated at snapshot time: from its segments, or for a trace without
+    segments (JSONL, Chrome, RMM, ...) what its events left allocated."""
+    if snapshot["segments"]:
+        return [block for segment in snapshot["segments"] for block in segment["blocks"]
+                if block.get("state") == "active_allocated"]
+    return [entry for trace in snapshot.get("device_traces") or []
+            for entry in live_after(trace, len(trace) - 1)]
+
+
 def live_by_site(snapshot: dict) -> dict[str, int]:
     """Requested bytes of every block allocated at snapshot time, by allocation site."""
     sites: dict[str, int] = {}
-    for segment in snapshot["segments"]:
-        for block in segment["blocks"]:
-            if block.get("state") == "active_allocated":
-                where = site_name(block)
-                sites[where] = sites.get(where, 0) + (block.get("requested_size") or block["size"])
+    for block in _live_blocks(snapshot):
+        where = site_name(block)
+        sites[where] = sites.get(where, 0) + (block.get("requested_size") or block["size"])
     return sites
 
 
 def totals(snapshot: dict) -> tuple[int, int]:
-    """(reserved, allocated) bytes in the snapshot's segments."""
+    """(reserved, allocated) bytes at snapshot time (reserved is 0 without segments)."""
     reserved = sum(s["total_size"] for s in snapshot["segments"])
-    allocated = sum(b["size"] for s in snapshot["segments"] for b in s["blocks"]
-                    if b.get("state") == "active_allocated")
-    return reserved, allocated
+    return reserved, sum(block["size"] for block in _live_blocks(snapshot))
 
 
 def diff(before: dict, after: dict, limit: int = 20) -> str:

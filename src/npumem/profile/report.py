@@ -66,6 +66,12 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
                               for entry in live_after(trace, len(trace) - 1)])
         heading = "Allocated during the trace and still live at its end (possible leaks)"
     notes = []
+    traces = [entry for trace in snapshot.get("device_traces") or [] for entry in trace]
+    if traces and not snapshot.get("segments") and not any(
+            entry.get("action", "").startswith("segment_") for entry in traces):
+        notes.append("This trace has allocations and frees but no segment data, so what an "
+                     "allocator reserved cannot be known: the reserved figures here are the "
+                     "allocated ones. `npumem replay` shows what each allocator would reserve.")
     if not snapshot.get("device_traces") or not any(snapshot["device_traces"]):
         notes.append("The snapshot has no event history (device_traces): record it with "
                      "record_memory_history / torch.cuda.memory._record_memory_history to get "

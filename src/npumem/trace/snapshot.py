@@ -41,14 +41,20 @@ def read(path: str, device: int | None = None) -> Iterator[TraceEvent]:
                              int(entry.get("stream", 0) or 0))
 
 
-def write(events: Iterable[TraceEvent], path: str) -> int:
-    """A snapshot with no segments and one device trace, which torch's _memory_viz plots."""
+def from_events(events: Iterable[TraceEvent]) -> dict:
+    """A snapshot dict with no segments and one device trace: what a trace of allocations and
+    frees says in the form torch's _memory_viz and npumem's report read."""
     entries = []
     for event in events:
         actions = ("alloc",) if event.action == "alloc" else ("free_requested", "free_completed")
         for action in actions:
             entries.append({"action": action, "addr": event.addr, "size": event.size,
                             "stream": event.stream, "time_us": int(event.t_us), "frames": []})
+    return {"segments": [], "device_traces": [entries]}
+
+
+def write(events: Iterable[TraceEvent], path: str) -> int:
+    data = from_events(events)
     with open_for_writing(path, binary=True) as out:
-        pickle.dump({"segments": [], "device_traces": [entries]}, out)
-    return sum(1 for entry in entries if entry["action"] != "free_requested")
+        pickle.dump(data, out)
+    return sum(1 for entry in data["device_traces"][0] if entry["action"] != "free_requested")
