@@ -3,6 +3,7 @@ the `npumem profile / report / diff` commands and the pytest plugin."""
 
 import csv
 import json
+import os
 import pickle
 import shutil
 import subprocess
@@ -358,12 +359,46 @@ def test_pytest_plugin_markers(pytester):
             a = mem.caching_allocator_alloc(800 * 1024)
             b = mem.caching_allocator_alloc(800 * 1024)
             mem.caching_allocator_delete(a); mem.caching_allocator_delete(b)
+
+        @pytest.mark.limit_device_memory("1 MiB")
+        def test_exactly_the_limit():
+            mem.caching_allocator_delete(mem.caching_allocator_alloc(1 << 20))
+
+        @pytest.mark.no_device_leaks
+        def test_fails_on_its_own():
+            assert 1 == 2, "the test's own failure"
     """)
-    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore")
-    result.assert_outcomes(passed=2, failed=2)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore",
+                                "-W", "error::pluggy.PluggyTeardownRaisedWarning")
+    result.assert_outcomes(passed=3, failed=3)
     result.stdout.fnmatch_lines([
         "*device memory leaked by the test*",
         "*4.88 KiB in 1 allocation(s) at *test_markers.py:16 in test_leaky*",
-        "*peak 1.56 MiB allocated through npumem exceeds the 1.00 MiB limit*",
+        "*peak 1.56 MiB asked for through npumem (1.56 MiB in pool blocks) exceeds the 1.00 MiB limit*",
         "*test_markers.py:24 in test_big*",
+        "*the test's own failure*",
     ])
+    assert "PluggyTeardownRaisedWarning" not in result.stdout.str()
+
+
+def test_stacks_end_where_the_test_runner_called_the_test():
+    from npumem.profile.stacks import capture, resolve
+
+    frames = resolve(capture(50))
+    assert frames[0].name == "test_stacks_end_where_the_test_runner_called_the_test"
+    assert not any(f"{os.sep}_pytest{os.sep}" in f.filename or f"{os.sep}pluggy{os.sep}" in f.filename
+                   for f in frames)
+
+
+def test_pytest_plugin_bad_limit_is_a_usage_error(pytester):
+    pytester.makepyfile(test_bad="""
+        import pytest
+
+        @pytest.mark.limit_device_memory("lots")
+        def test_anything():
+            pass
+    """)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_anything: limit_device_memory:*"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()

@@ -4,8 +4,10 @@
     @pytest.mark.no_device_leaks                 # fail if the test leaves device memory allocated
 
 Both count device memory allocated through npumem (pools and runtime malloc) while the test
-body runs; memory a pool keeps cached is not counted. Leaks are checked after queued stream work
-has finished and garbage is collected, and are reported with the file and line that allocated.
+body runs; memory a pool keeps cached is not counted. The limit is compared with the bytes the
+test asked for (a pool rounds blocks up; the report gives both). Leaks are checked after queued
+stream work has finished and garbage is collected, and are reported with the file and line that
+allocated. A marker with a bad argument stops the run at collection, with a sentence.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ def pytest_configure(config) -> None:
         config.addinivalue_line("markers", line)
 
 
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:               # bad marker arguments: a usage error before anything runs
+        _limit(item)
+
+
 def _limit(item) -> int | None:
     marker = item.get_closest_marker("limit_device_memory")
     if marker is None:
@@ -39,51 +46,70 @@ def _limit(item) -> int | None:
         raise pytest.UsageError(f"{item.nodeid}: limit_device_memory: {exc}") from None
 
 
-def _over_limit_report(tracker, limit: int) -> str:
+def _peak_requested(tracker) -> dict[int, tuple[int, int]]:
+    """{device: (peak bytes asked for, block bytes allocated at that moment)}."""
+    live: dict[tuple[int, int], tuple[int, int]] = {}
+    asked: dict[int, list[int]] = {}
+    peaks: dict[int, tuple[int, int]] = {}
+    for event in tracker.events():
+        totals = asked.setdefault(event.device, [0, 0])
+        if event.action == "alloc":
+            live[(event.device, event.address)] = (event.requested, event.size)
+            totals[0] += event.requested
+            totals[1] += event.size
+            if totals[0] > peaks.get(event.device, (-1, 0))[0]:
+                peaks[event.device] = (totals[0], totals[1])
+        elif event.action in ("free", "free_requested"):
+            requested, size = live.pop((event.device, event.address), (0, 0))
+            totals[0] -= requested
+            totals[1] -= size
+    return peaks
+
+
+def _over_limit_report(tracker, peaks: dict[int, tuple[int, int]], limit: int) -> str:
     from ..units import format_size
     from .analysis import analyze_trace
     from .snapshot import device_traces
 
     lines = []
-    for device, entries in enumerate(device_traces(tracker)):
-        if not entries:
+    traces = device_traces(tracker)
+    for device, (requested, blocks) in sorted(peaks.items()):
+        if requested <= limit:
             continue
-        result = analyze_trace(device, entries)
-        if result.peak_allocated <= limit:
-            continue
-        lines.append(f"device {device}: peak {format_size(result.peak_allocated)} allocated through "
-                     f"npumem exceeds the {format_size(limit)} limit by "
-                     f"{format_size(result.peak_allocated - limit)}; live at the peak:")
-        lines += [f"  {format_size(site.bytes):>12} in {site.count} allocation(s) at {site.where}"
-                  for site in result.at_peak[:10]]
+        lines.append(f"device {device}: peak {format_size(requested)} asked for through npumem "
+                     f"({format_size(blocks)} in pool blocks) exceeds the {format_size(limit)} "
+                     f"limit by {format_size(requested - limit)}; live at the peak:")
+        if device < len(traces) and traces[device]:
+            lines += [f"  {format_size(site.bytes):>12} in {site.count} allocation(s) at {site.where}"
+                      for site in analyze_trace(device, traces[device]).at_peak[:10]]
     return "\n".join(lines)
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     limit = _limit(item)
     check_leaks = item.get_closest_marker("no_device_leaks") is not None
     if limit is None and not check_leaks:
-        yield
-        return
+        return (yield)
     from .leaks import settle
     from .tracker import Tracker
 
-    tracker = Tracker(stacks=True).start()
+    tracker = Tracker(stacks=True, torch_memory=False).start()
     try:
-        outcome = yield
+        result = yield                 # a test that fails on its own raises here: reported as is
     finally:
         if check_leaks:
             settle()
         tracker.stop()
-    if outcome.excinfo is not None:        # the test failed on its own: report that
-        return
     problems = []
-    if limit is not None and tracker.peak_allocated() > limit:
-        problems.append(_over_limit_report(tracker, limit))
+    if limit is not None:
+        peaks = _peak_requested(tracker)
+        if any(requested > limit for requested, _ in peaks.values()):
+            problems.append(_over_limit_report(tracker, peaks, limit))
     if check_leaks:
         leaks = tracker.leaks()
         if leaks:
             problems.append("device memory leaked by the test:\n" + leaks.format())
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
+    return result

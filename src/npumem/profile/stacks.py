@@ -13,7 +13,9 @@ from typing import NamedTuple
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _RUNPY = "<frozen runpy>"          # how `npumem profile` runs a script: not the user's code
-_internal_code: dict = {}          # code object -> lives inside npumem (cache)
+# Test runners that call the user's code: a stack ends where they begin, as it does at npumem.
+_RUNNERS = (f"{os.sep}_pytest{os.sep}", f"{os.sep}pluggy{os.sep}")
+_internal_code: dict = {}          # code object -> npumem or a runner of the user's code (cache)
 
 
 class Frame(NamedTuple):
@@ -33,7 +35,8 @@ def _internal(code) -> bool:
     internal = _internal_code.get(code)
     if internal is None:
         name = code.co_filename
-        internal = _internal_code[code] = name.startswith(_PACKAGE_DIR) or name.startswith(_RUNPY)
+        internal = _internal_code[code] = (name.startswith((_PACKAGE_DIR, _RUNPY))
+                                           or any(runner in name for runner in _RUNNERS))
     return internal
 
 
