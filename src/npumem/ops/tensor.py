@@ -19,6 +19,7 @@ from ..constants import DataType, Format, MemcpyKind
 from ..errors import InvalidParamError, OpNullptrError, OpParamError
 from ..runtime import memory as rt_memory
 from ..runtime.state import RUNTIME
+from .dlpack_capsule import dlpack_device, to_dlpack
 from .dtypes import as_data_type, itemsize, numpy_dtype
 from .views import typed_view
 
@@ -239,11 +240,9 @@ class Tensor:
                 "data": (host, False), "strides": tuple(s * self.itemsize for s in self.strides)}
 
     def __dlpack__(self, stream=None):
-        from .dlpack import to_dlpack
         return to_dlpack(self, stream)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from .dlpack import dlpack_device
         return dlpack_device(self)
 
     def __repr__(self) -> str:

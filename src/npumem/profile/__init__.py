@@ -25,7 +25,8 @@ import time
 from ..observe import OBSERVERS, tagged
 from .analysis import analyze_snapshot, diff
 from .fragmentation import analyze as analyze_fragmentation, format_fragmentation
-from .leaks import LeakError, LeakReport, check_leaks, settle
+from .leak_check import LeakError, check_leaks
+from .leaks import LeakReport, settle
 from .sampler import Sample, Sampler
 from .snapshot import SnapshotError, build_snapshot, load_snapshot, save_snapshot
 from .stacks import Frame

@@ -1,7 +1,5 @@
-"""Leak reports: allocations still live at a point, grouped by the line that made them.
-
-    with npumem.profile.check_leaks():      # raises LeakError with the report
-        step()
+"""Leak reports: allocations still live at a point, grouped by the line that made them
+(`Tracker.leaks()`; `leak_check.check_leaks` raises with one).
 
 Only blocks handed to callers count: memory a pool keeps cached after a free is never a leak.
 A leak's site is its innermost frame outside npumem (the user's line), so a tracker with stacks
@@ -10,14 +8,12 @@ gives exact file:line; without stacks, allocations are grouped by their op or ra
 
 from __future__ import annotations
 
-import functools
 import gc
 from dataclasses import dataclass, field
 
 from ..runtime.state import RUNTIME
 from ..units import format_size
 from .stacks import Frame
-from .tracker import MemoryEvent, Tracker
 
 NO_SITE = "(unknown site: track with stacks=True to see file and line)"
 
@@ -31,16 +27,17 @@ class Site:
     count: int = 0
     bytes: int = 0
     stack: tuple[Frame, ...] = ()  # the first allocation's stack
-    allocations: list[MemoryEvent] = field(default_factory=list, repr=False)
+    allocations: list = field(default_factory=list, repr=False)   # tracker MemoryEvents
 
 
-def site_of(event: MemoryEvent) -> tuple[str, Frame | None]:
+def site_of(event) -> tuple[str, Frame | None]:
+    """Where a tracker's MemoryEvent was allocated: its innermost frame, else its tag."""
     if event.frames:
         return str(event.frames[0]), event.frames[0]
     return (f"[{event.tag}]" if event.tag else NO_SITE), None
 
 
-def group_by_site(events: list[MemoryEvent]) -> list[Site]:
+def group_by_site(events: list) -> list[Site]:
     """Sites, largest bytes first."""
     sites: dict[str, Site] = {}
     for event in events:
@@ -68,7 +65,7 @@ def settle(timeout: float = 10.0) -> None:
 class LeakReport:
     """Live allocations at one point (requested bytes), grouped by site."""
 
-    def __init__(self, live: list[MemoryEvent]):
+    def __init__(self, live: list):
         self.allocations = live
         self.sites = group_by_site(live)
         self.count = len(live)
@@ -93,42 +90,3 @@ class LeakReport:
         return "\n".join(lines)
 
     __str__ = format
-
-
-class LeakError(AssertionError):
-    """Allocations made inside a `check_leaks()` block were still live at its end."""
-
-    def __init__(self, report: LeakReport):
-        self.report = report
-        super().__init__(report.format())
-
-
-class check_leaks:
-    """Raise LeakError if allocations made inside the block are still live at its end.
-
-    Garbage is collected first, so tensors only held by reference cycles are not reported.
-    `stacks=True` (default) gives each leak's file and line. As a decorator it checks each call.
-    """
-
-    def __init__(self, stacks: bool = True, max_entries: int = 100_000):
-        self._stacks, self._max_entries = stacks, max_entries
-        self.tracker: Tracker | None = None
-        self.report: LeakReport | None = None
-
-    def __enter__(self) -> "check_leaks":
-        self.tracker = Tracker(stacks=self._stacks, max_entries=self._max_entries).start()
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        settle()
-        self.tracker.stop()
-        self.report = self.tracker.leaks()
-        if self.report and exc_type is None:     # never hide the block's own exception
-            raise LeakError(self.report)
-
-    def __call__(self, function):
-        @functools.wraps(function)
-        def checked(*args, **kwargs):
-            with check_leaks(self._stacks, self._max_entries):
-                return function(*args, **kwargs)
-        return checked

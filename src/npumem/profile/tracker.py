@@ -23,6 +23,7 @@ from typing import NamedTuple
 from ..errors import InvalidParamError
 from ..observe import OBSERVERS, TAGS
 from . import stacks as stack_capture
+from .leaks import LeakReport
 from .stacks import Frame, capture
 from .torch_memory import TorchMemory
 
@@ -277,7 +278,6 @@ class Tracker:
         """Wall-clock microseconds (epoch) of a perf_counter_ns time."""
         return self.started_wall_us + (time_ns - self.started_ns) / 1e3
 
-    def leaks(self):
+    def leaks(self) -> LeakReport:
         """Allocations made while tracking and still live, grouped by allocation site."""
-        from .leaks import LeakReport
         return LeakReport(self.live())

@@ -45,6 +45,24 @@ class ReplayResult:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_torch(cls, result, allocator: str) -> "ReplayResult":
+        """The row for a replay through the PyTorch allocator model (a TorchReplay)."""
+        live = result.peak_allocated_bytes
+        env = "PYTORCH_NPU_ALLOC_CONF" if result.flavour == "npu" else "PYTORCH_CUDA_ALLOC_CONF"
+        return cls(
+            trace=result.trace, allocator=allocator, events=result.events,
+            peak_allocated_bytes=live, peak_reserved_bytes=result.peak_reserved_bytes,
+            reserved_over_allocated=result.peak_reserved_bytes / live if live else 0.0,
+            device_allocs=result.device_allocs, cache_hit_rate=result.cache_hit_rate,
+            mean_alloc_us=0.0,                   # a model, not an allocator: no latency to show
+            unmatched_frees=result.unmatched_frees,
+            settings=f"{env}={result.settings}" if result.settings else "defaults",
+            start_reserved_bytes=result.start_reserved_bytes,
+            recorded_peak_reserved_bytes=result.recorded_peak_reserved_bytes,
+            recorded_device_allocs=result.recorded_device_allocs, oom=result.oom,
+            notes=list(result.notes))
+
 
 def make_allocator(name: str, backend: SimBackend, settings: AllocatorSettings | None):
     if name == "pool":
@@ -62,11 +80,11 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
     its recorded state.)"""
     if allocator in ("torch", "torch_npu"):
         from .recording import Recording
-        from .torch_replay import as_replay_result, replay_recording
+        from .torch_replay import replay_recording
 
         recording = Recording.from_events(trace_name, events,
                                           "npu" if allocator == "torch_npu" else "cuda")
-        return as_replay_result(replay_recording(recording, progress=progress), allocator)
+        return ReplayResult.from_torch(replay_recording(recording, progress=progress), allocator)
     backend = SimBackend(SimConfig(memory=memory))
     resource = make_allocator(allocator, backend, settings)
     live: dict[int, tuple[int, int]] = {}      # trace addr -> (pointer, size)

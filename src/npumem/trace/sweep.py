@@ -22,7 +22,7 @@ from ..errors import InvalidParamError
 from ..units import GiB
 from .formats import read_trace
 from .replay import ReplayResult, replay
-from .torch_replay import as_replay_result, replay_file
+from .torch_replay import replay_file
 
 TORCH_ALLOCATORS = ("torch", "torch_npu")
 
@@ -40,7 +40,7 @@ class ReplayJob:
         if self.allocator in TORCH_ALLOCATORS:
             result = replay_file(self.trace, self.allocator, self.settings, self.memory,
                                  progress=progress)
-            return as_replay_result(result, self.allocator)
+            return ReplayResult.from_torch(result, self.allocator)
         settings = parse_settings(self.settings)
         return replay(read_trace(self.trace), self.allocator, settings, trace_name=self.trace,
                       memory=self.memory or 64 * GiB, progress=progress)

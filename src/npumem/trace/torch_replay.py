@@ -332,26 +332,3 @@ def replay_file(path: str, allocator: str = "torch", settings: str = "",
     base = from_snapshot(recording.settings, recording.flavour)
     config = parse_config(settings, base=base) if settings else base
     return replay_recording(recording, config, capacity=memory, check=check, progress=progress)
-
-
-def as_replay_result(result: TorchReplay, allocator: str):
-    """The row `npumem replay` prints for every allocator."""
-    from .replay import ReplayResult
-
-    live = result.peak_allocated_bytes
-    return ReplayResult(
-        trace=result.trace, allocator=allocator, events=result.events,
-        peak_allocated_bytes=live, peak_reserved_bytes=result.peak_reserved_bytes,
-        reserved_over_allocated=result.peak_reserved_bytes / live if live else 0.0,
-        device_allocs=result.device_allocs, cache_hit_rate=result.cache_hit_rate,
-        mean_alloc_us=0.0,                   # a model, not an allocator: no latency to show
-        unmatched_frees=result.unmatched_frees,
-        settings=f"{_env(result)}={result.settings}" if result.settings else "defaults",
-        start_reserved_bytes=result.start_reserved_bytes,
-        recorded_peak_reserved_bytes=result.recorded_peak_reserved_bytes,
-        recorded_device_allocs=result.recorded_device_allocs, oom=result.oom,
-        notes=list(result.notes))
-
-
-def _env(result: TorchReplay) -> str:
-    return "PYTORCH_NPU_ALLOC_CONF" if result.flavour == "npu" else "PYTORCH_CUDA_ALLOC_CONF"
