@@ -25,7 +25,12 @@ code{font-size:12px} .ok{color:#17803d} .bad{color:#b42318}
 .c-p{background:#f0a23b} .legend i{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;
 vertical-align:middle} svg text{font-size:11px;fill:#556} details{margin:2px 0}
 """
-_SERIES = (("reserved", "#e07b24", ""), ("allocated", "#3b6fd8", ""), ("active", "#7a5cc7", "4 3"))
+# Drawn in this order: allocated last, on top, so it stays visible where active equals it.
+_SERIES = (("reserved", "#e07b24", "", 1.6), ("active", "#b9a6e8", "", 4.0),
+           ("allocated", "#3b6fd8", "", 1.6))
+_SERIES_HELP = ("reserved: held from the device by the allocator; active: allocated plus blocks "
+                "freed but still in use by a stream's queued work; allocated: what the program "
+                "holds")
 _CELL_CLASS = {"#": "c-a", ".": "c-f", ":": "c-m", "+": "c-p"}
 
 
@@ -53,6 +58,22 @@ def _nice_ticks(top: float, count: int = 5) -> list[float]:
     return [i * step for i in range(int(top // step) + 2)]
 
 
+def _time_ticks(span_us: float, count: int = 5) -> tuple[list[float], str, float]:
+    """Round tick times from 0 (1, 2, 2.5 or 5 times a power of ten), in the unit that suits
+    the span: (ticks in us, unit name, us per unit)."""
+    unit, scale = next(((u, f) for u, f in (("s", 1e6), ("ms", 1e3)) if span_us >= f), ("us", 1.0))
+    raw = span_us / scale / count
+    magnitude = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw) * scale
+    return [i * step for i in range(int(span_us // step) + 1)], unit, scale
+
+
+def _at(us: float) -> str:
+    """A time since the start, in the unit the timeline uses for it."""
+    unit, scale = next(((u, f) for u, f in (("s", 1e6), ("ms", 1e3)) if us >= f), ("us", 1.0))
+    return f"{us / scale:g} {unit}" if unit == "us" else f"{us / scale:.3f} {unit}"
+
+
 def timeline_svg(points: list[Point], width: int = 1060, height: int = 260) -> str:
     if len(points) < 2:
         return "<p class=sub>Not enough events for a timeline.</p>"
@@ -76,11 +97,12 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260) -> s
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
                      f'stroke="#eef" /><text x="{left - 6}" y="{y(tick) + 4:.1f}" '
                      f'text-anchor="end">{escape(format_size(int(tick)))}</text>')
-    for i in range(6):
-        t = t0 + span * i / 5
-        parts.append(f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">'
-                     f'{(t - t0) / 1e3:.1f} ms</text>')
-    for name, color, dash in _SERIES:
+    times, unit, scale = _time_ticks(span)
+    for i, offset in enumerate(times):
+        anchor = "start" if i == 0 else "end" if x(t0 + offset) > width - right - 30 else "middle"
+        parts.append(f'<text x="{x(t0 + offset):.1f}" y="{height - 8}" text-anchor="{anchor}">'
+                     f'{offset / scale:g} {unit}</text>')
+    for name, color, dash, stroke in _SERIES:
         coords = []
         previous = None
         for p in points:          # steps: a value holds until the next event
@@ -90,11 +112,11 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260) -> s
             coords.append(f"{px:.1f},{py:.1f}")
             previous = py
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6"{dash_attr} '
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="{stroke}"{dash_attr} '
                      f'points="{" ".join(coords)}"><title>{name}</title></polyline>')
     parts.append("</svg>")
-    legend = "".join(f'<i style="background:{c}"></i>{n}' for n, c, _ in _SERIES)
-    return "".join(parts) + f'<div class="legend sub">{legend}</div>'
+    legend = "".join(f'<i style="background:{c}"></i>{n}' for n, c, _, _ in _SERIES)
+    return "".join(parts) + f'<div class="legend sub">{legend} &mdash; {escape(_SERIES_HELP)}</div>'
 
 
 def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
@@ -113,8 +135,9 @@ def _sites_table(sites, limit: int = 15) -> str:
 
 
 def render_html(report: Report) -> str:
-    out = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{escape(report.title)}"
-           f"</title><style>{_CSS}</style></head><body>",
+    out = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+           f'<meta name=viewport content="width=device-width,initial-scale=1">'
+           f"<title>{escape(report.title)}</title><style>{_CSS}</style></head><body>",
            f"<h1>{escape(report.title)}</h1><div class=sub>npumem memory report</div>"]
     out += [f"<p class=sub>{escape(note)}</p>" for note in report.notes]
     cards = []
@@ -131,8 +154,9 @@ def render_html(report: Report) -> str:
     for d in report.devices:
         out.append(f"<h2>Device {d.device}: allocated and reserved over time</h2>")
         out.append(timeline_svg(d.timeline))
+        start = d.timeline[0].time_us if d.timeline else 0
         out.append(f"<h2>Device {d.device}: live at the peak ({escape(format_size(d.peak_allocated))}"
-                   f" at {d.peak_time_us - (d.timeline[0].time_us if d.timeline else 0):.0f} us)</h2>")
+                   f" at {_at(d.peak_time_us - start)})</h2>")
         out.append(_sites_table(d.at_peak))
         out.append(f"<h2>Device {d.device}: top allocation sites (all allocations)</h2>")
         out.append(_sites_table(d.by_site))
