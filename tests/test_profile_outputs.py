@@ -402,3 +402,16 @@ def test_pytest_plugin_bad_limit_is_a_usage_error(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_anything: limit_device_memory:*"])
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_timeline_ticks_are_round_in_one_unit():
+    from npumem.profile.analysis import Point
+    from npumem.profile.html import render_html, timeline_svg
+    from npumem.profile.report import build_report
+
+    points = [Point(1000.0 + i * 99.0, i * 1024, i * 2048, i * 1024) for i in range(201)]   # 19.8 ms
+    svg = timeline_svg(points)
+    labels = [text.split(">")[1] for text in svg.split("</text>") if text.rstrip().endswith(("ms", "us", "s"))]
+    assert labels == ["0 ms", "5 ms", "10 ms", "15 ms"], labels
+    page = render_html(build_report({"segments": [], "device_traces": [[]]}, "t"))
+    assert '<meta name=viewport content="width=device-width,initial-scale=1">' in page
