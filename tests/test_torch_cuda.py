@@ -146,3 +146,14 @@ def test_cupy_allocates_from_npumem_pool(cuda_rt):
         assert mem.memory_allocated() == before                    # back once CuPy let go
     finally:
         cupy.cuda.set_allocator(None)
+
+
+def test_track_records_only_its_own_window():
+    from npumem import profile
+
+    with profile.track() as first:
+        before = torch.empty(1 << 18, device="cuda")
+    with profile.track() as second:
+        pass                                             # nothing allocated in this window
+    assert first.torch_snapshot() is not None and second.torch_snapshot() is None
+    del before

@@ -86,9 +86,11 @@ class TorchMemory:
         try:
             accelerator = _accelerator(torch)
             if accelerator is not None:
-                module = torch.get_device_module(accelerator)
-                module.memory._record_memory_history(max_entries=self.max_entries,
-                                                     stacks="python")
+                record = torch.get_device_module(accelerator).memory._record_memory_history
+                try:                       # history from before this start is not ours
+                    record(max_entries=self.max_entries, stacks="python", clear_history=True)
+                except TypeError:          # a PyTorch without clear_history
+                    record(max_entries=self.max_entries, stacks="python")
             elif not self.cpu:
                 return
             else:
