@@ -3,6 +3,7 @@
 import resource
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import npumem
 from npumem import MallocPolicy as P, MemAttr
@@ -130,3 +131,68 @@ def test_addresses_are_never_reused(rt):
         assert pointer not in seen
         seen.add(pointer)
         npumem.free(pointer)
+
+
+def test_addresses_are_above_host_memory_and_exact_in_javascript():
+    from npumem.device.address_space import MAX_DEVICES, AddressSpace
+
+    last = AddressSpace(MAX_DEVICES - 1)
+    assert ADDRESS_BASE >= 1 << 48 and last.end <= 2**53       # JS numbers are exact below 2**53
+    assert float(last.end - 1) == last.end - 1
+
+
+def test_exported_snapshots_hold_only_javascript_safe_addresses(rt):
+    import npumem.memory as mem
+
+    npumem.set_device(1)
+    kept = [mem.caching_allocator_alloc(size) for size in (100, 5 << 20, 64)]
+    mem.caching_allocator_delete(kept.pop(1))
+    snapshot = mem.memory_snapshot()
+    addresses = [s["address"] for s in snapshot["segments"]] + \
+        [b["address"] for s in snapshot["segments"] for b in s["blocks"]]
+    assert addresses and all(0 < a < 2**53 for a in addresses)
+    for pointer in kept:
+        mem.caching_allocator_delete(pointer)
+
+
+def test_freed_addresses_come_back_only_when_the_slice_is_used_up():
+    from npumem.device.address_space import AddressSpace
+
+    space = AddressSpace(0, span=1 << 20)
+    first = space.claim(256 << 10, 4096, "t")
+    second = space.claim(256 << 10, 4096, "t")
+    space.release(first)
+    third = space.claim(256 << 10, 4096, "t")
+    assert third > second                       # a stale `first` still points at freed memory
+    fourth = space.claim(256 << 10, 4096, "t")  # the slice is now full
+    assert fourth > third
+    space.release(second)
+    reused = space.claim(512 << 10, 4096, "t")  # goes round: first and second, freed, are one gap
+    assert reused == first
+    with pytest.raises(npumem.errors.MemoryAllocationError, match="no 4096-byte range"):
+        space.claim(4096, 4096, "t")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 300_000), st.sampled_from([1, 64, 4096]), st.booleans()),
+                min_size=1, max_size=60))
+def test_claims_never_overlap_live_ones(steps):
+    from npumem.device.address_space import AddressSpace
+
+    space = AddressSpace(2, span=1 << 21)
+    live: dict[int, int] = {}
+    for nbytes, align, release_one in steps:
+        try:
+            start = space.claim(nbytes, align, "t")
+        except npumem.errors.MemoryAllocationError:     # refused only if no gap can hold it
+            edges = [space.base] + [e for s, n in sorted(live.items()) for e in (s, s + n)] + [space.end]
+            gaps = zip(edges[::2], edges[1::2])
+            assert all(-(-low // align) * align + nbytes > high for low, high in gaps)
+            continue
+        assert start % align == 0 and space.base <= start and start + nbytes <= space.end
+        assert all(start + nbytes <= s or s + n <= start for s, n in live.items())
+        live[start] = nbytes
+        if release_one:
+            victim = min(live)
+            space.release(victim)
+            del live[victim]

@@ -121,6 +121,7 @@ class SimDevice:
             if allocation.api == "reserve":
                 self.unmap(allocation, 0, allocation.size)
             self.allocations.remove(pointer)
+            self.addresses.release(pointer)
             if allocation.page_kind:
                 self.pages.give_back(allocation.page_kind, allocation.reserved)
             else:                         # registered host memory: it costs the device no pages

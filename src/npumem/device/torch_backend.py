@@ -228,6 +228,7 @@ class TorchBackend(DeviceBackend):
         with dev.lock:
             allocation = dev.allocations.freeable(pointer, api, f"device {dev.index}")
             dev.allocations.remove(pointer)
+            dev.addresses.release(pointer)
             dev.used -= allocation.reserved
             host = allocation.extra.get("host")
             if host is not None:
