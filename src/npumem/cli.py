@@ -657,10 +657,14 @@ def _is_chrome_trace(path: str) -> bool:
 
 
 def _is_usage_curve(path: str) -> bool:
+    from .trace import TraceFormatError
     from .trace.msprof import is_usage_curve
     from .trace.textio import read_head
 
-    return is_usage_curve(read_head(path))
+    try:
+        return is_usage_curve(read_head(path))
+    except TraceFormatError:          # unreadable: the loader says why
+        return False
 
 
 def _usage_summary(path: str) -> str:

@@ -68,8 +68,10 @@ def read(path: str) -> Iterator[TraceEvent]:
         number = int(where)
         if size < 0:                                 # a release of memory allocated earlier
             when = start if start is not None else end
-            (rows.append((when, 0, number, -size, stream)) if when is not None
-             else unknown_time.append((0, number, -size, stream)))
+            if when is None:
+                unknown_time.append((0, number, -size, stream))
+            else:
+                rows.append((when, 0, number, -size, stream))
             continue
         if start is None:
             unknown_time.append((1, number, size, stream))
