@@ -415,3 +415,16 @@ def test_timeline_ticks_are_round_in_one_unit():
     assert labels == ["0 ms", "5 ms", "10 ms", "15 ms"], labels
     page = render_html(build_report({"segments": [], "device_traces": [[]]}, "t"))
     assert '<meta name=viewport content="width=device-width,initial-scale=1">' in page
+
+
+def test_icicle_of_live_memory_at_the_peak():
+    from npumem.profile.html import icicle_svg
+
+    stacks = {("train.py:1 in <module>", "train.py:9 in step", "torch/nn/linear.py:5 in forward"): 3 << 20,
+              ("train.py:1 in <module>", "train.py:4 in build"): 1 << 20}
+    svg = icicle_svg(stacks, width=1000)
+    assert svg == icicle_svg(stacks, width=1000)                  # the same page every run
+    assert "<title>train.py:1 in &lt;module&gt;: 4.00 MiB (100.0%)</title>" in svg
+    assert '<title>train.py:9 in step: 3.00 MiB (75.0%)</title><rect x="0.0" y="20" width="749.0"' in svg
+    assert '<title>train.py:4 in build: 1.00 MiB (25.0%)</title><rect x="750.0" y="20"' in svg
+    assert "Nothing was live" in icicle_svg({})

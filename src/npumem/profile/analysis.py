@@ -43,6 +43,8 @@ class DeviceAnalysis:
     peak_reserved: int = 0
     peak_time_us: float = 0.0
     at_peak: list[SiteUsage] = field(default_factory=list)    # live at the allocated peak
+    # Live at the peak by whole Python stack (outermost frame first) -> requested bytes.
+    peak_stacks: dict[tuple[str, ...], int] = field(default_factory=dict)
     by_site: list[SiteUsage] = field(default_factory=list)    # all allocations in the trace
 
 
@@ -157,10 +159,29 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
         if peak_index >= 0:
             result.peak_time_us = points[peak_index].time_us
     result.timeline = points
-    result.at_peak = group_by_site(live_after(list(start_live) + entries,
-                                              peak_entry + len(start_live)))
+    live_at_peak = live_after(list(start_live) + entries, peak_entry + len(start_live))
+    result.at_peak = group_by_site(live_at_peak)
+    result.peak_stacks = stacks_by_bytes(live_at_peak)
     result.by_site = group_by_site([e for e in entries if e.get("action") == "alloc"])
     return result
+
+
+def stacks_by_bytes(entries: list[dict]) -> dict[tuple[str, ...], int]:
+    """Requested bytes by Python stack, outermost frame first, from the script's first frame
+    (npumem's runner and what called it are left out); entries without one go by site."""
+    stacks: dict[tuple[str, ...], int] = {}
+    for entry in entries:
+        frames = entry.get("frames") or []
+        python = []
+        for frame in frames:
+            name = str(frame.get("filename", ""))
+            if is_internal_file(name) or name.startswith("npumem/"):
+                break
+            if name.endswith(".py"):
+                python.append(f"{name}:{frame.get('line')} in {frame.get('name')}")
+        key = tuple(reversed(python)) or (site_name(entry),)
+        stacks[key] = stacks.get(key, 0) + (entry.get("requested_size") or entry.get("size", 0))
+    return stacks
 
 
 def live_after(entries: list[dict], last: int) -> list[dict]:

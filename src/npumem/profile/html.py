@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 from html import escape
 
 from ..units import format_size
@@ -119,6 +120,48 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260) -> s
     return "".join(parts) + f'<div class="legend sub">{legend} &mdash; {escape(_SERIES_HELP)}</div>'
 
 
+def icicle_svg(stacks: dict[tuple[str, ...], int], width: int = 1060, depth: int = 14) -> str:
+    """Live memory at the peak as an icicle: the outermost frames on top, each frame as wide as
+    the bytes allocated under it; hover a frame for its name and size."""
+    total = sum(stacks.values())
+    if not total:
+        return "<p class=sub>Nothing was live at the peak.</p>"
+    tree: dict = {}                          # frame -> [bytes, children]
+    for stack, nbytes in stacks.items():
+        level = tree
+        for frame in stack[:depth]:
+            node = level.setdefault(frame, [0, {}])
+            node[0] += nbytes
+            level = node[1]
+    row, parts, shown = 20, [], 0
+
+    def draw(level: dict, x0: float, row_index: int) -> None:
+        nonlocal shown
+        x = x0
+        for frame, (nbytes, children) in sorted(level.items(), key=lambda item: -item[1][0]):
+            w = nbytes / total * width
+            if w >= 1:
+                shown = max(shown, row_index + 1)
+                label = frame.rsplit("/", 1)[-1]
+                fits = int(w / 6.6)
+                text = (label if len(label) <= fits else label[:max(fits - 1, 0)] + "…") if fits >= 4 else ""
+                hue = 200 + zlib.crc32(frame.encode()) % 40      # stable across runs
+                parts.append(
+                    f'<g><title>{escape(frame)}: {escape(format_size(nbytes))} '
+                    f'({nbytes / total:.1%})</title><rect x="{x:.1f}" y="{row_index * row}" '
+                    f'width="{max(w - 1, 0.5):.1f}" height="{row - 2}" fill="hsl({hue},55%,72%)" />'
+                    f'<text x="{x + 3:.1f}" y="{row_index * row + 13}">{escape(text)}</text></g>')
+                draw(children, x, row_index + 1)
+            x += w
+
+    draw(tree, 0.0, 0)
+    height = shown * row
+    return (f'<svg viewBox="0 0 {width} {height}" width="100%" role="img" '
+            f'aria-label="live memory at the peak by stack">{"".join(parts)}</svg>'
+            f'<div class=sub>{escape(format_size(total))} live at the peak; outermost frames on '
+            f'top, each frame as wide as the memory allocated under it (hover for details)</div>')
+
+
 def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
     if not rows:
         return "<p class=sub>None.</p>"
@@ -158,6 +201,8 @@ def render_html(report: Report) -> str:
         out.append(f"<h2>Device {d.device}: live at the peak ({escape(format_size(d.peak_allocated))}"
                    f" at {_at(d.peak_time_us - start)})</h2>")
         out.append(_sites_table(d.at_peak))
+        out.append(f"<h2>Device {d.device}: live at the peak, by stack</h2>")
+        out.append(icicle_svg(d.peak_stacks))
         out.append(f"<h2>Device {d.device}: top allocation sites (all allocations)</h2>")
         out.append(_sites_table(d.by_site))
     out.append(f"<h2>{escape(report.leak_heading)}</h2>")
