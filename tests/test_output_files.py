@@ -55,22 +55,22 @@ def test_outputs_are_checked_before_the_work(tmp_path, source):
 
 
 def test_a_failed_write_leaves_no_partial_file_and_keeps_the_old_one(tmp_path, source, monkeypatch):
-    from npumem.trace import formats
+    from npumem.trace import jsonl
 
     target = tmp_path / "out.jsonl"
     target.write_text("the previous output\n")
-    real = formats.FORMATS["jsonl"].write
+    real = jsonl.write_snapshot
 
-    def fails_half_way(events, path):
+    def fails_half_way(data, path):
         Path(path).write_text("half")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(formats.FORMATS["jsonl"], "write", fails_half_way)
+    monkeypatch.setattr(jsonl, "write_snapshot", fails_half_way)
     result = CliRunner().invoke(main, ["convert", str(source), str(target)])
     assert result.exit_code == 2 and "No space left on device" in result.output
     assert target.read_text() == "the previous output\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "run.pickle.gz"]
-    monkeypatch.setattr(formats.FORMATS["jsonl"], "write", real)
+    monkeypatch.setattr(jsonl, "write_snapshot", real)
     assert CliRunner().invoke(main, ["convert", str(source), str(target)]).exit_code == 0
     assert target.read_text().count("\n") > 100
 

@@ -217,7 +217,7 @@ def test_check_needs_a_snapshot(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"t_us": 1, "action": "alloc", "addr": 1, "size": 100}\n')
     result = CliRunner().invoke(main, ["replay", "--check", str(trace)])
-    assert result.exit_code == 2 and "needs a memory snapshot pickle" in result.output
+    assert result.exit_code == 2 and "needs a memory snapshot;" in result.output
 
 
 RECORDED_ON_CUDA = sorted((Path(__file__).parent / "data" / "cuda_snapshots").glob("*.pickle.gz"))

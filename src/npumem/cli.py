@@ -241,15 +241,15 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
 
     from .errors import InvalidParamError
     from .trace import TraceFormatError, detect_format
-    from .trace.formats import DESCRIPTIONS
+    from .trace.formats import DESCRIPTIONS, holds_snapshot
     from .trace.torch_replay import replay_file
     from .units import format_size
 
     for path in traces:
-        fmt = detect_format(path)
-        if fmt != "snapshot":
+        if not holds_snapshot(path):
             raise click.UsageError(f"--check compares with what PyTorch's allocator recorded, so it "
-                                   f"needs a memory snapshot pickle; {path} is {DESCRIPTIONS[fmt]}")
+                                   f"needs a memory snapshot; {path} is "
+                                   f"{DESCRIPTIONS[detect_format(path)]}")
     allocator = "torch_npu" if "torch_npu" in names else "torch"
     text = ",".join(item.replace("=", ":", 1) for item in settings)
     failed = False
@@ -313,12 +313,13 @@ def tune(trace, allocator, memory, as_json, scheduler, workers):
     For a PyTorch snapshot it sweeps PyTorch's own settings through the model of its allocator
     and prints the PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_NPU_ALLOC_CONF) line to set.
     """
-    from .trace import TraceFormatError, detect_format
+    from .trace import TraceFormatError
+    from .trace.formats import holds_snapshot
 
     if allocator not in (None, "torch", "torch_npu", "pool"):
         raise click.BadParameter("choose torch, torch_npu or pool", param_hint="--allocator")
     try:
-        snapshot = detect_format(trace) == "snapshot"
+        snapshot = holds_snapshot(trace)
     except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -408,10 +409,11 @@ def _tune_pool(trace, as_json, scheduler, workers) -> None:
               "jsonl, chrome, snapshot, rmm, msprof.")
 def convert(source, target, fmt):
     """Convert an allocation trace between formats (any readable format in; .jsonl, .json,
-    .pickle, .csv (RMM) or operator_memory.csv out; add .gz to compress)."""
+    .pickle, .csv (RMM) or operator_memory.csv out; add .gz to compress). A snapshot going to
+    .pickle or .jsonl keeps everything; other formats keep each allocation and free."""
     from .output_files import OutputPathError, check_output, written_whole
-    from .trace import FORMATS, TraceFormatError, detect_format, read_trace, write_trace
-    from .trace.formats import format_for_output
+    from .trace import FORMATS, TraceFormatError, detect_format
+    from .trace.formats import convert as convert_file, format_for_output
 
     if fmt is not None and fmt not in FORMATS:
         raise click.BadParameter(f"choose from {', '.join(FORMATS)}", param_hint="--to")
@@ -420,7 +422,7 @@ def convert(source, target, fmt):
         fmt = fmt or format_for_output(target)
         source_format = detect_format(source)
         with written_whole(target) as partial:
-            count = write_trace(read_trace(source, source_format), partial, fmt)
+            count = convert_file(source, partial, fmt)
     except OutputPathError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -579,11 +581,12 @@ def _load(path: str):
     """A snapshot dict from a snapshot pickle, or from any trace format npumem reads (its
     allocations and frees, without segments)."""
     from .profile import SnapshotError, load_snapshot
-    from .trace import TraceFormatError, detect_format, read_trace
+    from .trace import TraceFormatError, read_trace
+    from .trace.formats import holds_snapshot
     from .trace.snapshot import from_events
 
     try:
-        if detect_format(path) == "snapshot":
+        if holds_snapshot(path):
             return load_snapshot(path)
         return from_events(read_trace(path))
     except (SnapshotError, TraceFormatError) as exc:

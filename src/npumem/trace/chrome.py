@@ -80,7 +80,7 @@ def _items(path: str, handle) -> Iterator[tuple[int, dict]]:
 
 
 def read(path: str) -> Iterator[TraceEvent]:
-    times, addrs, sizes = array("d"), array("q"), array("q")
+    times, addrs, sizes, streams = array("d"), array("q"), array("q"), array("Q")
     with reading(path) as handle:
         for offset, event in _items(path, handle):
             if not isinstance(event, dict) or event.get("name") != "[memory]":
@@ -90,16 +90,19 @@ def read(path: str) -> Iterator[TraceEvent]:
             if not isinstance(nbytes, int) or not isinstance(addr, int):
                 raise TraceFormatError(path, f"char {offset}", "[memory] event without "
                                        "integer args.Bytes and args.Addr")
+            stream = args.get("Stream", 0)          # npumem writes it; the profiler does not
             times.append(float(event.get("ts", 0.0)))
             addrs.append(addr)
             sizes.append(nbytes)
+            streams.append(stream if isinstance(stream, int) and 0 <= stream < 2**64 else 0)
     if not times:
         raise TraceFormatError(path, "traceEvents", "no [memory] events; record the trace with "
                                "torch.profiler.profile(profile_memory=True)")
     order = np.argsort(np.frombuffer(times, dtype=np.float64), kind="stable")
     for k in order.tolist():
         nbytes = sizes[k]
-        yield TraceEvent(times[k], "alloc" if nbytes >= 0 else "free", addrs[k], abs(nbytes), 0)
+        yield TraceEvent(times[k], "alloc" if nbytes >= 0 else "free", addrs[k], abs(nbytes),
+                         streams[k])
 
 
 def write(events: Iterable[TraceEvent], path: str) -> int:
@@ -117,7 +120,8 @@ def write(events: Iterable[TraceEvent], path: str) -> int:
             tid = tracks.setdefault(event.stream, len(tracks) + 1)
             record = {"ph": "i", "s": "t", "name": "[memory]", "pid": 0, "tid": tid,
                       "ts": event.t_us, "args": {"Addr": event.addr, "Bytes": signed,
-                                                 "Total Allocated": allocated, "Device Id": 0}}
+                                                 "Total Allocated": allocated, "Device Id": 0,
+                                                 "Stream": event.stream}}
             out.write(("," if count else "") + json.dumps(record, separators=(",", ":")) + "\n")
             count += 1
         for stream, tid in tracks.items():

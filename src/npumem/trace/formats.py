@@ -7,11 +7,12 @@
 from __future__ import annotations
 
 import os
+import pickle
 from typing import Iterable, Iterator
 
 from . import chrome, jsonl, msprof, rmm, snapshot
 from .events import TraceEvent, TraceFormatError
-from .textio import read_head
+from .textio import open_for_writing, read_head
 
 # name -> module with sniff(head), read(path) and write(events, path); sniffed in this order.
 FORMATS = {"snapshot": snapshot, "rmm": rmm, "msprof": msprof, "jsonl": jsonl, "chrome": chrome}
@@ -39,6 +40,31 @@ def detect_format(path: str | os.PathLike) -> str:
                                "operator_memory.csv holds the allocations")
     raise TraceFormatError(path, "1", "unknown trace format; npumem reads "
                            + "; ".join(DESCRIPTIONS.values()))
+
+
+def holds_snapshot(path: str | os.PathLike) -> bool:
+    """Whether the file is a whole memory snapshot: a pickle, or JSONL written from one."""
+    path = os.fspath(path)
+    fmt = detect_format(path)
+    return fmt == "snapshot" or (fmt == "jsonl" and jsonl.holds_snapshot(read_head(path, 64)))
+
+
+def convert(source: str, target: str, fmt: str) -> int:
+    """Write `source` as `target` in `fmt`; the number of events (or snapshot entries) written.
+
+    A whole snapshot (pickle or JSONL) going to a snapshot pickle or JSONL is copied entire:
+    segments, blocks, frames, every action and setting. Other conversions carry each allocation
+    and free (time, address, size, stream), which is what the other formats hold."""
+    if fmt in ("snapshot", "jsonl") and holds_snapshot(source):
+        from .recording import load_data
+
+        data = load_data(source)
+        if fmt == "jsonl":
+            return jsonl.write_snapshot(data, target)
+        with open_for_writing(target, binary=True) as out:
+            pickle.dump(data, out)
+        return sum(len(entries) for entries in data.get("device_traces") or [])
+    return write_trace(read_trace(source), target, fmt)
 
 
 def read_trace(path: str | os.PathLike, fmt: str | None = None) -> Iterator[TraceEvent]:

@@ -1,6 +1,12 @@
 """npumem's JSONL trace: one object per line, in time order, streamed both ways.
 
     {"t_us": 12.5, "action": "alloc"|"free", "addr": 94205676378496, "size": 1048576, "stream": 0}
+
+A JSONL file can also hold a whole memory snapshot, losslessly: a first line
+`{"npumem_snapshot": 1, "segments": [...], ...every other top-level key...}`, then each trace
+entry as it was (all actions, frames, streams, times) with the device it belongs to:
+`{"device": 0, "action": "segment_alloc", "addr": ..., "size": ..., "frames": [...], ...}`.
+`recording.load_data` reads it like the pickle, so every command that takes a snapshot takes it.
 """
 
 from __future__ import annotations
@@ -9,15 +15,27 @@ import json
 from typing import Iterable, Iterator
 
 from .events import TraceEvent, TraceFormatError
-from .textio import open_for_writing, reading
+from .textio import open_for_writing, read_head, reading
+
+
+SNAPSHOT_KEY = "npumem_snapshot"
 
 
 def sniff(head: bytes) -> bool:
     first = head.lstrip().split(b"\n", 1)[0]
-    return first.startswith(b"{") and b'"action"' in first
+    return first.startswith(b"{") and (b'"action"' in first or holds_snapshot(head))
+
+
+def holds_snapshot(head: bytes) -> bool:
+    """Whether a JSONL file's first bytes open a whole snapshot (see the module's doc)."""
+    return head.lstrip().startswith(b'{"' + SNAPSHOT_KEY.encode() + b'"')
 
 
 def read(path: str) -> Iterator[TraceEvent]:
+    if holds_snapshot(read_head(path, 64)):
+        from . import snapshot                  # its events, as the pickle's would be
+        yield from snapshot.read(path)
+        return
     with reading(path) as handle:
         for number, line in enumerate(handle, 1):
             if line.strip():
@@ -57,3 +75,69 @@ def write(events: Iterable[TraceEvent], path: str) -> int:
             out.write(json.dumps(record, separators=(",", ":")) + "\n")
             count += 1
     return count
+
+
+_TUPLE = "__tuple__"          # JSON has only lists: tuples (segment_pool_id) are marked
+
+
+def _to_json(value):
+    if isinstance(value, tuple):
+        return {_TUPLE: [_to_json(item) for item in value]}
+    if isinstance(value, list):
+        return [_to_json(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _to_json(item) for key, item in value.items()}
+    return value
+
+
+def _from_json(value):
+    if isinstance(value, list):
+        return [_from_json(item) for item in value]
+    if isinstance(value, dict):
+        if len(value) == 1 and _TUPLE in value:
+            return tuple(_from_json(item) for item in value[_TUPLE])
+        return {key: _from_json(item) for key, item in value.items()}
+    return value
+
+
+def write_snapshot(data: dict, path: str) -> int:
+    """The whole snapshot dict `data` as JSONL; returns the number of trace entries."""
+    header = {SNAPSHOT_KEY: 1, **{key: value for key, value in data.items()
+                                  if key != "device_traces"}}
+    count = 0
+    try:
+        with open_for_writing(path) as out:
+            out.write(json.dumps(_to_json(header), separators=(",", ":")) + "\n")
+            for device, entries in enumerate(data.get("device_traces") or []):
+                for entry in entries:
+                    out.write(json.dumps(_to_json({"device": device, **entry}),
+                                         separators=(",", ":")) + "\n")
+                    count += 1
+    except (TypeError, ValueError) as exc:
+        raise TraceFormatError(path, "0", f"the snapshot holds something JSON cannot: {exc}") from None
+    return count
+
+
+def read_snapshot(path: str) -> dict:
+    """The snapshot dict a JSONL file written by `write_snapshot` holds."""
+    with reading(path) as handle:
+        lines = (line for line in handle if line.strip())
+        try:
+            header = _from_json(json.loads(next(lines)))
+        except (StopIteration, json.JSONDecodeError) as exc:
+            raise TraceFormatError(path, "1", f"no snapshot header ({exc})") from None
+        if not isinstance(header, dict) or header.pop(SNAPSHOT_KEY, None) != 1:
+            raise TraceFormatError(path, "1", f"the first line must be {{\"{SNAPSHOT_KEY}\": 1, ...}}")
+        traces: list[list] = []
+        for number, line in enumerate(lines, 2):
+            try:
+                entry = _from_json(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise TraceFormatError(path, str(number), f"not JSON ({exc.msg})") from None
+            device = entry.pop("device", 0) if isinstance(entry, dict) else None
+            if not isinstance(device, int) or not 0 <= device < 1024:
+                raise TraceFormatError(path, str(number), "a trace entry is not an object with "
+                                       "a device number")
+            traces += [[] for _ in range(device + 1 - len(traces))]
+            traces[device].append(entry)
+    return {**header, "device_traces": traces}

@@ -97,7 +97,8 @@ def write(events: Iterable[TraceEvent], path: str) -> int:
         if event.action == "alloc":
             allocated += event.size
             mb = round(allocated / 2**20, 6)
-            row = ["trace", round(event.size / 1024, 3), event.t_us, "", "", "", "", mb, mb, mb,
+            row = ["trace", event.size / 1024, event.t_us,   # exact: KB in binary fractions
+                   "", "", "", "", mb, mb, mb,
                    "", "", "", event.stream, "NPU:0"]
             open_rows[event.addr] = row
             rows.append(row)

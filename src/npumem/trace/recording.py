@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from ..alloc.torch_model.allocator import MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, round_size
 from ..alloc.torch_model.config import TorchAllocatorConfig
-from . import safe_pickle
+from . import jsonl, safe_pickle
 from .events import TraceFormatError
-from .textio import open_binary
+from .textio import open_binary, read_head
 
 SEGMENT_ADD = ("segment_alloc", "segment_map")
 SEGMENT_REMOVE = ("segment_free", "segment_unmap")
@@ -94,7 +94,10 @@ class Recording:
 
 
 def load_data(path: str) -> dict:
-    """The snapshot's dict, read without running code; TraceFormatError when it is not one."""
+    """The snapshot's dict, read without running code (or from a JSONL file that holds a whole
+    snapshot); TraceFormatError when it is not one."""
+    if jsonl.holds_snapshot(read_head(path, 64)):
+        return jsonl.read_snapshot(path)
     try:
         with open_binary(path) as handle:
             data = safe_pickle.load(handle)

@@ -47,9 +47,10 @@ def from_events(events: Iterable[TraceEvent]) -> dict:
     entries = []
     for event in events:
         actions = ("alloc",) if event.action == "alloc" else ("free_requested", "free_completed")
+        when = int(event.t_us) if event.t_us == int(event.t_us) else event.t_us   # as PyTorch's
         for action in actions:
             entries.append({"action": action, "addr": event.addr, "size": event.size,
-                            "stream": event.stream, "time_us": int(event.t_us), "frames": []})
+                            "stream": event.stream, "time_us": when, "frames": []})
     return {"segments": [], "device_traces": [entries]}
 
 

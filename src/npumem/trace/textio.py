@@ -28,7 +28,7 @@ def open_text(path: str):
 
 
 def open_for_writing(path: str, binary: bool = False):
-    raw = gzip.open(path, "wb") if path.endswith(".gz") else open(path, "wb")
+    raw = gzip.open(path, "wb", compresslevel=6) if path.endswith(".gz") else open(path, "wb")
     return raw if binary else io.TextIOWrapper(raw, encoding="utf-8", newline="")
 
 

@@ -307,10 +307,10 @@ def _divergence(recording, recorded, model_events, index) -> Divergence:
 def load_for_model(path: str, flavour: str | None = None) -> Recording:
     """A snapshot pickle as a recording with its start state; any other trace format as a
     recording that starts empty."""
-    from .formats import detect_format, read_trace
+    from .formats import holds_snapshot, read_trace
     from .recording import load_recording
 
-    if detect_format(path) == "snapshot":
+    if holds_snapshot(path):
         recording = load_recording(path, flavour=flavour)
         if not recording.entries:
             from .events import TraceFormatError
