@@ -428,3 +428,29 @@ def test_icicle_of_live_memory_at_the_peak():
     assert '<title>train.py:9 in step: 3.00 MiB (75.0%)</title><rect x="0.0" y="20" width="749.0"' in svg
     assert '<title>train.py:4 in build: 1.00 MiB (25.0%)</title><rect x="750.0" y="20"' in svg
     assert "Nothing was live" in icicle_svg({})
+
+
+def test_timeline_shows_ranges_marks_ops_and_the_largest_allocations(tmp_path):
+    script = tmp_path / "steps.py"
+    script.write_text(textwrap.dedent("""\
+        import numpy as np
+        import npumem
+        from npumem import profile
+
+        npumem.init(); npumem.set_device(0)
+        stream = npumem.create_stream()
+        with profile.range("load weights"):
+            w = npumem.from_numpy(np.ones((256, 256), np.float32), stream=stream)
+        out = npumem.empty((256, 256), "float32", stream=stream)
+        npumem.aclnn.run_with_pool_workspace(
+            npumem.aclnn.matmul, npumem.aclnn.matmul_get_workspace_size(w, w, out), stream)
+        stream.synchronize()
+        profile.mark("step done")
+    """))
+    out = tmp_path / "prof"
+    result = profile_run(["--stacks", "--", str(script)], out)
+    assert result.exit_code == 0, result.output
+    page = (out / "report.html").read_text()
+    assert "<title>range load weights:" in page and "<title>mark step done at" in page
+    assert "<title>op MatMul:" in page and ">thread 1</text>" in page and ">stream 1</text>" in page
+    assert "<title>alloc 256.00 KiB at" in page and "steps.py:8 in &lt;module&gt;" in page

@@ -8,6 +8,7 @@ the memory that was live or cached before the trace, and blocks live then count 
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from ..units import format_size
@@ -35,6 +36,19 @@ class SiteUsage:
 
 
 @dataclass
+class Allocation:
+    """One request of the trace: when, how much, from where (innermost frame first)."""
+
+    time_us: float
+    size: int
+    where: str
+    stack: list[str] = field(default_factory=list)
+
+
+LARGEST = 200                       # allocations a report can point at on its timeline
+
+
+@dataclass
 class DeviceAnalysis:
     device: int
     events: int = 0
@@ -45,6 +59,7 @@ class DeviceAnalysis:
     at_peak: list[SiteUsage] = field(default_factory=list)    # live at the allocated peak
     # Live at the peak by whole Python stack (outermost frame first) -> requested bytes.
     peak_stacks: dict[tuple[str, ...], int] = field(default_factory=dict)
+    largest: list[Allocation] = field(default_factory=list)   # the biggest requests, for hover
     by_site: list[SiteUsage] = field(default_factory=list)    # all allocations in the trace
 
 
@@ -162,7 +177,11 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
     live_at_peak = live_after(list(start_live) + entries, peak_entry + len(start_live))
     result.at_peak = group_by_site(live_at_peak)
     result.peak_stacks = stacks_by_bytes(live_at_peak)
-    result.by_site = group_by_site([e for e in entries if e.get("action") == "alloc"])
+    allocs = [e for e in entries if e.get("action") == "alloc"]
+    result.by_site = group_by_site(allocs)
+    result.largest = [Allocation(e.get("time_us", 0), e.get("requested_size") or e.get("size", 0),
+                                 site_name(e), callers(e.get("frames") or [], None))
+                      for e in heapq.nlargest(LARGEST, allocs, key=lambda e: e.get("size", 0))]
     return result
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import zlib
 from html import escape
@@ -75,9 +76,14 @@ def _at(us: float) -> str:
     return f"{us / scale:g} {unit}" if unit == "us" else f"{us / scale:.3f} {unit}"
 
 
-def timeline_svg(points: list[Point], width: int = 1060, height: int = 260) -> str:
+def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, spans=(),
+                 largest=()) -> str:
+    """Allocated, active and reserved over time. Below the chart, a lane per thread with user
+    ranges and per stream with its ops; marks as vertical lines; the largest allocations as dots
+    on the allocated line. Hover any of them for what it is (a stack for the allocations)."""
     if len(points) < 2:
         return "<p class=sub>Not enough events for a timeline.</p>"
+    all_points = points
     points = _downsample(points, 700)
     left, right, top, bottom = 80, 34, 10, 28
     t0, t1 = points[0].time_us, points[-1].time_us
@@ -92,7 +98,10 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260) -> s
     def y(v: float) -> float:
         return top + (1 - v / ymax) * (height - top - bottom)
 
-    parts = [f'<svg viewBox="0 0 {width} {height}" width="100%" role="img" '
+    lanes = sorted({item.lane for item in spans if item.kind != "mark"})
+    lane_height = 16
+    total_height = height + len(lanes) * lane_height + (6 if lanes else 0)
+    parts = [f'<svg viewBox="0 0 {width} {total_height}" width="100%" role="img" '
              f'aria-label="allocated and reserved bytes over time">']
     for tick in ticks:
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
@@ -115,9 +124,43 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260) -> s
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="{stroke}"{dash_attr} '
                      f'points="{" ".join(coords)}"><title>{name}</title></polyline>')
+    inside = [item for item in spans if item.end_us >= t0 and item.start_us <= t1]
+    for item in inside:
+        if item.kind == "mark":
+            at = x(max(item.start_us, t0))
+            parts.append(f'<g><title>mark {escape(item.name)} at {_at(item.start_us - t0)}</title>'
+                         f'<line x1="{at:.1f}" x2="{at:.1f}" y1="{top}" y2="{height - bottom}" '
+                         f'stroke="#98a" stroke-dasharray="2 3" stroke-width="1.2" /></g>')
+    for row, lane in enumerate(lanes):
+        y0 = height + 4 + row * lane_height
+        parts.append(f'<text x="{left - 6}" y="{y0 + 11}" text-anchor="end">'
+                     f'{escape(lane[-12:])}</text>')
+        for item in inside:
+            if item.lane != lane or item.kind == "mark":
+                continue
+            x0, x1 = x(max(item.start_us, t0)), x(min(item.end_us, t1))
+            fill = "#c9b7f0" if item.kind == "op" else "#f3c98b"
+            parts.append(f'<g><title>{escape(item.kind)} {escape(item.name)}: '
+                         f'{_at(item.end_us - item.start_us)} from {_at(item.start_us - t0)}</title>'
+                         f'<rect x="{x0:.1f}" y="{y0}" width="{max(x1 - x0, 1.5):.1f}" '
+                         f'height="{lane_height - 3}" fill="{fill}" /></g>')
+    times = [p.time_us for p in all_points]
+    for allocation in largest:
+        i = max(bisect.bisect_right(times, allocation.time_us) - 1, 0)
+        stack = "".join(f"\n  called from {escape(line)}" for line in allocation.stack[:8])
+        parts.append(f'<g><title>alloc {escape(format_size(allocation.size))} at '
+                     f'{_at(allocation.time_us - t0)}: {escape(allocation.where)}{stack}</title>'
+                     f'<circle cx="{x(allocation.time_us):.1f}" cy="{y(all_points[i].allocated):.1f}" '
+                     f'r="3" fill="#3b6fd8" fill-opacity="0.55" /></g>')
     parts.append("</svg>")
     legend = "".join(f'<i style="background:{c}"></i>{n}' for n, c, _, _ in _SERIES)
-    return "".join(parts) + f'<div class="legend sub">{legend} &mdash; {escape(_SERIES_HELP)}</div>'
+    extras = [text for shown, text in (
+        (largest, "dots: the largest allocations"), (lanes, "lanes: user ranges per thread and "
+         "ops per stream"), (any(item.kind == "mark" for item in spans), "dotted lines: marks"))
+        if shown]
+    hint = f"<br>{escape('; '.join(extras))} (hover for details)" if extras else ""
+    return "".join(parts) + (f'<div class="legend sub">{legend} &mdash; {escape(_SERIES_HELP)}'
+                             f'{hint}</div>')
 
 
 def icicle_svg(stacks: dict[tuple[str, ...], int], width: int = 1060, depth: int = 14) -> str:
@@ -196,7 +239,9 @@ def render_html(report: Report) -> str:
     out.append(f"<div class=cards>{''.join(cards)}</div>")
     for d in report.devices:
         out.append(f"<h2>Device {d.device}: allocated and reserved over time</h2>")
-        out.append(timeline_svg(d.timeline))
+        out.append(timeline_svg(d.timeline, spans=[span for span in report.spans
+                                                   if span.kind != "op" or span.device == d.device],
+                                largest=d.largest))
         start = d.timeline[0].time_us if d.timeline else 0
         out.append(f"<h2>Device {d.device}: live at the peak ({escape(format_size(d.peak_allocated))}"
                    f" at {_at(d.peak_time_us - start)})</h2>")

@@ -23,6 +23,18 @@ class OpRow:
 
 
 @dataclass
+class Span:
+    """A user range, a mark (start == end) or an op, in the time base of the snapshot."""
+
+    kind: str                          # "range" | "mark" | "op"
+    name: str
+    start_us: float
+    end_us: float
+    lane: str                          # the thread or stream it ran on
+    device: int
+
+
+@dataclass
 class Report:
     title: str
     devices: list[DeviceAnalysis]
@@ -33,6 +45,7 @@ class Report:
     samples: list[Sample] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     oom: list[str] = field(default_factory=list)      # an out-of-memory, explained
+    spans: list[Span] = field(default_factory=list)   # for the timeline (a live profile only)
 
     @property
     def leaked_bytes(self) -> int:
@@ -54,10 +67,28 @@ def op_rows(annotations: list[Annotation]) -> list[OpRow]:
     return sorted(rows.values(), key=lambda r: -r.total_us)
 
 
+def spans_of(annotations: list[Annotation], clock) -> list[Span]:
+    """The annotations as spans; `clock(ns)` gives the snapshot's microseconds (Tracker.wall_us).
+    Lanes are named "thread 1", "stream 2", ... in order of appearance (ids are huge numbers)."""
+    names: dict[tuple[str, int], str] = {}
+
+    def lane(a: Annotation) -> str:
+        kind = "stream" if a.kind == "op" else "thread"
+        if kind == "stream" and not a.thread:
+            return "default stream"
+        key = (kind, a.thread)
+        return names.setdefault(key, f"{kind} {1 + sum(1 for k in names if k[0] == kind)}")
+
+    return [Span(a.kind, a.name, clock(a.start_ns), clock(a.end_ns), lane(a), a.device)
+            for a in annotations]
+
+
 def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
-                 annotations: list[Annotation] = (), samples: list[Sample] = ()) -> Report:
+                 annotations: list[Annotation] = (), samples: list[Sample] = (),
+                 clock=None) -> Report:
     """With `leaks` (a live profile's exact report) leaks are those; otherwise the blocks the
-    snapshot's trace allocated and never freed."""
+    snapshot's trace allocated and never freed. With `clock` (ns -> the snapshot's us) the
+    annotations are placed on the timeline too."""
     devices = analyze_snapshot(snapshot)
     if leaks is not None:
         rows, heading = leak_sites(leaks), "Leaks: allocations still live at exit"
@@ -81,6 +112,8 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     report = Report(title, devices, analyze(snapshot), rows, heading, op_rows(list(annotations)),
                     list(samples), notes)
     report.oom = explain_oom(snapshot, title)
+    if clock is not None:
+        report.spans = spans_of(list(annotations), clock)
     return report
 
 

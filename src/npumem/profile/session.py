@@ -88,7 +88,7 @@ class ProfileSession:
         except Exception as exc:         # noqa: BLE001
             problems.append(f"snapshot: {type(exc).__name__}: {exc}")
         report = build_report(snapshot, title, leaks, self.tracker.annotations(),
-                              self.sampler.samples())
+                              self.sampler.samples(), clock=self.tracker.wall_us)
         if self.tracker.dropped:
             report.notes.append(f"{self.tracker.dropped} early events fell out of the ring buffer "
                                 "(raise max_entries); the timeline starts later than the run.")
