@@ -258,7 +258,8 @@ def test_html_report_is_self_contained(tmp_path, script):
     profile_run(["--stacks", "--", str(script)], out)
     page = (out / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "<polyline" in page
-    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert "http://" not in page and "https://" not in page and "<script src" not in page
+    assert page.count("<script>") == 1                     # the zoom, inline
     assert "Leaks" in page and "Fragmentation and block map" in page and "job.py:15" in page
 
 
@@ -411,7 +412,10 @@ def test_timeline_ticks_are_round_in_one_unit():
 
     points = [Point(1000.0 + i * 99.0, i * 1024, i * 2048, i * 1024) for i in range(201)]   # 19.8 ms
     svg = timeline_svg(points)
-    labels = [text.split(">")[1] for text in svg.split("</text>") if text.rstrip().endswith(("ms", "us", "s"))]
+    import re
+
+    xticks = svg.split("<g class=xticks>")[1].split("</g>")[0]
+    labels = re.findall(r">([^<]+)</text>", xticks)
     assert labels == ["0 ms", "5 ms", "10 ms", "15 ms"], labels
     page = render_html(build_report({"segments": [], "device_traces": [[]]}, "t"))
     assert '<meta name=viewport content="width=device-width,initial-scale=1">' in page
@@ -454,3 +458,44 @@ def test_timeline_shows_ranges_marks_ops_and_the_largest_allocations(tmp_path):
     assert "<title>range load weights:" in page and "<title>mark step done at" in page
     assert "<title>op MatMul:" in page and ">thread 1</text>" in page and ">stream 1</text>" in page
     assert "<title>alloc 256.00 KiB at" in page and "steps.py:8 in &lt;module&gt;" in page
+
+
+ZOOM_PROBE = """<script>
+const svg = document.querySelector("svg.timeline");
+const box = svg.getBoundingClientRect();
+const x = (f) => box.left + box.width * f, y = box.top + box.height * 0.4;
+svg.dispatchEvent(new MouseEvent("mousedown", {clientX: x(0.3), clientY: y, bubbles: true}));
+svg.dispatchEvent(new MouseEvent("mousemove", {clientX: x(0.6), clientY: y, bubbles: true}));
+window.dispatchEvent(new MouseEvent("mouseup", {clientX: x(0.6), clientY: y, bubbles: true}));
+document.body.dataset.zoomed = svg.querySelector(".plot").getAttribute("transform");
+svg.dispatchEvent(new MouseEvent("dblclick", {bubbles: true}));
+document.body.dataset.reset = svg.querySelector(".plot").getAttribute("transform");
+</script></body>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+def test_dragging_across_the_timeline_zooms_in_and_a_double_click_zooms_out(tmp_path, script):
+    import re
+
+    out = tmp_path / "prof"
+    profile_run(["--stacks", "--", str(script)], out)
+    probe = out / "probe.html"
+    probe.write_text((out / "report.html").read_text().replace("</body>", ZOOM_PROBE))
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1280,900", "--dump-dom",
+         probe.as_uri()], capture_output=True, text=True, timeout=120)
+    zoomed = re.search(r'data-zoomed="matrix\(([\d.e+-]+) ', dom.stdout)
+    assert zoomed and 2.5 < float(zoomed.group(1)) < 3.5, dom.stdout[-500:]     # a third of it
+    assert 'data-reset="matrix(1 0 0 1 0 0)"' in dom.stdout
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_the_report_script_is_valid_javascript(tmp_path):
+    from npumem.profile.html import _ZOOM
+
+    path = tmp_path / "zoom.js"
+    path.write_text(_ZOOM)
+    checked = subprocess.run(["node", "--check", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr

@@ -1,4 +1,5 @@
-"""The HTML report: one self-contained file (inline SVG and CSS, no scripts, nothing fetched)."""
+"""The HTML report: one self-contained file (inline SVG, CSS and a short script for zooming the
+timelines; nothing is fetched)."""
 
 from __future__ import annotations
 
@@ -77,15 +78,17 @@ def _at(us: float) -> str:
 
 
 def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, spans=(),
-                 largest=()) -> str:
+                 largest=(), key: str = "0") -> str:
     """Allocated, active and reserved over time. Below the chart, a lane per thread with user
     ranges and per stream with its ops; marks as vertical lines; the largest allocations as dots
-    on the allocated line. Hover any of them for what it is (a stack for the allocations)."""
+    on the allocated line. Hover any of them for what it is (a stack for the allocations); drag
+    across the chart to zoom in on a time range, double-click to zoom out (`_ZOOM`)."""
     if len(points) < 2:
         return "<p class=sub>Not enough events for a timeline.</p>"
     all_points = points
     points = _downsample(points, 700)
     left, right, top, bottom = 80, 34, 10, 28
+    plot_width = width - left - right
     t0, t1 = points[0].time_us, points[-1].time_us
     span = (t1 - t0) or 1.0
     ymax = max(max(p.reserved, p.allocated, p.active) for p in points) or 1
@@ -93,7 +96,7 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
     ymax = max(ymax, ticks[-1])
 
     def x(t: float) -> float:
-        return left + (t - t0) / span * (width - left - right)
+        return left + (t - t0) / span * plot_width
 
     def y(v: float) -> float:
         return top + (1 - v / ymax) * (height - top - bottom)
@@ -101,17 +104,16 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
     lanes = sorted({item.lane for item in spans if item.kind != "mark"})
     lane_height = 16
     total_height = height + len(lanes) * lane_height + (6 if lanes else 0)
-    parts = [f'<svg viewBox="0 0 {width} {total_height}" width="100%" role="img" '
-             f'aria-label="allocated and reserved bytes over time">']
+    axis, plot, xticks = [], [], []
     for tick in ticks:
-        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
-                     f'stroke="#eef" /><text x="{left - 6}" y="{y(tick) + 4:.1f}" '
-                     f'text-anchor="end">{escape(format_size(int(tick)))}</text>')
+        axis.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
+                    f'stroke="#eef" /><text x="{left - 6}" y="{y(tick) + 4:.1f}" '
+                    f'text-anchor="end">{escape(format_size(int(tick)))}</text>')
     times, unit, scale = _time_ticks(span)
     for i, offset in enumerate(times):
         anchor = "start" if i == 0 else "end" if x(t0 + offset) > width - right - 30 else "middle"
-        parts.append(f'<text x="{x(t0 + offset):.1f}" y="{height - 8}" text-anchor="{anchor}">'
-                     f'{offset / scale:g} {unit}</text>')
+        xticks.append(f'<text x="{x(t0 + offset):.1f}" y="{height - 8}" text-anchor="{anchor}">'
+                      f'{offset / scale:g} {unit}</text>')
     for name, color, dash, stroke in _SERIES:
         coords = []
         previous = None
@@ -122,45 +124,111 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
             coords.append(f"{px:.1f},{py:.1f}")
             previous = py
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="{stroke}"{dash_attr} '
-                     f'points="{" ".join(coords)}"><title>{name}</title></polyline>')
+        plot.append(f'<polyline fill="none" stroke="{color}" stroke-width="{stroke}"{dash_attr} '
+                    f'{_KEEP_STROKE} points="{" ".join(coords)}"><title>{name}</title></polyline>')
     inside = [item for item in spans if item.end_us >= t0 and item.start_us <= t1]
     for item in inside:
         if item.kind == "mark":
             at = x(max(item.start_us, t0))
-            parts.append(f'<g><title>mark {escape(item.name)} at {_at(item.start_us - t0)}</title>'
-                         f'<line x1="{at:.1f}" x2="{at:.1f}" y1="{top}" y2="{height - bottom}" '
-                         f'stroke="#98a" stroke-dasharray="2 3" stroke-width="1.2" /></g>')
+            plot.append(f'<g><title>mark {escape(item.name)} at {_at(item.start_us - t0)}</title>'
+                        f'<line x1="{at:.1f}" x2="{at:.1f}" y1="{top}" y2="{height - bottom}" '
+                        f'stroke="#98a" stroke-dasharray="2 3" stroke-width="1.2" {_KEEP_STROKE} /></g>')
     for row, lane in enumerate(lanes):
         y0 = height + 4 + row * lane_height
-        parts.append(f'<text x="{left - 6}" y="{y0 + 11}" text-anchor="end">'
-                     f'{escape(lane[-12:])}</text>')
+        axis.append(f'<text x="{left - 6}" y="{y0 + 11}" text-anchor="end">'
+                    f'{escape(lane[-12:])}</text>')
         for item in inside:
             if item.lane != lane or item.kind == "mark":
                 continue
             x0, x1 = x(max(item.start_us, t0)), x(min(item.end_us, t1))
             fill = "#c9b7f0" if item.kind == "op" else "#f3c98b"
-            parts.append(f'<g><title>{escape(item.kind)} {escape(item.name)}: '
-                         f'{_at(item.end_us - item.start_us)} from {_at(item.start_us - t0)}</title>'
-                         f'<rect x="{x0:.1f}" y="{y0}" width="{max(x1 - x0, 1.5):.1f}" '
-                         f'height="{lane_height - 3}" fill="{fill}" /></g>')
+            plot.append(f'<g><title>{escape(item.kind)} {escape(item.name)}: '
+                        f'{_at(item.end_us - item.start_us)} from {_at(item.start_us - t0)}</title>'
+                        f'<rect x="{x0:.1f}" y="{y0}" width="{max(x1 - x0, 1.5):.1f}" '
+                        f'height="{lane_height - 3}" fill="{fill}" /></g>')
     times = [p.time_us for p in all_points]
     for allocation in largest:
         i = max(bisect.bisect_right(times, allocation.time_us) - 1, 0)
         stack = "".join(f"\n  called from {escape(line)}" for line in allocation.stack[:8])
-        parts.append(f'<g><title>alloc {escape(format_size(allocation.size))} at '
-                     f'{_at(allocation.time_us - t0)}: {escape(allocation.where)}{stack}</title>'
-                     f'<circle cx="{x(allocation.time_us):.1f}" cy="{y(all_points[i].allocated):.1f}" '
-                     f'r="3" fill="#3b6fd8" fill-opacity="0.55" /></g>')
-    parts.append("</svg>")
+        plot.append(f'<g><title>alloc {escape(format_size(allocation.size))} at '
+                    f'{_at(allocation.time_us - t0)}: {escape(allocation.where)}{stack}</title>'
+                    f'<circle cx="{x(allocation.time_us):.1f}" cy="{y(all_points[i].allocated):.1f}" '
+                    f'r="3" fill="#3b6fd8" fill-opacity="0.55" /></g>')
+    clip = f"timeline-clip-{escape(key)}"
+    svg = (f'<svg class=timeline viewBox="0 0 {width} {total_height}" width="100%" role="img" '
+           f'aria-label="allocated and reserved bytes over time" data-left="{left}" '
+           f'data-plot-width="{plot_width}" data-span="{span}" data-height="{height}">'
+           f'<clipPath id="{clip}"><rect x="{left}" y="0" width="{plot_width}" '
+           f'height="{total_height}" /></clipPath>{"".join(axis)}'
+           f'<g clip-path="url(#{clip})"><g class=plot>{"".join(plot)}</g></g>'
+           f'<g class=xticks>{"".join(xticks)}</g>'
+           f'<rect class=brush x="0" y="{top}" width="0" height="{height - top - bottom}" '
+           f'fill="#3b6fd8" fill-opacity="0.12" /></svg>')
     legend = "".join(f'<i style="background:{c}"></i>{n}' for n, c, _, _ in _SERIES)
     extras = [text for shown, text in (
         (largest, "dots: the largest allocations"), (lanes, "lanes: user ranges per thread and "
          "ops per stream"), (any(item.kind == "mark" for item in spans), "dotted lines: marks"))
         if shown]
-    hint = f"<br>{escape('; '.join(extras))} (hover for details)" if extras else ""
-    return "".join(parts) + (f'<div class="legend sub">{legend} &mdash; {escape(_SERIES_HELP)}'
-                             f'{hint}</div>')
+    hint = f"<br>{escape('; '.join(extras))} (hover for details). " if extras else "<br>"
+    return svg + (f'<div class="legend sub">{legend} &mdash; {escape(_SERIES_HELP)}{hint}'
+                  f'Drag across the chart to zoom in, double-click to zoom out.</div>')
+
+
+# Keeps lines as thin as drawn when the zoom stretches the plot sideways.
+_KEEP_STROKE = 'vector-effect="non-scaling-stroke"'
+
+# Zoom for every timeline: drag selects a time range, double-click shows the whole run. The plot
+# group is stretched sideways (a matrix transform) and the time ticks are drawn again.
+_ZOOM = """
+(() => {
+  const units = [["s", 1e6], ["ms", 1e3], ["us", 1]];
+  for (const svg of document.querySelectorAll("svg.timeline")) {
+    const left = +svg.dataset.left, width = +svg.dataset.plotWidth, span = +svg.dataset.span;
+    const height = +svg.dataset.height;
+    const plot = svg.querySelector(".plot"), ticks = svg.querySelector(".xticks");
+    const brush = svg.querySelector(".brush");
+    let from = 0, to = span, start = null;
+    const at = (event) => {
+      const point = svg.createSVGPoint();
+      point.x = event.clientX; point.y = event.clientY;
+      return point.matrixTransform(svg.getScreenCTM().inverse()).x;
+    };
+    const draw = () => {
+      const k = span / (to - from), shift = left - k * left - from * width / (to - from);
+      plot.setAttribute("transform", `matrix(${k} 0 0 1 ${shift} 0)`);
+      const shown = to - from, [unit, scale] = units.find(([, s]) => shown >= s) || units[2];
+      const raw = shown / scale / 5, magnitude = Math.pow(10, Math.floor(Math.log10(raw)));
+      const step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((s) => s >= raw) * scale;
+      let labels = "";
+      for (let t = Math.ceil(from / step) * step; t <= to; t += step) {
+        const x = left + (t - from) / shown * width;
+        labels += `<text x="${x.toFixed(1)}" y="${height - 8}" text-anchor="middle">` +
+                  `${+(t / scale).toPrecision(6)} ${unit}</text>`;
+      }
+      ticks.innerHTML = labels;
+    };
+    svg.addEventListener("mousedown", (event) => { start = at(event); event.preventDefault(); });
+    svg.addEventListener("mousemove", (event) => {
+      if (start === null) return;
+      const x = at(event);
+      brush.setAttribute("x", Math.min(start, x));
+      brush.setAttribute("width", Math.abs(x - start));
+    });
+    window.addEventListener("mouseup", (event) => {
+      if (start === null) return;
+      const x = at(event), a = Math.max(Math.min(start, x), left);
+      const b = Math.min(Math.max(start, x), left + width);
+      start = null;
+      brush.setAttribute("width", 0);
+      if (b - a < 4) return;
+      const shown = to - from;
+      [from, to] = [from + (a - left) / width * shown, from + (b - left) / width * shown];
+      draw();
+    });
+    svg.addEventListener("dblclick", () => { from = 0; to = span; draw(); });
+  }
+})();
+"""
 
 
 def icicle_svg(stacks: dict[tuple[str, ...], int], width: int = 1060, depth: int = 14) -> str:
@@ -241,7 +309,7 @@ def render_html(report: Report) -> str:
         out.append(f"<h2>Device {d.device}: allocated and reserved over time</h2>")
         out.append(timeline_svg(d.timeline, spans=[span for span in report.spans
                                                    if span.kind != "op" or span.device == d.device],
-                                largest=d.largest))
+                                largest=d.largest, key=str(d.device)))
         start = d.timeline[0].time_us if d.timeline else 0
         out.append(f"<h2>Device {d.device}: live at the peak ({escape(format_size(d.peak_allocated))}"
                    f" at {_at(d.peak_time_us - start)})</h2>")
@@ -285,5 +353,7 @@ def render_html(report: Report) -> str:
         peak_rss = max(s.host_rss for s in report.samples)
         out.append(f"<h2>Host</h2><p>peak resident set size {escape(format_size(peak_rss))} over "
                    f"{len(report.samples)} samples</p>")
+    if any(d.timeline for d in report.devices):
+        out.append(f"<script>{_ZOOM}</script>")
     out.append("</body></html>")
     return "\n".join(out)
