@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -493,9 +494,57 @@ def test_dragging_across_the_timeline_zooms_in_and_a_double_click_zooms_out(tmp_
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
 def test_the_report_script_is_valid_javascript(tmp_path):
-    from npumem.profile.html import _ZOOM
+    from npumem.profile.html import _MOMENTS, _ZOOM
 
-    path = tmp_path / "zoom.js"
-    path.write_text(_ZOOM)
+    path = tmp_path / "report.js"
+    path.write_text(_ZOOM + _MOMENTS)
     checked = subprocess.run(["node", "--check", str(path)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_block_maps_at_moments_of_the_trace():
+    from npumem.profile.fragmentation import maps_over_time
+
+    mib = 1 << 20
+    entries = [
+        {"action": "segment_alloc", "addr": 0, "size": 2 * mib, "time_us": 0},
+        {"action": "alloc", "addr": 0, "size": mib, "time_us": 1},
+        {"action": "alloc", "addr": mib, "size": mib, "time_us": 2},            # the peak
+        {"action": "free_requested", "addr": 0, "size": mib, "time_us": 3},
+        {"action": "free_completed", "addr": 0, "size": mib, "time_us": 4},
+        {"action": "segment_alloc", "addr": 8 * mib, "size": 2 * mib, "time_us": 5},
+    ]
+    snapshot = {"segments": [{"address": 0, "total_size": 2 * mib, "device": 0, "blocks": [
+        {"address": 0, "size": mib, "state": "inactive"},
+        {"address": mib, "size": mib, "state": "active_allocated"}]},
+        {"address": 8 * mib, "total_size": 2 * mib, "device": 0, "blocks": [
+            {"address": 8 * mib, "size": 2 * mib, "state": "inactive"}]}],
+        "device_traces": [entries]}
+    moments = maps_over_time(snapshot, 0, moments=6, width=4)
+    by_time = {time_us: (allocated, maps) for time_us, allocated, maps in moments}
+    assert by_time[0] == (0, [(0, 2 * mib, "....")])
+    assert by_time[2] == (2 * mib, [(0, 2 * mib, "####")])
+    assert by_time[3][1] == [(0, 2 * mib, "++##")]                   # freed, not yet reusable
+    assert by_time[5] == (mib, [(0, 2 * mib, "..##"), (8 * mib, 2 * mib, "....")])
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+def test_the_block_map_slider_shows_each_moment(tmp_path):
+    recorded = Path(__file__).parent / "data" / "cuda_snapshots" / "mlp.pickle.gz"
+    page = tmp_path / "r.html"
+    result = CliRunner().invoke(main, ["report", str(recorded), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", """<script>
+const slider = document.querySelector("input.moment-slider");
+document.body.dataset.peak = document.getElementById("moments-0-label").textContent;
+slider.value = 0; slider.dispatchEvent(new Event("input"));
+document.body.dataset.first = document.getElementById("moments-0-label").textContent;
+</script></body>"""))
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", probe.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert 'data-peak="at ' in dom.stdout and "111.23 MiB allocated" in dom.stdout, dom.stdout[-400:]
+    assert 'data-first="at 0 us:' in dom.stdout and "(moment 1 of " in dom.stdout

@@ -8,6 +8,7 @@ stream may still use it), '.' free, ':' a cell holding both live and free bytes.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from ..units import format_size
@@ -112,3 +113,83 @@ def format_fragmentation(pools: list[PoolFragmentation], max_segments: int = 20)
                          "the most fragmented are shown")
     lines.append("  map: '#' allocated, '+' pending free, '.' free, ':' both")
     return "\n".join(lines)
+
+
+# --- the block map at chosen moments of the trace ----------------------------------------------
+
+def maps_over_time(snapshot: dict, device: int, moments: int = 24, width: int = 64,
+                   max_segments: int = 40) -> list[tuple[float, int, list[tuple[int, int, str]]]]:
+    """The device's segments at `moments` points of its trace (evenly spaced in entries) and at
+    its peak of allocated bytes: [(time_us, allocated, [(address, size, map)])], in time order.
+    Built from the state at the first entry and the trace's segment and block events."""
+    from ..trace.recording import recording_from_data
+
+    recording = recording_from_data(snapshot, device=device)
+    entries = recording.entries
+    if not entries:
+        return []
+    start = recording.start_state()
+    ranges = {segment.addr: segment.size for segment in start.segments}
+    live = {block.addr: block.size for block in start.live.values()}
+    pending: set[int] = set()
+    allocated = sum(live.values())
+    evenly = {round(i * (len(entries) - 1) / max(moments - 1, 1)) for i in range(moments)}
+    out, peak = {}, (-1, None)
+    for i, entry in enumerate(entries):
+        action, addr, size = entry.get("action"), entry.get("addr", 0), entry.get("size", 0)
+        if action == "alloc":
+            live[addr] = size
+            allocated += size
+        elif action == "free_requested" and addr in live and addr not in pending:
+            pending.add(addr)                      # no longer the program's; not yet reusable
+            allocated -= size
+        elif action == "free_completed" and addr in live:
+            if addr not in pending:
+                allocated -= size
+            del live[addr]
+            pending.discard(addr)
+        elif action in ("segment_alloc", "segment_map"):
+            ranges[addr] = size
+        elif action in ("segment_free", "segment_unmap"):
+            _remove_range(ranges, addr, size)
+        moment = None
+        if i in evenly or (action == "alloc" and allocated > peak[0]):
+            moment = (float(entry.get("time_us", 0) or 0), allocated,
+                      _maps(ranges, live, pending, width, max_segments))
+        if i in evenly:
+            out[i] = moment
+        if action == "alloc" and allocated > peak[0]:
+            peak = (allocated, (i, moment))
+    index, moment = peak[1] if peak[1] else (None, None)
+    if index is not None:
+        out[index] = moment
+    return [out[i] for i in sorted(out)]
+
+
+def _remove_range(ranges: dict[int, int], addr: int, size: int) -> None:
+    """Take [addr, addr + size) out of the ranges (an unmap may cut a mapped range in two)."""
+    for start, length in list(ranges.items()):
+        end = start + length
+        if start < addr + size and addr < end:
+            del ranges[start]
+            if start < addr:
+                ranges[start] = addr - start
+            if addr + size < end:
+                ranges[addr + size] = end - addr - size
+
+
+def _maps(ranges, live, pending, width: int, limit: int) -> list[tuple[int, int, str]]:
+    blocks = sorted(live.items())
+    starts = [addr for addr, _ in blocks]
+    out = []
+    for address, size in sorted(ranges.items())[:limit]:
+        first = bisect.bisect_left(starts, address)
+        inside = []
+        for addr, length in blocks[first:]:
+            if addr >= address + size:
+                break
+            inside.append({"address": addr, "size": length, "state": "active_pending_free"
+                           if addr in pending else "active_allocated"})
+        out.append((address, size, block_map({"address": address, "total_size": size,
+                                               "blocks": inside}, width)))
+    return out

@@ -4,6 +4,7 @@ timelines; nothing is fetched)."""
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import zlib
 from html import escape
@@ -174,6 +175,30 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
                   f'Drag across the chart to zoom in, double-click to zoom out.</div>')
 
 
+# The block map at the moment the slider picks (the data is the JSON beside each slider).
+_MOMENTS = """
+(() => {
+  const classes = {"#": "c-a", ".": "c-f", ":": "c-m", "+": "c-p"};
+  for (const slider of document.querySelectorAll("input.moment-slider")) {
+    const id = slider.dataset.moments;
+    const moments = JSON.parse(document.getElementById(id).textContent);
+    const label = document.getElementById(id + "-label");
+    const maps = document.getElementById(id + "-maps");
+    const show = () => {
+      const [when, allocated, segments] = moments[+slider.value];
+      label.textContent = `at ${when}: ${allocated} allocated, ${segments.length} segment(s)` +
+        ` (moment ${+slider.value + 1} of ${moments.length})`;
+      maps.innerHTML = segments.map(([address, size, cells]) =>
+        `<div class=sub><code>${address}</code> ${size}</div><div class=map>` +
+        [...cells].map((c) => `<i class="${classes[c]}"></i>`).join("") + "</div>").join("");
+    };
+    slider.addEventListener("input", show);
+    show();
+  }
+})();
+"""
+
+
 # Keeps lines as thin as drawn when the zoom stretches the plot sideways.
 _KEEP_STROKE = 'vector-effect="non-scaling-stroke"'
 
@@ -229,6 +254,23 @@ _ZOOM = """
   }
 })();
 """
+
+
+def _moments_section(device: int, moments) -> str:
+    """The block map at moments of the trace, one at a time, chosen with a slider (`_MOMENTS`);
+    it opens at the peak."""
+    start = moments[0][0]
+    data = [[_at(time_us - start), format_size(allocated),
+             [[f"0x{address:x}", format_size(size), cells] for address, size, cells in maps]]
+            for time_us, allocated, maps in moments]
+    peak = max(range(len(moments)), key=lambda i: moments[i][1])
+    payload = json.dumps(data).replace("</", "<\\/")         # never ends the script element
+    return (f"<h2>Device {device}: block map over time</h2>"
+            f'<input type=range class=moment-slider min=0 max={len(moments) - 1} value={peak} '
+            f'data-moments="moments-{device}" style="width:100%" '
+            f'aria-label="moment of the trace">'
+            f'<div class=sub id="moments-{device}-label"></div><div id="moments-{device}-maps"></div>'
+            f'<script type="application/json" id="moments-{device}">{payload}</script>')
 
 
 def icicle_svg(stacks: dict[tuple[str, ...], int], width: int = 1060, depth: int = 14) -> str:
@@ -344,6 +386,8 @@ def render_html(report: Report) -> str:
             out.append(f"<p class=sub>... {len(pool.segments) - 40} more segments</p>")
     out.append('<div class="legend sub"><i class=c-a></i>allocated<i class=c-p></i>pending free'
                '<i class=c-m></i>partly allocated<i class=c-f></i>free</div>')
+    for device, moments in sorted(report.moments.items()):
+        out.append(_moments_section(device, moments))
     if report.ops:
         out.append("<h2>Ops on the streams</h2>")
         out.append(_table(["op", "runs", "total ms"],
@@ -353,7 +397,7 @@ def render_html(report: Report) -> str:
         peak_rss = max(s.host_rss for s in report.samples)
         out.append(f"<h2>Host</h2><p>peak resident set size {escape(format_size(peak_rss))} over "
                    f"{len(report.samples)} samples</p>")
-    if any(d.timeline for d in report.devices):
-        out.append(f"<script>{_ZOOM}</script>")
+    if any(d.timeline for d in report.devices) or report.moments:
+        out.append(f"<script>{_ZOOM}{_MOMENTS}</script>")
     out.append("</body></html>")
     return "\n".join(out)

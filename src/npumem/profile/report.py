@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..units import format_size
 from .analysis import DeviceAnalysis, SiteUsage, analyze_snapshot, group_by_site, live_after
-from .fragmentation import PoolFragmentation, analyze, format_fragmentation
+from .fragmentation import PoolFragmentation, analyze, format_fragmentation, maps_over_time
 from .leaks import LeakReport
 from .sampler import Sample
 from .tracker import Annotation
@@ -46,6 +46,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     oom: list[str] = field(default_factory=list)      # an out-of-memory, explained
     spans: list[Span] = field(default_factory=list)   # for the timeline (a live profile only)
+    moments: dict = field(default_factory=dict)       # device -> fragmentation.maps_over_time
 
     @property
     def leaked_bytes(self) -> int:
@@ -114,6 +115,10 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     report.oom = explain_oom(snapshot, title)
     if clock is not None:
         report.spans = spans_of(list(annotations), clock)
+    for device in report.devices:
+        moments = maps_over_time(snapshot, device.device)
+        if any(maps for _, _, maps in moments):         # a trace with segments to draw
+            report.moments[device.device] = moments
     return report
 
 
