@@ -278,6 +278,16 @@ def test_html_report_renders_in_headless_chromium(tmp_path, script):
         capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr
     assert "<polyline" in dom.stdout and "job.py:15" in dom.stdout
+    picture = tmp_path / "report.png"
+    shot = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1280,1600",
+         f"--screenshot={picture}", (out / "report.html").as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert shot.returncode == 0, shot.stderr
+    png = picture.read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000      # a drawn page, not a blank one
 
 
 def _memory_viz(args, cwd):
@@ -290,6 +300,11 @@ def test_pytorch_memory_viz_reads_our_snapshot(tmp_path, script):
     out = tmp_path / "prof"
     profile_run(["--stacks", "--", str(script)], out)
     snapshot = str(out / "snapshot.pickle")
+    with open(snapshot, "rb") as handle:
+        data = pickle.load(handle)
+    addresses = [s["address"] for s in data["segments"]] + \
+        [e["addr"] for trace in data["device_traces"] for e in trace]
+    assert addresses and all(0 < a < 2**53 for a in addresses)   # exact in MemoryViz's JavaScript
     stats = _memory_viz(["stats", snapshot], tmp_path)
     assert stats.returncode == 0, stats.stderr
     assert "total_reserved" in stats.stdout and "segments:" in stats.stdout

@@ -64,6 +64,12 @@ def test_memory_record_is_summarized_and_never_replayed(tmp_path):
         in report.output
     replay = CliRunner().invoke(main, ["replay", path])
     assert replay.exit_code == 2 and "usage curve" in replay.output and "Traceback" not in replay.output
+    page = tmp_path / "usage.html"
+    drawn = CliRunner().invoke(main, ["report", path, "--html", str(page)])
+    assert drawn.exit_code == 0, drawn.output
+    html = page.read_text()
+    assert "<h2>PTA on NPU:0</h2><svg class=timeline" in html.replace("\n", "")   # two samples
+    assert "<h2>GE on NPU:0</h2>\n<p class=sub>Not enough events" in html
 
 
 @pytest.mark.parametrize("name, text, expected", [

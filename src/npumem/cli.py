@@ -622,6 +622,13 @@ def report(path, html_out, top, snapshot_path):
         return
     if os.path.isfile(path) and _is_usage_curve(path):
         click.echo(_usage_summary(path), nl=False)
+        if html_out:
+            from .profile.html import render_usage_html
+            from .trace.msprof import usage_curves
+
+            with written_whole(html_out) as partial, open(partial, "w", encoding="utf-8") as out:
+                out.write(render_usage_html(f"npumem report of {path}", usage_curves(path)))
+            click.echo(f"wrote {html_out}")
         return
     if os.path.isdir(path):
         # A profile folder: npumem's memory, and PyTorch's own when the script used torch.

@@ -256,6 +256,26 @@ _ZOOM = """
 """
 
 
+def render_usage_html(title: str, curves: dict[tuple[str, str], list[tuple]]) -> str:
+    """A page of usage curves (msprof's memory_record.csv): one timeline per component and
+    device, drawn from their totals."""
+    out = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+           f'<meta name=viewport content="width=device-width,initial-scale=1">'
+           f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>",
+           f"<h1>{escape(title)}</h1><div class=sub>a memory usage curve: totals over time, "
+           "no allocations (reserved is drawn where the file has it)</div>"]
+    mib = float(1 << 20)
+    for number, ((component, device), samples) in enumerate(sorted(curves.items())):
+        points = [Point(t, int((a or 0) * mib), int((r if r is not None else a or 0) * mib),
+                        int((v if v is not None else a or 0) * mib))
+                  for t, a, r, v in samples if t is not None]
+        points.sort(key=lambda point: point.time_us)
+        out.append(f"<h2>{escape(component or '?')} on {escape(device or '?')}</h2>")
+        out.append(timeline_svg(points, key=f"usage-{number}"))
+    out.append(f"<script>{_ZOOM}</script></body></html>")
+    return "\n".join(out)
+
+
 def _moments_section(device: int, moments) -> str:
     """The block map at moments of the trace, one at a time, chosen with a slider (`_MOMENTS`);
     it opens at the peak."""

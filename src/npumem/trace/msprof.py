@@ -128,25 +128,31 @@ def is_usage_curve(head: bytes) -> bool:
     return b"Component" in first and b"Timestamp(us)" in first and b"Total Allocated(MB)" in first
 
 
-def usage_summary(path: str) -> str:
-    """memory_record.csv in a few lines: per component and device, the samples, the time they
-    span and the peaks of allocated and reserved memory."""
+def usage_curves(path: str) -> dict[tuple[str, str], list[tuple]]:
+    """memory_record.csv's samples by (component, device): [(time us, allocated MB, reserved MB,
+    active MB)], in file order; a missing value is None."""
     curves: dict[tuple[str, str], list] = {}
     for where, row, column in csv_records(path, USAGE_COLUMNS, "a memory_record.csv"):
         cell = {name: row[index].strip() if index < len(row) else "" for name, index in column.items()}
         try:
-            values = [_number(cell.get(name, "")) for name in
-                      ("Timestamp(us)", "Total Allocated(MB)", "Total Reserved(MB)")]
+            values = tuple(_number(cell.get(name, "")) for name in (
+                "Timestamp(us)", "Total Allocated(MB)", "Total Reserved(MB)", "Total Active(MB)"))
         except ValueError:
             raise TraceFormatError(path, where, "Timestamp(us) and the totals must be numbers "
                                    "(or empty)") from None
         curves.setdefault((cell["Component"], cell.get("Device Type", "")), []).append(values)
+    return curves
+
+
+def usage_summary(path: str) -> str:
+    """memory_record.csv in a few lines: per component and device, the samples, the time they
+    span and the peaks of allocated and reserved memory."""
     lines = [f"{path}: a memory usage curve (msprof memory_record.csv): totals over time, "
              "no allocations, so there is nothing to replay"]
-    for (component, device), samples in sorted(curves.items()):
-        times = [t for t, _, _ in samples if t is not None]
-        allocated = max((a for _, a, _ in samples if a is not None), default=None)
-        reserved = max((r for _, _, r in samples if r is not None), default=None)
+    for (component, device), samples in sorted(usage_curves(path).items()):
+        times = [sample[0] for sample in samples if sample[0] is not None]
+        allocated = max((sample[1] for sample in samples if sample[1] is not None), default=None)
+        reserved = max((sample[2] for sample in samples if sample[2] is not None), default=None)
         span = f", over {(max(times) - min(times)) / 1e3:.3f} ms" if len(times) > 1 else ""
         peaks = ", ".join(f"peak {label} {value:g} MB" for label, value in
                           (("allocated", allocated), ("reserved", reserved)) if value is not None)
