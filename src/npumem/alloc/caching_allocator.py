@@ -17,6 +17,7 @@ have completed.
 
 from __future__ import annotations
 
+import collections
 import threading
 
 from ..constants import MemAttr
@@ -65,6 +66,7 @@ class CachingAllocator(MemoryResource):
         self._allocated: dict[int, Block] = {}
         self._other_streams: dict[int, set] = {}      # record_stream: block start -> streams
         self._pending: list[tuple[Block, list]] = []  # freed blocks waiting for those streams
+        self._deferred: collections.deque[int] = collections.deque()   # see deallocate_soon
         self._closing = False
         self._strategy = self._make_strategy()
 
@@ -105,6 +107,8 @@ class CachingAllocator(MemoryResource):
         lock = self.lock
         lock.acquire()
         try:
+            if self._deferred:
+                self._free_deferred()
             pending = self._pending
             if pending:
                 self._free_completed_pending()
@@ -158,6 +162,29 @@ class CachingAllocator(MemoryResource):
         finally:
             lock.release()
 
+    def deallocate_soon(self, pointer: int) -> None:
+        """A free that never waits for the pool: for finalizers, which run wherever the last
+        reference dies, a stream worker finishing a task included. Done now when the pool is
+        free; otherwise queued, and done by the thread holding the pool before it allocates or
+        gives cache back. (Waiting instead deadlocks: `empty_cache` and the out-of-memory retry
+        hold the pool while they wait for the streams, whose worker would wait here.)"""
+        if self.lock.acquire(blocking=False):
+            try:
+                if pointer in self._allocated:
+                    self.deallocate(pointer)
+            finally:
+                self.lock.release()
+        else:
+            self._deferred.append(pointer)
+
+    def _free_deferred(self) -> None:
+        """Do the frees `deallocate_soon` queued (call with the lock held)."""
+        deferred = self._deferred
+        while deferred:
+            pointer = deferred.popleft()
+            if pointer in self._allocated:          # not freed since by its device's release
+                self.deallocate(pointer)
+
     def _count_pending(self, block: Block, sign: int) -> None:
         self.stats.add("pending", block.small, sign)
         self.stats.add("pending_bytes", block.small, sign * block.size)
@@ -202,6 +229,7 @@ class CachingAllocator(MemoryResource):
         for stream in self._strategy.streams():
             self._synchronize(stream)
         self.stats.counters["num_sync_all_streams"] += 1
+        self._free_deferred()          # what the streams' last tasks dropped while we waited
         self._free_completed_pending()
         return self._strategy.release_cached()
 
@@ -268,6 +296,7 @@ class CachingAllocator(MemoryResource):
         """Release freed blocks whose other-stream work has completed (normally done lazily,
         at the next allocate), so a report shows them free."""
         with self.lock:
+            self._free_deferred()
             self._free_completed_pending()
 
     def empty_cache(self) -> int:
@@ -288,6 +317,7 @@ class CachingAllocator(MemoryResource):
     def close(self) -> list[Block]:
         """Release everything (cached and live) to the device; returns blocks still live."""
         with self.lock:
+            self._free_deferred()
             live = list(self._allocated.values())
             self._closing = True       # to profilers these stay live: their owner never freed them
             for block in live:
@@ -312,6 +342,7 @@ class CachingAllocator(MemoryResource):
     def memory_stats(self) -> dict[str, int | float]:
         """PyTorch-named statistics plus cache hit rate and fragmentation."""
         with self.lock:
+            self._free_deferred()
             # Non-releasable ("inactive split"): free pieces of a range that also holds live blocks.
             split = {pool: Stat() for pool in POOLS}
             split_bytes = {pool: Stat() for pool in POOLS}

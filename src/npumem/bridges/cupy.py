@@ -34,7 +34,7 @@ class _PoolBlock:
     def __del__(self):
         if self.pool.owns(self.pointer):               # not already released with its device
             self.cupy.cuda.get_current_stream().synchronize()
-            self.pool.deallocate(self.pointer)
+            self.pool.deallocate_soon(self.pointer)      # a finalizer never waits for the pool
 
 
 def allocator(device: int | None = None):

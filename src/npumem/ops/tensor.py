@@ -58,7 +58,7 @@ class Storage:
 
 def _give_back(pool, pointer: int) -> None:
     if pool.owns(pointer):            # not already released with its device
-        pool.deallocate(pointer)
+        pool.deallocate_soon(pointer)   # a finalizer must never wait for the pool
 
 
 def _dims(values, what: str) -> tuple[int, ...]:
