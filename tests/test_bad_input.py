@@ -244,3 +244,18 @@ def test_non_contiguous_host_array(intact):
     strided = np.zeros(200, dtype=np.uint8)[::2]
     _fails(E.InvalidParamError, E.ACL_ERROR_INVALID_PARAM,
            npumem.memcpy, device, 100, strided, 100, K.HOST_TO_DEVICE, match="contiguous")
+
+
+NOWHERE = (1 << 48) + 5 * (1 << 46)          # device 5's address range; the runtime has 2 devices
+
+
+@pytest.mark.parametrize("call", [
+    lambda: npumem.memcpy(np.zeros(64, np.uint8), 64, NOWHERE, 64, K.HOST_TO_HOST),
+    lambda: npumem.memcpy(np.zeros(64, np.uint8), 64, NOWHERE, 64, K.DEFAULT),
+    lambda: npumem.memcpy(NOWHERE, 64, np.zeros(64, np.uint8), 64, K.DEFAULT),
+    lambda: npumem.memset(NOWHERE, 64, 0, 64),
+    lambda: npumem.memcpy_async(NOWHERE, 64, NOWHERE + 64, 64, K.DEVICE_TO_DEVICE, None),
+], ids=["host-to-host", "default-from", "default-to", "memset", "async"])
+def test_an_address_of_a_device_that_does_not_exist_is_never_touched(intact, call):
+    message = _fails(E.MemoryAccessError, 107000, call)
+    assert "device 5, which does not exist" in message

@@ -15,10 +15,11 @@ import threading
 from ..constants import (
     ASYNC_COPY_ALIGN, MALLOC_ALIGN, MALLOC_PADDING, MallocPolicy, MemAttr, MemcpyKind, RunMode,
 )
+from ..device.address_space import MAX_DEVICES, device_of, in_device_space
 from ..device.backend import DeviceRange
 from ..errors import (
     AddressUnalignedError, FeatureNotSupportedError, InvalidMemoryTypeError, InvalidParamError,
-    MemoryFreeError,
+    MemoryAccessError, MemoryFreeError,
 )
 from ..observe import OBSERVERS, emit
 from ..units import align_up
@@ -186,8 +187,13 @@ def host_unregister(device_pointer: int) -> None:
 def _endpoint(obj, nbytes: int, what: str, writable: bool) -> DeviceRange | HostRange:
     """Resolve a copy end: device pointers are bounds-checked against live allocations."""
     backend = RUNTIME.backend
-    if isinstance(obj, int) and not isinstance(obj, bool) and backend.is_device_pointer(obj):
-        return backend.resolve(obj, nbytes, what)
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if backend.is_device_pointer(obj):
+            return backend.resolve(obj, nbytes, what)
+        if in_device_space(obj, MAX_DEVICES):     # no host memory lives there: never touch it
+            raise MemoryAccessError(
+                f"{what}: 0x{obj:x} is an address of device {device_of(obj)}, which does not "
+                f"exist (this runtime has {backend.device_count} device(s))")
     return host_range(obj, nbytes, what, writable)
 
 
