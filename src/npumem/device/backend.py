@@ -49,6 +49,24 @@ class DeviceRange(NamedTuple):
             )
         return self.allocation.host_address + self.offset
 
+    def hold(self, what: str) -> tuple[object, int]:
+        """(the buffer, the host address of these bytes). Whoever keeps the buffer keeps the
+        bytes mapped, so a free that races with a copy cannot unmap them under it."""
+        buffer = self.allocation.buffer       # taken before the check: a later free cannot unmap
+        address = self.host_address(what)     # raises once the allocation is freed
+        if buffer is None:                    # freed between the two lines above
+            raise MemoryAccessError(f"{what}: 0x{self.address:x} (+{self.nbytes} bytes) was "
+                                    "freed while the work was queued (use after free)")
+        return buffer, address
+
+    def check_not_freed(self, what: str) -> None:
+        """Raise if the allocation was freed while work on it ran (the work itself was safe:
+        it held the bytes)."""
+        if not self.allocation.live:
+            raise MemoryAccessError(
+                f"{what}: {self.allocation.describe()} was freed while the work on it ran "
+                "(use after free): free it after synchronizing its stream")
+
 
 class DeviceBackend(ABC):
     """What the runtime needs from a device. See the module docstring for the contract."""
@@ -169,24 +187,36 @@ class DeviceBackend(ABC):
         return self.host_view(rng, what)
 
     def host_view(self, rng: DeviceRange, what: str) -> "np.ndarray":
-        """The bytes of a device range as a writable uint8 array (host-visible backends only)."""
-        rng.host_address(what)               # raises on use after free
-        buffer = rng.allocation.buffer
+        """The bytes of a device range as a writable uint8 array (host-visible backends only);
+        the view keeps them mapped (raises on use after free)."""
+        buffer, _ = rng.hold(what)
         return buffer[rng.offset:rng.offset + rng.nbytes]
+
+    # Each mover holds the buffers it touches while it runs: a free from another thread during
+    # a long copy then leaves the bytes mapped until the copy ends, and is reported after it.
 
     def write(self, dst: DeviceRange, src_address: int) -> None:
         """Host bytes at `src_address` -> device range."""
-        ctypes.memmove(dst.host_address("copy to device"), src_address, dst.nbytes)
+        held, address = dst.hold("copy to device")
+        ctypes.memmove(address, src_address, dst.nbytes)
+        dst.check_not_freed("copy to device")
 
     def read(self, dst_address: int, src: DeviceRange) -> None:
         """Device range -> host bytes at `dst_address`."""
-        ctypes.memmove(dst_address, src.host_address("copy from device"), src.nbytes)
+        held, address = src.hold("copy from device")
+        ctypes.memmove(dst_address, address, src.nbytes)
+        src.check_not_freed("copy from device")
 
     def copy(self, dst: DeviceRange, src: DeviceRange) -> None:
         """Device range -> device range (same or different device); overlap is allowed."""
-        ctypes.memmove(dst.host_address("device copy destination"),
-                       src.host_address("device copy source"), dst.nbytes)
+        held_dst, target = dst.hold("device copy destination")
+        held_src, source = src.hold("device copy source")
+        ctypes.memmove(target, source, dst.nbytes)
+        src.check_not_freed("device copy source")
+        dst.check_not_freed("device copy destination")
 
     def fill(self, dst: DeviceRange, value: int) -> None:
         """Set every byte of the range to `value` (0..255)."""
-        ctypes.memset(dst.host_address("memset"), value, dst.nbytes)
+        held, address = dst.hold("memset")
+        ctypes.memset(address, value, dst.nbytes)
+        dst.check_not_freed("memset")

@@ -162,6 +162,11 @@ class Runtime:
 
     def _release_device(self, device: int) -> list[Allocation]:
         self.device_refs.pop(device, None)
+        contexts = [c for c in self.contexts if c.device == device]
+        for context in contexts:       # queued work ends before the memory it uses goes
+            for stream in [context.default_stream, *context.streams]:
+                if not stream.destroyed:
+                    stream.drain()
         for hook in self.device_release_hooks:
             hook(device)
         for context in [c for c in self.contexts if c.device == device]:
