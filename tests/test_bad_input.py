@@ -259,3 +259,36 @@ NOWHERE = (1 << 48) + 5 * (1 << 46)          # device 5's address range; the run
 def test_an_address_of_a_device_that_does_not_exist_is_never_touched(intact, call):
     message = _fails(E.MemoryAccessError, 107000, call)
     assert "device 5, which does not exist" in message
+
+
+@pytest.mark.parametrize("size", [4096, 4 << 20])
+def test_a_freed_malloc_host_pointer_is_use_after_free_not_a_corrupted_heap(intact, size):
+    stale = npumem.malloc_host(size)
+    npumem.free_host(stale)
+    host = np.ones(size, np.uint8)
+    for call in (lambda: npumem.memcpy(stale, size, host, size, K.HOST_TO_HOST),
+                 lambda: npumem.memcpy(host, size, stale, size, K.HOST_TO_HOST),
+                 lambda: npumem.memset(stale, size, 0, size)):
+        assert "released with free_host: use after free" in _fails(E.MemoryAccessError, 107000, call)
+    assert host.sum() == size
+
+
+@pytest.mark.parametrize("pointer", [0x1234, 0x7F0000000000 - 4096])
+def test_an_unmapped_host_pointer_is_refused_before_it_is_touched(intact, pointer):
+    host = np.zeros(64, np.uint8)
+    message = _fails(E.MemoryAccessError, 107000, npumem.memcpy, host, 64, pointer, 64, K.HOST_TO_HOST)
+    assert "not readable memory of this process" in message
+    assert "not writable" in _fails(E.MemoryAccessError, 107000, npumem.memcpy, pointer, 64, host,
+                                    64, K.HOST_TO_HOST)
+
+
+def test_the_quarantine_is_bounded_and_released_at_finalize(rt):
+    from npumem.runtime.hostmem import PinnedHostMemory
+
+    pinned = PinnedHostMemory(quarantine_bytes=3 * 4096)
+    freed = [pinned.free(pinned.allocate(4096).start) for _ in range(5)]
+    assert [a.buffer is None for a in freed] == [True, True, False, False, False]   # oldest go
+    assert pinned.find_freed(freed[-1].start + 100) is freed[-1]
+    assert pinned.find_freed(freed[0].start) is not freed[0]     # its address may be reused now
+    pinned.release_all()
+    assert all(a.buffer is None for a in freed) and pinned.find_freed(freed[-1].start) is None

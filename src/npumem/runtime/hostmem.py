@@ -2,13 +2,15 @@
 
 Host arguments may be numpy arrays, any bytes-like object, or integer host pointers. Pinned
 allocations are real, 64-byte aligned host buffers registered in an `AddressIndex`, so a pointer
-into them is bounds-checked like device memory; a raw pointer into other host memory is trusted,
-as the C runtime would trust it (the OS reuses freed host addresses, so a stale host pointer
-cannot be told apart from a fresh one).
+into them is bounds-checked like device memory. Freed pinned buffers stay in a bounded
+quarantine (their bytes kept, so no one else gets their addresses): a stale pointer into one is
+a use-after-free error, not a write into someone's heap. A raw pointer into other host memory
+is trusted as the C runtime trusts it, once it is known to be mapped (`host_maps`).
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 from dataclasses import dataclass
 
@@ -18,14 +20,22 @@ from ..constants import DEVICE_START_ALIGN
 from ..device.address_index import AddressIndex, Allocation
 from ..device.backing import address_of, allocate_bytes
 from ..errors import InvalidParamError, MemoryAccessError, MemoryFreeError
+from .host_maps import is_mapped
+
+
+QUARANTINE_BYTES = 256 << 20          # freed pinned memory kept back, oldest released first
 
 
 class PinnedHostMemory:
     """Registry of page-locked host buffers handed out by malloc_host."""
 
-    def __init__(self):
+    def __init__(self, quarantine_bytes: int = QUARANTINE_BYTES):
         self.index = AddressIndex()
         self.lock = threading.Lock()
+        self.quarantine_bytes = quarantine_bytes
+        self._quarantine: collections.deque[Allocation] = collections.deque()   # oldest first
+        self._quarantined = 0
+        self._freed = AddressIndex()      # the quarantine by address, for stale pointers
 
     def allocate(self, size: int, backend=None) -> Allocation:
         """`backend.allocate_host` gives the bytes where a backend is given (cuda pins them)."""
@@ -49,8 +59,25 @@ class PinnedHostMemory:
                 raise MemoryFreeError(f"free_host(0x{pointer:x}): {allocation.describe()} is still "
                                       f"mapped into device memory at {mapped}; host_unregister it first")
             self.index.remove(pointer)
-        allocation.buffer = None
+            self._hold_back(allocation)
         return allocation
+
+    def _hold_back(self, allocation: Allocation) -> None:
+        """Keep a freed buffer's bytes (so its addresses are not handed to anyone else) until
+        newer frees push it out of the quarantine (call with the lock held)."""
+        self._quarantine.append(allocation)
+        self._freed.add(allocation)
+        self._quarantined += allocation.size
+        while self._quarantined > self.quarantine_bytes and self._quarantine:
+            oldest = self._quarantine.popleft()
+            self._freed.remove(oldest.start)
+            self._quarantined -= oldest.size
+            oldest.buffer = None          # the bytes go back to the OS now
+
+    def find_freed(self, address: int) -> Allocation | None:
+        """The freed pinned allocation, still in quarantine, that holds `address`."""
+        with self.lock:
+            return self._freed.containing(address)
 
     def find(self, address: int) -> Allocation | None:
         with self.lock:
@@ -61,9 +88,16 @@ class PinnedHostMemory:
             return self.index.live()
 
     def release_all(self) -> list[Allocation]:
+        """Free everything (finalize), the quarantine included; returns what was still live."""
         live = self.live()
         for allocation in live:
             self.free(allocation.start)
+        with self.lock:
+            while self._quarantine:
+                oldest = self._quarantine.popleft()
+                self._freed.remove(oldest.start)
+                oldest.buffer = None
+            self._quarantined = 0
         return live
 
 
@@ -100,6 +134,15 @@ def host_range(obj, nbytes: int, what: str, writable: bool) -> HostRange:
                     f"{what}: {nbytes} bytes at 0x{obj:x} run {obj + nbytes - pinned.end} bytes past "
                     f"the end of {pinned.describe()}"
                 )
+        else:
+            freed = PINNED.find_freed(obj)
+            if freed is not None:
+                raise MemoryAccessError(f"{what}: 0x{obj:x} is inside {freed.describe()}, released "
+                                        "with free_host: use after free")
+            if nbytes and not is_mapped(obj, nbytes, writable):
+                raise MemoryAccessError(f"{what}: {nbytes} bytes at host address 0x{obj:x} are not "
+                                        f"{'writable' if writable else 'readable'} memory of this "
+                                        "process (a stale or made-up pointer?)")
         return HostRange(obj, nbytes, pinned)
     array = _as_byte_array(obj, what, writable)
     if array.nbytes < nbytes:
