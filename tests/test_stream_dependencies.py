@@ -222,3 +222,33 @@ def test_the_detector_matches_a_model_of_the_streams(rt, calls):
         npumem.set_op_wait_timeout(0)
         for stream in streams:
             npumem.destroy_stream(stream)
+
+
+@pytest.mark.parametrize("teardown", ["destroy_stream", "reset_device", "finalize", "destroy_event"])
+def test_a_wait_for_an_event_never_recorded_never_hangs_teardown(teardown):
+    """Issue 19, item 5: each of these used to block forever."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import npumem
+        npumem.init(); npumem.set_device(0)
+        s, e = npumem.create_stream(), npumem.create_event()
+        npumem.stream_wait_event(s, e)
+        try:
+            if "{teardown}" == "destroy_stream": npumem.destroy_stream(s)
+            elif "{teardown}" == "reset_device": npumem.reset_device(0)
+            elif "{teardown}" == "finalize": npumem.finalize()
+            else:
+                npumem.destroy_event(e)
+                npumem.synchronize_stream(s)
+        except npumem.errors.AclError as exc:
+            print("raised:", exc)
+        print("done")
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().endswith("done")
+    assert "was given up" in run.stdout + run.stderr and "never recorded" in run.stdout + run.stderr \
+        or "was destroyed before the record" in run.stdout

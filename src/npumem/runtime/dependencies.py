@@ -34,6 +34,7 @@ class PendingWait:
     task: int
     event: object
     record: RecordPoint | None = None
+    cancelled: str = ""            # why the wait was given up (the waiting task then fails)
 
     @property
     def blocking(self) -> bool:
@@ -73,6 +74,14 @@ class DependencyGraph:
                 waits.remove(wait)
                 if not waits:
                     del self._waits[wait.stream]
+
+    def cancel(self, waits: list[PendingWait], reason: str) -> None:
+        """Give up `waits`: each waiting task stops waiting and fails with `reason`."""
+        for wait in waits:
+            wait.cancelled = reason
+
+    def of_event(self, event) -> list[PendingWait]:
+        return [w for waits in self._waits.values() for w in waits if w.event is event]
 
     def unbound(self, event) -> list[PendingWait]:
         return [w for waits in self._waits.values() for w in waits

@@ -166,6 +166,7 @@ class Runtime:
         for context in contexts:       # queued work ends before the memory it uses goes
             for stream in [context.default_stream, *context.streams]:
                 if not stream.destroyed:
+                    stream.release_unrecorded_waits(f"device {device} was reset")
                     stream.drain()
         for hook in self.device_release_hooks:
             hook(device)

@@ -137,7 +137,9 @@ class Stream:
         return text
 
     def destroy(self) -> None:
-        """Finish queued work, then stop the worker. Errors still pending are raised."""
+        """Finish queued work, then stop the worker. Errors still pending are raised. Waits for
+        events that have no record queued can never end: they fail instead of hanging."""
+        self.release_unrecorded_waits(f"{self!r} was destroyed")
         try:
             self.synchronize()
         finally:
@@ -148,6 +150,15 @@ class Stream:
     def check_alive(self) -> None:
         if self.destroyed:
             raise InvalidHandleError(f"stream 0x{self.handle:x} was destroyed")
+
+    def release_unrecorded_waits(self, why: str) -> None:
+        """Give up this stream's waits for events with no record queued (teardown)."""
+        with GRAPH.lock:
+            GRAPH.cancel([w for w in GRAPH.waits_on(self) if w.record is None],
+                         f"{why} while it waited for an event that was never recorded")
+
+
+_POLL = 0.05          # how often a blocked wait looks whether it was given up (seconds)
 
 
 def _as_acl_error(exc: BaseException, label: str, stream: Stream) -> AclError:
@@ -209,7 +220,11 @@ class Event:
             point.task = stream.enqueue(mark, f"record {self!r}")
 
     def destroy(self) -> None:
+        """Destroy the event; waits still queued for it fail (they could never be released)."""
         self.check_alive()
+        with GRAPH.lock:
+            waiting = [w for w in GRAPH.of_event(self) if w.blocking]
+            GRAPH.cancel(waiting, f"{self!r} was destroyed before the record it waits for ran")
         self.destroyed = True
         forget(self.handle)
 
@@ -249,11 +264,17 @@ class Event:
             limit = WaitSettings.op_wait_timeout      # the setting when the wait was queued
 
             def block() -> None:
+                deadline = None if limit is None else time.monotonic() + limit
                 try:
-                    if not reached.wait(limit):
-                        raise StreamNotCompleteError(
-                            f"{label} on {stream!r} timed out after {limit} s (op wait timeout); "
-                            f"{wait.describe()}")
+                    while not reached.wait(_POLL if deadline is None else
+                                           max(0.0, min(_POLL, deadline - time.monotonic()))):
+                        if wait.cancelled:         # destroy_event or teardown gave it up
+                            raise StreamNotCompleteError(f"{label} on {stream!r} was given up: "
+                                                         f"{wait.cancelled}")
+                        if deadline is not None and time.monotonic() >= deadline:
+                            raise StreamNotCompleteError(
+                                f"{label} on {stream!r} timed out after {limit} s (op wait "
+                                f"timeout); {wait.describe()}")
                 finally:
                     GRAPH.remove(wait)
 
