@@ -350,3 +350,33 @@ def test_oom_on_a_ddr_device_reports_its_free_memory():
         OBSERVERS.remove(recorder)
     assert ("oom", 64 * MiB) in recorder.events          # the free bytes ride in the address
     pool.close()
+
+
+def test_a_destroyed_streams_arena_goes_back_to_the_device():
+    """Issue 19, item 10: arenas piled up with each stream (32 GiB of address space each) until
+    allocation failed after about 4,000 streams."""
+    import numpy as np
+    import npumem
+    import npumem.memory as mem
+
+    npumem.init()
+    npumem.set_device(0)
+    try:
+        strategy = mem.get_allocator()._strategy
+        for _ in range(300):
+            stream = npumem.create_stream()
+            x = npumem.from_numpy(np.ones(1024, np.float32), stream)
+            stream.synchronize()
+            del x
+            npumem.destroy_stream(stream)
+        assert len(strategy.arenas) <= 1 and not strategy.gone
+        stream = npumem.create_stream()                  # a tensor outliving its stream
+        kept = npumem.from_numpy(np.ones(1024, np.float32), stream)
+        stream.synchronize()
+        npumem.destroy_stream(stream)
+        assert stream in strategy.gone and stream in strategy.arenas
+        del kept
+        mem.memory_stats()                                   # frees queued by finalizers run
+        assert stream not in strategy.arenas and not strategy.gone
+    finally:
+        npumem.finalize()

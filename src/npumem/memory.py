@@ -236,5 +236,13 @@ def _finalize() -> None:
         _settings = None
 
 
+def _stream_destroyed(stream) -> None:
+    with _lock:
+        pool = _pools.get(stream.device)
+    if pool is not None:
+        pool.forget_stream(stream)
+
+
 RUNTIME.device_release_hooks.append(_release_device)
+RUNTIME.stream_destroy_hooks.append(_stream_destroyed)
 RUNTIME.finalize_hooks.append(_finalize)

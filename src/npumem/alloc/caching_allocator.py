@@ -159,6 +159,9 @@ class CachingAllocator(MemoryResource):
                 self._observe("free", block)
             block.allocated = False
             block.segment.free.merge_and_add(block)
+            gone = getattr(self._strategy, "gone", None)
+            if gone and getattr(block.segment, "stream", None) in gone:
+                self._strategy.forget_stream(block.segment.stream)   # its last block, perhaps
         finally:
             lock.release()
 
@@ -298,6 +301,14 @@ class CachingAllocator(MemoryResource):
         with self.lock:
             self._free_deferred()
             self._free_completed_pending()
+
+    def forget_stream(self, stream) -> None:
+        """`stream` was destroyed: its expandable arena goes back to the device as soon as no
+        block in it is allocated (segment mode keeps no per-stream ranges)."""
+        forget = getattr(self._strategy, "forget_stream", None)
+        if forget is not None:
+            with self.lock:
+                forget(stream)
 
     def empty_cache(self) -> int:
         """Give cached memory back to the device; returns the bytes released."""

@@ -67,6 +67,7 @@ class ExpandableStrategy:
         self.page = owner.backend.page_granularity
         self.shift = self.page.bit_length() - 1
         self.arenas: dict[object, Arena] = {}
+        self.gone: set = set()         # destroyed streams whose arenas still hold blocks
 
     def _arena(self, stream) -> Arena:
         arena = self.arenas.get(stream)
@@ -149,7 +150,28 @@ class ExpandableStrategy:
         return released
 
     def release_cached(self, streams=None, below: int | None = None) -> int:
-        return self.unmap_idle(streams)
+        released = self.unmap_idle(streams)
+        for stream in list(self.gone):               # arenas whose last block went since
+            self.forget_stream(stream)
+        return released
+
+    def forget_stream(self, stream) -> bool:
+        """The stream was destroyed: give its arena back (pages and address range) once no
+        block in it is allocated; until then it waits in `gone`. True when given back."""
+        arena = self.arenas.get(stream)
+        if arena is None:
+            self.gone.discard(stream)
+            return True
+        whole = arena.first
+        if whole.allocated or whole.size != arena.reservation.size:   # live blocks in it
+            self.gone.add(stream)
+            return False
+        self.unmap_idle(streams={stream})
+        self.owner.backend.free(arena.reservation.start, "release")
+        del self.arenas[stream]
+        self.gone.discard(stream)
+        self.owner.on_device_memory(0, False, segments=-1)
+        return True
 
     def streams(self) -> set:
         return set(self.arenas)
@@ -160,6 +182,7 @@ class ExpandableStrategy:
         for arena in self.arenas.values():
             self.owner.backend.free(arena.reservation.start, "release")
         self.arenas.clear()
+        self.gone.clear()
 
     def views(self):
         """(stream, small, blocks, mapped ranges) per arena, for reports."""

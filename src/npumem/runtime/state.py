@@ -80,6 +80,7 @@ class Runtime:
         self._thread = threading.local()
         # Layers above (the caching pools) release what they hold on a device before it goes.
         self.device_release_hooks: list = []
+        self.stream_destroy_hooks: list = []     # hook(stream): after a stream is destroyed
         self.finalize_hooks: list = []
         self.next_backend: str | DeviceBackend | None = None    # set_backend's choice
 
@@ -242,6 +243,8 @@ class Runtime:
             owner = stream.context
             if stream in owner.streams:
                 owner.streams.remove(stream)
+            for hook in self.stream_destroy_hooks:
+                hook(stream)
 
 
 def _report_leaks(where: str, allocations: list[Allocation]) -> None:
