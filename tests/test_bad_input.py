@@ -292,3 +292,36 @@ def test_the_quarantine_is_bounded_and_released_at_finalize(rt):
     assert pinned.find_freed(freed[0].start) is not freed[0]     # its address may be reused now
     pinned.release_all()
     assert all(a.buffer is None for a in freed) and pinned.find_freed(freed[-1].start) is None
+
+
+@pytest.mark.parametrize("pointer", [None, "x", 1.5, True])
+def test_pool_calls_refuse_a_pointer_that_is_not_an_integer_with_the_code(intact, pointer):
+    import npumem.memory as mem
+
+    for call in (mem.caching_allocator_delete, lambda p: mem.record_stream(p, None)):
+        assert "must be an integer" in _fails(E.InvalidParamError, 100000, call, pointer)
+
+
+def test_numpy_integers_are_integers(rt):
+    import npumem.memory as mem
+
+    npumem.set_device(np.int64(1))
+    assert npumem.get_device() == 1 and type(npumem.get_device()) is int
+    pointer = mem.caching_allocator_alloc(np.int32(64))
+    mem.caching_allocator_delete(np.int64(pointer))
+    npumem.free(npumem.malloc(np.uint16(100)))
+    npumem.reset_device(np.int64(1))
+
+
+@pytest.mark.parametrize("timeout", [-1, "x", float("nan"), float("inf"), True])
+def test_a_bad_timeout_is_refused(intact, timeout):
+    stream = npumem.create_stream()
+    event = npumem.create_event()
+    _fails(E.InvalidParamError, 100000, npumem.synchronize_stream, stream, timeout)
+    _fails(E.InvalidParamError, 100000, npumem.synchronize_event, event, timeout)
+    npumem.destroy_stream(stream)
+
+
+def test_malloc_host_beyond_the_machines_ram_is_refused(intact):
+    message = _fails(E.MemoryAllocationError, 207001, npumem.malloc_host, 1 << 50)
+    assert "more than this machine's" in message

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import os
 import threading
 
 from ..constants import (
@@ -19,10 +20,10 @@ from ..device.address_space import MAX_DEVICES, device_of, in_device_space
 from ..device.backend import DeviceRange
 from ..errors import (
     AddressUnalignedError, FeatureNotSupportedError, InvalidMemoryTypeError, InvalidParamError,
-    MemoryAccessError, MemoryFreeError,
+    MemoryAccessError, MemoryAllocationError, MemoryFreeError,
 )
 from ..observe import OBSERVERS, emit
-from ..units import align_up
+from ..units import align_up, format_size
 from .hostmem import PINNED, HostRange, host_range
 from .state import RUNTIME
 
@@ -137,6 +138,11 @@ def dvpp_free(pointer: int) -> None:
 def malloc_host(size: int) -> int:
     """Pinned (page-locked) host memory, 64-byte aligned; release it with `free_host` only."""
     size = _size(size, "malloc_host")
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if size > physical:                 # page-locked memory cannot exceed the machine's RAM
+        raise MemoryAllocationError(f"malloc_host({size}): {format_size(size)} of page-locked "
+                                    f"memory is more than this machine's {format_size(physical)} "
+                                    "of RAM")
     return PINNED.allocate(size, RUNTIME.require()).start
 
 

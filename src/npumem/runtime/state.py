@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import operator
 import threading
 import warnings
 
@@ -132,8 +133,15 @@ class Runtime:
     # --- devices and contexts ---------------------------------------------------------------
 
     def check_device(self, device: int) -> int:
+        """The device id as an int (anything with __index__, numpy integers included)."""
         backend = self.require()
-        if not isinstance(device, int) or not 0 <= device < backend.device_count:
+        if not isinstance(device, bool):
+            try:
+                device = operator.index(device)
+            except TypeError:
+                pass
+        if not isinstance(device, int) or isinstance(device, bool) or \
+                not 0 <= device < backend.device_count:
             raise InvalidDeviceError(
                 f"invalid device id {device!r}: this process has {backend.device_count} "
                 f"{backend.name} device(s), ids 0..{backend.device_count - 1}"
@@ -142,7 +150,7 @@ class Runtime:
 
     def set_device(self, device: int) -> Context:
         with self.lock:
-            self.check_device(device)
+            device = self.check_device(device)
             self.device_refs[device] = self.device_refs.get(device, 0) + 1
             context = self.default_contexts.get(device)
             if context is None:
@@ -154,7 +162,7 @@ class Runtime:
     def reset_device(self, device: int) -> list[Allocation]:
         """Drop one reference to `device`; at zero, release it and return what was still live."""
         with self.lock:
-            self.check_device(device)
+            device = self.check_device(device)
             refs = self.device_refs.get(device, 0)
             if refs > 1:
                 self.device_refs[device] = refs - 1

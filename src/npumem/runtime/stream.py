@@ -19,7 +19,8 @@ import time
 from typing import Callable
 
 from ..errors import (
-    AclError, AsyncTaskError, InvalidHandleError, StreamDeadlockError, StreamNotCompleteError,
+    AclError, AsyncTaskError, InvalidHandleError, InvalidParamError, StreamDeadlockError,
+    StreamNotCompleteError,
 )
 from .dependencies import GRAPH, PendingWait, RecordPoint, describe_cycle
 from .handles import forget, new_handle
@@ -113,6 +114,7 @@ class Stream:
     def synchronize(self, timeout: float | None = None) -> None:
         """Block until the stream is idle; raise the first error its work hit since the last sync."""
         self.check_alive()
+        timeout = check_timeout(timeout, "synchronize_stream")
         if not self.drain(timeout):
             raise StreamNotCompleteError(f"{self!r} did not finish within {timeout} s: "
                                          f"{self.describe_pending()}")
@@ -159,6 +161,17 @@ class Stream:
 
 
 _POLL = 0.05          # how often a blocked wait looks whether it was given up (seconds)
+
+
+def check_timeout(timeout, what: str) -> float | None:
+    """None (wait as long as it takes) or a number of seconds, 0 or more."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not 0 <= timeout < float("inf"):
+        raise InvalidParamError(f"{what}: timeout must be None or seconds (0 or more), got "
+                                f"{timeout!r}")
+    return float(timeout)
 
 
 def _as_acl_error(exc: BaseException, label: str, stream: Stream) -> AclError:
@@ -240,6 +253,7 @@ class Event:
 
     def synchronize(self, timeout: float | None = None) -> None:
         self.check_alive()
+        timeout = check_timeout(timeout, "synchronize_event")
         reached = self._reached
         if reached is not None and not reached.wait(timeout):
             record = self._record
