@@ -251,4 +251,20 @@ def test_a_wait_for_an_event_never_recorded_never_hangs_teardown(teardown):
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().endswith("done")
     assert "was given up" in run.stdout + run.stderr and "never recorded" in run.stdout + run.stderr \
-        or "was destroyed before the record" in run.stdout
+        or "was destroyed before it was recorded" in run.stdout
+
+
+
+def test_destroying_a_recorded_event_keeps_its_waits(rt):
+    """As cudaEventDestroy: a wait bound to a record already queued still ends when it runs."""
+    first, second = rt.create_stream(), rt.create_stream()
+    gate = threading.Event()
+    first.enqueue(gate.wait, "held until the test says so")
+    event = rt.create_event()
+    rt.record_event(event, first)
+    rt.stream_wait_event(second, event)
+    rt.destroy_event(event)
+    gate.set()
+    rt.synchronize_stream(second)             # no error: the wait ended with the record
+    rt.destroy_stream(first)
+    rt.destroy_stream(second)

@@ -80,9 +80,6 @@ class DependencyGraph:
         for wait in waits:
             wait.cancelled = reason
 
-    def of_event(self, event) -> list[PendingWait]:
-        return [w for waits in self._waits.values() for w in waits if w.event is event]
-
     def unbound(self, event) -> list[PendingWait]:
         return [w for waits in self._waits.values() for w in waits
                 if w.event is event and w.record is None]

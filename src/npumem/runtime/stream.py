@@ -233,11 +233,12 @@ class Event:
             point.task = stream.enqueue(mark, f"record {self!r}")
 
     def destroy(self) -> None:
-        """Destroy the event; waits still queued for it fail (they could never be released)."""
+        """Destroy the event. Waits bound to a record already queued still end when it runs
+        (as cudaEventDestroy lets them); waits for a record that was never queued could never
+        end, and fail."""
         self.check_alive()
         with GRAPH.lock:
-            waiting = [w for w in GRAPH.of_event(self) if w.blocking]
-            GRAPH.cancel(waiting, f"{self!r} was destroyed before the record it waits for ran")
+            GRAPH.cancel(GRAPH.unbound(self), f"{self!r} was destroyed before it was recorded")
         self.destroyed = True
         forget(self.handle)
 
