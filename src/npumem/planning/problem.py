@@ -83,13 +83,26 @@ def problem_from_arrays(lower, upper, size, ids=None, name: str = "") -> Plannin
                            np.asarray(size, dtype=np.int64), name)
 
 
+# Sizes and times up to this keep the planner's 64-bit sums exact (2**15 buffers of this size
+# would have to be live at once to overflow them); no device holds more.
+MAX_VALUE = 1 << 48
+
+
 def read_problem(path: str | os.PathLike) -> PlanningProblem:
     """Read an `id,lower,upper,size` CSV file (a header line is required)."""
     path = os.fspath(path)
     try:
-        handle = open(path, newline="", encoding="utf-8")
+        handle = open(path, newline="", encoding="utf-8", errors="strict")
     except OSError as exc:
         raise ProblemFormatError(path, 0, f"cannot open: {exc.strerror}") from None
+    try:
+        return _read_rows(path, handle)
+    except UnicodeDecodeError as exc:
+        raise ProblemFormatError(path, 0, f"not UTF-8 text (byte {exc.start}: "
+                                 f"{exc.object[exc.start:exc.start + 1]!r})") from None
+
+
+def _read_rows(path: str, handle) -> PlanningProblem:
     ids, lower, upper, size = [], [], [], []
     with handle:
         reader = csv.reader(handle)
@@ -111,6 +124,9 @@ def read_problem(path: str | os.PathLike) -> PlanningProblem:
             if up <= lo or sz < 0:
                 raise ProblemFormatError(path, line, f"buffer {row[0]}: needs lower < upper and "
                                          f"size >= 0, got lower={lo}, upper={up}, size={sz}")
+            if max(abs(lo), abs(up), sz) > MAX_VALUE:
+                raise ProblemFormatError(path, line, f"buffer {row[0]}: lower, upper and size "
+                                         f"must be at most 2**48 ({MAX_VALUE}), got {row[1:4]}")
             ids.append(row[0].strip())
             lower.append(lo)
             upper.append(up)

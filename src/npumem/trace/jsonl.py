@@ -12,6 +12,7 @@ entry as it was (all actions, frames, streams, times) with the device it belongs
 from __future__ import annotations
 
 import json
+import math
 from typing import Iterable, Iterator
 
 from .events import TraceEvent, TraceFormatError
@@ -59,8 +60,10 @@ def _event(path: str, number: int, line: str) -> TraceEvent:
             raise TraceFormatError(path, where, f"{key} must be a non-negative integer, got {value!r}")
     t_us = record.get("t_us", 0.0)
     stream = record.get("stream", 0)
-    if not isinstance(t_us, (int, float)) or not isinstance(stream, int):
-        raise TraceFormatError(path, where, "t_us must be a number and stream an integer")
+    if isinstance(t_us, bool) or not isinstance(t_us, (int, float)) or not math.isfinite(t_us) \
+            or isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+        raise TraceFormatError(path, where, f"t_us must be a finite number and stream a "
+                               f"non-negative integer, got t_us={t_us!r}, stream={stream!r}")
     return TraceEvent(float(t_us), action, record["addr"], record["size"], stream)
 
 
@@ -72,7 +75,11 @@ def write(events: Iterable[TraceEvent], path: str) -> int:
                       "size": event.size}
             if event.stream:
                 record["stream"] = event.stream
-            out.write(json.dumps(record, separators=(",", ":")) + "\n")
+            try:
+                out.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
+            except ValueError:
+                raise TraceFormatError(path, str(count + 1), f"cannot write a time of "
+                                       f"{event.t_us!r} us: JSON holds finite numbers only") from None
             count += 1
     return count
 

@@ -128,6 +128,10 @@ def load_recording(path: str, device: int | None = None, flavour: str | None = N
     return recording_from_data(load_data(path), path, device, flavour)
 
 
+def _natural(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None = None,
                         flavour: str | None = None) -> Recording:
     """One device of an already loaded snapshot dict."""
@@ -149,13 +153,14 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
         if not isinstance(entry, dict) or not isinstance(entry.get("action"), str):
             raise TraceFormatError(path, f"device_traces[{device}][{index}]",
                                    "a trace entry is not a dict with an action")
-        if entry["action"] != "snapshot" and not (isinstance(entry.get("addr", 0), int) and
-                                                  isinstance(entry.get("size", 0), int)):
+        if entry["action"] != "snapshot" and not (_natural(entry.get("addr", 0)) and
+                                                  _natural(entry.get("size", 0))):
             raise TraceFormatError(path, f"device_traces[{device}][{index}]",
-                                   f"{entry['action']} entry without integer addr and size")
+                                   f"{entry['action']} entry without a non-negative integer addr "
+                                   f"and size (addr={entry.get('addr')!r}, size={entry.get('size')!r})")
     mine = [s for s in segments if s.get("device", 0) == device]
     for index, segment in enumerate(mine):
-        if not all(isinstance(segment.get(key), int) for key in ("address", "total_size")) \
+        if not all(_natural(segment.get(key)) for key in ("address", "total_size")) \
                 or not isinstance(segment.get("blocks", []), list):
             raise TraceFormatError(path, f"segments[{index}]", "a segment without integer "
                                    "address and total_size, or without a list of blocks")
