@@ -72,3 +72,68 @@ def test_threads_running_ops_while_another_empties_the_cache():
     """, "256MiB")
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) == 0
+
+
+def test_stress_eight_threads_of_pool_and_tensor_work_with_empty_cache():
+    """Issue 19's stress run: pool allocations, tensor ops and cross-stream frees on 8 threads
+    while the cache is emptied. NPUMEM_STRESS_SECONDS runs it longer (default 3 s)."""
+    seconds = float(os.environ.get("NPUMEM_STRESS_SECONDS", "3"))
+    done = _run(f"""
+        import random, threading, time
+        import numpy as np, npumem, npumem.memory as mem
+        from npumem import aclnn
+        npumem.init(); npumem.set_device(0)
+        stop, errors, steps = time.monotonic() + {seconds}, [], [0]
+
+        def tensors(seed):
+            rng = random.Random(seed)
+            try:
+                s = npumem.create_stream()
+                while time.monotonic() < stop:
+                    n = rng.choice([64, 256, 1024])
+                    a = npumem.from_numpy(np.ones((n, n), np.float32), s)
+                    out = npumem.empty((n, n), stream=s)
+                    aclnn.run_with_pool_workspace(aclnn.mul, aclnn.mul_get_workspace_size(a, a, out), s)
+                    if rng.random() < 0.3:
+                        s.synchronize()
+                    del a, out
+                    steps[0] += 1
+                s.synchronize()
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        def blocks(seed):
+            rng = random.Random(seed)
+            try:
+                mine, other = npumem.create_stream(), npumem.create_stream()
+                held = []
+                while time.monotonic() < stop:
+                    if held and (len(held) >= 32 or rng.random() < 0.5):    # at most 128 MiB
+                        mem.caching_allocator_delete(held.pop(rng.randrange(len(held))))
+                    else:
+                        pointer = mem.caching_allocator_alloc(rng.randrange(1, 4 << 20), stream=mine)
+                        if rng.random() < 0.3:
+                            mem.record_stream(pointer, other)       # freed across streams
+                        held.append(pointer)
+                for pointer in held:
+                    mem.caching_allocator_delete(pointer)
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        def empty():
+            while time.monotonic() < stop:
+                mem.empty_cache()
+                time.sleep(0.01)
+
+        threads = [threading.Thread(target=tensors, args=(i,)) for i in range(4)] + \\
+            [threading.Thread(target=blocks, args=(i,)) for i in range(3)] + [threading.Thread(target=empty)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        npumem.synchronize_device()
+        stats = mem.memory_stats()
+        assert not errors, errors[:3]
+        print(steps[0], stats["allocated_bytes.all.current"], stats["active_bytes.all.current"])
+    """, "2GiB")                      # room to spare: this is about threads, not about OOM
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps, allocated, active = map(int, done.stdout.split())
+    assert steps > 0 and allocated == 0 and active == 0
