@@ -324,3 +324,23 @@ def test_a_pool_outside_the_runtime_is_tracked_on_its_own():
     pool.deallocate(ptr)
     pool.close()
     gc.collect()
+
+
+def test_a_slow_sample_makes_the_sampler_wait_longer(monkeypatch):
+    """Issue 19, item 11: a sample over a million live blocks took longer than the interval, so
+    sampling ate the whole run; now it gets at most 1/SHARE of the time."""
+    import time
+
+    from npumem.profile import sampler as sampling
+
+    calls = []
+
+    def slow():
+        calls.append(time.perf_counter())
+        time.sleep(0.01)                   # 10 ms a sample: then at least 0.5 s between them
+        return []
+
+    monkeypatch.setattr(sampling, "take_samples", slow)
+    with sampling.Sampler(interval_ms=1):
+        time.sleep(0.3)
+    assert 1 <= len(calls) <= 2, len(calls)            # about 300 at the 1 ms interval

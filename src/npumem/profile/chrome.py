@@ -25,13 +25,17 @@ def _pid(device: int) -> int:
 
 
 def chrome_events(tracker: Tracker, samples: list[Sample] = ()) -> list[dict]:
+    return list(iter_chrome_events(tracker, samples))
+
+
+def iter_chrome_events(tracker: Tracker, samples: list[Sample] = ()):
+    """The trace's events one at a time, so a million of them are written without a list."""
     start = tracker.started_ns
 
     def ts(time_ns: int) -> float:
         return round((time_ns - start) / 1e3, 3)
 
-    events: list[dict] = []
-    events.append({"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host"}})
+    yield {"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host"}}
     devices = set()
     tracks: dict[tuple[int, int], int] = {}         # (pid, stream handle or thread id) -> tid
 
@@ -42,9 +46,9 @@ def chrome_events(tracker: Tracker, samples: list[Sample] = ()) -> list[dict]:
     for event in memory:
         pid = _pid(event.device)
         devices.add(event.device)
-        events.append({"ph": "C", "name": "memory", "pid": pid, "ts": ts(event.time_ns),
-                       "args": {"allocated": event.allocated, "reserved": event.reserved,
-                                "active": event.active}})
+        yield {"ph": "C", "name": "memory", "pid": pid, "ts": ts(event.time_ns),
+               "args": {"allocated": event.allocated, "reserved": event.reserved,
+                        "active": event.active}}
         if event.action in ("alloc", "free", "free_requested", "oom"):
             args = {"address": f"0x{event.address:x}", "bytes": event.size,
                     "requested": event.requested, "stream": event.stream, "source": event.source}
@@ -52,9 +56,9 @@ def chrome_events(tracker: Tracker, samples: list[Sample] = ()) -> list[dict]:
                 args["tag"] = event.tag
             if event.frames:
                 args["stack"] = [str(frame) for frame in event.frames]
-            events.append({"ph": "i", "s": "t", "pid": pid, "tid": track(pid, event.stream),
-                           "ts": ts(event.time_ns), "cat": "memory",
-                           "name": f"{event.action} {format_size(event.requested)}", "args": args})
+            yield {"ph": "i", "s": "t", "pid": pid, "tid": track(pid, event.stream),
+                   "ts": ts(event.time_ns), "cat": "memory",
+                   "name": f"{event.action} {format_size(event.requested)}", "args": args}
     for annotation in tracker.annotations():
         if annotation.kind == "op":
             pid = _pid(annotation.device)
@@ -63,29 +67,31 @@ def chrome_events(tracker: Tracker, samples: list[Sample] = ()) -> list[dict]:
             pid = HOST_PID
         tid = track(pid, annotation.thread)
         if annotation.kind == "mark":
-            events.append({"ph": "i", "s": "p", "pid": pid, "tid": tid, "name": annotation.name,
-                           "ts": ts(annotation.start_ns), "cat": "mark"})
+            yield {"ph": "i", "s": "p", "pid": pid, "tid": tid, "name": annotation.name,
+                   "ts": ts(annotation.start_ns), "cat": "mark"}
         else:
-            events.append({"ph": "X", "pid": pid, "tid": tid, "name": annotation.name,
-                           "cat": annotation.kind, "ts": ts(annotation.start_ns),
-                           "dur": round((annotation.end_ns - annotation.start_ns) / 1e3, 3)})
+            yield {"ph": "X", "pid": pid, "tid": tid, "name": annotation.name,
+                   "cat": annotation.kind, "ts": ts(annotation.start_ns),
+                   "dur": round((annotation.end_ns - annotation.start_ns) / 1e3, 3)}
     for sample in samples:
-        events.append({"ph": "C", "name": "host", "pid": HOST_PID, "ts": ts(sample.time_ns),
-                       "args": {"rss": sample.host_rss}})
+        yield {"ph": "C", "name": "host", "pid": HOST_PID, "ts": ts(sample.time_ns),
+               "args": {"rss": sample.host_rss}}
     for device in sorted(devices):
-        events.append({"ph": "M", "name": "process_name", "pid": _pid(device),
-                       "args": {"name": f"npu {device}"}})
+        yield {"ph": "M", "name": "process_name", "pid": _pid(device),
+               "args": {"name": f"npu {device}"}}
     for (pid, raw), tid in sorted(tracks.items(), key=lambda item: item[1]):
         if pid == HOST_PID:
             name = f"thread {raw}"
         else:
             name = "default stream" if raw == 0 else f"stream 0x{raw:x}"
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                       "args": {"name": name}})
-    return events
+        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+               "args": {"name": name}}
 
 
 def write_chrome_trace(path, tracker: Tracker, samples: list[Sample] = ()) -> None:
     with open(path, "w", encoding="utf-8") as out:
-        json.dump({"traceEvents": chrome_events(tracker, samples), "displayTimeUnit": "ms",
-                   "otherData": {"producer": "npumem", "dropped_events": tracker.dropped}}, out)
+        out.write('{"traceEvents": [\n')
+        for number, event in enumerate(iter_chrome_events(tracker, samples)):
+            out.write(("," if number else "") + json.dumps(event, separators=(",", ":")) + "\n")
+        out.write('], "displayTimeUnit": "ms", "otherData": ' + json.dumps(
+            {"producer": "npumem", "dropped_events": tracker.dropped}) + "}\n")

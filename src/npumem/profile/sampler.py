@@ -66,6 +66,9 @@ def take_samples() -> list[Sample]:
     return samples or [Sample(now, -1, 0, 0, 0, 0, 1.0, 0.0, rss)]
 
 
+SHARE = 50             # sampling gets at most 1/50 (2%) of the time
+
+
 class Sampler:
     """Samples every `interval_ms` on a daemon thread until stopped."""
 
@@ -103,8 +106,12 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            started = time.perf_counter()
             self.tick()
-            self._stop.wait(self.interval)
+            spent = time.perf_counter() - started
+            # A sample over a million live blocks takes a while (and holds each pool's lock):
+            # wait long enough that sampling never takes more than 1/SHARE of the run.
+            self._stop.wait(max(self.interval, spent * SHARE))
 
     def samples(self) -> list[Sample]:
         return list(self._samples)
