@@ -36,8 +36,9 @@ class SiteUsage:
 
 
 @dataclass
-class Allocation:
-    """One request of the trace: when, how much, from where (innermost frame first)."""
+class Request:
+    """One allocation request of the trace: when, how much, from where (callers innermost
+    first)."""
 
     time_us: float
     size: int
@@ -59,7 +60,7 @@ class DeviceAnalysis:
     at_peak: list[SiteUsage] = field(default_factory=list)    # live at the allocated peak
     # Live at the peak by whole Python stack (outermost frame first) -> requested bytes.
     peak_stacks: dict[tuple[str, ...], int] = field(default_factory=dict)
-    largest: list[Allocation] = field(default_factory=list)   # the biggest requests, for hover
+    largest: list[Request] = field(default_factory=list)   # the biggest requests, for hover
     by_site: list[SiteUsage] = field(default_factory=list)    # all allocations in the trace
 
 
@@ -93,18 +94,27 @@ def user_frame(frames: list[dict]) -> dict | None:
     return frames[0] if frames else None
 
 
-def callers(frames: list[dict], chosen: dict | None, limit: int = 7) -> list[str]:
-    """The Python frames that called the chosen one, outermost last; they end where npumem's
-    own runner (`npumem profile`) called the script."""
-    after = frames[frames.index(chosen) + 1:] if chosen in frames else frames
+def script_frames(frames: list[dict]) -> list[dict]:
+    """The Python frames of `frames` (innermost first) up to where npumem's own runner
+    (`npumem profile`) called the script."""
     python = []
-    for frame in after:
+    for frame in frames:
         name = str(frame.get("filename", ""))
         if is_internal_file(name) or name.startswith("npumem/"):
             break
         if name.endswith(".py"):
             python.append(frame)
-    return [f"{f['filename']}:{f['line']} in {f['name']}" for f in python[:limit]]
+    return python
+
+
+def _frame_text(frame: dict) -> str:
+    return f"{frame.get('filename')}:{frame.get('line')} in {frame.get('name')}"
+
+
+def callers(frames: list[dict], chosen: dict | None, limit: int = 7) -> list[str]:
+    """The Python frames that called the chosen one, outermost last."""
+    after = frames[frames.index(chosen) + 1:] if chosen in frames else frames
+    return [_frame_text(frame) for frame in script_frames(after)[:limit]]
 
 
 NO_STACK = "(no Python stack: recorded without stacks, or by a C++ thread such as autograd's)"
@@ -113,7 +123,7 @@ NO_STACK = "(no Python stack: recorded without stacks, or by a C++ thread such a
 def site_name(entry: dict) -> str:
     frame = user_frame(entry.get("frames") or [])
     if frame is not None:
-        return f"{frame['filename']}:{frame['line']} in {frame['name']}"
+        return _frame_text(frame)
     tag = entry.get("user_metadata")
     return f"[{tag}]" if tag else NO_STACK
 
@@ -179,8 +189,8 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
     result.peak_stacks = stacks_by_bytes(live_at_peak)
     allocs = [e for e in entries if e.get("action") == "alloc"]
     result.by_site = group_by_site(allocs)
-    result.largest = [Allocation(e.get("time_us", 0), e.get("requested_size") or e.get("size", 0),
-                                 site_name(e), callers(e.get("frames") or [], None))
+    result.largest = [Request(e.get("time_us", 0), e.get("requested_size") or e.get("size", 0),
+                              site_name(e), callers(e.get("frames") or [], None))
                       for e in heapq.nlargest(LARGEST, allocs, key=lambda e: e.get("size", 0))]
     return result
 
@@ -190,14 +200,7 @@ def stacks_by_bytes(entries: list[dict]) -> dict[tuple[str, ...], int]:
     (npumem's runner and what called it are left out); entries without one go by site."""
     stacks: dict[tuple[str, ...], int] = {}
     for entry in entries:
-        frames = entry.get("frames") or []
-        python = []
-        for frame in frames:
-            name = str(frame.get("filename", ""))
-            if is_internal_file(name) or name.startswith("npumem/"):
-                break
-            if name.endswith(".py"):
-                python.append(f"{name}:{frame.get('line')} in {frame.get('name')}")
+        python = [_frame_text(frame) for frame in script_frames(entry.get("frames") or [])]
         key = tuple(reversed(python)) or (site_name(entry),)
         stacks[key] = stacks.get(key, 0) + (entry.get("requested_size") or entry.get("size", 0))
     return stacks
