@@ -30,8 +30,7 @@ code{font-size:12px} .ok{color:#17803d} .bad{color:#b42318}
 vertical-align:middle} svg text{font-size:11px;fill:#556} details{margin:2px 0}
 """
 # Drawn in this order: allocated last, on top, so it stays visible where active equals it.
-_SERIES = (("reserved", "#e07b24", "", 1.6), ("active", "#b9a6e8", "", 4.0),
-           ("allocated", "#3b6fd8", "", 1.6))
+_SERIES = (("reserved", "#e07b24", 1.6), ("active", "#b9a6e8", 4.0), ("allocated", "#3b6fd8", 1.6))
 _SERIES_HELP = ("reserved: held from the device by the allocator; active: allocated plus blocks "
                 "freed but still in use by a stream's queued work; allocated: what the program "
                 "holds")
@@ -62,10 +61,15 @@ def _nice_ticks(top: float, count: int = 5) -> list[float]:
     return [i * step for i in range(int(top // step) + 2)]
 
 
+def _unit(us: float) -> tuple[str, float]:
+    """The time unit that suits `us` microseconds: (name, microseconds per unit)."""
+    return next(((u, f) for u, f in (("s", 1e6), ("ms", 1e3)) if us >= f), ("us", 1.0))
+
+
 def _time_ticks(span_us: float, count: int = 5) -> tuple[list[float], str, float]:
     """Round tick times from 0 (1, 2, 2.5 or 5 times a power of ten), in the unit that suits
     the span: (ticks in us, unit name, us per unit)."""
-    unit, scale = next(((u, f) for u, f in (("s", 1e6), ("ms", 1e3)) if span_us >= f), ("us", 1.0))
+    unit, scale = _unit(span_us)
     raw = span_us / scale / count
     magnitude = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw) * scale
@@ -73,8 +77,8 @@ def _time_ticks(span_us: float, count: int = 5) -> tuple[list[float], str, float
 
 
 def _at(us: float) -> str:
-    """A time since the start, in the unit the timeline uses for it."""
-    unit, scale = next(((u, f) for u, f in (("s", 1e6), ("ms", 1e3)) if us >= f), ("us", 1.0))
+    """A time since the start, in the unit that suits it."""
+    unit, scale = _unit(us)
     return f"{us / scale:g} {unit}" if unit == "us" else f"{us / scale:.3f} {unit}"
 
 
@@ -115,7 +119,7 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
         anchor = "start" if i == 0 else "end" if x(t0 + offset) > width - right - 30 else "middle"
         xticks.append(f'<text x="{x(t0 + offset):.1f}" y="{height - 8}" text-anchor="{anchor}">'
                       f'{offset / scale:g} {unit}</text>')
-    for name, color, dash, stroke in _SERIES:
+    for name, color, stroke in _SERIES:
         coords = []
         previous = None
         for p in points:          # steps: a value holds until the next event
@@ -124,8 +128,7 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
                 coords.append(f"{px:.1f},{previous:.1f}")
             coords.append(f"{px:.1f},{py:.1f}")
             previous = py
-        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        plot.append(f'<polyline fill="none" stroke="{color}" stroke-width="{stroke}"{dash_attr} '
+        plot.append(f'<polyline fill="none" stroke="{color}" stroke-width="{stroke}" '
                     f'{_KEEP_STROKE} points="{" ".join(coords)}"><title>{name}</title></polyline>')
     inside = [item for item in spans if item.end_us >= t0 and item.start_us <= t1]
     for item in inside:
@@ -165,7 +168,7 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
            f'<g class=xticks>{"".join(xticks)}</g>'
            f'<rect class=brush x="0" y="{top}" width="0" height="{height - top - bottom}" '
            f'fill="#3b6fd8" fill-opacity="0.12" /></svg>')
-    legend = "".join(f'<i style="background:{c}"></i>{n}' for n, c, _, _ in _SERIES)
+    legend = "".join(f'<i style="background:{c}"></i>{n}' for n, c, _ in _SERIES)
     extras = [text for shown, text in (
         (largest, "dots: the largest allocations"), (lanes, "lanes: user ranges per thread and "
          "ops per stream"), (any(item.kind == "mark" for item in spans), "dotted lines: marks"))
@@ -256,14 +259,18 @@ _ZOOM = """
 """
 
 
+def _page_head(title: str, subtitle: str) -> str:
+    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+            f'<meta name=viewport content="width=device-width,initial-scale=1">'
+            f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
+            f"<h1>{escape(title)}</h1><div class=sub>{escape(subtitle)}</div>")
+
+
 def render_usage_html(title: str, curves: dict[tuple[str, str], list[tuple]]) -> str:
     """A page of usage curves (msprof's memory_record.csv): one timeline per component and
     device, drawn from their totals."""
-    out = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
-           f'<meta name=viewport content="width=device-width,initial-scale=1">'
-           f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>",
-           f"<h1>{escape(title)}</h1><div class=sub>a memory usage curve: totals over time, "
-           "no allocations (reserved is drawn where the file has it)</div>"]
+    out = [_page_head(title, "a memory usage curve: totals over time, no allocations (reserved "
+                             "is drawn where the file has it)")]
     mib = float(1 << 20)
     for number, ((component, device), samples) in enumerate(sorted(curves.items())):
         points = [Point(t, int((a or 0) * mib), int((r if r is not None else a or 0) * mib),
@@ -351,10 +358,7 @@ def _sites_table(sites, limit: int = 15) -> str:
 
 
 def render_html(report: Report) -> str:
-    out = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
-           f'<meta name=viewport content="width=device-width,initial-scale=1">'
-           f"<title>{escape(report.title)}</title><style>{_CSS}</style></head><body>",
-           f"<h1>{escape(report.title)}</h1><div class=sub>npumem memory report</div>"]
+    out = [_page_head(report.title, "npumem memory report")]
     out += [f"<p class=sub>{escape(note)}</p>" for note in report.notes]
     cards = []
     for d in report.devices:
