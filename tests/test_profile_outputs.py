@@ -535,7 +535,7 @@ def test_block_maps_at_moments_of_the_trace():
         {"address": 8 * mib, "total_size": 2 * mib, "device": 0, "blocks": [
             {"address": 8 * mib, "size": 2 * mib, "state": "inactive"}]}],
         "device_traces": [entries]}
-    moments = maps_over_time(snapshot, 0, moments=6, width=4)
+    moments = maps_over_time(snapshot, 0, moments=6, also=2, width=4)
     by_time = {time_us: (allocated, maps) for time_us, allocated, maps in moments}
     assert by_time[0] == (0, [(0, 2 * mib, "....")])
     assert by_time[2] == (2 * mib, [(0, 2 * mib, "####")])

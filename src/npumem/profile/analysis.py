@@ -57,6 +57,7 @@ class DeviceAnalysis:
     peak_allocated: int = 0
     peak_reserved: int = 0
     peak_time_us: float = 0.0
+    peak_entry: int = -1                                      # index of the peak's alloc entry
     at_peak: list[SiteUsage] = field(default_factory=list)    # live at the allocated peak
     # Live at the peak by whole Python stack (outermost frame first) -> requested bytes.
     peak_stacks: dict[tuple[str, ...], int] = field(default_factory=dict)
@@ -184,6 +185,7 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
         if peak_index >= 0:
             result.peak_time_us = points[peak_index].time_us
     result.timeline = points
+    result.peak_entry = peak_entry
     live_at_peak = live_after(list(start_live) + entries, peak_entry + len(start_live))
     result.at_peak = group_by_site(live_at_peak)
     result.peak_stacks = stacks_by_bytes(live_at_peak)

@@ -117,11 +117,12 @@ def format_fragmentation(pools: list[PoolFragmentation], max_segments: int = 20)
 
 # --- the block map at chosen moments of the trace ----------------------------------------------
 
-def maps_over_time(snapshot: dict, device: int, moments: int = 24, width: int = 64,
-                   max_segments: int = 40) -> list[tuple[float, int, list[tuple[int, int, str]]]]:
-    """The device's segments at `moments` points of its trace (evenly spaced in entries) and at
-    its peak of allocated bytes: [(time_us, allocated, [(address, size, map)])], in time order.
-    Built from the state at the first entry and the trace's segment and block events."""
+def maps_over_time(snapshot: dict, device: int, moments: int = 24, also: int = -1,
+                   width: int = 64, max_segments: int = 40
+                   ) -> list[tuple[float, int, list[tuple[int, int, str]]]]:
+    """The device's segments at `moments` points of its trace (evenly spaced in entries) and
+    after entry `also` (the peak, say): [(time_us, allocated, [(address, size, map)])], in time
+    order. Built from the state at the first entry and the trace's segment and block events."""
     from ..trace.recording import recording_from_data
 
     recording = recording_from_data(snapshot, device=device)
@@ -133,8 +134,10 @@ def maps_over_time(snapshot: dict, device: int, moments: int = 24, width: int = 
     live = {block.addr: block.size for block in start.live.values()}
     pending: set[int] = set()
     allocated = sum(live.values())
-    evenly = {round(i * (len(entries) - 1) / max(moments - 1, 1)) for i in range(moments)}
-    out, peak = {}, (-1, None)
+    chosen = {round(i * (len(entries) - 1) / max(moments - 1, 1)) for i in range(moments)}
+    if 0 <= also < len(entries):
+        chosen.add(also)
+    out = []
     for i, entry in enumerate(entries):
         action, addr, size = entry.get("action"), entry.get("addr", 0), entry.get("size", 0)
         if action == "alloc":
@@ -152,18 +155,10 @@ def maps_over_time(snapshot: dict, device: int, moments: int = 24, width: int = 
             ranges[addr] = size
         elif action in ("segment_free", "segment_unmap"):
             _remove_range(ranges, addr, size)
-        moment = None
-        if i in evenly or (action == "alloc" and allocated > peak[0]):
-            moment = (float(entry.get("time_us", 0) or 0), allocated,
-                      _maps(ranges, live, pending, width, max_segments))
-        if i in evenly:
-            out[i] = moment
-        if action == "alloc" and allocated > peak[0]:
-            peak = (allocated, (i, moment))
-    index, moment = peak[1] if peak[1] else (None, None)
-    if index is not None:
-        out[index] = moment
-    return [out[i] for i in sorted(out)]
+        if i in chosen:
+            out.append((float(entry.get("time_us", 0) or 0), allocated,
+                        _maps(ranges, live, pending, width, max_segments)))
+    return out
 
 
 def _remove_range(ranges: dict[int, int], addr: int, size: int) -> None:

@@ -98,9 +98,9 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
                               for entry in live_after(trace, len(trace) - 1)])
         heading = "Allocated during the trace and still live at its end (possible leaks)"
     notes = []
-    traces = [entry for trace in snapshot.get("device_traces") or [] for entry in trace]
-    if traces and not snapshot.get("segments") and not any(
-            entry.get("action", "").startswith("segment_") for entry in traces):
+    traces = snapshot.get("device_traces") or []
+    if any(traces) and not snapshot.get("segments") and not any(
+            entry.get("action", "").startswith("segment_") for trace in traces for entry in trace):
         notes.append("This trace has allocations and frees but no segment data, so what an "
                      "allocator reserved cannot be known: the reserved figures here are the "
                      "allocated ones. `npumem replay` shows what each allocator would reserve.")
@@ -116,7 +116,7 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     if clock is not None:
         report.spans = spans_of(list(annotations), clock)
     for device in report.devices:
-        moments = maps_over_time(snapshot, device.device)
+        moments = maps_over_time(snapshot, device.device, also=device.peak_entry)
         if any(maps for _, _, maps in moments):         # a trace with segments to draw
             report.moments[device.device] = moments
     return report
