@@ -362,21 +362,22 @@ def test_a_destroyed_streams_arena_goes_back_to_the_device():
     npumem.init()
     npumem.set_device(0)
     try:
-        strategy = mem.get_allocator()._strategy
+        pool = mem.get_allocator()
+        strategy = pool._strategy
         for _ in range(300):
             stream = npumem.create_stream()
             x = npumem.from_numpy(np.ones(1024, np.float32), stream)
             stream.synchronize()
             del x
             npumem.destroy_stream(stream)
-        assert len(strategy.arenas) <= 1 and not strategy.gone
+        assert len(strategy.arenas) <= 1 and not pool._gone_streams
         stream = npumem.create_stream()                  # a tensor outliving its stream
         kept = npumem.from_numpy(np.ones(1024, np.float32), stream)
         stream.synchronize()
         npumem.destroy_stream(stream)
-        assert stream in strategy.gone and stream in strategy.arenas
+        assert stream in pool._gone_streams and stream in strategy.arenas
         del kept
         mem.memory_stats()                                   # frees queued by finalizers run
-        assert stream not in strategy.arenas and not strategy.gone
+        assert stream not in strategy.arenas and not pool._gone_streams
     finally:
         npumem.finalize()

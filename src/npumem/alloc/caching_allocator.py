@@ -67,6 +67,7 @@ class CachingAllocator(MemoryResource):
         self._other_streams: dict[int, set] = {}      # record_stream: block start -> streams
         self._pending: list[tuple[Block, list]] = []  # freed blocks waiting for those streams
         self._deferred: collections.deque[int] = collections.deque()   # see deallocate_soon
+        self._gone_streams: set = set()     # destroyed streams whose arenas still hold blocks
         self._closing = False
         self._strategy = self._make_strategy()
 
@@ -159,9 +160,8 @@ class CachingAllocator(MemoryResource):
                 self._observe("free", block)
             block.allocated = False
             block.segment.free.merge_and_add(block)
-            gone = getattr(self._strategy, "gone", None)
-            if gone and getattr(block.segment, "stream", None) in gone:
-                self._strategy.forget_stream(block.segment.stream)   # its last block, perhaps
+            if self._gone_streams:               # empty but for destroyed streams' last blocks
+                self._release_gone({block.segment.stream} & self._gone_streams)
         finally:
             lock.release()
 
@@ -234,7 +234,9 @@ class CachingAllocator(MemoryResource):
         self.stats.counters["num_sync_all_streams"] += 1
         self._free_deferred()          # what the streams' last tasks dropped while we waited
         self._free_completed_pending()
-        return self._strategy.release_cached()
+        released = self._strategy.release_cached()
+        self._release_gone(list(self._gone_streams))    # emptied by pending frees just now
+        return released
 
     def _device_memory(self) -> tuple[int, int]:
         """(free, total) bytes of the device: its HBM, or its DDR where it has no HBM."""
@@ -305,10 +307,16 @@ class CachingAllocator(MemoryResource):
     def forget_stream(self, stream) -> None:
         """`stream` was destroyed: its expandable arena goes back to the device as soon as no
         block in it is allocated (segment mode keeps no per-stream ranges)."""
-        forget = getattr(self._strategy, "forget_stream", None)
-        if forget is not None:
+        if hasattr(self._strategy, "release_stream"):
             with self.lock:
-                forget(stream)
+                self._gone_streams.add(stream)
+                self._release_gone({stream})
+
+    def _release_gone(self, streams) -> None:
+        """Give back the arenas of these destroyed streams that hold no block any more."""
+        for stream in streams:
+            if self._strategy.release_stream(stream):
+                self._gone_streams.discard(stream)
 
     def empty_cache(self) -> int:
         """Give cached memory back to the device; returns the bytes released."""

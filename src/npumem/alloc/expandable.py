@@ -67,7 +67,6 @@ class ExpandableStrategy:
         self.page = owner.backend.page_granularity
         self.shift = self.page.bit_length() - 1
         self.arenas: dict[object, Arena] = {}
-        self.gone: set = set()         # destroyed streams whose arenas still hold blocks
 
     def _arena(self, stream) -> Arena:
         arena = self.arenas.get(stream)
@@ -150,26 +149,20 @@ class ExpandableStrategy:
         return released
 
     def release_cached(self, streams=None, below: int | None = None) -> int:
-        released = self.unmap_idle(streams)
-        for stream in list(self.gone):               # arenas whose last block went since
-            self.forget_stream(stream)
-        return released
+        return self.unmap_idle(streams)
 
-    def forget_stream(self, stream) -> bool:
-        """The stream was destroyed: give its arena back (pages and address range) once no
-        block in it is allocated; until then it waits in `gone`. True when given back."""
+    def release_stream(self, stream) -> bool:
+        """Give `stream`'s arena back (pages and address range) if no block in it is allocated
+        (free blocks always merge, so then it is one free block); True when it is gone."""
         arena = self.arenas.get(stream)
         if arena is None:
-            self.gone.discard(stream)
             return True
         whole = arena.first
         if whole.allocated or whole.size != arena.reservation.size:   # live blocks in it
-            self.gone.add(stream)
             return False
         self.unmap_idle(streams={stream})
         self.owner.backend.free(arena.reservation.start, "release")
         del self.arenas[stream]
-        self.gone.discard(stream)
         self.owner.on_device_memory(0, False, segments=-1)
         return True
 
@@ -182,7 +175,6 @@ class ExpandableStrategy:
         for arena in self.arenas.values():
             self.owner.backend.free(arena.reservation.start, "release")
         self.arenas.clear()
-        self.gone.clear()
 
     def views(self):
         """(stream, small, blocks, mapped ranges) per arena, for reports."""
