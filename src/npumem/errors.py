@@ -8,6 +8,8 @@ integer a pyACL program expects. Subclasses also derive from the matching built-
 
 from __future__ import annotations
 
+import operator
+
 ACL_SUCCESS = 0
 ACL_ERROR_INVALID_PARAM = 100000
 ACL_ERROR_UNINITIALIZE = 100001
@@ -161,3 +163,14 @@ class ExecutorError(AclError, ValueError):
 
 class LiveAllocationsWarning(ResourceWarning):
     """Device or pinned host memory was still allocated at reset_device / finalize."""
+
+
+def integer_argument(value, what: str) -> int:
+    """`value` as an int: anything with __index__ (numpy integers too); a bool, float, string
+    or None is an InvalidParamError naming `what`."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise InvalidParamError(f"{what} must be an integer, got {type(value).__name__} {value!r}")

@@ -13,7 +13,6 @@ Pools are released with their device (reset_device / finalize); blocks still liv
 
 from __future__ import annotations
 
-import operator
 import threading
 import warnings
 
@@ -22,7 +21,7 @@ from .alloc.host_pool import HostPool
 from .alloc.settings import AllocatorSettings, parse_settings, settings_from_env
 from .alloc.summary import format_summary
 from .bridges.torch_allocator import torch_memory_stats, torch_memory_summary
-from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError
+from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError, integer_argument
 from .profile.snapshot import build_snapshot
 from .profile.tracker import Tracker
 from .runtime.state import RUNTIME
@@ -113,23 +112,12 @@ def _stream(stream):
 
 def caching_allocator_alloc(size: int, device: int | None = None, stream=None) -> int:
     """A device pointer from the pool, ordered on `stream` (None: the default stream)."""
-    size = _integer(size, "caching_allocator_alloc: size")
+    size = integer_argument(size, "caching_allocator_alloc: size")
     pool = get_allocator(device)
     return pool.allocate(size, _stream(stream))
 
 
-def _integer(value, what: str) -> int:
-    """Anything with __index__ (numpy integers too), bools and the rest refused with the code."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise InvalidParamError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
-
-
 def _pool_of(pointer: int) -> CachingAllocator:
-    pointer = _integer(pointer, "pointer")
     backend = RUNTIME.require()
     pool = _pools.get(backend.device_of(pointer)) if backend.is_device_pointer(pointer) else None
     if pool is None or not pool.owns(pointer):
@@ -139,13 +127,13 @@ def _pool_of(pointer: int) -> CachingAllocator:
 
 
 def caching_allocator_delete(pointer: int) -> None:
-    pointer = _integer(pointer, "caching_allocator_delete: pointer")
+    pointer = integer_argument(pointer, "caching_allocator_delete: pointer")
     _pool_of(pointer).deallocate(pointer)
 
 
 def record_stream(pointer: int, stream) -> None:
     """Work on `stream` uses this block: its memory is reused only after that work."""
-    pointer = _integer(pointer, "record_stream: pointer")
+    pointer = integer_argument(pointer, "record_stream: pointer")
     _pool_of(pointer).record_stream(pointer, _stream(stream))
 
 

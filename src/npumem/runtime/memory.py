@@ -9,7 +9,6 @@ malloc_align32 takes ALIGN_UP(size, 32); device addresses start 64-byte aligned 
 from __future__ import annotations
 
 import ctypes
-import operator
 import os
 import threading
 
@@ -20,7 +19,7 @@ from ..device.address_space import MAX_DEVICES, device_of, in_device_space
 from ..device.backend import DeviceRange
 from ..errors import (
     AddressUnalignedError, FeatureNotSupportedError, InvalidMemoryTypeError, InvalidParamError,
-    MemoryAccessError, MemoryAllocationError, MemoryFreeError,
+    MemoryAccessError, MemoryAllocationError, MemoryFreeError, integer_argument,
 )
 from ..observe import OBSERVERS, emit
 from ..units import align_up, format_size
@@ -30,17 +29,8 @@ from .state import RUNTIME
 # --- argument checks -------------------------------------------------------------------------
 
 
-def _integer(value, what: str) -> int:
-    if isinstance(value, bool):
-        raise InvalidParamError(f"{what} must be an integer, got a bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise InvalidParamError(f"{what} must be an integer, got {type(value).__name__}") from None
-
-
 def _size(size, api: str) -> int:
-    size = _integer(size, f"{api}: size")
+    size = integer_argument(size, f"{api}: size")
     if size <= 0:
         raise InvalidParamError(f"{api}: size must be positive, got {size}")
     return size
@@ -48,15 +38,15 @@ def _size(size, api: str) -> int:
 
 def _enum(value, enum, api: str, what: str):
     try:
-        return enum(_integer(value, f"{api}: {what}"))
+        return enum(integer_argument(value, f"{api}: {what}"))
     except ValueError:
         choices = ", ".join(f"{m.name}={m.value}" for m in enum)
         raise InvalidParamError(f"{api}: unknown {what} {value!r}; expected one of {choices}") from None
 
 
 def _count(count, limit, api: str, count_name: str, limit_name: str) -> tuple[int, int]:
-    count = _integer(count, f"{api}: {count_name}")
-    limit = _integer(limit, f"{api}: {limit_name}")
+    count = integer_argument(count, f"{api}: {count_name}")
+    limit = integer_argument(limit, f"{api}: {limit_name}")
     if count < 0 or limit < 0:
         raise InvalidParamError(f"{api}: {count_name}={count} and {limit_name}={limit} must not be negative")
     if count > limit:
@@ -108,7 +98,7 @@ def dvpp_malloc(size: int) -> int:
 
 
 def _pointer(pointer, api: str) -> int:
-    return _integer(pointer, f"{api}: pointer")
+    return integer_argument(pointer, f"{api}: pointer")
 
 
 def free(pointer: int) -> None:
@@ -214,7 +204,7 @@ def _fill(dst, value: int) -> None:
 def _memset_args(dst, max_count, value, count, api):
     RUNTIME.current_context()
     count, _ = _count(count, max_count, api, "count", "max_count")
-    value = _integer(value, f"{api}: value")
+    value = integer_argument(value, f"{api}: value")
     if not 0 <= value <= 255:
         raise InvalidParamError(f"{api}: value {value} is not a byte value (0..255)")
     return _endpoint(dst, count, api, writable=True), value

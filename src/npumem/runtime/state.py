@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import operator
 import threading
 import warnings
 
@@ -22,7 +21,7 @@ from ..device.select import check_spec, default_spec, make_backend
 from ..errors import (
     ContextNullError, InvalidDeviceError, InvalidHandleError, InvalidParamError, AclError,
     RepeatFinalizeError, RepeatInitializeError, UninitializedError, LiveAllocationsWarning,
-    ACL_ERROR_INVALID_FILE,
+    ACL_ERROR_INVALID_FILE, integer_argument,
 )
 from .handles import forget, lookup, new_handle
 from .stream import Stream
@@ -135,11 +134,10 @@ class Runtime:
     def check_device(self, device: int) -> int:
         """The device id as an int (anything with __index__, numpy integers included)."""
         backend = self.require()
-        if not isinstance(device, bool):
-            try:
-                device = operator.index(device)
-            except TypeError:
-                pass
+        try:
+            device = integer_argument(device, "device id")
+        except InvalidParamError:
+            pass                             # said below, with the ids there are
         if not isinstance(device, int) or isinstance(device, bool) or \
                 not 0 <= device < backend.device_count:
             raise InvalidDeviceError(
