@@ -608,7 +608,7 @@ def report(path, html_out, top, snapshot_path):
     rate (and fragmentation); msprof's memory_record.csv, a summary of its usage curve."""
     import os
 
-    from .output_files import OutputPathError, check_output, written_whole
+    from .output_files import OutputPathError, check_output
     from .profile.html import render_html
     from .profile.report import build_report, format_report
 
@@ -626,9 +626,7 @@ def report(path, html_out, top, snapshot_path):
             from .profile.html import render_usage_html
             from .trace.msprof import usage_curves
 
-            with written_whole(html_out) as partial, open(partial, "w", encoding="utf-8") as out:
-                out.write(render_usage_html(f"npumem report of {path}", usage_curves(path)))
-            click.echo(f"wrote {html_out}")
+            _write_page(html_out, render_usage_html(f"npumem report of {path}", usage_curves(path)))
         return
     if os.path.isdir(path):
         # A profile folder: npumem's memory, and PyTorch's own when the script used torch.
@@ -646,15 +644,20 @@ def report(path, html_out, top, snapshot_path):
         reports = [build_report(_load(path), f"npumem report of {path}")]
     for result in reports:
         click.echo(format_report(result, top), nl=False)
-    result = reports[-1]
     if html_out:
-        try:
-            with written_whole(html_out) as partial, open(partial, "w", encoding="utf-8") as out:
-                out.write(render_html(result))
-        except OSError as exc:
-            click.echo(f"error: cannot write {html_out}: {exc.strerror}", err=True)
-            sys.exit(2)
-        click.echo(f"wrote {html_out}")
+        _write_page(html_out, render_html(reports[-1]))
+
+
+def _write_page(path: str, page: str) -> None:
+    from .output_files import written_whole
+
+    try:
+        with written_whole(path) as partial, open(partial, "w", encoding="utf-8") as out:
+            out.write(page)
+    except OSError as exc:
+        click.echo(f"error: cannot write {path}: {exc.strerror}", err=True)
+        sys.exit(2)
+    click.echo(f"wrote {path}")
 
 
 def _is_chrome_trace(path: str) -> bool:

@@ -7,12 +7,11 @@
 from __future__ import annotations
 
 import os
-import pickle
 from typing import Iterable, Iterator
 
 from . import chrome, jsonl, msprof, rmm, snapshot
 from .events import TraceEvent, TraceFormatError
-from .textio import open_for_writing, read_head
+from .textio import read_head
 
 # name -> module with sniff(head), read(path) and write(events, path); sniffed in this order.
 FORMATS = {"snapshot": snapshot, "rmm": rmm, "msprof": msprof, "jsonl": jsonl, "chrome": chrome}
@@ -59,11 +58,7 @@ def convert(source: str, target: str, fmt: str) -> int:
         from .recording import load_data
 
         data = load_data(source)
-        if fmt == "jsonl":
-            return jsonl.write_snapshot(data, target)
-        with open_for_writing(target, binary=True) as out:
-            pickle.dump(data, out)
-        return sum(len(entries) for entries in data.get("device_traces") or [])
+        return (jsonl.write_snapshot if fmt == "jsonl" else snapshot.save)(data, target)
     return write_trace(read_trace(source), target, fmt)
 
 

@@ -56,6 +56,12 @@ def from_events(events: Iterable[TraceEvent]) -> dict:
 
 def write(events: Iterable[TraceEvent], path: str) -> int:
     data = from_events(events)
+    save(data, path)
+    return sum(1 for entry in data["device_traces"][0] if entry["action"] != "free_requested")
+
+
+def save(data: dict, path: str) -> int:
+    """Pickle a snapshot dict (gzip for .gz); the number of its trace entries."""
     with open_for_writing(path, binary=True) as out:
         pickle.dump(data, out)
-    return sum(1 for entry in data["device_traces"][0] if entry["action"] != "free_requested")
+    return sum(len(entries) for entries in data.get("device_traces") or [])
