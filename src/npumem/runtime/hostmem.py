@@ -68,7 +68,11 @@ class PinnedHostMemory:
         self._quarantine.append(allocation)
         self._freed.add(allocation)
         self._quarantined += allocation.size
-        while self._quarantined > self.quarantine_bytes and self._quarantine:
+        self._release_quarantine(down_to=self.quarantine_bytes)
+
+    def _release_quarantine(self, down_to: int) -> None:
+        """Let the oldest quarantined buffers go until at most `down_to` bytes are held."""
+        while self._quarantined > down_to and self._quarantine:
             oldest = self._quarantine.popleft()
             self._freed.remove(oldest.start)
             self._quarantined -= oldest.size
@@ -93,11 +97,7 @@ class PinnedHostMemory:
         for allocation in live:
             self.free(allocation.start)
         with self.lock:
-            while self._quarantine:
-                oldest = self._quarantine.popleft()
-                self._freed.remove(oldest.start)
-                oldest.buffer = None
-            self._quarantined = 0
+            self._release_quarantine(down_to=0)
         return live
 
 
