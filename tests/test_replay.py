@@ -56,7 +56,7 @@ def test_chrome_trace_memory_events(tmp_path):
 @pytest.mark.parametrize("lines, where, reason", [
     (['{"action": "alloc", "addr": 1, "size": 8}', "not json"], ":2:", "not JSON"),
     (['{"action": "grow", "addr": 1, "size": 8}'], ":1:", "action must be"),
-    (['{"action": "free", "addr": -1, "size": 8}'], ":1:", "addr must be"),
+    (['{"action": "free", "addr": -1, "size": 8}'], ":1:", "address must be"),
     (['[1, 2]'], ":traceEvents:", "no [memory] events"),
 ])
 def test_malformed_traces_name_file_line_and_reason(tmp_path, lines, where, reason):

@@ -79,7 +79,7 @@ def test_rmm_log_from_the_logging_adaptor_reads_back(tmp_path):
 
 @pytest.mark.parametrize("name, text, where, reason", [
     ("t.json", '{"traceEvents": [{"name": "[memory]", "args": {"Bytes": "x"}}]}', ":char 17:",
-     "without integer"),
+     "without an integer"),
     ("t.json", '{"traceEvents": [{"name": "[memory]", "args": ', ":char 46:", "not valid JSON"),
     ("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:01.5,allocate,0x10,zz,0\n", ":2:",
      "bad field"),

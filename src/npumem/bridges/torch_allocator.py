@@ -73,11 +73,18 @@ def _read_stats_file(path) -> dict:
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise InvalidParamError(f"{path}: cannot read it as JSON: {exc}") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+        raise InvalidParamError(f"{path}: cannot read it as JSON: {reason}") from None
     if not isinstance(data, dict):
         raise InvalidParamError(f"{path}: holds a JSON {type(data).__name__}, not the dict "
                                 "torch.cuda.memory_stats() returns")
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0 <= value < 2**64:
+            shown = repr(value) if isinstance(value, (int, float)) else type(value).__name__
+            raise InvalidParamError(f"{path}: {key!r} is {shown[:40]}; memory_stats() values "
+                                    "are counts and byte totals in [0, 2**64)")
     return data
 
 

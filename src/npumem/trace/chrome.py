@@ -14,8 +14,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .events import TraceEvent, TraceFormatError
-from .textio import open_for_writing, reading
+from .events import TraceEvent, TraceFormatError, checked_event
+from .textio import json_refusal, open_for_writing, reading
 
 CHUNK = 1 << 20
 
@@ -73,6 +73,8 @@ def _items(path: str, handle) -> Iterator[tuple[int, dict]]:
                 continue
             raise TraceFormatError(path, f"char {base + exc.pos}",
                                    f"not valid JSON ({exc.msg})") from None
+        except (RecursionError, ValueError) as exc:
+            raise TraceFormatError(path, f"char {base + pos}", json_refusal(exc)) from None
         yield base + pos, item
         pos = end
         if pos > CHUNK:                      # drop what has been decoded
@@ -80,28 +82,34 @@ def _items(path: str, handle) -> Iterator[tuple[int, dict]]:
 
 
 def read(path: str) -> Iterator[TraceEvent]:
-    times, addrs, sizes, streams = array("d"), array("q"), array("q"), array("Q")
+    times, addrs, sizes, streams = array("d"), array("Q"), array("Q"), array("Q")
+    frees = bytearray()
     with reading(path) as handle:
         for offset, event in _items(path, handle):
             if not isinstance(event, dict) or event.get("name") != "[memory]":
                 continue
-            args = event.get("args") or {}
+            where = f"char {offset}"
+            args = event.get("args")
+            if not isinstance(args, dict):
+                raise TraceFormatError(path, where, "[memory] event whose args is not an object")
             nbytes, addr = args.get("Bytes"), args.get("Addr")
-            if not isinstance(nbytes, int) or not isinstance(addr, int):
-                raise TraceFormatError(path, f"char {offset}", "[memory] event without "
-                                       "integer args.Bytes and args.Addr")
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+                raise TraceFormatError(path, where, f"[memory] event without an integer "
+                                       f"args.Bytes (got {nbytes!r:.40})")
             stream = args.get("Stream", 0)          # npumem writes it; the profiler does not
-            times.append(float(event.get("ts", 0.0)))
-            addrs.append(addr)
-            sizes.append(nbytes)
-            streams.append(stream if isinstance(stream, int) and 0 <= stream < 2**64 else 0)
+            checked = checked_event(path, where, event.get("ts", 0.0), "", addr, abs(nbytes),
+                                    stream if isinstance(stream, int) else 0)
+            times.append(checked.t_us)
+            addrs.append(checked.addr)
+            sizes.append(checked.size)
+            streams.append(checked.stream)
+            frees.append(nbytes < 0)
     if not times:
         raise TraceFormatError(path, "traceEvents", "no [memory] events; record the trace with "
                                "torch.profiler.profile(profile_memory=True)")
     order = np.argsort(np.frombuffer(times, dtype=np.float64), kind="stable")
     for k in order.tolist():
-        nbytes = sizes[k]
-        yield TraceEvent(times[k], "alloc" if nbytes >= 0 else "free", addrs[k], abs(nbytes),
+        yield TraceEvent(times[k], "free" if frees[k] else "alloc", addrs[k], sizes[k],
                          streams[k])
 
 

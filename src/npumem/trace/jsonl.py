@@ -12,11 +12,10 @@ entry as it was (all actions, frames, streams, times) with the device it belongs
 from __future__ import annotations
 
 import json
-import math
 from typing import Iterable, Iterator
 
-from .events import TraceEvent, TraceFormatError
-from .textio import open_for_writing, read_head, reading
+from .events import TraceEvent, TraceFormatError, checked_event
+from .textio import decode_json, open_for_writing, read_head, reading
 
 
 SNAPSHOT_KEY = "npumem_snapshot"
@@ -45,26 +44,14 @@ def read(path: str) -> Iterator[TraceEvent]:
 
 def _event(path: str, number: int, line: str) -> TraceEvent:
     where = str(number)
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(path, where, f"not JSON ({exc.msg})") from None
+    record = decode_json(path, where, line)
     if not isinstance(record, dict):
         raise TraceFormatError(path, where, "expected a JSON object per line")
     action = record.get("action")
     if action not in ("alloc", "free"):
-        raise TraceFormatError(path, where, f"action must be 'alloc' or 'free', got {action!r}")
-    for key in ("addr", "size"):
-        value = record.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise TraceFormatError(path, where, f"{key} must be a non-negative integer, got {value!r}")
-    t_us = record.get("t_us", 0.0)
-    stream = record.get("stream", 0)
-    if isinstance(t_us, bool) or not isinstance(t_us, (int, float)) or not math.isfinite(t_us) \
-            or isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
-        raise TraceFormatError(path, where, f"t_us must be a finite number and stream a "
-                               f"non-negative integer, got t_us={t_us!r}, stream={stream!r}")
-    return TraceEvent(float(t_us), action, record["addr"], record["size"], stream)
+        raise TraceFormatError(path, where, f"action must be 'alloc' or 'free', got {action!r:.40}")
+    return checked_event(path, where, record.get("t_us", 0.0), action, record.get("addr"),
+                         record.get("size"), record.get("stream", 0))
 
 
 def write(events: Iterable[TraceEvent], path: str) -> int:
@@ -101,7 +88,7 @@ def _from_json(value):
     if isinstance(value, list):
         return [_from_json(item) for item in value]
     if isinstance(value, dict):
-        if len(value) == 1 and _TUPLE in value:
+        if len(value) == 1 and isinstance(value.get(_TUPLE), list):
             return tuple(_from_json(item) for item in value[_TUPLE])
         return {key: _from_json(item) for key, item in value.items()}
     return value
@@ -120,27 +107,33 @@ def write_snapshot(data: dict, path: str) -> int:
                     out.write(json.dumps(_to_json({"device": device, **entry}),
                                          separators=(",", ":")) + "\n")
                     count += 1
+    except RecursionError:
+        raise TraceFormatError(path, "0", "the snapshot nests too deeply to write") from None
     except (TypeError, ValueError) as exc:
         raise TraceFormatError(path, "0", f"the snapshot holds something JSON cannot: {exc}") from None
     return count
+
+
+def _decoded(path: str, where: str, line: str):
+    try:
+        return _from_json(decode_json(path, where, line))
+    except RecursionError:
+        raise TraceFormatError(path, where, "JSON nested too deeply to read") from None
 
 
 def read_snapshot(path: str) -> dict:
     """The snapshot dict a JSONL file written by `write_snapshot` holds."""
     with reading(path) as handle:
         lines = (line for line in handle if line.strip())
-        try:
-            header = _from_json(json.loads(next(lines)))
-        except (StopIteration, json.JSONDecodeError) as exc:
-            raise TraceFormatError(path, "1", f"no snapshot header ({exc})") from None
+        first = next(lines, None)
+        if first is None:
+            raise TraceFormatError(path, "1", "no snapshot header: the file is empty")
+        header = _decoded(path, "1", first)
         if not isinstance(header, dict) or header.pop(SNAPSHOT_KEY, None) != 1:
             raise TraceFormatError(path, "1", f"the first line must be {{\"{SNAPSHOT_KEY}\": 1, ...}}")
         traces: list[list] = []
         for number, line in enumerate(lines, 2):
-            try:
-                entry = _from_json(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(path, str(number), f"not JSON ({exc.msg})") from None
+            entry = _decoded(path, str(number), line)
             device = entry.pop("device", 0) if isinstance(entry, dict) else None
             if not isinstance(device, int) or not 0 <= device < 1024:
                 raise TraceFormatError(path, str(number), "a trace entry is not an object with "

@@ -16,9 +16,10 @@ turned into time-ordered events (a free before an allocation at the same microse
 from __future__ import annotations
 
 import csv
+import math
 from typing import Iterable, Iterator
 
-from .events import TraceEvent, TraceFormatError
+from .events import TraceEvent, TraceFormatError, checked_event
 from .textio import csv_records, open_for_writing
 
 OPERATOR_MEMORY_COLUMNS = (
@@ -42,8 +43,14 @@ def _stream(text: str) -> int:
 
 
 def _number(text: str) -> float | None:
+    """A finite number, or None for an empty cell; ValueError otherwise."""
     text = text.strip()
-    return float(text) if text else None
+    if not text:
+        return None
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
 
 
 def read(path: str) -> Iterator[TraceEvent]:
@@ -52,13 +59,14 @@ def read(path: str) -> Iterator[TraceEvent]:
     for where, row, column in csv_records(path, REQUIRED, "an operator_memory.csv"):
         cell = {name: row[index] if index < len(row) else "" for name, index in column.items()}
         try:
-            size = round(float(cell["Size(KB)"]) * 1024)
+            size = round(_number(cell["Size(KB)"]) * 1024)
             start = _number(cell["Allocation Time(us)"])
             end = _number(cell.get("Release Time(us)", ""))
             duration = _number(cell.get("Duration(us)", ""))
-        except ValueError:
-            raise TraceFormatError(path, where, "Size(KB), Allocation Time(us), Release Time(us) "
-                                   "and Duration(us) must be numbers (or empty)") from None
+        except (ValueError, TypeError, OverflowError):
+            raise TraceFormatError(path, where, "Size(KB) must be a number, and Allocation "
+                                   "Time(us), Release Time(us) and Duration(us) finite numbers "
+                                   "(or empty)") from None
         if end is None and duration is not None and start is not None:
             end = start + duration                   # msprof's own layout
         if start is not None and end is not None and end < start:
@@ -66,6 +74,7 @@ def read(path: str) -> Iterator[TraceEvent]:
                                    f"{start} us, released at {end} us")
         stream = _stream(cell.get("Stream Ptr", "").strip())
         number = int(where)
+        checked_event(path, where, start or 0.0, "", number, abs(size), stream)
         if size < 0:                                 # a release of memory allocated earlier
             when = start if start is not None else end
             if when is None:

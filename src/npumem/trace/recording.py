@@ -11,7 +11,6 @@ which blocks in them were live.
 
 from __future__ import annotations
 
-import pickle
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
@@ -19,7 +18,8 @@ from ..alloc.torch_model.allocator import MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, r
 from ..alloc.torch_model.config import TorchAllocatorConfig
 from . import jsonl, safe_pickle
 from .events import TraceFormatError
-from .textio import open_binary, read_head
+from .snapshot_schema import check_snapshot
+from .textio import max_snapshot_bytes, read_bounded, read_head
 
 SEGMENT_ADD = ("segment_alloc", "segment_map")
 SEGMENT_REMOVE = ("segment_free", "segment_unmap")
@@ -95,20 +95,14 @@ class Recording:
 
 def load_data(path: str) -> dict:
     """The snapshot's dict, read without running code (or from a JSONL file that holds a whole
-    snapshot); TraceFormatError when it is not one."""
+    snapshot), its shape checked; TraceFormatError when it is not one."""
     if jsonl.holds_snapshot(read_head(path, 64)):
-        return jsonl.read_snapshot(path)
+        return check_snapshot(jsonl.read_snapshot(path), path)
     try:
-        with open_binary(path) as handle:
-            data = safe_pickle.load(handle)
-    except (pickle.UnpicklingError, EOFError, OSError, ValueError, AttributeError,
-            ImportError, IndexError, TypeError) as exc:
-        raise TraceFormatError(path, "0", f"not a readable snapshot pickle "
-                               f"({type(exc).__name__}: {exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("segments", []), list):
-        raise TraceFormatError(path, "0", "not a memory snapshot (a dict with 'segments' and "
-                               "'device_traces', as torch.cuda.memory._snapshot() returns)")
-    return data
+        data = safe_pickle.loads(read_bounded(path, max_snapshot_bytes()))
+    except safe_pickle.UnsafePickleError as exc:
+        raise TraceFormatError(path, "0", f"not a readable snapshot pickle: {exc}") from None
+    return check_snapshot(data, path)
 
 
 def _guess_flavour(data: dict, segments: list[dict], entries: list[dict]) -> str:
@@ -128,10 +122,6 @@ def load_recording(path: str, device: int | None = None, flavour: str | None = N
     return recording_from_data(load_data(path), path, device, flavour)
 
 
-def _natural(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None = None,
                         flavour: str | None = None) -> Recording:
     """One device of an already loaded snapshot dict."""
@@ -149,21 +139,7 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
         raise TraceFormatError(path, "device_traces", f"no device {device}; devices with events: "
                                f"{with_entries}, with segments: {with_segments}")
     entries = traces[device] if device < len(traces) and isinstance(traces[device], list) else []
-    for index, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not isinstance(entry.get("action"), str):
-            raise TraceFormatError(path, f"device_traces[{device}][{index}]",
-                                   "a trace entry is not a dict with an action")
-        if entry["action"] != "snapshot" and not (_natural(entry.get("addr", 0)) and
-                                                  _natural(entry.get("size", 0))):
-            raise TraceFormatError(path, f"device_traces[{device}][{index}]",
-                                   f"{entry['action']} entry without a non-negative integer addr "
-                                   f"and size (addr={entry.get('addr')!r}, size={entry.get('size')!r})")
     mine = [s for s in segments if s.get("device", 0) == device]
-    for index, segment in enumerate(mine):
-        if not all(_natural(segment.get(key)) for key in ("address", "total_size")) \
-                or not isinstance(segment.get("blocks", []), list):
-            raise TraceFormatError(path, f"segments[{index}]", "a segment without integer "
-                                   "address and total_size, or without a list of blocks")
     settings = data.get("allocator_settings")
     return Recording(path, device, flavour or _guess_flavour(data, mine, entries),
                      settings if isinstance(settings, dict) else None, mine, entries)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import csv
 import datetime
+import math
 import re
 from typing import Iterable, Iterator
 
-from .events import TraceEvent, TraceFormatError
+from .events import TraceEvent, TraceFormatError, checked_event
 from .textio import open_for_writing, reading
 
 HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
@@ -73,16 +74,19 @@ def read(path: str) -> Iterator[TraceEvent]:
             size = int(row[column["Size"]])
             stream = int(row[column["Stream"]].strip() or "0", 0) \
                 if "Stream" in column and column["Stream"] < len(row) else 0
-        except (ValueError, IndexError) as exc:
-            raise TraceFormatError(path, where, f"bad field ({exc}); expected "
+        except (ValueError, IndexError, OverflowError) as exc:
+            raise TraceFormatError(path, where, f"bad field ({str(exc):.80}); expected "
                                    f"{','.join(HEADER)}") from None
+        if not math.isfinite(clock):
+            raise TraceFormatError(path, where, f"the time must be finite, got "
+                                   f"{row[column['Time']]!r:.40}")
         if origin is None:
             origin = clock
         if clock + wraps < previous - DAY_US / 2:     # the log ran past midnight
             wraps += DAY_US
         previous = clock + wraps
-        yield TraceEvent(previous - origin, "alloc" if action == "allocate" else "free",
-                         pointer, size, stream)
+        yield checked_event(path, where, previous - origin,
+                            "alloc" if action == "allocate" else "free", pointer, size, stream)
 
 
 def write(events: Iterable[TraceEvent], path: str) -> int:

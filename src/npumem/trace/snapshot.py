@@ -62,6 +62,9 @@ def write(events: Iterable[TraceEvent], path: str) -> int:
 
 def save(data: dict, path: str) -> int:
     """Pickle a snapshot dict (gzip for .gz); the number of its trace entries."""
-    with open_for_writing(path, binary=True) as out:
-        pickle.dump(data, out)
+    try:
+        with open_for_writing(path, binary=True) as out:
+            pickle.dump(data, out)
+    except RecursionError:
+        raise TraceFormatError(path, "0", "the snapshot nests too deeply to write") from None
     return sum(len(entries) for entries in data.get("device_traces") or [])

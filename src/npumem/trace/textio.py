@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import json
 import os
 from contextlib import contextmanager
 from typing import Iterator, Sequence
@@ -45,6 +46,36 @@ def read_head(path: str, nbytes: int = 65536) -> bytes:
     return head
 
 
+def max_snapshot_bytes() -> int:
+    """The most bytes a snapshot may take once decompressed (NPUMEM_MAX_SNAPSHOT_BYTES, default
+    4 GiB): a gzip bomb must not fill memory before the reader sees it."""
+    from ..units import parse_size
+
+    text = os.environ.get("NPUMEM_MAX_SNAPSHOT_BYTES", "4GiB")
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise TraceFormatError("NPUMEM_MAX_SNAPSHOT_BYTES", "0", f"not a size: {text!r} "
+                               "(write it as 4GiB or 4294967296)") from None
+
+
+def read_bounded(path: str, limit: int) -> bytes:
+    """The whole (decompressed) file, or a TraceFormatError past `limit` bytes."""
+    pieces, total = [], 0
+    try:
+        with open_binary(path) as handle:
+            while piece := handle.read(1 << 24):
+                total += len(piece)
+                if total > limit:
+                    raise TraceFormatError(path, "0", f"more than {limit} bytes once "
+                                           "decompressed; set NPUMEM_MAX_SNAPSHOT_BYTES to read "
+                                           "a larger snapshot")
+                pieces.append(piece)
+    except (OSError, EOFError) as exc:
+        raise TraceFormatError(path, "0", f"the file is truncated or corrupt: {exc}") from None
+    return b"".join(pieces)
+
+
 @contextmanager
 def reading(path: str):
     """A text handle on a trace; a damaged or truncated file becomes a TraceFormatError."""
@@ -68,3 +99,21 @@ def csv_records(path: str, required: Sequence[str], what: str) -> Iterator[tuple
         for row in reader:
             if row:
                 yield str(reader.line_num), row, column
+
+
+def json_refusal(exc: Exception) -> str:
+    """Why json could not decode a value it parsed: nesting past the recursion limit, or an
+    integer past Python's digit limit (both ValueError-like, but not JSONDecodeError)."""
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply to read"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not JSON ({exc.msg})"
+    return f"a value npumem cannot read ({exc})"
+
+
+def decode_json(path: str, where: str, text: str):
+    """json.loads, with every refusal a TraceFormatError at `where`."""
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError) as exc:
+        raise TraceFormatError(path, where, json_refusal(exc)) from None
