@@ -148,3 +148,65 @@ def test_plan_cli_errors(tmp_path):
     assert result.exit_code == 2 and f"{bad}:2:" in result.output
     result = CliRunner().invoke(main, ["plan", str(bad), "--algorithm", "nope"])
     assert result.exit_code == 2 and "choose from" in result.output
+
+
+@settings(max_examples=80, deadline=None)
+@given(problems)
+def test_the_time_sweep_is_valid_and_breadth_is_each_lifetimes_peak(problem):
+    from npumem.planning.sweep import place_by_time
+
+    offsets = place_by_time(problem)
+    assert not _overlaps(problem, offsets)
+    first, last, live = problem.sections
+    assert problem.breadth.tolist() == [int(live[a:b].max()) for a, b in zip(first, last)]
+
+
+def _large_problem(n: int, seed: int = 5):
+    rng = np.random.default_rng(seed)
+    lower = rng.integers(0, n, n)
+    return problem_from_arrays(lower, lower + rng.integers(1, 400, n), rng.integers(1, 1 << 20, n))
+
+
+def test_a_time_limit_too_short_for_the_greedy_orders_keeps_the_first_plan():
+    """Issue 19 item 12: the O(n^2) greedy orders give way to the limit; the O(n log n) sweep
+    always gives a plan."""
+    messages = []
+    result = plan(_large_problem(40_000), "search", time_limit=0.01, progress=messages.append)
+    assert result.algorithm == "time sweep" and not result.interrupted
+    assert any("stopped at the time limit" in m for m in messages), messages
+    assert result.height >= result.problem.load()
+
+
+def test_ctrl_c_returns_the_best_plan_so_far():
+    problem = _large_problem(3000)
+    messages = []
+
+    def interrupt_at_the_first_greedy(message):
+        messages.append(message)
+        if message.startswith("greedy"):
+            raise KeyboardInterrupt
+
+    result = plan(problem, "search", time_limit=60, progress=interrupt_at_the_first_greedy)
+    assert result.interrupted and result.algorithm.startswith("best (")
+    validate(problem, result.offsets)
+
+
+def test_ctrl_c_stops_the_cli_search_with_a_plan(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    problem = _large_problem(3000)
+    path = tmp_path / "p.csv"
+    path.write_text("id,lower,upper,size\n" + "".join(
+        f"b{i},{problem.lower[i]},{problem.upper[i]},{problem.size[i]}\n" for i in range(3000)))
+    child = subprocess.Popen([sys.executable, "-m", "npumem", "plan", str(path), "--time-limit",
+                              "300", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    time.sleep(6)                         # well into the greedy orders or the search
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["interrupted"] and summary["height_bytes"] >= summary["load_bytes"]

@@ -445,7 +445,8 @@ def convert(source, target, fmt):
 @click.option("--algorithm", default="search", show_default=True,
               help="size, breadth, best (of the greedy orders) or search.")
 @click.option("--time-limit", default=60.0, show_default=True, type=float,
-              help="Seconds the search may spend.")
+              help="Seconds to spend after the first plan (a sweep over time, O(n log n)); "
+                   "Ctrl-C stops early with the best plan so far.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write the placement as CSV: id,lower,upper,size,offset.")
@@ -492,9 +493,10 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
+    stopped = " (interrupted: the best plan so far)" if result.interrupted else ""
     click.echo(f"{summary['buffers']} buffers, load {format_size(summary['load_bytes'])}, "
                f"height {format_size(summary['height_bytes'])} ({summary['height_over_load']:.4f} "
-               f"x load) by {summary['algorithm']} in {summary['seconds']:.1f} s; valid")
+               f"x load) by {summary['algorithm']} in {summary['seconds']:.1f} s; valid{stopped}")
     if out_path:
         click.echo(f"wrote {out_path}")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import bisect
+import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +24,7 @@ class Plan:
     offsets: np.ndarray
     algorithm: str
     seconds: float = 0.0
+    interrupted: bool = False          # Ctrl-C ended the work: the best plan found before it
 
     @property
     def height(self) -> int:
@@ -39,7 +42,8 @@ class Plan:
         return {"problem": self.problem.name, "buffers": len(self.problem),
                 "load_bytes": self.problem.load(), "height_bytes": self.height,
                 "height_over_load": round(self.height_over_load, 6),
-                "seconds": round(self.seconds, 3), "algorithm": self.algorithm}
+                "seconds": round(self.seconds, 3), "algorithm": self.algorithm,
+                "interrupted": self.interrupted}
 
 
 def validate(problem: PlanningProblem, offsets: np.ndarray) -> None:
@@ -81,9 +85,11 @@ def validate(problem: PlanningProblem, offsets: np.ndarray) -> None:
         starts.insert(at, key)
 
 
-def place_in_order(problem: PlanningProblem, order: np.ndarray, best_fit: bool = False) -> np.ndarray:
+def place_in_order(problem: PlanningProblem, order: np.ndarray, best_fit: bool = False,
+                   deadline: float = math.inf) -> np.ndarray | None:
     """Place buffers one by one in `order`, each in the lowest gap (or, with `best_fit`, the
-    tightest gap) left by the already placed buffers that are live at the same time."""
+    tightest gap) left by the already placed buffers that are live at the same time. O(n^2):
+    None if the `deadline` (perf_counter) passes first."""
     lower, upper, size = problem.lower, problem.upper, problem.size
     n = len(order)
     offsets = np.zeros(len(problem), np.int64)
@@ -93,6 +99,8 @@ def place_in_order(problem: PlanningProblem, order: np.ndarray, best_fit: bool =
     p_start = np.empty(n, np.int64)
     p_end = np.empty(n, np.int64)
     for k, i in enumerate(order):
+        if k & 63 == 0 and time.perf_counter() > deadline:
+            return None
         need = size[i]
         live = np.nonzero((p_lower[:k] < upper[i]) & (lower[i] < p_upper[:k]))[0]
         offset = 0

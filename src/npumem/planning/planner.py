@@ -13,6 +13,7 @@ from .greedy import orders
 from .placement import Plan, place_in_order, validate
 from .problem import PlanningProblem
 from .search import PREORDERS, SearchAborted, SkylineSearch
+from .sweep import place_by_time
 
 
 ALGORITHMS = {
@@ -28,35 +29,68 @@ Progress = Callable[[str], None]
 
 def plan(problem: PlanningProblem, algorithm: str = "search", time_limit: float = 60.0,
          progress: Progress | None = None) -> Plan:
-    """Place every buffer of `problem`; the result is validated before it is returned."""
+    """Place every buffer of `problem`; the result is validated before it is returned.
+
+    A first plan comes from a sweep over time, in O(n log n), whatever the size; the greedy
+    orders (O(n^2)) and the search then use what is left of `time_limit`, and a greedy order
+    that cannot finish in time is dropped. Ctrl-C (KeyboardInterrupt) ends the work at once and
+    returns the best plan so far, with `interrupted` set."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
     if time_limit <= 0:
         raise ValueError(f"time limit must be positive, got {time_limit}")
     start = time.perf_counter()
+    deadline = start + time_limit
     say = progress or (lambda message: None)
-    if algorithm in ("size", "breadth"):
-        offsets = place_in_order(problem, orders(problem)[algorithm])
-        result = Plan(problem, offsets, algorithm)
-    else:
-        result = _best_greedy(problem, say)
-        if algorithm == "search":
-            result = _improve(problem, result, start + time_limit, say)
+    result = Plan(problem, place_by_time(problem), "time sweep")
+    try:
+        say(f"time sweep: height {result.height} ({result.height_over_load:.4f} x load)")
+        if algorithm in ("size", "breadth"):
+            result = _greedy(problem, [(algorithm, False)], result, deadline, say)
+        else:
+            result = _greedy(problem, GREEDY_VARIANTS, result, deadline, say)
+            if algorithm == "search":
+                result = _improve(problem, result, deadline, say)
+    except _Interrupted as stop:
+        result = stop.best
+        result.interrupted = True
+    except KeyboardInterrupt:
+        result.interrupted = True
     result.seconds = time.perf_counter() - start
     validate(problem, result.offsets)
     return result
 
 
-def _best_greedy(problem: PlanningProblem, say: Progress) -> Plan:
-    best = None
-    for name, order in orders(problem).items():
-        for best_fit in (False, True):
+# Greedy orders and fits, in the order they are tried (the classic one first).
+GREEDY_VARIANTS = [(name, best_fit) for name in ("size", "breadth", "length", "area")
+                   for best_fit in (False, True)]
+
+
+def _greedy(problem: PlanningProblem, variants, best: Plan, deadline: float,
+            say: Progress) -> Plan:
+    """The lowest of `best` and the greedy plans that finish before `deadline`."""
+    try:
+        for name, best_fit in variants:
             label = f"{name}/{'best' if best_fit else 'first'}-fit"
-            candidate = Plan(problem, place_in_order(problem, order, best_fit), f"best ({label})")
-            if best is None or candidate.height < best.height:
+            offsets = place_in_order(problem, orders(problem)[name], best_fit, deadline)
+            if offsets is None:
+                say(f"greedy {label}: stopped at the time limit; keeping {best.algorithm}")
+                break
+            candidate = Plan(problem, offsets, name if len(variants) == 1 else f"best ({label})")
+            if candidate.height < best.height:
                 best = candidate
-    say(f"greedy: {best.algorithm} height {best.height} ({best.height_over_load:.4f} x load)")
+                say(f"greedy {label}: height {best.height} ({best.height_over_load:.4f} x load)")
+    except KeyboardInterrupt:
+        raise _Interrupted(best) from None
     return best
+
+
+class _Interrupted(Exception):
+    """Ctrl-C during the search, carrying the best plan found before it."""
+
+    def __init__(self, best: Plan):
+        super().__init__("interrupted")
+        self.best = best
 
 
 def _improve(problem: PlanningProblem, best: Plan, deadline: float, say: Progress) -> Plan:
@@ -77,23 +111,26 @@ def _improve(problem: PlanningProblem, best: Plan, deadline: float, say: Progres
     tolerance = max(1, floor // 10_000)
     budget = max(0.5, (deadline - time.perf_counter()) / 10)
     step = max(tolerance, (best.height - floor) // 4)
-    while best.height - floor > tolerance and time.perf_counter() < deadline:
-        capacity = max(floor, best.height - step)
-        stop = min(time.perf_counter() + budget, deadline)
-        try:
-            offsets = _run_deep(lambda: _attempt(search, rng, capacity, stop))
-        except CapacityInfeasible:
-            floor = capacity + 1
-            say(f"search: no placement within {capacity} (proven)")
-            continue
-        if offsets is not None:
-            best = Plan(problem, offsets, "search")
-            say(f"search: height {best.height} ({best.height_over_load:.4f} x load)")
-        elif step > tolerance:
-            step = max(tolerance, step // 2)
-        else:
-            budget *= 2
-            step = max(tolerance, (best.height - floor) // 4)
+    try:
+        while best.height - floor > tolerance and time.perf_counter() < deadline:
+            capacity = max(floor, best.height - step)
+            stop = min(time.perf_counter() + budget, deadline)
+            try:
+                offsets = _run_deep(lambda: _attempt(search, rng, capacity, stop), search)
+            except CapacityInfeasible:
+                floor = capacity + 1
+                say(f"search: no placement within {capacity} (proven)")
+                continue
+            if offsets is not None:
+                best = Plan(problem, offsets, "search")
+                say(f"search: height {best.height} ({best.height_over_load:.4f} x load)")
+            elif step > tolerance:
+                step = max(tolerance, step // 2)
+            else:
+                budget *= 2
+                step = max(tolerance, (best.height - floor) // 4)
+    except KeyboardInterrupt:
+        raise _Interrupted(best) from None
     return best
 
 
@@ -107,7 +144,7 @@ def _attempt(search: SkylineSearch, rng: np.random.Generator, capacity: int,
     runs out (None); raises CapacityInfeasible if a search proves there is none."""
     node_limit = 5 * len(search.problem)
     restarts = 0
-    while time.perf_counter() < deadline:
+    while time.perf_counter() < deadline and not search.cancelled:
         rank = search.rank(PREORDERS[rng.integers(len(PREORDERS))], rng)
         try:
             offsets = search.solve(capacity, rank, node_limit, deadline)
@@ -121,8 +158,9 @@ def _attempt(search: SkylineSearch, rng: np.random.Generator, capacity: int,
     return None
 
 
-def _run_deep(work):
-    """Run `work()` in a thread with a large stack: the search recurses once per buffer."""
+def _run_deep(work, search: SkylineSearch):
+    """Run `work()` in a thread with a large stack: the search recurses once per buffer. On
+    Ctrl-C the search is told to stop, and the interrupt goes on once it has."""
     result, failure = [], []
 
     def target():
@@ -137,7 +175,12 @@ def _run_deep(work):
     try:
         worker = threading.Thread(target=target, name="npumem-planner")
         worker.start()
-        worker.join()
+        try:
+            worker.join()
+        except KeyboardInterrupt:
+            search.cancelled, search.deadline = True, float("-inf")
+            worker.join()
+            raise
     finally:
         threading.stack_size(previous_stack)
         sys.setrecursionlimit(previous_limit)

@@ -66,9 +66,22 @@ class PlanningProblem:
 
     @cached_property
     def breadth(self) -> np.ndarray:
-        """For each buffer, the most bytes live at any moment of its lifetime."""
+        """For each buffer, the most bytes live at any moment of its lifetime: range maxima
+        over the sections from a sparse table, O(n log n)."""
         first, last, live = self.sections
-        return np.array([live[a:b].max() for a, b in zip(first, last)], dtype=np.int64)
+        if len(live) == 0:
+            return np.zeros(len(self), np.int64)
+        table = [live]
+        while (1 << len(table)) <= len(live):
+            half = 1 << (len(table) - 1)
+            table.append(np.maximum(table[-1][:-half], table[-1][half:]))
+        level = np.log2(np.maximum(last - first, 1)).astype(np.int64)
+        result = np.empty(len(self), np.int64)
+        for k in np.unique(level):          # max of the two 2**k windows covering [first, last)
+            rows = np.nonzero(level == k)[0]
+            row = table[k]
+            result[rows] = np.maximum(row[first[rows]], row[last[rows] - (1 << k)])
+        return result
 
     def load(self) -> int:
         """LOAD: the largest sum of sizes live at one moment. No placement is lower."""

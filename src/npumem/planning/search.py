@@ -11,6 +11,7 @@ exceeds the capacity, because those buffers are all live together and must stack
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -33,6 +34,7 @@ class SkylineSearch:
 
     def __init__(self, problem: PlanningProblem):
         self.problem = problem
+        self.cancelled = False              # set from another thread (Ctrl-C): stop at once
         self.lower, self.upper, self.size = problem.lower, problem.upper, problem.size
         n = len(problem)
         self.first, self.last, self.total0 = problem.sections
@@ -69,7 +71,7 @@ class SkylineSearch:
         """
         n = len(self.problem)
         self.capacity, self.order_rank = capacity, rank
-        self.node_limit, self.deadline = node_limit, deadline
+        self.node_limit, self.deadline = node_limit, -math.inf if self.cancelled else deadline
         self.floor = np.zeros(len(self.total0), np.int64)
         self.total = self.total0.copy()
         self.min_offset = np.zeros(n, np.int64)
