@@ -1,6 +1,10 @@
 pytest_plugins = ["pytester"]
 
+import os
 import warnings
+
+# The whole suite runs with the pool sanitizer on (it is a mode: it costs time per allocation).
+os.environ.setdefault("NPUMEM_SANITIZE", "1")
 
 import numpy as np
 import pytest

@@ -118,6 +118,11 @@ class PoolMachine(RuleBasedStateMachine):
         assert stats["reserved_bytes.all.current"] >= stats["allocated_bytes.all.current"] or \
             not self.pool.expandable
 
+    @invariant()
+    def the_quick_fragmentation_equals_a_walk_over_the_blocks(self):
+        """The sampler's O(free lists) ratio is the one the full walk computes."""
+        assert self.pool.fragmentation_ratio() == self.pool.fragmentation()["ratio"]
+
 
 class SegmentPoolMachine(PoolMachine):
     settings_under_test = AllocatorSettings(expandable_segments=False, max_split_size_mb=32,

@@ -21,6 +21,7 @@ from .alloc.host_pool import HostPool
 from .alloc.settings import AllocatorSettings, parse_settings, settings_from_env
 from .alloc.summary import format_summary
 from .bridges.torch_allocator import torch_memory_stats, torch_memory_summary
+from .device.sanitizer import SANITIZER
 from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError, integer_argument
 from .profile.snapshot import build_snapshot
 from .profile.tracker import Tracker
@@ -128,7 +129,13 @@ def _pool_of(pointer: int) -> CachingAllocator:
 
 def caching_allocator_delete(pointer: int) -> None:
     pointer = integer_argument(pointer, "caching_allocator_delete: pointer")
-    _pool_of(pointer).deallocate(pointer)
+    pool = _pool_of(pointer)
+    record = SANITIZER.record(pool, pointer)
+    if record is not None and record.extra.get("tensor"):
+        raise MemoryFreeError(f"caching_allocator_delete(0x{pointer:x}): {record.describe()} is "
+                              "the storage of a tensor, which frees it when it is dropped; "
+                              "drop the tensor (del t) or call t.storage.free() instead")
+    pool.deallocate(pointer)
 
 
 def record_stream(pointer: int, stream) -> None:

@@ -80,6 +80,14 @@ class FreeList:
         self._blocks: list[Block] = []
         self._starts: list[int] = []
 
+    def largest_first(self):
+        """The free blocks, largest first."""
+        return reversed(self._blocks)
+
+    def largest(self) -> int:
+        """The size of the largest free block (0 when there is none)."""
+        return self._blocks[-1].size if self._blocks else 0
+
     def _index(self, block: Block) -> int:
         return bisect_left(self._keys, block.size << _ADDRESS_BITS | block.start)
 

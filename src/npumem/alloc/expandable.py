@@ -72,6 +72,7 @@ class ExpandableStrategy:
         arena = self.arenas.get(stream)
         if arena is None:
             reservation = self.owner.backend.reserve(self.owner.device, self.owner.capacity)
+            reservation.pool = self.owner      # the sanitizer checks accesses against its blocks
             arena = self.arenas[stream] = Arena(reservation, stream, self.shift)
             self.owner.on_device_memory(0, False, segments=+1)
         return arena
@@ -175,6 +176,23 @@ class ExpandableStrategy:
         for arena in self.arenas.values():
             self.owner.backend.free(arena.reservation.start, "release")
         self.arenas.clear()
+
+    def largest_free_run(self) -> int:
+        """The longest run of free bytes on mapped pages: the mapped part of some free block
+        (free neighbours merge). Blocks are tried largest first, and the search stops at a
+        block too small to beat the best run, so it looks at few blocks."""
+        best = 0
+        for arena in self.arenas.values():
+            for block in arena.free.largest_first():
+                if block.size <= best:
+                    break
+                offset = block.start - arena.base
+                first, end = offset >> self.shift, ((offset + block.size - 1) >> self.shift) + 1
+                for page, count in _runs(arena.mapped, 1, first, end):
+                    low = max(block.start, arena.base + (page << self.shift))
+                    high = min(block.end, arena.base + ((page + count) << self.shift))
+                    best = max(best, high - low)
+        return best
 
     def views(self):
         """(stream, small, blocks, mapped ranges) per arena, for reports."""

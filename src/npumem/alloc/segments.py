@@ -94,6 +94,7 @@ class SegmentStrategy:
                                                 "malloc_align32")
         except MemoryAllocationError:
             return None
+        allocation.pool = owner                # the sanitizer checks accesses against its blocks
         segment = Segment(allocation, stream, small, self._free_list(stream, small))
         self.segments[segment.start] = segment
         owner.on_device_memory(+nbytes, small, segments=+1)
@@ -133,6 +134,11 @@ class SegmentStrategy:
     def close(self) -> None:
         """Give every segment back (all blocks must be free)."""
         self.release_cached()
+
+    def largest_free_run(self) -> int:
+        """The largest free block: free neighbours merge and a block never spans segments, so
+        it is the longest free run in reserved memory."""
+        return max((free.largest() for free in self.free_lists.values()), default=0)
 
     def views(self):
         """(stream, small, blocks, mapped ranges) per segment, for reports."""

@@ -36,6 +36,7 @@ class Allocation:
     page_kind: str = ""           # "huge" | "normal" | "" (host)
     free_api: str = "free"        # the call that must release it
     live: bool = True
+    pool: Any = field(default=None, repr=False)   # the caching pool carving it into blocks
     seq: int = field(default_factory=lambda: next(_sequence))
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -133,11 +134,21 @@ class AddressIndex:
             )
         raise MemoryAccessError(f"{what}: {self.explain_miss(address, nbytes)}")
 
-    def explain_miss(self, address: int, nbytes: int) -> str:
+    def freed_containing(self, address: int) -> Allocation | None:
+        """The most recently freed allocation (of those remembered) holding `address`."""
+        freed = self._freed.get(address)
+        if freed is not None:
+            return freed
         for freed in reversed(self._freed.values()):
             if freed.start <= address < freed.start + max(freed.size, 1):
-                return (f"0x{address:x} (+{nbytes} bytes) is inside {freed.describe()}: "
-                        "use after free")
+                return freed
+        return None
+
+    def explain_miss(self, address: int, nbytes: int) -> str:
+        freed = self.freed_containing(address)
+        if freed is not None:
+            return (f"0x{address:x} (+{nbytes} bytes) is inside {freed.describe()}: "
+                    "use after free")
         return f"0x{address:x} (+{nbytes} bytes) is not inside any live allocation; " + self._nearest(address)
 
     def _nearest(self, address: int) -> str:

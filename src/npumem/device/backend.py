@@ -19,6 +19,7 @@ from ..constants import DEVICE_START_ALIGN, MallocPolicy, MemAttr
 from ..errors import FeatureNotSupportedError, MemoryAccessError
 from .address_index import Allocation
 from .backing import allocate_bytes
+from .sanitizer import SANITIZER, stale_use
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,13 +35,17 @@ class DeviceRange(NamedTuple):
     allocation: Allocation
     offset: int
     nbytes: int
+    block: Allocation | None = None     # the pool block it lies in (the pool sanitizer's)
 
     @property
     def address(self) -> int:
         return self.allocation.start + self.offset
 
     def host_address(self, what: str) -> int:
-        """Where these bytes live in this process; fails if the allocation was freed meanwhile."""
+        """Where these bytes live in this process; fails if the allocation (or the pool block)
+        was freed meanwhile."""
+        if self.block is not None:
+            self._check_block(what)
         if not self.allocation.live:
             raise MemoryAccessError(
                 f"{what}: 0x{self.address:x} (+{self.nbytes} bytes) is inside "
@@ -59,9 +64,16 @@ class DeviceRange(NamedTuple):
                                     "freed while the work was queued (use after free)")
         return buffer, address
 
+    def _check_block(self, what: str) -> None:
+        error = stale_use(self.block, what, self.address, self.nbytes)
+        if error is not None:
+            raise error
+
     def check_not_freed(self, what: str) -> None:
         """Raise if the allocation was freed while work on it ran (the work itself was safe:
         it held the bytes)."""
+        if self.block is not None:
+            self._check_block(what)
         if not self.allocation.live:
             raise MemoryAccessError(
                 f"{what}: {self.allocation.describe()} was freed while the work on it ran "
@@ -158,6 +170,15 @@ class DeviceBackend(ABC):
         """Release every device's memory (finalize)."""
         for device in range(self.device_count):
             self.release_device(device)
+
+    @staticmethod
+    def device_range(allocation: Allocation, offset: int, nbytes: int, what: str) -> DeviceRange:
+        """The range, checked against the pool's blocks when a pool carves the allocation and
+        the pool sanitizer is on."""
+        rng = DeviceRange(allocation, offset, nbytes)
+        if allocation.pool is not None and SANITIZER.on:
+            return SANITIZER.check(rng, what)
+        return rng
 
     def native_pointer(self, pointer: int) -> int:
         """Where the bytes at npumem device pointer `pointer` really are (for foreign libraries)."""

@@ -146,7 +146,7 @@ class SimDevice:
             allocation, offset = self.allocations.check_range(pointer, nbytes, what)
             if allocation.api == "reserve" and nbytes:
                 self._check_mapped(allocation, offset, nbytes, what)
-        return DeviceRange(allocation, offset, nbytes)
+        return DeviceBackend.device_range(allocation, offset, nbytes, what)
 
     # --- virtual memory: a reservation is address space whose huge pages come and go ---------
 

@@ -242,7 +242,7 @@ class TorchBackend(DeviceBackend):
         dev = self.devices[device_of(pointer)]
         with dev.lock:
             allocation, offset = dev.allocations.check_range(pointer, nbytes, what)
-        return DeviceRange(allocation, offset, nbytes)
+        return self.device_range(allocation, offset, nbytes, what)
 
     def is_device_pointer(self, pointer: int) -> bool:
         return in_device_space(pointer, len(self.devices))

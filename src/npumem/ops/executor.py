@@ -165,6 +165,7 @@ def launch(op: str, workspace: int | None, workspace_size: int, executor: Execut
     need = executor.workspace_size
     backend = RUNTIME.require()
     for role, tensor in executor.call.tensors():     # freed since phase 1?
+        tensor.storage.check_live(f"{op} {role}")
         backend.resolve(*tensor.span(), f"{op} {role}")
     if need:
         if not workspace:
@@ -208,6 +209,7 @@ def _run(executor: Executor, call: OpCall, workspace: int) -> None:
         return backend.kernel_view(rng, f"{call.op} {role}")
 
     def view(tensor: Tensor, role: str):
+        tensor.storage.check_live(f"{call.op} {role}")
         address, nbytes = tensor.span()
         if not nbytes:                # nothing to touch: an empty view of the tensor's storage
             address, nbytes = tensor.storage.pointer, 0

@@ -16,7 +16,8 @@ import numpy as np
 
 from .. import memory as pool_api
 from ..constants import DataType, Format, MemcpyKind
-from ..errors import InvalidParamError, OpNullptrError, OpParamError
+from ..device.sanitizer import SANITIZER, warn
+from ..errors import InvalidParamError, MemoryAccessError, OpNullptrError, OpParamError
 from ..runtime import memory as rt_memory
 from ..runtime.state import RUNTIME
 from .dlpack_capsule import dlpack_device, to_dlpack
@@ -35,7 +36,13 @@ class Storage:
         self.pool = pool                      # the caching pool it came from (None: not ours)
         self.host_address = host_address      # zero-copy memory: where the host sees the bytes
         self.streams: set = set()             # streams with queued work on these bytes
-        self._finalizer = weakref.finalize(self, _give_back, pool, pointer) if pool else None
+        # The pool block's sanitizer record (None unless NPUMEM_SANITIZE): tells a stale
+        # storage from the allocation that reuses its bytes.
+        self.record = SANITIZER.record(pool, pointer) if pool is not None and SANITIZER.on else None
+        if self.record is not None:
+            self.record.extra["tensor"] = True
+        self._finalizer = weakref.finalize(self, _give_back, pool, pointer, self.record) \
+            if pool else None
 
     def used_on(self, stream) -> None:
         """Queued work on `stream` uses these bytes: reuse them only after it."""
@@ -55,8 +62,23 @@ class Storage:
         if self._finalizer is not None:
             self._finalizer()
 
+    def check_live(self, what: str) -> None:
+        """With the pool sanitizer: raise if these bytes were given back (Storage.free()) while
+        a tensor still uses them; they may belong to another allocation by now."""
+        record = self.record
+        if record is not None and not record.live:
+            raise MemoryAccessError(
+                f"{what}: a stale tensor: its storage, {record.describe()}, was freed "
+                "(Storage.free()) while this tensor still used it; its bytes may belong to "
+                "another allocation now")
 
-def _give_back(pool, pointer: int) -> None:
+
+def _give_back(pool, pointer: int, record) -> None:
+    if record is not None and not record.live:   # freed by hand: the block may be another's
+        warn(f"a tensor's storage, {record.describe()}, was already freed by another call "
+             "(caching_allocator_delete?); its own release is skipped, since the bytes may "
+             "belong to another allocation now")
+        return
     if pool.owns(pointer):            # not already released with its device
         pool.deallocate_soon(pointer)   # a finalizer must never wait for the pool
 
@@ -219,6 +241,7 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A host copy of the data, after the queued work on this tensor's storage has run."""
+        self.storage.check_live("numpy")
         self.storage.wait()
         address, nbytes = self.span()
         raw = np.empty(nbytes, dtype=np.uint8)

@@ -59,7 +59,7 @@ def take_samples() -> list[Sample]:
             stats = pool.stats
             allocated, reserved = stats.current("allocated_bytes"), stats.current("reserved_bytes")
             hit_rate = stats.hit_rate()
-        fragmentation = pool.fragmentation()["ratio"]
+        fragmentation = pool.fragmentation_ratio()      # O(free lists), not O(blocks)
         free, total = backend.mem_info(device, MemAttr.HBM_MEM) if backend else (0, 0)
         samples.append(Sample(now, device, allocated, reserved, total - free, total,
                               hit_rate, fragmentation, rss))

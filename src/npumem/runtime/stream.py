@@ -58,6 +58,7 @@ class Stream:
         self._worker = threading.Thread(
             target=self._run, name=f"npumem-stream-0x{self.handle:x}", daemon=True
         )
+        self._worker.npumem_stream = self      # which stream the work on this thread is for
         self._worker.start()
 
     def __repr__(self) -> str:

@@ -1,0 +1,132 @@
+"""The sanitizer inside the caching pools: every pool block's requested extent and lifetime.
+
+The device sanitizer (address_index) knows what the runtime's malloc handed out; a pool carves
+its segments and arenas further, so a 1-byte overrun of a 100-byte block, a read after
+`caching_allocator_delete` or a workspace too small for its kernel all land in memory the
+device thinks is live. With the pool sanitizer on, accesses inside a pool's memory must also
+lie inside one live block's requested bytes, and:
+
+- queued work that resolved a block and runs after the block was freed (on another stream than
+  the block's own, without `record_stream`) fails on its stream: the block may hold someone
+  else's data by then;
+- a tensor whose storage was freed (`Storage.free()`) and whose bytes now belong to another
+  allocation is reported as stale, not read;
+- `caching_allocator_delete` of a tensor's storage is refused (the tensor would free it again).
+
+It costs a record per allocation and a lookup per access, so it is a mode: NPUMEM_SANITIZE=1
+(the test suite runs with it), or `enable()`. docs/reliability.md has the cost.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+import weakref
+
+from ..errors import MemoryAccessError
+from .address_index import AddressIndex, Allocation
+
+
+class SanitizerWarning(RuntimeWarning):
+    """Misuse the sanitizer found where it cannot raise (in a finalizer)."""
+
+
+class PoolSanitizer:
+    """An observer of the caching pools (see npumem.observe) that indexes their live blocks."""
+
+    def __init__(self):
+        self.on = False
+        self._lock = threading.Lock()
+        self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pool -> index
+
+    def index(self, pool) -> AddressIndex:
+        with self._lock:
+            index = self._pools.get(pool)
+            if index is None:
+                index = self._pools[pool] = AddressIndex(remembered_frees=1024)
+                for block in list(pool._allocated.values()):   # blocks from before it started
+                    index.add(_record(block.start, block.requested, block.size, pool.device,
+                                      block.stream))
+            return index
+
+    def on_memory(self, owner, action, device, address, size, requested, stream) -> None:
+        if action not in ("alloc", "free", "free_completed") or not hasattr(owner, "record_stream"):
+            return                             # the runtime's malloc: the device index has it
+        index = self.index(owner)
+        with self._lock:
+            if action == "alloc":
+                index.add(_record(address, requested, size, device, stream))
+            elif index.get(address) is not None:
+                index.remove(address)
+
+    def on_op(self, name, device, stream, start_ns, end_ns) -> None:
+        pass
+
+    def record(self, pool, pointer: int) -> Allocation | None:
+        """The live record of the block at `pointer` (None when the sanitizer is off)."""
+        return self.index(pool).get(pointer) if self.on else None
+
+    def check(self, rng, what: str):
+        """`rng` (inside a pool's segment or arena) with the block it lies in, or
+        MemoryAccessError: past the block's requested bytes, in a freed block, between blocks."""
+        index = self.index(rng.allocation.pool)
+        address = rng.allocation.start + rng.offset
+        with self._lock:
+            try:
+                block, _ = index.check_range(address, rng.nbytes, what)
+            except MemoryAccessError:
+                # Work queued before a free on the block's own stream runs after the free, in
+                # stream order, and legitimately: the bytes are reused only after it.
+                block = index.freed_containing(address)
+                if block is None or address + rng.nbytes > block.end or \
+                        stale_use(block, what, address, rng.nbytes) is not None:
+                    raise
+        return rng._replace(block=block)
+
+
+def _record(start: int, requested: int, size: int, device: int, stream) -> Allocation:
+    record = Allocation(start=start, size=requested, reserved=size, api="pool block",
+                        device=device, buffer=None, free_api="caching_allocator_delete")
+    record.extra["stream"] = stream
+    return record
+
+
+def stale_use(block: Allocation, what: str, address: int, nbytes: int) -> MemoryAccessError | None:
+    """The error for queued work that uses `block` after it was freed, unless the work runs on
+    the block's own stream (freeing there is ordered after that stream's queued work)."""
+    if block.live:
+        return None
+    running = getattr(threading.current_thread(), "npumem_stream", None)
+    owner = block.extra.get("stream")
+    if running is not None and (owner is running or (owner is None and running.is_default)):
+        return None
+    where = f"on {running!r}" if running is not None else "on the host"
+    return MemoryAccessError(
+        f"{what}: 0x{address:x} (+{nbytes} bytes) is in {block.describe()}, freed while work "
+        f"{where} still used it: call record_stream(pointer, stream) before freeing a block "
+        "another stream uses (use after free; the block may hold another allocation's data)")
+
+
+def warn(message: str) -> None:
+    warnings.warn(message, SanitizerWarning, stacklevel=3)
+
+
+SANITIZER = PoolSanitizer()
+
+
+def enable() -> None:
+    """Check accesses against pool blocks from now on (NPUMEM_SANITIZE=1 does it at import)."""
+    from ..observe import OBSERVERS
+    OBSERVERS.add(SANITIZER)
+    SANITIZER.on = True
+
+
+def disable() -> None:
+    from ..observe import OBSERVERS
+    SANITIZER.on = False
+    OBSERVERS.remove(SANITIZER)
+
+
+if os.environ.get("NPUMEM_SANITIZE", "") not in ("", "0"):
+    enable()
