@@ -10,6 +10,9 @@ when CuPy is installed. The paths take turns on each request size, so drift in a
 machine's speed hits them all alike. Reports the median (the typical call) and the mean (which
 includes work amortized over many calls, such as the pool folding its statistics log).
 Targets: pool median <= 2x torch; statistics adaptor <= +30%.
+
+The pool sanitizer (NPUMEM_SANITIZE=1) is global, so its cost is timed apart: rounds of the
+pool's pairs alternate with it off and on, and the ratio of the medians is printed.
 """
 
 from __future__ import annotations
@@ -50,6 +53,21 @@ def interleaved_pairs(paths: dict, requests: list[int]) -> dict[str, tuple[float
             samples[label].append(clock() - start)
     return {label: (statistics.median(times) / 1e3, statistics.fmean(times) / 1e3)
             for label, times in samples.items()}
+
+
+def sanitizer_cost(pool, requests: list[int], rounds: int = 6) -> tuple[float, float]:
+    """(median us per pair with the pool sanitizer off, on), rounds alternating."""
+    from npumem.device import sanitizer
+
+    was_on = sanitizer.SANITIZER.on
+    medians = {False: [], True: []}
+    for round_number in range(rounds):
+        on = bool(round_number % 2)
+        (sanitizer.enable if on else sanitizer.disable)()
+        medians[on].append(interleaved_pairs({"pool": (pool.allocate, pool.deallocate)},
+                                             requests)["pool"][0])
+    (sanitizer.enable if was_on else sanitizer.disable)()
+    return statistics.median(medians[False]), statistics.median(medians[True])
 
 
 def peers(device: str) -> dict:
@@ -102,6 +120,7 @@ def main() -> None:
              "pool_with_stacks": (tracked.allocate, tracked.deallocate)}
     paths.update(peers(args.device))
     timed = interleaved_pairs(paths, sizes(args.pairs))
+    plain, sanitized = sanitizer_cost(pool, sizes(args.pairs // 4))
     pool.close()
     segments.close()
 
@@ -110,6 +129,8 @@ def main() -> None:
         results[f"{label}_us"], results[f"{label}_mean_us"] = median, mean
     results["statistics_overhead"] = results["pool_with_statistics_us"] / results["pool_us"] - 1
     results["stack_capture_us_per_event"] = results["pool_with_stacks_us"] - results["pool_us"]
+    results["sanitizer_off_us"], results["sanitizer_on_us"] = plain, sanitized
+    results["sanitizer_overhead"] = sanitized / plain - 1
     if "torch_empty_del" in timed:
         results["pool_over_torch"] = results["pool_us"] / results["torch_empty_del_us"]
         results["pool_over_torch_mean"] = results["pool_mean_us"] / results["torch_empty_del_mean_us"]
@@ -125,6 +146,8 @@ def main() -> None:
         print(f"  {label:<26} {median:7.2f} {mean:7.2f}")
     print(f"  statistics adaptor overhead: {results['statistics_overhead']:+.0%}")
     print(f"  stack capture: {results['stack_capture_us_per_event']:.2f} us per allocation")
+    print(f"  pool sanitizer: {plain:.2f} -> {sanitized:.2f} us per pair "
+          f"({results['sanitizer_overhead']:+.0%}; NPUMEM_SANITIZE=1)")
     if "pool_over_torch" in results:
         print(f"  pool / torch: {results['pool_over_torch']:.2f}x median (target <= 2x), "
               f"{results['pool_over_torch_mean']:.2f}x mean")

@@ -3,15 +3,19 @@ pytest_plugins = ["pytester"]
 import os
 import warnings
 
-# The whole suite runs with the pool sanitizer on (it is a mode: it costs time per allocation).
+# The whole suite runs with the pool sanitizer on (it is a mode: it costs time per allocation);
+# npumem's pytest plugin imported npumem already, so it is switched on here too.
 os.environ.setdefault("NPUMEM_SANITIZE", "1")
 
 import numpy as np
 import pytest
 
 import npumem
-from npumem.device import SimBackend, SimConfig
+from npumem.device import SimBackend, SimConfig, sanitizer
 from npumem.units import MiB
+
+if os.environ["NPUMEM_SANITIZE"] not in ("", "0"):
+    sanitizer.enable()
 
 SMALL_SIM = SimConfig(devices=2, memory=256 * MiB, huge_memory=128 * MiB)
 

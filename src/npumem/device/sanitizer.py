@@ -56,7 +56,8 @@ class PoolSanitizer:
         index = self.index(owner)
         with self._lock:
             if action == "alloc":
-                index.add(_record(address, requested, size, device, stream))
+                if index.get(address) is None:          # not seeded with it just now
+                    index.add(_record(address, requested, size, device, stream))
             elif index.get(address) is not None:
                 index.remove(address)
 
