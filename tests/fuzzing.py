@@ -357,8 +357,11 @@ def mutate(rng: random.Random, data: bytes, structure: str) -> bytes:
         data = mutate_bytes(rng, data)
     if rng.random() < 0.05:
         data = gzip.compress(data, compresslevel=1)
-        if rng.random() < 0.3:
+        damage = rng.random()
+        if damage < 0.3:
             data = data[:rng.randrange(len(data))]            # a truncated gzip stream
+        elif damage < 0.6:
+            data = data[:10] + mutate_bytes(rng, data[10:])   # a corrupt deflate stream
     return data
 
 

@@ -121,3 +121,14 @@ def test_deep_nesting_is_refused_or_carried_without_a_traceback(tmp_path):
     assert reported.exit_code == 0 and "peak allocated" in reported.output, reported.output
     _refused(["convert", str(path), str(tmp_path / "out.jsonl")], "nests too deeply")
     _refused(["convert", str(path), str(tmp_path / "out.pickle")], "nests too deeply")
+
+
+def test_a_corrupt_gzip_stream_is_a_clear_error(tmp_path):
+    """Found by atheris: a gzip header before bytes that are not deflate data (zlib.error)."""
+    import base64
+
+    path = tmp_path / "memory_record.csv"
+    path.write_bytes(base64.b64decode("H4sIAG9uZW50MDAwMDAwMDAsMTcwMDAwMDAwMDAwMDAwLDguMCwwLjAwMCxULjUNLA0K"))
+    for args in (["report", str(path)], ["replay", str(path)], ["convert", str(path),
+                                                              str(tmp_path / "o.jsonl")]):
+        _refused(args, str(path))

@@ -14,6 +14,13 @@ class MallocPolicy(IntEnum):
     HUGE_FIRST_P2P = 3
     HUGE_ONLY_P2P = 4
     NORMAL_ONLY_P2P = 5
+    HUGE1G_ONLY = 6              # 1 GiB pages on a real NPU; huge (2 MiB) pages here
+    HUGE1G_ONLY_P2P = 7
+
+
+# Flags CANN lets a policy carry (ORed in): bandwidth class and read-only mapping. The
+# simulated device has one kind of memory, so they are accepted and do not change placement.
+MALLOC_POLICY_FLAGS = 0x0100 | 0x1000 | 0x100000
 
 
 class MemcpyKind(IntEnum):
@@ -24,6 +31,9 @@ class MemcpyKind(IntEnum):
     DEVICE_TO_HOST = 2
     DEVICE_TO_DEVICE = 3
     DEFAULT = 4
+    HOST_TO_BUF_TO_DEVICE = 5     # host -> device, the host bytes staged by the runtime at once
+    INNER_DEVICE_TO_DEVICE = 6    # within one device
+    INTER_DEVICE_TO_DEVICE = 7    # between two devices
 
 
 class MemAttr(IntEnum):
@@ -87,5 +97,6 @@ HUGE_PAGE_SIZE = 2 << 20
 NORMAL_PAGE_SIZE = 4 << 10
 HUGE_FIRST_THRESHOLD = 1 << 20  # HUGE_FIRST serves requests up to 1 MiB from normal pages
 
-HUGE_POLICIES = frozenset({MallocPolicy.HUGE_ONLY, MallocPolicy.HUGE_ONLY_P2P})
+HUGE_POLICIES = frozenset({MallocPolicy.HUGE_ONLY, MallocPolicy.HUGE_ONLY_P2P, MallocPolicy.HUGE1G_ONLY,
+                           MallocPolicy.HUGE1G_ONLY_P2P})
 NORMAL_POLICIES = frozenset({MallocPolicy.NORMAL_ONLY, MallocPolicy.NORMAL_ONLY_P2P})

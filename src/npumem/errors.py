@@ -33,6 +33,11 @@ ACL_ERROR_RT_MEMORY_FREE = 207002
 ACL_ERROR_RT_NO_DEVICE = 207004
 ACL_ERROR_RT_INTERNAL_ERROR = 507000
 ACL_ERROR_RT_STREAM_NOT_COMPLETE = 507004
+ACL_ERROR_REPEAT_SUBSCRIBE = 100033
+ACL_ERROR_STREAM_NOT_SUBSCRIBE = 100034
+ACL_ERROR_RT_THREAD_SUBSCRIBE = 107012
+ACL_ERROR_RT_STREAM_NO_CB_REG = 107015
+ACL_ERROR_RT_REPORT_TIMEOUT = 507012
 ACLNN_ERR_PARAM_NULLPTR = 161001
 ACLNN_ERR_PARAM_INVALID = 161002
 ACLNN_ERR_INNER_NULLPTR = 561103
@@ -161,8 +166,23 @@ class ExecutorError(AclError, ValueError):
     default_code = ACLNN_ERR_INNER_NULLPTR
 
 
-class LiveAllocationsWarning(ResourceWarning):
-    """Device or pinned host memory was still allocated at reset_device / finalize."""
+class LiveAllocationsWarning(RuntimeWarning):
+    """Device or pinned host memory was still allocated at reset_device / finalize (shown by
+    default: a ResourceWarning would be hidden, and this is usually a leak)."""
+
+
+class StrictWarning(UserWarning):
+    """NPUMEM_STRICT=1: a call AscendCL accepts but that is probably a mistake (a memcpy kind
+    that does not match the two addresses, an unknown malloc policy)."""
+
+
+def strict(message: str) -> None:
+    """Warn about `message` under NPUMEM_STRICT=1; otherwise say nothing, as CANN does."""
+    import os
+    import warnings
+
+    if os.environ.get("NPUMEM_STRICT", "") not in ("", "0"):
+        warnings.warn(message, StrictWarning, stacklevel=3)
 
 
 def integer_argument(value, what: str) -> int:

@@ -7,6 +7,8 @@ behind a non-zero code is logged and available from `acl.get_recent_err_msg()`.
 
 from __future__ import annotations
 
+import logging
+
 from .. import runtime as _rt
 from ..errors import InvalidHandleError, InvalidParamError
 from ..runtime.handles import forget, new_handle
@@ -21,6 +23,34 @@ def init(config_path: str = ""):
 
 def finalize():
     return code_of(_rt.finalize)
+
+
+# acl.app_log levels
+ACL_DEBUG, ACL_INFO, ACL_WARNING, ACL_ERROR = 0, 1, 2, 3
+_APP_LOG_LEVELS = {ACL_DEBUG: logging.DEBUG, ACL_INFO: logging.INFO, ACL_WARNING: logging.WARNING,
+                   ACL_ERROR: logging.ERROR}
+app_logger = logging.getLogger("npumem.acl.app")
+
+
+def app_log(log_level: int, message: str) -> None:
+    """ACL_APP_LOG: `message` into the application log (Python logging, "npumem.acl.app");
+    an unknown level logs at ERROR, as nothing may be lost."""
+    app_logger.log(_APP_LOG_LEVELS.get(log_level, logging.ERROR), "%s", message)
+
+
+def get_soc_name() -> str:
+    """The chip's name, as aclrtGetSocName gives it (works before init): NPUMEM_SOC_NAME, the
+    NPU's name on torch:npu, else Ascend910B3, the chip the simulated NPU models."""
+    import os
+
+    name = os.environ.get("NPUMEM_SOC_NAME", "").strip()
+    if name:
+        return name
+    backend = _rt.RUNTIME.backend
+    if backend is not None and backend.name == "torch:npu":
+        import torch
+        return torch.npu.get_device_name(0)
+    return "Ascend910B3"
 
 
 def get_recent_err_msg() -> str:

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 
-from ..errors import ACL_SUCCESS, AclError
+from ..errors import ACL_ERROR_RT_REPORT_TIMEOUT, ACL_ERROR_RT_THREAD_SUBSCRIBE, ACL_SUCCESS, AclError
 
 log = logging.getLogger("npumem.acl")
 _last_error = threading.local()
@@ -33,10 +33,14 @@ def recent_error_message() -> str:
     return getattr(_last_error, "message", "")
 
 
+# Codes a callback thread's process_report loop gets all the time: CANN logs them at INFO.
+_ROUTINE = {ACL_ERROR_RT_REPORT_TIMEOUT, ACL_ERROR_RT_THREAD_SUBSCRIBE}
+
+
 def report_failure(exc: AclError) -> int:
     """Remember and log a failed call's message; returns its code."""
     _last_error.message = str(exc)
-    log.warning("%s", exc)
+    log.log(logging.DEBUG if exc.code in _ROUTINE else logging.WARNING, "%s", exc)
     return exc.code
 
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from .. import runtime as _rt
 from ..constants import MallocPolicy, MemcpyKind
+from ..runtime.memory import lenient_policy
 from ._result import code_of, values_and_code
 
 # The seed article's spellings: acl.rt.malloc_type.HUGE_FIRST, acl.rt.memcpy_kind.HOST_TO_DEVICE.
@@ -119,15 +120,15 @@ def event_elapsed_time(start, end):
 # memory
 
 def malloc(size, policy):
-    return values_and_code(_rt.malloc, size, policy)
+    return values_and_code(lambda: _rt.malloc(size, lenient_policy(policy, "malloc")))
 
 
 def malloc_align32(size, policy):
-    return values_and_code(_rt.malloc_align32, size, policy)
+    return values_and_code(lambda: _rt.malloc_align32(size, lenient_policy(policy, "malloc_align32")))
 
 
 def malloc_cached(size, policy):
-    return values_and_code(_rt.malloc_cached, size, policy)
+    return values_and_code(lambda: _rt.malloc_cached(size, lenient_policy(policy, "malloc_cached")))
 
 
 def free(dev_ptr):
@@ -151,11 +152,54 @@ def memset_async(dev_ptr, max_count, value, count, stream):
 
 
 def memcpy(dst, dest_max, src, count, kind):
-    return code_of(_rt.memcpy, dst, dest_max, src, count, kind)
+    return code_of(lambda: _rt.memcpy(dst, dest_max, src, count, kind, kind_is_reserved=True))
 
 
 def memcpy_async(dst, dest_max, src, count, kind, stream):
     return code_of(_rt.memcpy_async, dst, dest_max, src, count, kind, stream)
+
+
+def memcpy2d(dst, dpitch, src, spitch, width, height, kind):
+    return code_of(lambda: _rt.memcpy2d(dst, dpitch, src, spitch, width, height, kind,
+                                        kind_is_reserved=True))
+
+
+def memcpy2d_async(dst, dpitch, src, spitch, width, height, kind, stream):
+    return code_of(_rt.memcpy2d_async, dst, dpitch, src, spitch, width, height, kind, stream)
+
+
+# peer access between devices
+
+def device_can_access_peer(device_id, peer_device_id):
+    """(can_access_peer: 1 or 0, ret)."""
+    return values_and_code(lambda: int(_rt.device_can_access_peer(device_id, peer_device_id)))
+
+
+def device_enable_peer_access(peer_device_id, flags):
+    return code_of(_rt.device_enable_peer_access, peer_device_id, flags)
+
+
+def device_disable_peer_access(peer_device_id):
+    return code_of(_rt.device_disable_peer_access, peer_device_id)
+
+
+# host callbacks in stream order
+
+def subscribe_report(thread_id, stream):
+    return code_of(_rt.subscribe_report, thread_id, stream)
+
+
+def unsubscribe_report(thread_id, stream):
+    return code_of(_rt.unsubscribe_report, thread_id, stream)
+
+
+def launch_callback(fn, user_data, block_type, stream):
+    return code_of(_rt.launch_callback, fn, user_data, block_type, stream)
+
+
+def process_report(timeout):
+    """Run the next callback for this (subscribed) thread; 507012 after `timeout` ms without one."""
+    return code_of(_rt.process_report, timeout)
 
 
 def get_mem_info(attr):

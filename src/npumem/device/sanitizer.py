@@ -19,6 +19,7 @@ It costs a record per allocation and a lookup per access, so it is a mode: NPUME
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import warnings
@@ -32,56 +33,88 @@ class SanitizerWarning(RuntimeWarning):
     """Misuse the sanitizer found where it cannot raise (in a finalizer)."""
 
 
+class _PoolRecords:
+    """One pool's live blocks, and its recently freed ones by start address (several may have
+    started there: a freed block's start is often handed out again at once)."""
+
+    REMEMBERED = 4096
+
+    def __init__(self, pool):
+        self.live = AddressIndex(remembered_frees=self.REMEMBERED)
+        self.freed: dict[int, list[Allocation]] = {}
+        self.order: collections.deque[Allocation] = collections.deque()
+        for block in list(pool._allocated.values()):       # blocks from before it started
+            self.live.add(_record(block.start, block.requested, block.size, pool.device,
+                                  block.stream))
+
+    def free(self, address: int) -> None:
+        record = self.live.remove(address)
+        self.freed.setdefault(address, []).append(record)
+        self.order.append(record)
+        if len(self.order) > self.REMEMBERED:
+            oldest = self.order.popleft()
+            same_start = self.freed[oldest.start]
+            same_start.remove(oldest)
+            if not same_start:
+                del self.freed[oldest.start]
+
+    def freed_holding(self, address: int, nbytes: int, what: str) -> Allocation | None:
+        """A freed block holding the whole range that the running stream may still use: the
+        block's own stream, whose queued work a free is ordered after."""
+        candidates = self.freed.get(address) or [r for r in reversed(self.order)
+                                                 if r.start <= address < r.end]
+        for record in reversed(candidates):
+            if address + nbytes <= record.end and stale_use(record, what, address, nbytes) is None:
+                return record
+        return None
+
+
 class PoolSanitizer:
-    """An observer of the caching pools (see npumem.observe) that indexes their live blocks."""
+    """An observer of the caching pools (see npumem.observe) that indexes their blocks."""
 
     def __init__(self):
         self.on = False
         self._lock = threading.Lock()
-        self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pool -> index
+        self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pool -> records
 
-    def index(self, pool) -> AddressIndex:
+    def _records(self, pool) -> _PoolRecords:
         with self._lock:
-            index = self._pools.get(pool)
-            if index is None:
-                index = self._pools[pool] = AddressIndex(remembered_frees=1024)
-                for block in list(pool._allocated.values()):   # blocks from before it started
-                    index.add(_record(block.start, block.requested, block.size, pool.device,
-                                      block.stream))
-            return index
+            records = self._pools.get(pool)
+            if records is None:
+                records = self._pools[pool] = _PoolRecords(pool)
+            return records
 
     def on_memory(self, owner, action, device, address, size, requested, stream) -> None:
         if action not in ("alloc", "free", "free_completed") or not hasattr(owner, "record_stream"):
             return                             # the runtime's malloc: the device index has it
-        index = self.index(owner)
+        records = self._records(owner)
         with self._lock:
             if action == "alloc":
-                if index.get(address) is None:          # not seeded with it just now
-                    index.add(_record(address, requested, size, device, stream))
-            elif index.get(address) is not None:
-                index.remove(address)
+                if records.live.get(address) is None:     # not seeded with it just now
+                    records.live.add(_record(address, requested, size, device, stream))
+            elif records.live.get(address) is not None:
+                records.free(address)
 
     def on_op(self, name, device, stream, start_ns, end_ns) -> None:
         pass
 
     def record(self, pool, pointer: int) -> Allocation | None:
         """The live record of the block at `pointer` (None when the sanitizer is off)."""
-        return self.index(pool).get(pointer) if self.on else None
+        return self._records(pool).live.get(pointer) if self.on else None
 
     def check(self, rng, what: str):
         """`rng` (inside a pool's segment or arena) with the block it lies in, or
         MemoryAccessError: past the block's requested bytes, in a freed block, between blocks."""
-        index = self.index(rng.allocation.pool)
+        records = self._records(rng.allocation.pool)
         address = rng.allocation.start + rng.offset
         with self._lock:
             try:
-                block, _ = index.check_range(address, rng.nbytes, what)
+                block, _ = records.live.check_range(address, rng.nbytes, what)
             except MemoryAccessError:
                 # Work queued before a free on the block's own stream runs after the free, in
                 # stream order, and legitimately: the bytes are reused only after it.
-                block = index.freed_containing(address)
-                if block is None or address + rng.nbytes > block.end or \
-                        stale_use(block, what, address, rng.nbytes) is not None:
+                block = records.freed_holding(address, rng.nbytes, what)
+                if block is None:
                     raise
         return rng._replace(block=block)
 

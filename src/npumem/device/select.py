@@ -39,6 +39,18 @@ def make_backend(spec: str, **sim_config) -> DeviceBackend:
     return TorchBackend(spec.split(":", 1)[1])
 
 
+def device_count_of(spec) -> int:
+    """How many devices a backend made from `spec` (a name or an instance) would drive,
+    without making it."""
+    if isinstance(spec, DeviceBackend):
+        return spec.device_count
+    if check_spec(spec) == "sim":
+        from .sim import SimConfig
+        return SimConfig.from_env().devices
+    from .torch_backend import TorchBackend
+    return TorchBackend(best_torch_device() if spec == "torch" else spec.split(":", 1)[1]).device_count
+
+
 def best_torch_device() -> str:
     from .torch_backend import import_torch
     torch = import_torch()

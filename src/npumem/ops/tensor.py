@@ -74,13 +74,14 @@ class Storage:
 
 
 def _give_back(pool, pointer: int, record) -> None:
-    if record is not None and not record.live:   # freed by hand: the block may be another's
-        warn(f"a tensor's storage, {record.describe()}, was already freed by another call "
-             "(caching_allocator_delete?); its own release is skipped, since the bytes may "
-             "belong to another allocation now")
+    if not pool.owns(pointer):        # released with its device (reset_device, finalize)
         return
-    if pool.owns(pointer):            # not already released with its device
-        pool.deallocate_soon(pointer)   # a finalizer must never wait for the pool
+    if record is not None and not record.live:   # freed by hand, and the block is another's now
+        warn(f"a tensor's storage, {record.describe()}, was already freed by another call "
+             "(caching_allocator_delete?); its own release is skipped, since the bytes belong "
+             "to another allocation now")
+        return
+    pool.deallocate_soon(pointer)       # a finalizer must never wait for the pool
 
 
 def _dims(values, what: str) -> tuple[int, ...]:

@@ -1,6 +1,8 @@
 """The AscendCL-style runtime, Pythonic: functions raise `npumem.errors.AclError` subclasses."""
 
+from .callbacks import launch_callback, process_report, subscribe_report, unsubscribe_report
 from .control import (
+    device_can_access_peer, device_disable_peer_access, device_enable_peer_access,
     create_context, create_event, dependencies, create_stream, destroy_context, destroy_event, destroy_stream,
     event_elapsed_time, finalize, get_backend, get_context, get_device, get_device_count, init,
     native_pointer, set_backend,
@@ -11,8 +13,8 @@ from .control import (
 from .memory import (
     copy_stats, dvpp_free, dvpp_malloc, free, free_host, get_mem_info, get_run_mode,
     host_register, host_unregister, malloc, malloc_align32,
-    malloc_cached, malloc_host, mem_flush, mem_invalidate, memcpy, memcpy_async, memset,
-    memset_async,
+    malloc_cached, malloc_host, mem_flush, mem_invalidate, memcpy, memcpy2d, memcpy2d_async,
+    memcpy_async, memset, memset_async,
 )
 from .state import RUNTIME, Context
 from .stream import Event, Stream

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from ..device.address_index import Allocation
 from ..device.backend import DeviceBackend
-from ..device.select import check_spec
-from ..errors import InvalidParamError
+from ..device.select import check_spec, default_spec, device_count_of
+from ..errors import InvalidDeviceError, InvalidParamError, integer_argument
+from .callbacks import SUBSCRIPTIONS
 from .dependencies import GRAPH, Dependency
 from .handles import lookup
 from .state import RUNTIME, Context
@@ -46,6 +47,7 @@ def native_pointer(pointer: int) -> int:
 
 def finalize() -> list[Allocation]:
     """Stop the runtime; memory still allocated is reported (a warning) and released."""
+    SUBSCRIPTIONS.clear()
     return RUNTIME.finalize()
 
 
@@ -68,7 +70,52 @@ def get_device() -> int:
 
 
 def get_device_count() -> int:
-    return RUNTIME.require().device_count
+    """Devices the backend drives; before init, those the next init would drive (CANN answers
+    before aclInit too)."""
+    if RUNTIME.initialized:
+        return RUNTIME.backend.device_count
+    return device_count_of(RUNTIME.next_backend or default_spec())
+
+
+# --- peer access: copies between two devices -------------------------------------------------
+
+def _device_index(device, what: str) -> int:
+    device = integer_argument(device, what)
+    count = RUNTIME.require().device_count
+    if not 0 <= device < count:
+        raise InvalidDeviceError(f"{what}: no device {device} (this runtime has {count})")
+    return device
+
+
+def device_can_access_peer(device: int, peer_device: int) -> bool:
+    """Whether `device` can reach `peer_device`'s memory: any two different devices of one
+    backend can (they share one simulated or PyTorch address space)."""
+    device = _device_index(device, "device_can_access_peer: device")
+    peer = _device_index(peer_device, "device_can_access_peer: peer_device")
+    if device == peer:
+        raise InvalidParamError(f"device_can_access_peer: device and peer_device are both "
+                                f"{device}; ask about two different devices")
+    return True
+
+
+def device_enable_peer_access(peer_device: int, flags: int = 0) -> None:
+    """Let the current device copy to and from `peer_device` (flags must be 0, as in CANN)."""
+    device = RUNTIME.current_context().device
+    peer = _device_index(peer_device, "device_enable_peer_access: peer_device")
+    if integer_argument(flags, "device_enable_peer_access: flags") != 0:
+        raise InvalidParamError(f"device_enable_peer_access: flags must be 0, got {flags}")
+    if peer == device:
+        raise InvalidParamError(f"device_enable_peer_access: {peer} is the current device")
+    RUNTIME.peers.add((device, peer))
+
+
+def device_disable_peer_access(peer_device: int) -> None:
+    device = RUNTIME.current_context().device
+    peer = _device_index(peer_device, "device_disable_peer_access: peer_device")
+    if (device, peer) not in RUNTIME.peers:
+        raise InvalidParamError(f"device_disable_peer_access: access from device {device} to "
+                                f"{peer} was not enabled")
+    RUNTIME.peers.discard((device, peer))
 
 
 def synchronize_device() -> None:
@@ -103,7 +150,8 @@ def create_stream() -> Stream:
 
 
 def destroy_stream(stream) -> None:
-    """Finish the stream's work and stop it."""
+    """Finish the stream's work and stop it (a blocking callback no thread runs gives up)."""
+    SUBSCRIPTIONS.forget_stream(RUNTIME.stream(stream, "destroy_stream"))
     RUNTIME.destroy_stream(stream)
 
 

@@ -13,13 +13,14 @@ import os
 import threading
 
 from ..constants import (
-    ASYNC_COPY_ALIGN, MALLOC_ALIGN, MALLOC_PADDING, MallocPolicy, MemAttr, MemcpyKind, RunMode,
+    ASYNC_COPY_ALIGN, MALLOC_ALIGN, MALLOC_PADDING, MALLOC_POLICY_FLAGS, MallocPolicy, MemAttr,
+    MemcpyKind, RunMode,
 )
 from ..device.address_space import MAX_DEVICES, device_of, in_device_space
 from ..device.backend import DeviceRange
 from ..errors import (
     AddressUnalignedError, FeatureNotSupportedError, InvalidMemoryTypeError, InvalidParamError,
-    MemoryAccessError, MemoryAllocationError, MemoryFreeError, integer_argument,
+    MemoryAccessError, MemoryAllocationError, MemoryFreeError, integer_argument, strict,
 )
 from ..observe import OBSERVERS, emit
 from ..units import align_up, format_size
@@ -57,9 +58,29 @@ def _count(count, limit, api: str, count_name: str, limit_name: str) -> tuple[in
 # --- allocation ------------------------------------------------------------------------------
 
 
+def _policy(policy, api: str) -> MallocPolicy:
+    """The policy without CANN's flag bits (bandwidth class, read-only), which the simulated
+    device accepts and ignores; an unknown policy is an error here."""
+    value = integer_argument(policy, f"{api}: malloc policy")
+    return _enum(value & ~MALLOC_POLICY_FLAGS if value > 0 else value, MallocPolicy, api,
+                 "malloc policy")
+
+
+def lenient_policy(policy, api: str) -> int:
+    """`policy` as the CANN runtime takes it (npumem.acl): an unknown one falls back to
+    HUGE_FIRST (NPUMEM_STRICT=1 warns)."""
+    value = integer_argument(policy, f"{api}: malloc policy")
+    try:
+        _policy(value, api)
+    except InvalidParamError:
+        strict(f"{api}: unknown malloc policy {value}; using HUGE_FIRST")
+        return MallocPolicy.HUGE_FIRST
+    return value
+
+
 def _device_malloc(size, policy, api: str, padding: int) -> int:
     size = _size(size, api)
-    policy = _enum(policy, MallocPolicy, api, "malloc policy")
+    policy = _policy(policy, api)
     device = RUNTIME.current_context().device
     reserved = align_up(size, MALLOC_ALIGN) + padding
     allocation = RUNTIME.backend.allocate(device, size, reserved, policy, api)
@@ -105,6 +126,8 @@ def free(pointer: int) -> None:
     """Release memory from malloc, malloc_align32 or malloc_cached."""
     pointer = _pointer(pointer, "free")
     backend = RUNTIME.require()
+    if not pointer:
+        raise InvalidParamError("free: the pointer is null")
     if not backend.is_device_pointer(pointer):
         if PINNED.find(pointer) is not None:
             raise MemoryFreeError(f"free(0x{pointer:x}): this is pinned host memory from "
@@ -229,25 +252,52 @@ _KIND_OF = {
     (True, False): MemcpyKind.DEVICE_TO_HOST,
     (True, True): MemcpyKind.DEVICE_TO_DEVICE,
 }
+# The direction the kinds past DEFAULT name.
+_DIRECTION = {MemcpyKind.HOST_TO_BUF_TO_DEVICE: MemcpyKind.HOST_TO_DEVICE,
+              MemcpyKind.INNER_DEVICE_TO_DEVICE: MemcpyKind.DEVICE_TO_DEVICE,
+              MemcpyKind.INTER_DEVICE_TO_DEVICE: MemcpyKind.DEVICE_TO_DEVICE}
 
 
 def _describe(end) -> str:
     return "device memory" if isinstance(end, DeviceRange) else "host memory"
 
 
-def _copy_args(dst, dest_max, src, count, kind, api):
+def _kind_mismatch(kind: MemcpyKind, actual: MemcpyKind, target, source) -> str | None:
+    """Why `kind` does not describe a copy between these two ends (None when it does)."""
+    if kind == MemcpyKind.DEFAULT:
+        return None
+    if _DIRECTION.get(kind, kind) != actual:
+        return (f"kind is {kind.name} but the destination is {_describe(target)} and the "
+                f"source is {_describe(source)} ({actual.name})")
+    if kind in (MemcpyKind.INNER_DEVICE_TO_DEVICE, MemcpyKind.INTER_DEVICE_TO_DEVICE):
+        same = target.allocation.device == source.allocation.device
+        if same != (kind == MemcpyKind.INNER_DEVICE_TO_DEVICE):
+            return (f"kind is {kind.name} but the copy goes from device "
+                    f"{source.allocation.device} to device {target.allocation.device}")
+    return None
+
+
+def _copy_args(dst, dest_max, src, count, kind, api, kind_is_reserved: bool = False):
+    """The two ends and the direction. `kind_is_reserved`: the synchronous copies, whose kind
+    CANN documents as reserved (the addresses decide): a mismatch is only a strict warning."""
     RUNTIME.current_context()
     count, _ = _count(count, dest_max, api, "count", "dest_max")
     kind = _enum(kind, MemcpyKind, api, "memcpy kind")
     target = _endpoint(dst, count, f"{api} destination", writable=True)
     source = _endpoint(src, count, f"{api} source", writable=False)
     actual = _KIND_OF[isinstance(source, DeviceRange), isinstance(target, DeviceRange)]
-    if kind != MemcpyKind.DEFAULT and kind != actual:
-        raise InvalidParamError(
-            f"{api}: kind is {kind.name} but the destination is {_describe(target)} and the "
-            f"source is {_describe(source)} ({actual.name}); pass {actual.name} or DEFAULT"
-        )
-    return target, source, actual
+    mismatch = _kind_mismatch(kind, actual, target, source)
+    if mismatch and not kind_is_reserved:
+        raise InvalidParamError(f"{api}: {mismatch}; pass {actual.name} or DEFAULT")
+    if mismatch:
+        strict(f"{api}: {mismatch}; copying {actual.name}, as CANN does (kind is reserved)")
+    if actual == MemcpyKind.DEVICE_TO_DEVICE and \
+            target.allocation.device != source.allocation.device:
+        pair = (source.allocation.device, target.allocation.device)
+        if pair not in RUNTIME.peers and pair[::-1] not in RUNTIME.peers:
+            strict(f"{api}: a copy from device {pair[0]} to device {pair[1]} without "
+                   "device_enable_peer_access; CANN requires it, npumem copies anyway")
+    return target, source, actual, kind
 
 
 class CopyCounter:
@@ -259,7 +309,7 @@ class CopyCounter:
 
     def reset(self) -> None:
         with self._lock:
-            self.bytes = {kind.name: 0 for kind in MemcpyKind if kind != MemcpyKind.DEFAULT}
+            self.bytes = {kind.name: 0 for kind in _KIND_OF.values()}
             self.calls = dict.fromkeys(self.bytes, 0)
 
     def add(self, kind: MemcpyKind, nbytes: int) -> None:
@@ -301,9 +351,13 @@ def _transfer(target, source, kind: MemcpyKind) -> None:
         ctypes.memmove(target.address, source.address, source.nbytes)
 
 
-def memcpy(dst, dest_max: int, src, count: int, kind: MemcpyKind | int) -> None:
-    """Copy `count` bytes from `src` to `dst` now; count <= dest_max; kind must match the ends."""
-    target, source, kind = _copy_args(dst, dest_max, src, count, kind, "memcpy")
+def memcpy(dst, dest_max: int, src, count: int, kind: MemcpyKind | int, *,
+           kind_is_reserved: bool = False) -> None:
+    """Copy `count` bytes from `src` to `dst` now; count <= dest_max; kind must match the ends
+    (with `kind_is_reserved`, as CANN documents aclrtMemcpy and npumem.acl calls it, the two
+    addresses decide and a mismatched kind is only a strict-mode warning)."""
+    target, source, kind, _ = _copy_args(dst, dest_max, src, count, kind, "memcpy",
+                                         kind_is_reserved)
     if count:
         _transfer(target, source, kind)
 
@@ -312,10 +366,13 @@ def memcpy_async(dst, dest_max: int, src, count: int, kind: MemcpyKind | int, st
     """Queue a copy on `stream` (None: the default stream) and return at once.
 
     Both ends must be 64-byte aligned, host memory must be pinned (malloc_host), and
-    host-to-host copies are not supported, as in AscendCL.
+    host-to-host copies are not supported, as in AscendCL. HOST_TO_BUF_TO_DEVICE takes pageable
+    host memory too: its bytes are staged before the call returns, so the caller may reuse them.
     """
     api = "memcpy_async"
-    target, source, kind = _copy_args(dst, dest_max, src, count, kind, api)
+    target, source, kind, named = _copy_args(dst, dest_max, src, count, kind, api)
+    if named == MemcpyKind.HOST_TO_BUF_TO_DEVICE and count:
+        source = _staged(source, api)
     if kind == MemcpyKind.HOST_TO_HOST:
         raise FeatureNotSupportedError(f"{api}: host-to-host copies cannot be asynchronous; use memcpy")
     for end, name in ((target, "destination"), (source, "source")):
@@ -324,14 +381,76 @@ def memcpy_async(dst, dest_max: int, src, count: int, kind: MemcpyKind | int, st
                 f"{api}: {name} 0x{end.address:x} is not {ASYNC_COPY_ALIGN}-byte aligned "
                 f"(it is {end.address % ASYNC_COPY_ALIGN} bytes past a boundary)"
             )
-        if isinstance(end, HostRange) and end.pinned is None:
+        if isinstance(end, HostRange) and end.pinned is None and \
+                named != MemcpyKind.HOST_TO_BUF_TO_DEVICE:
             raise InvalidMemoryTypeError(
                 f"{api}: {name} 0x{end.address:x} is pageable host memory; asynchronous copies "
-                "need pinned memory from malloc_host"
+                "need pinned memory from malloc_host (or HOST_TO_BUF_TO_DEVICE, which stages it)"
             )
     stream = RUNTIME.stream(stream, api)
     if count:
         stream.enqueue(lambda: _transfer(target, source, kind), f"{api} {kind.name} of {count} bytes")
+
+
+def _staged(source: HostRange, api: str) -> HostRange:
+    """A pinned copy of the source bytes, taken now (HOST_TO_BUF_TO_DEVICE)."""
+    from ..device.backing import address_of, allocate_bytes
+
+    source.check_live(f"{api} source")
+    buffer = allocate_bytes(source.nbytes, ASYNC_COPY_ALIGN)
+    ctypes.memmove(address_of(buffer), source.address, source.nbytes)
+    return HostRange(address_of(buffer), source.nbytes, None, buffer)
+
+
+def _rows(dst, dpitch, src, spitch, width, height, api):
+    """The (destination, source) addresses of each row of a 2-D copy, checked."""
+    dpitch, spitch = integer_argument(dpitch, f"{api}: dpitch"), integer_argument(spitch, f"{api}: spitch")
+    width, height = integer_argument(width, f"{api}: width"), integer_argument(height, f"{api}: height")
+    if min(dpitch, spitch, width, height) < 0:
+        raise InvalidParamError(f"{api}: dpitch={dpitch}, spitch={spitch}, width={width} and "
+                                f"height={height} must not be negative")
+    if width > dpitch or width > spitch:
+        raise InvalidParamError(f"{api}: width {width} is wider than dpitch {dpitch} or spitch "
+                                f"{spitch}; each row must fit in its pitch")
+    for name, end in (("dst", dst), ("src", src)):
+        if not isinstance(end, int) or isinstance(end, bool):
+            raise InvalidParamError(f"{api}: {name} must be an address (int), got {type(end).__name__}")
+    return [(dst + row * dpitch, src + row * spitch) for row in range(height)], width
+
+
+def memcpy2d(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
+             kind: MemcpyKind | int, *, kind_is_reserved: bool = False) -> None:
+    """Copy a `height` x `width`-byte matrix whose rows are `spitch` bytes apart into rows
+    `dpitch` bytes apart (aclrtMemcpy2d). Every row is bounds-checked before any is copied;
+    `kind_is_reserved` as for `memcpy`."""
+    rows, width = _rows(dst, dpitch, src, spitch, width, height, "memcpy2d")
+    ends = [_copy_args(d, width, s, width, kind, "memcpy2d", kind_is_reserved) for d, s in rows]
+    for target, source, direction, _ in ends:
+        if width:
+            _transfer(target, source, direction)
+
+
+def memcpy2d_async(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
+                   kind: MemcpyKind | int, stream=None) -> None:
+    """`memcpy2d` queued on `stream`, with memcpy_async's rules for each row."""
+    rows, width = _rows(dst, dpitch, src, spitch, width, height, "memcpy2d_async")
+    ends = [_copy_args(d, width, s, width, kind, "memcpy2d_async") for d, s in rows]
+    if any(direction == MemcpyKind.HOST_TO_HOST for _, _, direction, _ in ends):
+        raise FeatureNotSupportedError("memcpy2d_async: host-to-host copies cannot be "
+                                       "asynchronous; use memcpy2d")
+    for target, source, _, _ in ends:
+        for end, name in ((target, "destination"), (source, "source")):
+            if isinstance(end, HostRange) and end.pinned is None:
+                raise InvalidMemoryTypeError(
+                    f"memcpy2d_async: {name} 0x{end.address:x} is pageable host memory; "
+                    "asynchronous copies need pinned memory from malloc_host")
+
+    def copy_rows():
+        for target, source, direction, _ in ends:
+            _transfer(target, source, direction)
+    if width and rows:
+        RUNTIME.stream(stream, "memcpy2d_async").enqueue(
+            copy_rows, f"memcpy2d_async of {len(rows)} rows of {width} bytes")
 
 
 # --- information -----------------------------------------------------------------------------
@@ -345,8 +464,8 @@ def get_mem_info(attr: MemAttr | int) -> tuple[int, int]:
 
 
 def get_run_mode() -> RunMode:
-    """Where this program runs: always ACL_HOST (a host driving the device)."""
-    RUNTIME.require()
+    """Where this program runs: always ACL_HOST (a host driving the device). Like CANN's, it
+    needs no init (acllite asks at import)."""
     return RunMode.HOST
 
 

@@ -83,6 +83,7 @@ class Runtime:
         self.stream_destroy_hooks: list = []     # hook(stream): after a stream is destroyed
         self.finalize_hooks: list = []
         self.next_backend: str | DeviceBackend | None = None    # set_backend's choice
+        self.peers: set[tuple[int, int]] = set()    # (device, peer) pairs with peer access on
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -119,6 +120,7 @@ class Runtime:
                 _report_leaks("finalize: pinned host memory", host_leaks)
             self.backend.close()
             self.backend = None
+            self.peers.clear()
             self.process_context = None
             self._thread = threading.local()
             return leaked + host_leaks

@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
@@ -40,7 +41,7 @@ def read_head(path: str, nbytes: int = 65536) -> bytes:
         with open_binary(path) as handle:
             while len(head) < nbytes and (piece := handle.read(4096)):
                 head += piece
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         if not head:      # a damaged tail is reported by the reader, with its position
             raise TraceFormatError(path, "0", f"the file is truncated or corrupt: {exc}") from None
     return head
@@ -71,7 +72,7 @@ def read_bounded(path: str, limit: int) -> bytes:
                                            "decompressed; set NPUMEM_MAX_SNAPSHOT_BYTES to read "
                                            "a larger snapshot")
                 pieces.append(piece)
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise TraceFormatError(path, "0", f"the file is truncated or corrupt: {exc}") from None
     return b"".join(pieces)
 
@@ -82,7 +83,7 @@ def reading(path: str):
     try:
         with open_text(path) as handle:
             yield handle
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
         raise TraceFormatError(path, "end", f"the file is truncated or corrupt: {exc}") from None
 
 
