@@ -239,7 +239,7 @@ def _finalize() -> None:
             _history.stop()
             _history = None
         if _host_pool is not None:
-            _host_pool.forget()
+            _host_pool.close()
             _host_pool = None
         _settings = None
 

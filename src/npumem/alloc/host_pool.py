@@ -89,7 +89,11 @@ class HostPool:
                     "cached_bytes": sum(s for s, _ in self._free) + sum(s for s, _, _ in self._pending),
                     "hits": self.hits, "misses": self.misses}
 
-    def forget(self) -> None:
-        """Drop every record without freeing (the runtime already released pinned memory)."""
+    def close(self) -> None:
+        """At finalize, once the devices' work is done: free the cached buffers (npumem's own,
+        not a leak), and forget the ones in use (finalize reports those)."""
         with self.lock:
+            cached = [pointer for _, pointer in self._free] + [p for _, p, _ in self._pending]
             self._free, self._in_use, self._pending = [], {}, []
+        for pointer in cached:
+            self._release(pointer)
