@@ -42,13 +42,13 @@ def compute(x, out, ops: int, stream, weight=None) -> None:
     """`ops` ops: Mul over the next eighth of the batch each, or with `weight` the batch
     (rows x WIDTH) times the weight."""
     if weight is not None:
-        rows = x.numel // WIDTH
+        rows = x.numel() // WIDTH
         a, o = x.reshape(rows, WIDTH), out.reshape(rows, WIDTH)
         for _ in range(ops):
             aclnn.run_with_pool_workspace(aclnn.matmul, aclnn.matmul_get_workspace_size(a, weight, o),
                                           stream)
         return
-    step = x.numel // SLICES
+    step = x.numel() // SLICES
     for i in range(ops):
         part = slice((i % SLICES) * step, (i % SLICES + 1) * step)
         a, o = x[part], out[part]

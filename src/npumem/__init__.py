@@ -18,6 +18,9 @@ from . import ops
 from .ops import Scalar, Tensor, aclnn, create_tensor, empty, from_numpy, zeros
 from .ops.dlpack import from_dlpack
 from .zero_copy import ZeroCopyMemory
+from .accelerator import (
+    current_device, current_stream, default_stream, device_count, is_available, stream, synchronize,
+)
 from . import kvcache, pipeline, precision, profile
 
 profile._start_from_environment()      # NPUMEM_PROFILE=1 profiles the whole process
@@ -27,5 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "errors", "AclError", "DataType", "EventStatus", "Format", "MallocPolicy", "MemAttr",
     "MemcpyKind", "RunMode", "__version__", "ops", "aclnn", "Tensor", "Scalar", "empty", "zeros",
-    "from_numpy", "from_dlpack", "create_tensor", "ZeroCopyMemory", "kvcache", "pipeline", "precision", "profile", *_runtime_all,
+    "from_numpy", "from_dlpack", "create_tensor", "ZeroCopyMemory", "kvcache", "pipeline", "precision", "profile",
+    "current_device", "current_stream", "default_stream", "device_count", "is_available", "stream",
+    "synchronize", *_runtime_all,
 ]

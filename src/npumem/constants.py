@@ -78,6 +78,65 @@ class DataType(IntEnum):
     BOOL = 12
     BF16 = 27
 
+    # A tensor's dtype compares equal to the names torch and numpy use for it: "float32",
+    # np.float32, torch.float32, "bfloat16" (see data_type).
+    def __eq__(self, other):
+        if isinstance(other, int):
+            return int(self) == int(other)
+        named = data_type(other)
+        return NotImplemented if named is None else int(self) == int(named)
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self):
+        return int.__hash__(self)
+
+
+# The names torch and numpy give the types (a torch.dtype prints as "torch.float32").
+_ALIASES = {
+    "float32": DataType.FLOAT, "float": DataType.FLOAT, "float64": DataType.DOUBLE,
+    "double": DataType.DOUBLE, "float16": DataType.FLOAT16, "half": DataType.FLOAT16,
+    "bfloat16": DataType.BF16, "bf16": DataType.BF16, "int": DataType.INT32,
+    "long": DataType.INT64, "short": DataType.INT16, "bool": DataType.BOOL,
+}
+
+
+def data_type(value) -> "DataType | None":
+    """The DataType `value` names: a DataType, its value, its name or torch's and numpy's
+    ("float16", "bfloat16", "float32"), a numpy dtype or type, or a torch dtype; None if none."""
+    import numpy as np
+
+    if isinstance(value, DataType):
+        return value
+    if not isinstance(value, (str, int, np.dtype, type)) and str(value).startswith("torch."):
+        value = str(value)                                   # a torch.dtype, without torch
+    if isinstance(value, str):
+        name = value.strip().lower().removeprefix("torch.")
+        if name in _ALIASES:
+            return _ALIASES[name]
+        if name.upper() in DataType.__members__:
+            return DataType[name.upper()]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return DataType(value) if value in DataType._value2member_map_ else None
+    try:
+        kind = np.dtype(value)
+    except TypeError:
+        return None
+    return next((d for d, n in NUMPY_TYPES.items() if np.dtype(n) == kind and d != DataType.BF16),
+                None)
+
+
+# The numpy type each DataType's elements are (BF16 has none: its tensors hold raw 16-bit words).
+NUMPY_TYPES = {
+    DataType.FLOAT: "float32", DataType.FLOAT16: "float16", DataType.DOUBLE: "float64",
+    DataType.INT8: "int8", DataType.INT16: "int16", DataType.INT32: "int32",
+    DataType.INT64: "int64", DataType.UINT8: "uint8", DataType.UINT16: "uint16",
+    DataType.UINT32: "uint32", DataType.UINT64: "uint64", DataType.BOOL: "bool",
+    DataType.BF16: "uint16",
+}
+
 
 class Format(IntEnum):
     """aclFormat (the subset npumem knows)."""

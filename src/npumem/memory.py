@@ -22,6 +22,7 @@ from .alloc.settings import AllocatorSettings, parse_settings, settings_from_env
 from .alloc.summary import format_summary
 from .bridges.torch_allocator import torch_memory_stats, torch_memory_summary
 from .device.sanitizer import SANITIZER
+from .constants import MemAttr
 from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError, integer_argument
 from .profile.snapshot import build_snapshot
 from .profile.tracker import Tracker
@@ -92,7 +93,9 @@ def set_allocator_settings(config: str | AllocatorSettings) -> None:
 
 
 def _device(device) -> int:
-    return RUNTIME.current_context().device if device is None else RUNTIME.check_device(device)
+    """`device`, or the current one; the runtime and device 0 start on first use (lazy init)."""
+    current = RUNTIME.lazy_context().device
+    return current if device is None else RUNTIME.check_device(device)
 
 
 def get_allocator(device: int | None = None) -> CachingAllocator:
@@ -108,6 +111,7 @@ def get_allocator(device: int | None = None) -> CachingAllocator:
 
 
 def _stream(stream):
+    RUNTIME.lazy_context()
     return RUNTIME.stream(stream, "caching allocator")
 
 
@@ -169,6 +173,13 @@ def empty_cache() -> None:
 
 def set_per_process_memory_fraction(fraction: float, device: int | None = None) -> None:
     get_allocator(device).set_memory_fraction(fraction)
+
+
+def mem_get_info(device: int | None = None) -> tuple[int, int]:
+    """(free, total) bytes of `device`'s memory (default: the current device), as
+    torch.cuda.mem_get_info; free counts what the pools cache as used."""
+    device = _device(device)
+    return RUNTIME.backend.mem_info(device, MemAttr.HBM_MEM)
 
 
 def memory_stats(device: int | None = None) -> dict:

@@ -5,7 +5,7 @@
     size, executor = ops.aclnn.add_get_workspace_size(a, a, 2.0, b)
 """
 
-from . import aclnn
+from . import aclnn, arithmetic  # noqa: F401 - arithmetic installs Tensor's operators
 from .executor import Executor, destroy_executor, set_executor_repeatable
 from .registry import REGISTRY, OpImpl, list_ops, register_op
 from .tensor import Scalar, Storage, Tensor, create_tensor, empty, from_numpy, zeros

@@ -110,7 +110,9 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class Tensor:
-    """A strided view of device storage. Strides and offset count elements, as in aclCreateTensor."""
+    """A strided view of device storage. Strides and offset count elements, as in aclCreateTensor.
+
+    Its arithmetic operators (+ - * / @) come from ops/arithmetic.py, which needs the ops."""
 
     def __init__(self, storage: Storage, shape, strides=None, offset: int = 0,
                  dtype=DataType.FLOAT, format: Format = Format.ND, storage_shape=None):
@@ -138,9 +140,24 @@ class Tensor:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim: int | None = None):
+        """The shape (a tuple), or the length of dimension `dim`, as torch's size()."""
+        if dim is None:
+            return self.shape
+        try:
+            return self.shape[operator.index(dim)]
+        except IndexError:
+            raise OpParamError(f"size({dim}): a {self.ndim}-d tensor has dims "
+                               f"{-self.ndim}..{self.ndim - 1}") from None
+
+    def element_size(self) -> int:
+        return self.itemsize
 
     @property
     def itemsize(self) -> int:
@@ -148,16 +165,16 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.itemsize
+        return self.numel() * self.itemsize
 
     @property
     def device(self) -> int:
         return self.storage.device
 
-    @property
     def data_ptr(self) -> int:
-        """The storage start (aclCreateTensor's tensorData)."""
-        return self.storage.pointer
+        """The device address of the first element, as torch's data_ptr() (the storage starts
+        at `storage.pointer`, aclCreateTensor's tensorData)."""
+        return self.address
 
     @property
     def address(self) -> int:
@@ -207,9 +224,9 @@ class Tensor:
         shape = list(shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
         if shape.count(-1) == 1:
             known = math.prod(d for d in shape if d != -1)
-            shape[shape.index(-1)] = self.numel // known if known else 0
-        if math.prod(shape) != self.numel:
-            raise OpParamError(f"cannot reshape {self.shape} ({self.numel} elements) to {tuple(shape)}")
+            shape[shape.index(-1)] = self.numel() // known if known else 0
+        if math.prod(shape) != self.numel():
+            raise OpParamError(f"cannot reshape {self.shape} ({self.numel()} elements) to {tuple(shape)}")
         if not self.is_contiguous():
             raise OpParamError(f"reshape of a non-contiguous {self.shape} view would need a copy; "
                                "call contiguous() first")
@@ -249,6 +266,26 @@ class Tensor:
         if nbytes:
             rt_memory.memcpy(raw, nbytes, address, nbytes, MemcpyKind.DEVICE_TO_HOST)
         return self._strided(raw).copy()
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """np.asarray(t): the data (a host copy), not an object array."""
+        data = self.numpy()
+        return data if dtype is None else data.astype(dtype, copy=False)
+
+    def item(self):
+        """The one element, as a Python number."""
+        if self.numel() != 1:
+            raise OpParamError(f"item() needs a tensor of one element, got shape {self.shape} "
+                               f"({self.numel()} elements)")
+        return self.numpy().item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
 
     def _strided(self, raw):
         """The view laid over `raw`, a uint8 array (or torch tensor) from the first element."""
@@ -294,22 +331,45 @@ def as_scalar(value) -> Scalar:
 
 
 def _pool_storage(nbytes: int, device: int | None, stream) -> Storage:
-    pool = pool_api.get_allocator(device)
+    pool = pool_api.get_allocator(device)            # starts the runtime on first use
     pointer = pool.allocate(nbytes, RUNTIME.stream(stream, "tensor allocation"))
     return Storage(pointer, nbytes, pool.device, pool=pool)
 
 
-def empty(shape, dtype=DataType.FLOAT, *, stream=None, device: int | None = None,
+def _size_and_dtype(size: tuple, dtype, what: str):
+    """torch's ways to give a size: empty(2, 3), empty((2, 3)), empty([2, 3]); the dtype is a
+    keyword. A dtype after a tuple, empty((2, 3), "float16"), is read as one too: it cannot be
+    a size. An int after a tuple is ambiguous and refused."""
+    if not size:
+        raise OpParamError(f"{what}() needs a size: {what}(2, 3) or {what}((2, 3))")
+    if isinstance(size[0], (tuple, list)):
+        if len(size) == 2 and (isinstance(size[1], DataType) or not isinstance(size[1], int)):
+            return _dims(size[0], "size"), size[1]
+        if len(size) > 1:
+            raise OpParamError(f"{what}{size}: give the size as one tuple or as separate ints, "
+                               f"and the dtype as a keyword: {what}({tuple(size[0])}, "
+                               "dtype=\"float32\")")
+        return _dims(size[0], "size"), dtype
+    if any(isinstance(d, DataType) or not isinstance(d, int) for d in size):
+        raise OpParamError(f"{what}{size}: sizes are integers; give the dtype as a keyword, "
+                           f"{what}(2, 3, dtype=\"float32\")")
+    return _dims(size, "size"), dtype
+
+
+def empty(*size, dtype=DataType.FLOAT, stream=None, device: int | None = None,
           format: Format = Format.ND) -> Tensor:
-    """An uninitialised contiguous tensor in pool memory, ordered on `stream`."""
-    shape = _dims(shape if isinstance(shape, (tuple, list)) else (shape,), "shape")
+    """An uninitialised contiguous tensor in pool memory, ordered on `stream` (default: the
+    current stream): empty(2, 3) or empty((2, 3)), dtype=... as torch.empty."""
+    shape, dtype = _size_and_dtype(size, dtype, "empty")
     dtype = as_data_type(dtype)
     storage = _pool_storage(math.prod(shape) * itemsize(dtype), device, stream)
     return Tensor(storage, shape, None, 0, dtype, format)
 
 
-def zeros(shape, dtype=DataType.FLOAT, *, stream=None, device: int | None = None) -> Tensor:
-    tensor = empty(shape, dtype, stream=stream, device=device)
+def zeros(*size, dtype=DataType.FLOAT, stream=None, device: int | None = None) -> Tensor:
+    """A tensor of zeros; sizes and dtype as `empty`."""
+    shape, dtype = _size_and_dtype(size, dtype, "zeros")
+    tensor = empty(shape, dtype=dtype, stream=stream, device=device)
     if tensor.nbytes:
         if stream is None:
             rt_memory.memset(tensor.address, tensor.nbytes, 0, tensor.nbytes)
@@ -322,8 +382,8 @@ def zeros(shape, dtype=DataType.FLOAT, *, stream=None, device: int | None = None
 def from_numpy(array, stream=None, *, device: int | None = None) -> Tensor:
     """A device copy of a host array. With a stream, the copy is staged through the pinned
     host pool and queued on it (the call returns at once)."""
-    array = np.ascontiguousarray(array)
-    tensor = empty(array.shape, as_data_type(array.dtype), stream=stream, device=device)
+    array = np.require(array, requirements="C")      # ascontiguousarray would make 0-d 1-d
+    tensor = empty(array.shape, dtype=as_data_type(array.dtype), stream=stream, device=device)
     nbytes = array.nbytes
     if not nbytes:
         return tensor

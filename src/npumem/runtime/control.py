@@ -118,12 +118,14 @@ def device_disable_peer_access(peer_device: int) -> None:
     RUNTIME.peers.discard((device, peer))
 
 
-def synchronize_device() -> None:
-    """Wait for every stream of every context on the current device."""
-    device = RUNTIME.current_context().device
+def synchronize_device(device: int | None = None) -> None:
+    """Wait for every stream of every context on the current device (or `device`)."""
+    current = RUNTIME.current_context().device
+    device = current if device is None else RUNTIME.check_device(device)
     for context in [c for c in RUNTIME.contexts if c.device == device]:
         for stream in [context.default_stream, *context.streams]:
-            stream.synchronize()
+            if not stream.destroyed:
+                stream.synchronize()
 
 
 def create_context(device: int) -> Context:

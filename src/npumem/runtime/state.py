@@ -9,6 +9,7 @@ context most recently made current in the process, so worker threads of a progra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from ..errors import (
     ACL_ERROR_INVALID_FILE, integer_argument,
 )
 from .handles import forget, lookup, new_handle
-from .stream import Stream
+from .stream import DEFAULTS, Stream
 
 log = logging.getLogger("npumem")
 
@@ -45,7 +46,8 @@ class Context:
         return f"<npumem context 0x{self.handle:x} on device {self.device}>"
 
     def new_stream(self, is_default: bool = False) -> Stream:
-        return Stream(self.device, self, is_default, runner=self.backend.stream_runner(self.device))
+        return Stream(self.device, context=self, is_default=is_default,
+                      runner=self.backend.stream_runner(self.device))
 
     def check_alive(self) -> None:
         if self.destroyed:
@@ -191,6 +193,18 @@ class Runtime:
         self._thread.context = context
         self.process_context = context
 
+    def lazy_context(self) -> Context:
+        """The current context, starting the runtime and device 0 first when nothing is set,
+        as torch.cuda initialises on first use. For the Pythonic API (tensors, npumem.memory,
+        streams, the profiler); the AscendCL-style calls stay strict."""
+        with self.lock:
+            if not self.initialized:
+                self.init()
+            context = getattr(self._thread, "context", None) or self.process_context
+            if context is None or context.destroyed:
+                context = self.set_device(0)
+            return context
+
     def current_context(self) -> Context:
         self.require()
         context = getattr(self._thread, "context", None) or self.process_context
@@ -232,7 +246,11 @@ class Runtime:
         if stream_or_handle is None or (isinstance(stream_or_handle, int)
                                         and not isinstance(stream_or_handle, bool)
                                         and stream_or_handle == 0):
-            return self.current_context().default_stream
+            stream = getattr(self._thread, "stream", None)     # npumem.stream(s) on this thread
+            context = self.current_context()
+            if stream is not None and not stream.destroyed and stream.context is context:
+                return stream
+            return context.default_stream
         return lookup(stream_or_handle, Stream, what)
 
     def create_stream(self) -> Stream:
@@ -240,6 +258,33 @@ class Runtime:
         stream = context.new_stream()
         context.streams.append(stream)
         return stream
+
+    def context_for_new_stream(self, device) -> Context:
+        """Where `npumem.Stream(device)` goes (the stream registers itself there): the current
+        context, or `device`'s default one; lazy init."""
+        context = self.lazy_context()
+        if device is not None and self.check_device(device) != context.device:
+            context = self.default_contexts.get(device) or self.set_device(device)
+        return context
+
+    def current_stream(self) -> Stream:
+        """The stream work goes to when none is given: the one `npumem.stream(s)` set on this
+        thread, else the current context's default stream."""
+        context = self.lazy_context()
+        stream = getattr(self._thread, "stream", None)
+        if stream is not None and not stream.destroyed and stream.context is context:
+            return stream
+        return context.default_stream
+
+    @contextlib.contextmanager
+    def using_stream(self, stream: Stream | None):
+        """Within the block, work with no stream given goes to `stream` on this thread."""
+        previous = getattr(self._thread, "stream", None)
+        self._thread.stream = stream
+        try:
+            yield stream
+        finally:
+            self._thread.stream = previous
 
     def destroy_stream(self, stream_or_handle) -> None:
         stream = self.stream(stream_or_handle, "destroy_stream")
@@ -281,3 +326,5 @@ def _read_config_file(path: str) -> dict:
 
 
 RUNTIME = Runtime()
+DEFAULTS.context_for_new_stream = RUNTIME.context_for_new_stream
+DEFAULTS.current_stream = RUNTIME.current_stream

@@ -32,6 +32,17 @@ def _call(task: Task) -> None:
     task()
 
 
+class _Defaults:
+    """What streams and events use when given no context or stream: the runtime's (state.py
+    fills these in; it imports this module, so this one cannot import it)."""
+
+    context_for_new_stream: Callable = None      # device or None -> Context
+    current_stream: Callable = None              # () -> Stream
+
+
+DEFAULTS = _Defaults()
+
+
 class WaitSettings:
     """aclrtSetOpWaitTimeout: how long a queued event wait may block (None: forever)."""
 
@@ -39,10 +50,19 @@ class WaitSettings:
 
 
 class Stream:
-    """An ordered queue of device work with its own worker thread."""
+    """An ordered queue of device work with its own worker thread.
 
-    def __init__(self, device: int, context: "object", is_default: bool = False,
-                 runner: Callable[[Task], None] | None = None):
+    `npumem.Stream()` makes a new stream on the current device (or `device`), as
+    `torch.cuda.Stream()` does, starting the runtime on first use; `priority` is accepted for
+    torch's signature and has no effect. The runtime passes `context` for the streams it makes.
+    """
+
+    def __init__(self, device: int | None = None, priority: int = 0, *, context=None,
+                 is_default: bool = False, runner: Callable[[Task], None] | None = None):
+        made_by_user = context is None
+        if made_by_user:
+            context = DEFAULTS.context_for_new_stream(device)
+            device, runner = context.device, context.backend.stream_runner(context.device)
         self.handle = new_handle(self)
         self._run_task = runner or _call   # the backend's way to run a task on a device stream
         self.device = device
@@ -60,6 +80,8 @@ class Stream:
         )
         self._worker.npumem_stream = self      # which stream the work on this thread is for
         self._worker.start()
+        if made_by_user:                       # reset_device finishes and stops it
+            context.streams.append(self)
 
     def __repr__(self) -> str:
         kind = "default stream" if self.is_default else "stream"
@@ -100,6 +122,24 @@ class Stream:
                     self._completed += 1
                     if self._completed == self._submitted:
                         self._done.notify_all()
+
+    # torch.cuda.Stream's methods
+
+    def wait_event(self, event: "Event") -> None:
+        """Work queued on this stream from now on waits for `event`'s latest record."""
+        event.make_wait(self)
+
+    def wait_stream(self, stream: "Stream") -> None:
+        """Work queued on this stream from now on waits for what `stream` has queued so far."""
+        event = Event()
+        event.record(stream)
+        event.make_wait(self)
+        event.destroy()              # the wait is bound to the record already queued
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = event or Event()
+        event.record(self)
+        return event
 
     def query(self) -> bool:
         """True when every queued task has finished."""
@@ -183,15 +223,24 @@ def _as_acl_error(exc: BaseException, label: str, stream: Stream) -> AclError:
     return error
 
 
+def _current(stream: "Stream | None") -> "Stream":
+    return stream if stream is not None else DEFAULTS.current_stream()
+
+
 class Event:
     """A marker in a stream: record it, wait for it, time between two of them.
 
     A wait uses the event's latest record. A wait for an event that has no record (never
     recorded, or reset since) lasts until its next record, as on an NPU, which is what lets a
     program queue a wait before the record it needs, and what can deadlock; see dependencies.
+
+    torch's constructor arguments are accepted: every npumem event keeps a time stamp
+    (`enable_timing`), and `blocking` / `interprocess` change nothing here.
     """
 
-    def __init__(self):
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False):
+        self.enable_timing = enable_timing
         self.handle = new_handle(self)
         self.destroyed = False
         self._reached: threading.Event | None = None     # None: no record since create/reset
@@ -206,8 +255,10 @@ class Event:
         if self.destroyed:
             raise InvalidHandleError(f"event 0x{self.handle:x} was destroyed")
 
-    def record(self, stream: Stream) -> None:
-        """Mark the point in `stream` after all work queued so far."""
+    def record(self, stream: Stream | None = None) -> None:
+        """Mark the point in `stream` (default: the current stream) after all work queued so
+        far."""
+        stream = _current(stream)
         self.check_alive()
         stream.check_alive()
         with GRAPH.lock:
@@ -296,6 +347,16 @@ class Event:
 
             wait.task = stream.enqueue(block, label)
             GRAPH.add(wait)
+
+    # torch.cuda.Event's methods; a missing stream means the current stream (lazy init).
+
+    def wait(self, stream: "Stream | None" = None) -> None:
+        """Make `stream` (default: the current stream) wait for this event's latest record."""
+        self.make_wait(_current(stream))
+
+    def elapsed_time(self, end: "Event") -> float:
+        """Milliseconds from this event to `end` (torch's name for elapsed_ms)."""
+        return self.elapsed_ms(end)
 
     def elapsed_ms(self, end: "Event") -> float:
         """Milliseconds from this event to `end`; both must be recorded and reached."""

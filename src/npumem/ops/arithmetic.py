@@ -1,0 +1,56 @@
+"""Tensor arithmetic as torch users write it: a + b, a - b, a * b, a / b, a @ b, and with a
+number on either side of + and *. Each runs aclnn's two-phase op on the current stream (the one
+`npumem.stream(s)` sets), its workspace from the caching pool, into a new tensor.
+
+The operators are installed on Tensor here: tensor.py cannot import the ops, which import it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import OpParamError
+from ..runtime.state import RUNTIME
+from . import aclnn
+from .dtypes import numpy_dtype
+from .tensor import Tensor, empty, from_numpy
+
+
+def _binary(op: str, left: Tensor, right) -> Tensor:
+    """`left op right` with aclnn's two-phase op on the current stream; a number on the right
+    becomes a tensor of left's dtype."""
+    if not isinstance(right, Tensor):
+        if not isinstance(right, (int, float)) or isinstance(right, bool):
+            return NotImplemented
+        right = from_numpy(np.full(left.shape, right, numpy_dtype(left.dtype)))
+    stream = RUNTIME.current_stream()
+    if op == "matmul":
+        if left.ndim != 2 or right.ndim != 2:
+            raise OpParamError(f"@ takes 2-d tensors here, got shapes {left.shape} and {right.shape}")
+        out = empty((left.shape[0], right.shape[1]), dtype=left.dtype, stream=stream)
+        planned = aclnn.matmul_get_workspace_size(left, right, out)
+    else:
+        try:
+            shape = np.broadcast_shapes(left.shape, right.shape)
+        except ValueError:
+            raise OpParamError(f"{op}: shapes {left.shape} and {right.shape} do not broadcast") from None
+        out = empty(shape, dtype=left.dtype, stream=stream)
+        phase1 = getattr(aclnn, f"{op}_get_workspace_size")
+        planned = phase1(left, right, 1, out) if op in ("add", "sub") else phase1(left, right, out)
+    aclnn.run_with_pool_workspace(getattr(aclnn, op), planned, stream)
+    return out
+
+
+
+def _operator(op: str, reflected: bool = False):
+    def apply(self: Tensor, other):
+        return _binary(op, self, other)
+    apply.__name__ = f"__{'r' if reflected else ''}{'truediv' if op == 'div' else op}__"
+    apply.__doc__ = f"self {op} other, queued on the current stream"
+    return apply
+
+
+for _op in ("add", "sub", "mul", "div", "matmul"):
+    setattr(Tensor, f"__{'truediv' if _op == 'div' else _op}__", _operator(_op))
+Tensor.__radd__ = _operator("add", reflected=True)      # a number + tensor: order does not matter
+Tensor.__rmul__ = _operator("mul", reflected=True)
