@@ -65,13 +65,14 @@ def test_profile_writes_every_output_and_passes_the_exit_code(tmp_path, script):
     assert sorted(p.name for p in out.iterdir()) == sorted(profile.session.OUTPUTS)
     leaks = (out / "leaks.txt").read_text()
     assert f"1.00 MiB in 1 allocation(s) at {script}:15 in <module>" in leaks
-    assert "1 leaked allocation(s), 1.00 MiB" in result.output
+    # live when the script's code ended: the planted leak, and the tensors its globals still hold
+    assert "3 leaked allocation(s), 1.12 MiB" in result.output
     summary = (out / "summary.txt").read_text()
     assert "peak allocated" in summary and "MatMul" in summary and f"{script}:15" in summary
     snapshot = pickle.loads((out / "snapshot.pickle").read_bytes())
     leaked = [b for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
-    assert [b["requested_size"] for b in leaked] == [1 << 20]
-    assert leaked[0]["frames"][0]["line"] == 15
+    assert sorted(b["requested_size"] for b in leaked) == [1 << 16, 1 << 16, 1 << 20]
+    assert [b["frames"][0]["line"] for b in leaked if b["requested_size"] == 1 << 20] == [15]
     trace = json.loads((out / "trace.json").read_text())["traceEvents"]
     assert {"C", "i", "X", "M"} <= {e["ph"] for e in trace}
     assert any(e["ph"] == "X" and e["name"] == "MatMul" for e in trace)

@@ -541,7 +541,7 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, targ
         raise click.UsageError(exc.message) from None
     session.start()
     try:
-        code = run_target(list(target))
+        code, script_globals = run_target(list(target))   # held: live at the end is a leak
     except InvalidParamError as exc:
         session.stop()
         raise click.UsageError(exc.message) from None
@@ -557,7 +557,10 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, targ
                    f"{format_size(totals['peak_reserved'])}", err=True)
     click.echo(f"npumem profile: {leaks.count} leaked allocation(s), {format_size(leaks.bytes)}; "
                f"report: {folder / 'report.html'}", err=True)
+    for growth in session.tracker.growth()[:5]:
+        click.echo(f"npumem profile: probable leak, growing: {growth.describe()}", err=True)
     _echo_torch_memory(session.tracker.torch_memory, folder)
+    del script_globals
     sys.exit(code)
 
 

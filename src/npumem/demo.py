@@ -94,15 +94,14 @@ def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], Non
             f"{format_size(stats['allocated_bytes.all.peak'])}, peak reserved "
             f"{format_size(stats['reserved_bytes.all.peak'])}, pool hit rate {hit_rate:.0%} "
             f"({hits}/{hits + misses}), fragmentation {frag:.1%}")
-        if out_dir:
+        t0 = time.perf_counter()
+        del a, b, c, mat_a, mat_b, a_t, product      # tensors give their blocks back to the pool
+        if out_dir:         # after the frees: what a report calls live at the end is a leak
             os.makedirs(out_dir, exist_ok=True)
             path = os.path.join(out_dir, "snapshot.pickle")
             with open(path, "wb") as f:
                 pickle.dump(mem.memory_snapshot(), f)
             echo(f"       memory snapshot written to {path}")
-
-        t0 = time.perf_counter()
-        del a, b, c, mat_a, mat_b, a_t, product      # tensors give their blocks back to the pool
         mem.empty_cache()
         rt.destroy_stream(stream)
         leaked = rt.reset_device(0)

@@ -43,6 +43,13 @@ def _always_idle(stream) -> bool:
     return True
 
 
+def _snapshot(block: Block) -> Block:
+    """A detached copy of an allocated block, for reports."""
+    copy = Block(block.start, block.size, block.segment)
+    copy.requested, copy.small, copy.allocated = block.requested, block.small, True
+    return copy
+
+
 class CachingAllocator(MemoryResource):
     """Caching pool with split/merge, stream-ordered reuse and PyTorch-style stats.
 
@@ -251,6 +258,11 @@ class CachingAllocator(MemoryResource):
         allocated = self.stats.current("allocated_bytes")
         reserved = self.stats.current("reserved_bytes")
         unallocated = reserved - allocated
+        if nbytes > total:
+            return (f"NPU out of memory. Tried to allocate {format_size(nbytes)} ({nbytes} bytes), "
+                    f"more than device {self.device}'s whole capacity of {format_size(total)}: no "
+                    "amount of freeing helps; split the work into smaller pieces, or use a device "
+                    "with more memory (NPUMEM_SIM_MEMORY sets the simulated NPU's).")
         if self.limit < total and reserved + nbytes > self.limit:
             hint = (f"The per-process memory fraction caps this pool at {format_size(self.limit)}; "
                     "raise it with npumem.memory.set_per_process_memory_fraction().")
@@ -335,17 +347,19 @@ class CachingAllocator(MemoryResource):
         return pointer in self._allocated
 
     def close(self) -> list[Block]:
-        """Release everything (cached and live) to the device; returns blocks still live."""
+        """Release everything (cached and live) to the device; returns the blocks that were
+        still live (copies, as they were)."""
         with self.lock:
             self._free_deferred()
             live = list(self._allocated.values())
+            report = [_snapshot(block) for block in live]    # freeing merges them: sizes change
             self._closing = True       # to profilers these stay live: their owner never freed them
             for block in live:
                 self.deallocate(block.start)
             self._closing = False
             self._free_completed_pending(wait=True)
             self._strategy.close()
-            return live
+            return report
 
     # --- reports --------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ def npumem_matmul(a, b, out) -> int:
     """out = a @ b through the two-phase API on the current stream; returns the workspace size.
 
     `a`, `b` and `out` are torch tensors; `out` is written in place."""
-    stream = RUNTIME.stream(None, "CustomMatMul")
+    stream = RUNTIME.current_stream()            # starts the runtime on first use
     product = from_dlpack(out)
     planned = aclnn.matmul_get_workspace_size(from_dlpack(a), from_dlpack(b), product)
     size = aclnn.run_with_pool_workspace(aclnn.matmul, planned, stream)
@@ -76,7 +76,10 @@ def custom_matmul(a, b):
 
 
 class CustomMatMul(torch.nn.Module):
-    """The seed's module form: `CustomMatMul()(a, b)`."""
+    """The seed's module form, `CustomMatMul()(a, b)`; `CustomMatMul.apply(a, b)` works too, as
+    for the autograd function (CustomMatMulFunction) it wraps."""
+
+    apply = staticmethod(custom_matmul)
 
     def forward(self, a, b):
         return custom_matmul(a, b)

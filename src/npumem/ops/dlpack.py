@@ -29,7 +29,8 @@ def from_dlpack(obj) -> Tensor:
                       obj.format, obj.storage_shape)
     if not hasattr(obj, "__dlpack__"):
         raise OpParamError(f"from_dlpack: {type(obj).__name__} does not support DLPack")
-    adopted = RUNTIME.require().adopt(obj)
+    RUNTIME.lazy_context()                       # starts the runtime on first use
+    adopted = RUNTIME.backend.adopt(obj)
     if adopted is not None:
         return _adopted_tensor(obj, adopted)
     capsule = obj.__dlpack__()

@@ -94,7 +94,9 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
     points = _downsample(points, 700)
     left, right, top, bottom = 80, 34, 10, 28
     plot_width = width - left - right
-    t0, t1 = points[0].time_us, points[-1].time_us
+    # The window covers the annotations too: a step or mark after the last event still shows.
+    t0 = min([points[0].time_us] + [item.start_us for item in spans])
+    t1 = max([points[-1].time_us] + [item.end_us for item in spans])
     span = (t1 - t0) or 1.0
     ymax = max(max(p.reserved, p.allocated, p.active) for p in points) or 1
     ticks = _nice_ticks(ymax)
@@ -128,6 +130,7 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
                 coords.append(f"{px:.1f},{previous:.1f}")
             coords.append(f"{px:.1f},{py:.1f}")
             previous = py
+        coords.append(f"{x(t1):.1f},{previous:.1f}")       # the last value holds to the end
         plot.append(f'<polyline fill="none" stroke="{color}" stroke-width="{stroke}" '
                     f'{_KEEP_STROKE} points="{" ".join(coords)}"><title>{name}</title></polyline>')
     inside = [item for item in spans if item.end_us >= t0 and item.start_us <= t1]
@@ -393,6 +396,10 @@ def render_html(report: Report) -> str:
             where = f"<details><summary>{where}</summary>{stack}</details>"
         rows.append([escape(format_size(row.bytes)), str(row.count), where])
     out.append(_table(["bytes", "allocations", "site"], rows, {0, 1}))
+    if report.growth:
+        out.append("<h2>Growing while the program ran (probable leaks)</h2><ul>")
+        out += [f"<li class=bad><code>{escape(line)}</code></li>" for line in report.growth[:50]]
+        out.append("</ul>")
     out.append("<h2>Fragmentation and block map</h2>")
     if not report.fragmentation:
         out.append("<p class=sub>No segments: nothing is reserved.</p>")

@@ -47,6 +47,7 @@ class Report:
     oom: list[str] = field(default_factory=list)      # an out-of-memory, explained
     spans: list[Span] = field(default_factory=list)   # for the timeline (a live profile only)
     moments: dict = field(default_factory=dict)       # device -> fragmentation.maps_over_time
+    growth: list[str] = field(default_factory=list)   # growing sites (a live profile only)
 
     @property
     def leaked_bytes(self) -> int:
@@ -154,6 +155,10 @@ def format_report(report: Report, limit: int = 10) -> str:
         lines += [f"      called from {frame}" for frame in row.callers[:4]]
     if len(report.leaks) > limit:
         lines.append(f"  ... and {len(report.leaks) - limit} more site(s)")
+    if report.growth:
+        lines.append("")
+        lines.append("Growing while the program ran (probable leaks):")
+        lines += [f"  {line}" for line in report.growth[:limit]]
     lines.append("")
     lines.append("Fragmentation (now):")
     lines += ["  " + line for line in format_fragmentation(report.fragmentation, 8).splitlines()]

@@ -6,10 +6,12 @@ own: one that fails is reported and the others are still written.
 
 from __future__ import annotations
 
+import builtins
 import os
 import runpy
 import sys
 import traceback
+import types
 from pathlib import Path
 
 from ..errors import InvalidParamError
@@ -89,6 +91,7 @@ class ProfileSession:
             problems.append(f"snapshot: {type(exc).__name__}: {exc}")
         report = build_report(snapshot, title, leaks, self.tracker.annotations(),
                               self.sampler.samples(), clock=self.tracker.wall_us)
+        report.growth = [growth.describe() for growth in self.tracker.growth()]
         if self.tracker.dropped:
             report.notes.append(f"{self.tracker.dropped} early events fell out of the ring buffer "
                                 "(raise max_entries); the timeline starts later than the run.")
@@ -96,7 +99,10 @@ class ProfileSession:
         attempt("trace.json", lambda p: write_chrome_trace(p, self.tracker, self.sampler.samples()))
         attempt("memory_record.csv", lambda p: write_memory_record(p, self.tracker))
         attempt("operator_memory.csv", lambda p: write_operator_memory(p, self.tracker))
-        attempt("leaks.txt", lambda p: p.write_text(leaks.format(limit=100) + "\n", encoding="utf-8"))
+        growing = "".join(f"\nGrowing while the program ran (probable leak): {line}"
+                          for line in report.growth)
+        attempt("leaks.txt", lambda p: p.write_text(leaks.format(limit=100) + growing + "\n",
+                                                    encoding="utf-8"))
         attempt("summary.txt", lambda p: p.write_text(format_report(report), encoding="utf-8"))
         attempt("report.html", lambda p: p.write_text(render_html(report), encoding="utf-8"))
         self._write_torch(folder, title, attempt, problems)
@@ -117,34 +123,43 @@ class ProfileSession:
         attempt("torch_report.html", lambda p: p.write_text(render_html(report), encoding="utf-8"))
 
 
-def run_target(target: list[str]) -> int:
-    """Run `script.py args...` (or `-m module args...`) as __main__; returns its exit code.
-    An exception the script raises is printed and gives exit code 1."""
+def run_target(target: list[str]) -> tuple[int, dict]:
+    """Run `script.py args...` (or `-m module args...`) as __main__; returns its exit code and
+    its module globals. The caller keeps the globals while it takes the leak report: what the
+    script's code still holds when it finishes is what leaked, not what survives interpreter
+    teardown. An exception the script raises is printed and gives exit code 1."""
     if not target:
         raise InvalidParamError("nothing to profile: give a script, e.g. npumem profile -- train.py")
     if target[0] == "-m" and len(target) < 2:
         raise InvalidParamError("-m needs a module name")
     if target[0] != "-m" and not os.path.isfile(target[0]):
         raise InvalidParamError(f"no such script: {target[0]}")
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_argv, saved_path, saved_main = sys.argv[:], sys.path[:], sys.modules["__main__"]
+    main = types.ModuleType("__main__")
     try:
         if target[0] == "-m":
             sys.argv = [target[1], *target[2:]]
-            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+            main.__dict__.update(runpy.run_module(target[1], run_name="__main__", alter_sys=True))
         else:
+            path = os.path.abspath(target[0])
             sys.argv = list(target)
-            sys.path.insert(0, os.path.dirname(os.path.abspath(target[0])))
-            runpy.run_path(target[0], run_name="__main__")
-        return 0
+            sys.path.insert(0, os.path.dirname(path))
+            main.__file__, main.__builtins__ = path, builtins
+            sys.modules["__main__"] = main          # pickle and multiprocessing look here
+            with open(path, "rb") as source:
+                code = compile(source.read(), path, "exec")
+            exec(code, main.__dict__)
+        return 0, main.__dict__
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
+            return exc.code or 0, main.__dict__
         print(exc.code, file=sys.stderr)
-        return 1
+        return 1, main.__dict__
     except KeyboardInterrupt:
-        return 130
+        return 130, main.__dict__
     except BaseException:                 # noqa: BLE001 - the script's own error: show it, go on
         traceback.print_exc()
-        return 1
+        return 1, main.__dict__
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        sys.modules["__main__"] = saved_main

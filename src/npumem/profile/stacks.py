@@ -35,7 +35,7 @@ def _internal(code) -> bool:
     internal = _internal_code.get(code)
     if internal is None:
         name = code.co_filename
-        internal = _internal_code[code] = (name.startswith((_PACKAGE_DIR, _RUNPY))
+        internal = _internal_code[code] = ((is_internal_file(name) or name.startswith(_RUNPY))
                                            or any(runner in name for runner in _RUNNERS))
     return internal
 
@@ -98,5 +98,9 @@ def resolve(raw: tuple | None) -> tuple[Frame, ...]:
                  for code, offset in zip(raw[::2], raw[1::2]))
 
 
+# npumem's files that play a user's program: their lines are the allocation sites.
+_USER_FILES = (_PACKAGE_DIR + "demo.py",)
+
+
 def is_internal_file(filename: str) -> bool:
-    return filename.startswith(_PACKAGE_DIR)
+    return filename.startswith(_PACKAGE_DIR) and not filename.startswith(_USER_FILES)

@@ -23,6 +23,7 @@ from typing import NamedTuple
 from ..errors import InvalidParamError
 from ..observe import OBSERVERS, TAGS
 from . import stacks as stack_capture
+from .growth import Growth, find_growth
 from .leaks import LeakReport
 from .stacks import Frame, capture
 from .torch_memory import TorchMemory
@@ -281,3 +282,8 @@ class Tracker:
     def leaks(self) -> LeakReport:
         """Allocations made while tracking and still live, grouped by allocation site."""
         return LeakReport(self.live())
+
+    def growth(self) -> list[Growth]:
+        """Sites whose live bytes kept rising over the run's steps (profile.range) or over the
+        run: probable leaks, with their rate. Works while the program still runs."""
+        return find_growth(self.events(), self.annotations())
