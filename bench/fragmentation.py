@@ -22,11 +22,11 @@ import random
 import statistics
 import time
 
+from defaults import traces
 from npumem.alloc.settings import AllocatorSettings
 from npumem.trace import TraceEvent, read_trace
 from npumem.trace.replay import replay
 
-DEFAULT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 CONFIGS = [("pool", None), ("pool (segments)", AllocatorSettings(expandable_segments=False)),
            ("torch", None), ("device", None)]
 
@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.jitter < 0:
         parser.error(f"--jitter must be 0 or more, got {args.jitter}")
-    paths = args.traces or sorted(str(p) for p in DEFAULT.glob("*.jsonl.gz"))
+    paths = args.traces or traces()
     rows, spreads = [], {}
     for path in paths:
         events = list(read_trace(path))

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 
-from npumem.planning import plan, read_problem
+from defaults import planning_problems
+from npumem.planning import load_problem, plan
 
-DEFAULT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "dsa"
 
 
 def main() -> None:
@@ -24,10 +23,10 @@ def main() -> None:
     parser.add_argument("--algorithms", default="size,best,search")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    paths = args.problems or sorted(str(p) for p in DEFAULT.glob("*.csv") if "iopddl" not in p.name)
+    paths = args.problems or planning_problems()
     rows = []
     for path in paths:
-        problem = read_problem(path)
+        problem = load_problem(path)
         row = {"problem": problem.name, "buffers": len(problem), "load_bytes": problem.load()}
         for algorithm in args.algorithms.split(","):
             result = plan(problem, algorithm, args.time_limit)

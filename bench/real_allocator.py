@@ -27,11 +27,11 @@ import torch
 from npumem.alloc.torch_model import from_snapshot
 from npumem.trace import read_trace
 from npumem.trace.recording import recording_from_data
+from defaults import traces as default_traces
 from npumem.trace.replay import replay
 from npumem.trace.torch_replay import replay_recording
 from npumem.units import format_size
 
-DEFAULT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 
 
 def real_replay(events) -> tuple[dict, dict]:
@@ -93,9 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU: PyTorch sees none on this machine")
-    traces = args.traces or sorted(DEFAULT.glob("*.jsonl.gz"))
-    if not traces:
-        parser.error(f"no traces given and none in {DEFAULT}")
+    traces = [pathlib.Path(p) for p in args.traces or default_traces()]
     if args.record:
         args.record.mkdir(parents=True, exist_ok=True)
     rows = []

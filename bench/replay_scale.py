@@ -12,15 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import resource
 import tempfile
 import time
 
+from defaults import one_trace
 from npumem.trace import read_trace, write_trace
 from npumem.trace.sweep import ReplayJob, run_jobs, sweep_settings
 
-SOURCE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "opt_generate.jsonl.gz"
+SOURCE = one_trace("opt_generate.jsonl.gz", "gpt_generate.pickle.gz")
 SWEEP = ["expandable_segments=True,False", "roundup_power2_divisions=0,4", "segment_size_mb=4,20"]
 
 

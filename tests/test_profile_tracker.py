@@ -202,10 +202,22 @@ def test_no_false_leak_for_the_demo():
     assert not tracker.leaks(), tracker.leaks().format()
 
 
+BUNDLED = sorted((pathlib.Path(__file__).parent / "data" / "cuda_snapshots").glob("*.pickle.gz"))
+
+
+@pytest.mark.parametrize("path", BUNDLED[:4], ids=lambda p: p.name)
+def test_no_false_leak_for_a_replay_of_a_bundled_recording(path):
+    """Real recordings shipped with the tests (a fresh clone has no ../shared)."""
+    _check_no_false_leak(list(read_trace(path)))
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared is absent")
 @pytest.mark.parametrize("name", TRACES)
 def test_no_false_leak_for_a_replay_of_each_trace(name):
-    events = list(read_trace(SHARED / "traces" / name))
+    _check_no_false_leak(list(read_trace(SHARED / "traces" / name)))
+
+
+def _check_no_false_leak(events: list) -> None:
     with profile.track() as tracker:
         result = replay(events, "pool")
     assert result.events == len(events)

@@ -10,14 +10,34 @@ from . import __version__
 from .units import parse_size
 
 
-def _size_option(value: str) -> int:
+def _size_option(value: str, option: str) -> int:
     try:
         return parse_size(value)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint=option) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """Every command: an npumem error no command handled (a bad NPUMEM_* setting, say) and
+    running out of host memory end in one line, never a traceback."""
+
+    def invoke(self, ctx):
+        from .errors import AclError
+
+        try:
+            return super().invoke(ctx)
+        except AclError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except MemoryError:
+            click.echo("error: out of host memory (RAM); try a smaller input or --size", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="npumem")
 def main() -> None:
     """npumem: accelerator device memory, on a simulated NPU or real hardware."""
@@ -27,8 +47,8 @@ def main() -> None:
 @click.option("--device", default=None, help="Device backend: sim, torch:cpu, torch:cuda, torch:npu "
               "or torch (the best PyTorch device). Default: $NPUMEM_DEVICE, else sim.")
 @click.option("--size", default="1M", show_default=True,
-              help="float32 elements per vector (suffixes K/M allowed); the matrices are "
-                   "sqrt(size) square.")
+              help="float32 elements per vector (1M, 64K, 1000), or the bytes of each vector "
+                   "(4MiB); the matrices are sqrt(size) square.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write the memory snapshot (snapshot.pickle) into this folder.")
 def demo(device: str | None, size: str, out_dir: str | None) -> None:
@@ -38,9 +58,11 @@ def demo(device: str | None, size: str, out_dir: str | None) -> None:
     from .device.select import default_spec
     from .errors import FeatureNotSupportedError, InvalidParamError
 
-    elements = _size_option(size)
+    elements = _size_option(size, "--size")
+    if size.strip().lower().endswith("b"):          # bytes: 4 per float32 element
+        elements //= 4
     if elements <= 0:
-        raise click.BadParameter("must be positive", param_hint="--size")
+        raise click.BadParameter("must be at least one element (4 bytes)", param_hint="--size")
     try:
         passed = run_demo(elements, device=device or default_spec(), echo=click.echo,
                           out_dir=out_dir)
@@ -82,10 +104,12 @@ def _scheduler_options(command):
 def _run_replays(label: str, quiet: bool, work):
     """Call `work(progress)` with a progress bar of finished replays; bad traces exit 2 with
     their file and position, bad options exit as usage errors."""
+    from .alloc.caching_allocator import OutOfMemoryError
     from .progress import ProgressBar
     from .trace import TraceFormatError
+    from .units import format_size
 
-    bar = ProgressBar(None, label, "replays", enabled=not quiet and sys.stderr.isatty())
+    bar = ProgressBar(None, label, "replays", enabled=not quiet)
 
     def update(done: int, total: int, events: int = 0) -> None:
         bar.total = total
@@ -96,6 +120,11 @@ def _run_replays(label: str, quiet: bool, work):
         return work(update)
     except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except OutOfMemoryError as exc:
+        click.echo(f"error: the trace needs more device memory than the {format_size(exc.capacity)} "
+                   f"it was given (it asked for {format_size(exc.requested)} when the rest was "
+                   "taken); raise --memory, or leave it out (64 GiB)", err=True)
         sys.exit(2)
     except (ValueError, RuntimeError, OSError) as exc:
         raise click.UsageError(str(exc)) from None
@@ -121,7 +150,7 @@ def _run_replays(label: str, quiet: bool, work):
               "reserved with the recording's; print the first divergence; exit 1 on a mismatch.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write an SVG bar chart of peak reserved per trace and setting.")
+              help="Write an SVG bar chart of peak reserved per trace and setting (FILE.svg).")
 @_scheduler_options
 def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_path, scheduler,
            workers):
@@ -144,7 +173,7 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     if unknown or not names:
         raise click.BadParameter(f"unknown allocator(s) {unknown}; choose from {', '.join(ALLOCATORS)}",
                                  param_hint="--allocator")
-    device_memory = _size_option(memory) if memory else None
+    device_memory = _size_option(memory, "--memory") if memory else None
     _check_paths(traces, plot_path)
     if check:
         _replay_check(traces, names, settings, device_memory, as_json)
@@ -182,6 +211,9 @@ def _check_paths(traces, plot_path) -> None:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
     if plot_path:
+        if not plot_path.lower().endswith(".svg"):
+            raise click.BadParameter(f"{plot_path}: the chart is SVG (vector, opens in any "
+                                     "browser); name the file .svg", param_hint="--plot")
         try:
             check_output(plot_path)
         except OutputPathError as exc:
@@ -323,7 +355,7 @@ def tune(trace, allocator, memory, as_json, scheduler, workers):
     except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    device_memory = _size_option(memory) if memory else None
+    device_memory = _size_option(memory, "--memory") if memory else None
     if allocator in ("torch", "torch_npu") or (allocator is None and snapshot):
         _tune_torch(trace, allocator, device_memory, as_json)
     else:
@@ -429,8 +461,9 @@ def convert(source, target, fmt):
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     except TraceFormatError as exc:       # a writer's error names the target, not its partial
-        where = target if os.path.basename(exc.path).startswith(".npumem-partial") else exc.path
-        click.echo(f"error: {where}:{exc.position}: {exc.reason}", err=True)
+        if os.path.basename(exc.path).startswith(".npumem-partial"):
+            exc = TraceFormatError(target, exc.position, exc.reason)
+        click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -476,7 +509,7 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
     except OSError as exc:
         click.echo(f"error: cannot read {problem_file}: {exc.strerror}", err=True)
         sys.exit(2)
-    verbose = not as_json and sys.stderr.isatty()
+    verbose = not as_json                   # a few lines: each better height
 
     def say(message: str) -> None:          # each better height, as the search finds it
         if verbose:
@@ -619,7 +652,11 @@ def report(path, html_out, top, snapshot_path):
     from .output_files import OutputPathError, check_output
     from .profile.html import render_html
     from .profile.report import build_report, format_report
+    from .trace.events import NO_SUCH_FILE
 
+    if not os.path.exists(path):
+        click.echo(f"error: {path}: {NO_SUCH_FILE}", err=True)
+        sys.exit(2)
     if html_out:
         try:
             check_output(html_out, None if os.path.isdir(path) else path)

@@ -20,6 +20,7 @@ from . import memory as mem
 from . import runtime as rt
 from .constants import MemAttr
 from .device.select import check_spec
+from .errors import InvalidParamError
 from .ops import aclnn
 from .ops.tensor import empty, from_numpy
 from .units import format_size
@@ -38,6 +39,12 @@ def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], Non
         echo(f"[{next(step)}/{STEPS}] {text}")
 
     side = max(1, math.isqrt(size))
+    host_need = 24 * size + 16 * side * side         # float64 draws, float32 copies, results
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if host_need > ram // 2:
+        raise InvalidParamError(f"demo: {size:,} elements need about {format_size(host_need)} of "
+                                f"host memory for their data, more than half of this machine's "
+                                f"{format_size(ram)}; pass a smaller --size")
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal(size).astype(np.float32), rng.standard_normal(size).astype(np.float32)
     m, n = (rng.standard_normal((side, side)).astype(np.float32) for _ in range(2))
@@ -49,6 +56,12 @@ def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], Non
         rt.set_device(0)
         free0, total = rt.get_mem_info(MemAttr.HBM_MEM)
         say(f"set_device(0): HBM {format_size(free0)} free of {format_size(total)}")
+        device_need = 4 * (3 * size + 4 * side * side) + (8 << 20)   # tensors, workspace, pages
+        if device_need > free0:
+            raise InvalidParamError(
+                f"demo: {size:,} elements need about {format_size(device_need)} of device memory "
+                f"and device 0 has {format_size(free0)} free; pass a smaller --size (or give the "
+                "simulated NPU more with NPUMEM_SIM_MEMORY)")
         stream = rt.create_stream()
         say(f"create_stream: {stream!r}")
         mem.record_memory_history(max_entries=10_000)

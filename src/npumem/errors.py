@@ -63,6 +63,9 @@ class AclError(RuntimeError):
         self.message = message
         super().__init__(f"{message} [{error_name(self.code)} {self.code}]")
 
+    def __reduce__(self):       # rebuilt from its parts across processes (not code twice)
+        return type(self), (self.message, self.code), self.__dict__
+
 
 class InvalidParamError(AclError, ValueError):
     """An argument is out of range: a bad size, policy, copy kind, or count above its maximum."""

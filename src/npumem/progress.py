@@ -1,4 +1,5 @@
-"""A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+"""Progress on stderr: a one-line bar redrawn in place on a terminal; elsewhere (a CI log, a
+pipe) a plain line every 10 seconds once the work has run that long, so logs stay short."""
 
 from __future__ import annotations
 
@@ -7,20 +8,25 @@ import time
 
 
 class ProgressBar:
-    """`update(done)` redraws at most ten times a second; `close()` clears the line."""
+    """`update(done)` redraws at most ten times a second (a plain line every 10 s off a
+    terminal); `close()` clears the bar."""
+
+    LOG_EVERY = 10.0
 
     def __init__(self, total: int | None, label: str, unit: str = "", stream=None,
-                 enabled: bool | None = None):
+                 enabled: bool = True):
         self.total, self.label, self.unit = total, label, unit
         self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.enabled = enabled
+        self.terminal = self.stream.isatty()
         self.started = self._drawn = time.perf_counter()
         self.done = 0
 
     def update(self, done: int, force: bool = False) -> None:
         self.done = done
         now = time.perf_counter()
-        if not self.enabled or (not force and now - self._drawn < 0.1):
+        every = 0.1 if self.terminal else self.LOG_EVERY
+        if not self.enabled or now - self._drawn < every and not (force and self.terminal):
             return
         self._drawn = now
         elapsed = now - self.started
@@ -29,11 +35,12 @@ class ProgressBar:
             bar = f"[{'#' * filled}{'.' * (24 - filled)}] {done:,}/{self.total:,}"
         else:
             bar = f"{done:,}"
-        self.stream.write(f"\r{self.label} {bar}{' ' + self.unit if self.unit else ''} {elapsed:.1f}s ")
+        line = f"{self.label} {bar}{' ' + self.unit if self.unit else ''} {elapsed:.1f}s"
+        self.stream.write(f"\r{line} " if self.terminal else f"{line}\n")
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.terminal:
             self.stream.write("\r" + " " * 79 + "\r")
             self.stream.flush()
 

@@ -36,7 +36,10 @@ from .stats import FOLD_AT, POOLS, PoolStats, Stat
 
 
 class OutOfMemoryError(MemoryAllocationError):
-    """The pool could not serve a request even after releasing its cache."""
+    """The pool could not serve a request even after releasing its cache. `requested` and
+    `capacity` (the bytes the pool may hold) let a caller word its own advice."""
+
+    requested = capacity = 0
 
 
 def _always_idle(stream) -> bool:
@@ -233,7 +236,9 @@ class CachingAllocator(MemoryResource):
         if OBSERVERS.active:      # an oom event carries the device's free bytes as its address
             free = self._device_memory()[0]
             emit(self, "oom", self.device, free, size, nbytes, stream)
-        raise OutOfMemoryError(self.oom_message(nbytes))
+        error = OutOfMemoryError(self.oom_message(nbytes))
+        error.requested, error.capacity = nbytes, self.limit
+        raise error
 
     def _release_cache(self) -> int:
         """Finish every stream's work, then give all cached memory back to the device."""

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..trace.events import TraceEvent
+from ..trace.events import NO_SUCH_FILE, TraceEvent
 
 
 class ProblemFormatError(ValueError):
@@ -23,7 +23,7 @@ class ProblemFormatError(ValueError):
 
     def __init__(self, path: str, line: int | str, reason: str):
         self.path, self.line, self.reason = path, line, reason
-        super().__init__(f"{path}:{line}: {reason}")
+        super().__init__(f"{path}:{line}: {reason}" if line != "" else f"{path}: {reason}")
 
     def __reduce__(self):
         return type(self), (self.path, self.line, self.reason)
@@ -104,6 +104,8 @@ MAX_VALUE = 1 << 48
 def read_problem(path: str | os.PathLike) -> PlanningProblem:
     """Read an `id,lower,upper,size` CSV file (a header line is required)."""
     path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ProblemFormatError(path, "", NO_SUCH_FILE)
     try:
         handle = open(path, newline="", encoding="utf-8", errors="strict")
     except OSError as exc:
@@ -173,6 +175,8 @@ def problem_from_trace(events: Iterable[TraceEvent], name: str = "",
 def load_problem(path: str | os.PathLike) -> PlanningProblem:
     """A CSV problem, or the lifetimes of any trace file npumem reads (format auto-detected)."""
     path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ProblemFormatError(path, "", NO_SUCH_FILE)
     with open(path, "rb") as probe:
         head = probe.read(64)
     if head.lstrip().lower().startswith(b"id,lower,upper,size"):

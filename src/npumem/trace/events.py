@@ -16,12 +16,15 @@ class TraceEvent(NamedTuple):
     stream: int = 0
 
 
+NO_SUCH_FILE = "no such file"        # one wording, wherever a file to read is missing
+
+
 class TraceFormatError(ValueError):
     """A trace file that cannot be read; names the file, the position and what is wrong."""
 
     def __init__(self, path: str, position: str, reason: str):
         self.path, self.position, self.reason = path, position, reason
-        super().__init__(f"{path}:{position}: {reason}")
+        super().__init__(f"{path}:{position}: {reason}" if position else f"{path}: {reason}")
 
     def __reduce__(self):          # rebuilt from its parts when it crosses a process boundary
         return type(self), (self.path, self.position, self.reason)

@@ -93,11 +93,20 @@ def run_jobs(jobs: Sequence[ReplayJob], scheduler: str = "processes", workers: i
 
 def _run_processes(jobs, workers, report) -> list[ReplayResult]:
     results: list[ReplayResult | None] = [None] * len(jobs)
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)))
+    try:
         futures = {pool.submit(run_job, job): index for index, job in enumerate(jobs)}
         for done, future in enumerate(as_completed(futures), 1):
             results[futures[future]] = future.result()
             report(done, len(jobs))
+    except BaseException:
+        # Ctrl-C or a failed job: stop now, not after the replays already running. The
+        # executor has no public way to stop its workers, so they are terminated here.
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return results
 
 
