@@ -244,3 +244,21 @@ def test_app_log_writes_to_the_application_log(session, caplog):
 def test_the_pythonic_api_has_the_same_calls(session):
     assert npumem.runtime.device_can_access_peer(0, 1) is True
     assert callable(npumem.runtime.memcpy2d) and callable(npumem.runtime.launch_callback)
+
+
+def test_docs_acl_md_covers_every_call():
+    """docs/acl.md's table has a row for each call the shim offers."""
+    import inspect
+    import pathlib
+
+    table = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "acl.md").read_text()
+    internal = {"code_of", "values_and_code", "report_failure", "recent_error_message",
+                "set_result_order", "install_as_acl"}
+    missing = []
+    for module, prefix in ((acl, "acl."), (acl.rt, "acl.rt."), (acl.util, "acl.util."),
+                           (acl.media, "acl.media.")):
+        for name, value in vars(module).items():
+            if inspect.isfunction(value) and not name.startswith("_") and name not in internal \
+                    and value.__module__.startswith("npumem.acl") and name not in table:
+                missing.append(prefix + name)
+    assert not missing, missing

@@ -33,6 +33,7 @@ def test_first_use_starts_the_runtime_and_device_0():
     tensor = npumem.from_numpy(np.arange(4, dtype=np.float32))
     assert tensor.tolist() == [0, 1, 2, 3]
     assert "npumem NPU memory" in npumem.memory.memory_summary()
+    del tensor
     npumem.finalize()
     assert isinstance(npumem.Stream(), npumem.Stream)
     npumem.finalize()
