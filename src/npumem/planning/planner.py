@@ -45,10 +45,14 @@ def plan(problem: PlanningProblem, algorithm: str = "search", time_limit: float 
     result = Plan(problem, place_by_time(problem), "time sweep")
     try:
         say(f"time sweep: height {result.height} ({result.height_over_load:.4f} x load)")
-        if algorithm in ("size", "breadth"):
-            result = _greedy(problem, [(algorithm, False)], result, deadline, say)
+        if algorithm in ("size", "breadth"):           # that greedy order itself, if it finishes
+            offsets = place_in_order(problem, orders(problem)[algorithm], False, deadline)
+            if offsets is None:
+                say(f"greedy {algorithm}: stopped at the time limit; keeping the time sweep")
+            else:
+                result = Plan(problem, offsets, algorithm)
         else:
-            result = _greedy(problem, GREEDY_VARIANTS, result, deadline, say)
+            result = _greedy(problem, result, deadline, say)
             if algorithm == "search":
                 result = _improve(problem, result, deadline, say)
     except _Interrupted as stop:
@@ -66,17 +70,16 @@ GREEDY_VARIANTS = [(name, best_fit) for name in ("size", "breadth", "length", "a
                    for best_fit in (False, True)]
 
 
-def _greedy(problem: PlanningProblem, variants, best: Plan, deadline: float,
-            say: Progress) -> Plan:
+def _greedy(problem: PlanningProblem, best: Plan, deadline: float, say: Progress) -> Plan:
     """The lowest of `best` and the greedy plans that finish before `deadline`."""
     try:
-        for name, best_fit in variants:
+        for name, best_fit in GREEDY_VARIANTS:
             label = f"{name}/{'best' if best_fit else 'first'}-fit"
             offsets = place_in_order(problem, orders(problem)[name], best_fit, deadline)
             if offsets is None:
                 say(f"greedy {label}: stopped at the time limit; keeping {best.algorithm}")
                 break
-            candidate = Plan(problem, offsets, name if len(variants) == 1 else f"best ({label})")
+            candidate = Plan(problem, offsets, f"best ({label})")
             if candidate.height < best.height:
                 best = candidate
                 say(f"greedy {label}: height {best.height} ({best.height_over_load:.4f} x load)")
