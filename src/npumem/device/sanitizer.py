@@ -61,9 +61,9 @@ class _PoolRecords:
     def freed_holding(self, address: int, nbytes: int, what: str) -> Allocation | None:
         """A freed block holding the whole range that the running stream may still use: the
         block's own stream, whose queued work a free is ordered after."""
-        candidates = self.freed.get(address) or [r for r in reversed(self.order)
+        candidates = self.freed.get(address) or [r for r in self.order
                                                  if r.start <= address < r.end]
-        for record in reversed(candidates):
+        for record in reversed(candidates):             # the most recently freed first
             if address + nbytes <= record.end and stale_use(record, what, address, nbytes) is None:
                 return record
         return None
