@@ -63,12 +63,19 @@ def test_plot_refuses_a_name_it_would_not_honour(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+def _ctrl_c_delivered() -> None:
+    """In the child: take SIGINT as a terminal does (a shell running us in the background
+    ignores it, and an ignored SIGINT stays ignored across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_a_replay_sweep_at_once():
     traces = [str(BUNDLED / "gpt_generate.pickle.gz")] * 12          # minutes of replays
     child = subprocess.Popen([sys.executable, "-m", "npumem", "replay", *traces, "--allocator",
                               "pool,torch", "--sweep", "roundup_power2_divisions=1,2,4,8",
                               "--sweep", "garbage_collection_threshold=0.5,0.8"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=_ctrl_c_delivered)
     time.sleep(3)                         # the workers have started
     child.send_signal(signal.SIGINT)
     stopped = time.perf_counter()

@@ -202,7 +202,8 @@ def test_ctrl_c_stops_the_cli_search_with_a_plan(tmp_path):
         f"b{i},{problem.lower[i]},{problem.upper[i]},{problem.size[i]}\n" for i in range(3000)))
     child = subprocess.Popen([sys.executable, "-m", "npumem", "plan", str(path), "--time-limit",
                               "300", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True,   # take SIGINT even where the shell ignores it
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(6)                         # well into the greedy orders or the search
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
