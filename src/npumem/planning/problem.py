@@ -181,5 +181,11 @@ def load_problem(path: str | os.PathLike) -> PlanningProblem:
         head = probe.read(64)
     if head.lstrip().lower().startswith(b"id,lower,upper,size"):
         return read_problem(path)
-    from ..trace import read_trace
-    return problem_from_trace(read_trace(path), os.path.basename(path))
+    from ..trace import TraceFormatError, read_trace
+    try:
+        return problem_from_trace(read_trace(path), os.path.basename(path))
+    except TraceFormatError as exc:
+        if exc.reason.startswith("unknown trace format"):
+            raise ProblemFormatError(path, 1, "neither a problem CSV (a header id,lower,upper,size) "
+                                     "nor an allocation trace: " + exc.reason) from None
+        raise
