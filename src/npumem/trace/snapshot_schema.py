@@ -8,15 +8,9 @@ snapshots leave it out, but never None where PyTorch writes a number.
 
 from __future__ import annotations
 
-import math
-
-from .events import ADDRESS_LIMIT, TraceFormatError
+from .events import ADDRESS_LIMIT, TraceFormatError, finite_number, natural, shown
 
 MAX_DEVICES = 1024
-
-
-def _natural(value, limit: int = ADDRESS_LIMIT) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < limit
 
 
 class _Checker:
@@ -30,32 +24,32 @@ class _Checker:
                limit: int = ADDRESS_LIMIT) -> None:
         """Integers in [0, limit): `required` must be there, `optional` may be absent."""
         for key in required + tuple(key for key in optional if key in item):
-            if not _natural(item.get(key), limit):
+            if not natural(item.get(key), limit):
                 self.fail(f"{where}.{key}", _wanted("an integer", limit, item.get(key)))
 
     def text(self, item: dict, where: str, *keys: str) -> None:
         for key in keys:
             value = item.get(key)
             if value is not None and not isinstance(value, str):
-                self.fail(f"{where}.{key}", f"must be a string, got {_shown(value)}")
+                self.fail(f"{where}.{key}", f"must be a string, got {shown(value)}")
 
     def frames(self, item: dict, where: str) -> None:
         frames = item.get("frames")
         if frames is None or _plain_frames(frames):
             return
         if not isinstance(frames, list):
-            self.fail(f"{where}.frames", f"must be a list, got {_shown(frames)}")
+            self.fail(f"{where}.frames", f"must be a list, got {shown(frames)}")
         for index, frame in enumerate(frames):
             if not isinstance(frame, dict):
-                self.fail(f"{where}.frames[{index}]", f"must be a dict, got {_shown(frame)}")
+                self.fail(f"{where}.frames[{index}]", f"must be a dict, got {shown(frame)}")
             self.text(frame, f"{where}.frames[{index}]", "filename", "name")
             line = frame.get("line")
             if line is not None and (isinstance(line, bool) or not isinstance(line, int)):
-                self.fail(f"{where}.frames[{index}].line", f"must be an integer, got {_shown(line)}")
+                self.fail(f"{where}.frames[{index}].line", f"must be an integer, got {shown(line)}")
 
     def segment(self, segment, where: str) -> None:
         if not isinstance(segment, dict):
-            self.fail(where, f"a segment must be a dict, got {_shown(segment)}")
+            self.fail(where, f"a segment must be a dict, got {shown(segment)}")
         self.fields(segment, where, ("address", "total_size"),
                     ("stream", "allocated_size", "active_size", "requested_size"))
         self.fields(segment, where, (), ("device",), MAX_DEVICES)
@@ -63,14 +57,14 @@ class _Checker:
         self.frames(segment, where)
         blocks = segment.get("blocks")
         if not isinstance(blocks, list):
-            self.fail(f"{where}.blocks", f"must be a list, got {_shown(blocks)}")
+            self.fail(f"{where}.blocks", f"must be a list, got {shown(blocks)}")
         for index, block in enumerate(blocks):
             at = f"{where}.blocks[{index}]"
             if not isinstance(block, dict):
-                self.fail(at, f"a block must be a dict, got {_shown(block)}")
+                self.fail(at, f"a block must be a dict, got {shown(block)}")
             self.fields(block, at, ("address", "size"), ("requested_size",))
             if not isinstance(block.get("state"), str):
-                self.fail(f"{at}.state", f"must be a string, got {_shown(block.get('state'))}")
+                self.fail(f"{at}.state", f"must be a string, got {shown(block.get('state'))}")
             start, end = segment["address"], segment["address"] + segment["total_size"]
             if not start <= block["address"] <= block["address"] + block["size"] <= end:
                 self.fail(at, f"the block [{block['address']:#x}, +{block['size']}) lies outside "
@@ -79,12 +73,11 @@ class _Checker:
 
     def entry(self, entry, where: str) -> None:
         if not isinstance(entry, dict) or not isinstance(entry.get("action"), str):
-            self.fail(where, f"a trace entry must be a dict with an action, got {_shown(entry)}")
+            self.fail(where, f"a trace entry must be a dict with an action, got {shown(entry)}")
         self.fields(entry, where, ("addr", "size"), ("stream", "device_free", "requested_size"))
         when = entry.get("time_us", 0)
-        if (isinstance(when, bool) or not isinstance(when, (int, float))
-                                 or not _finite(when)):
-            self.fail(f"{where}.time_us", f"must be a finite number, got {_shown(when)}")
+        if not finite_number(when):
+            self.fail(f"{where}.time_us", f"must be a finite number, got {shown(when)}")
         self.frames(entry, where)
 
 
@@ -99,24 +92,9 @@ def _plain_frames(frames) -> bool:
         return False
 
 
-def _finite(value) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:                   # an integer too large for a float
-        return False
-
-
 def _wanted(what: str, limit: int, value) -> str:
     bound = "2**64" if limit == ADDRESS_LIMIT else str(limit)
-    return f"must be {what} in [0, {bound}), got {_shown(value)}"
-
-
-def _shown(value) -> str:
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):
-        return f"a {type(value).__name__} too large to show"
-    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
+    return f"must be {what} in [0, {bound}), got {shown(value)}"
 
 
 def check_snapshot(data, path: str) -> dict:
@@ -128,17 +106,17 @@ def check_snapshot(data, path: str) -> dict:
     segments = data.get("segments", [])
     traces = data.get("device_traces", [])
     if not isinstance(segments, list):
-        checker.fail("segments", f"must be a list, got {_shown(segments)}")
+        checker.fail("segments", f"must be a list, got {shown(segments)}")
     if not isinstance(traces, list) or len(traces) > MAX_DEVICES:
         checker.fail("device_traces", f"must be a list of at most {MAX_DEVICES} device traces")
     settings = data.get("allocator_settings")
     if settings is not None and not isinstance(settings, dict):
-        checker.fail("allocator_settings", f"must be a dict, got {_shown(settings)}")
+        checker.fail("allocator_settings", f"must be a dict, got {shown(settings)}")
     for index, segment in enumerate(segments):
         checker.segment(segment, f"segments[{index}]")
     for device, trace in enumerate(traces):
         if not isinstance(trace, list):
-            checker.fail(f"device_traces[{device}]", f"must be a list, got {_shown(trace)}")
+            checker.fail(f"device_traces[{device}]", f"must be a list, got {shown(trace)}")
         for index, entry in enumerate(trace):
             checker.entry(entry, f"device_traces[{device}][{index}]")
     return data
