@@ -16,7 +16,7 @@ from ..device.backing import address_of, host_bytes
 from ..errors import InvalidParamError
 from ..runtime.hostmem import PINNED
 from ..runtime.state import RUNTIME
-from ._result import report_failure, values_and_code
+from ._result import code_of, values_and_code
 
 # numpy type numbers, as pyACL's ptr_to_numpy takes them (11 = float32, 23 = float16, ...).
 _DTYPE_BY_NUMBER = {np.dtype(t).num: np.dtype(t) for t in set(np.sctypeDict.values())
@@ -66,29 +66,27 @@ _threads: dict[int, threading.Thread] = {}
 def start_thread(function, args_list) -> tuple[int, int]:
     """(thread id, ret): run `function(*args_list)` on a new thread, as pyACL's start_thread
     (the thread a callback subscription names)."""
-    if not callable(function):
-        return _refuse(InvalidParamError(f"start_thread: expected a function, got "
-                                         f"{type(function).__name__}"), (0,))
-    args = list(args_list) if isinstance(args_list, (list, tuple)) else [args_list]
-    thread = threading.Thread(target=function, args=args, name="npumem-acl-thread", daemon=True)
-    thread.start()
-    _threads[thread.ident] = thread
-    return values_and_code(lambda: thread.ident)
+    def start() -> int:
+        if not callable(function):
+            raise InvalidParamError(f"start_thread: expected a function, got "
+                                    f"{type(function).__name__}")
+        args = list(args_list) if isinstance(args_list, (list, tuple)) else [args_list]
+        thread = threading.Thread(target=function, args=args, name="npumem-acl-thread",
+                                  daemon=True)
+        thread.start()
+        _threads[thread.ident] = thread
+        return thread.ident
+    return values_and_code(start)
 
 
 def stop_thread(thread_id: int) -> int:
     """Wait for a thread from start_thread to return (its function must end on its own)."""
-    thread = _threads.pop(thread_id, None)
-    if thread is None:
-        return _refuse(InvalidParamError(f"stop_thread: {thread_id!r} is not a thread from "
-                                         "start_thread"), ())
-    thread.join()
-    return 0
-
-
-def _refuse(exc, values):
-    code = report_failure(exc)
-    return (*values, code) if values else code
+    def stop() -> None:
+        thread = _threads.pop(thread_id, None)
+        if thread is None:
+            raise InvalidParamError(f"stop_thread: {thread_id!r} is not a thread from start_thread")
+        thread.join()
+    return code_of(stop)
 
 
 def bytes_to_ptr(data) -> int:

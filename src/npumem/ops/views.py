@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..constants import DataType
+from ..constants import NUMPY_TYPES, DataType
 from .dtypes import numpy_dtype
 
-_TORCH_NAMES = {
-    DataType.FLOAT: "float32", DataType.FLOAT16: "float16", DataType.DOUBLE: "float64",
-    DataType.BF16: "bfloat16", DataType.INT8: "int8", DataType.INT16: "int16",
-    DataType.INT32: "int32", DataType.INT64: "int64", DataType.UINT8: "uint8",
-    DataType.UINT16: "uint16", DataType.UINT32: "uint32", DataType.UINT64: "uint64",
-    DataType.BOOL: "bool",
-}
+# torch spells every type as numpy does, and has a real bfloat16.
+_TORCH_NAMES = {**NUMPY_TYPES, DataType.BF16: "bfloat16"}
 
 
 def torch_dtype(dtype):

@@ -73,9 +73,10 @@ GREEDY_VARIANTS = [(name, best_fit) for name in ("size", "breadth", "length", "a
 def _greedy(problem: PlanningProblem, best: Plan, deadline: float, say: Progress) -> Plan:
     """The lowest of `best` and the greedy plans that finish before `deadline`."""
     try:
+        by_name = orders(problem)
         for name, best_fit in GREEDY_VARIANTS:
             label = f"{name}/{'best' if best_fit else 'first'}-fit"
-            offsets = place_in_order(problem, orders(problem)[name], best_fit, deadline)
+            offsets = place_in_order(problem, by_name[name], best_fit, deadline)
             if offsets is None:
                 say(f"greedy {label}: stopped at the time limit; keeping {best.algorithm}")
                 break

@@ -200,17 +200,19 @@ class Runtime:
         with self.lock:
             if not self.initialized:
                 self.init()
-            context = getattr(self._thread, "context", None) or self.process_context
-            if context is None or context.destroyed:
-                context = self.set_device(0)
-            return context
+            return self._context_in_use() or self.set_device(0)
 
     def current_context(self) -> Context:
         self.require()
-        context = getattr(self._thread, "context", None) or self.process_context
-        if context is None or context.destroyed:
+        context = self._context_in_use()
+        if context is None:
             raise ContextNullError("no device is set on this thread; call set_device(id) first")
         return context
+
+    def _context_in_use(self) -> Context | None:
+        """This thread's context, else the one most recently made current in the process."""
+        context = getattr(self._thread, "context", None) or self.process_context
+        return None if context is None or context.destroyed else context
 
     def create_context(self, device: int) -> Context:
         with self.lock:
@@ -246,11 +248,7 @@ class Runtime:
         if stream_or_handle is None or (isinstance(stream_or_handle, int)
                                         and not isinstance(stream_or_handle, bool)
                                         and stream_or_handle == 0):
-            stream = getattr(self._thread, "stream", None)     # npumem.stream(s) on this thread
-            context = self.current_context()
-            if stream is not None and not stream.destroyed and stream.context is context:
-                return stream
-            return context.default_stream
+            return self._stream_in_use(self.current_context())
         return lookup(stream_or_handle, Stream, what)
 
     def create_stream(self) -> Stream:
@@ -269,9 +267,11 @@ class Runtime:
 
     def current_stream(self) -> Stream:
         """The stream work goes to when none is given: the one `npumem.stream(s)` set on this
-        thread, else the current context's default stream."""
-        context = self.lazy_context()
-        stream = getattr(self._thread, "stream", None)
+        thread, else the current context's default stream; lazy init."""
+        return self._stream_in_use(self.lazy_context())
+
+    def _stream_in_use(self, context: Context) -> Stream:
+        stream = getattr(self._thread, "stream", None)     # npumem.stream(s) on this thread
         if stream is not None and not stream.destroyed and stream.context is context:
             return stream
         return context.default_stream
