@@ -139,3 +139,10 @@ def test_custom_matmul_in_both_forms():
     expected = a @ b
     for product in (CustomMatMulFunction.apply(a, b), CustomMatMul.apply(a, b), CustomMatMul()(a, b)):
         torch.testing.assert_close(product, expected)
+
+
+def test_a_stream_on_another_device_leaves_the_current_device_alone(monkeypatch):
+    monkeypatch.setenv("NPUMEM_SIM_DEVICES", "2")
+    assert npumem.Stream(device=1).device == 1
+    assert npumem.current_device() == 0 and npumem.current_stream(1).device == 1
+    assert npumem.current_device() == 0

@@ -443,8 +443,6 @@ def convert(source, target, fmt):
     """Convert an allocation trace between formats (any readable format in; .jsonl, .json,
     .pickle, .csv (RMM) or operator_memory.csv out; add .gz to compress). A snapshot going to
     .pickle or .jsonl keeps everything; other formats keep each allocation and free."""
-    import os
-
     from .output_files import OutputPathError, check_output, written_whole
     from .trace import FORMATS, TraceFormatError, detect_format
     from .trace.formats import convert as convert_file, format_for_output
@@ -460,9 +458,7 @@ def convert(source, target, fmt):
     except OutputPathError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    except TraceFormatError as exc:       # a writer's error names the target, not its partial
-        if os.path.basename(exc.path).startswith(".npumem-partial"):
-            exc = TraceFormatError(target, exc.position, exc.reason)
+    except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     except ValueError as exc:

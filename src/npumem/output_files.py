@@ -35,13 +35,20 @@ def check_output(path: str, source: str | None = None) -> None:
 @contextlib.contextmanager
 def written_whole(path: str):
     """Yield a temporary path beside `path` (same name at the end, so writers that look at the
-    suffix, .gz say, see it); on success it replaces `path`, on any error it is removed."""
+    suffix, .gz say, see it); on success it replaces `path`, on any error it is removed. A
+    writer's TraceFormatError names the file it was given: it is raised again naming `path`."""
+    from .trace.events import TraceFormatError
+
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
     temporary = os.path.join(folder, f".npumem-partial-{os.getpid()}-{name}")
     try:
         yield temporary
         os.replace(temporary, path)
+    except TraceFormatError as exc:
+        if exc.path != temporary:
+            raise
+        raise TraceFormatError(path, exc.position, exc.reason) from None
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)

@@ -181,11 +181,10 @@ def load_problem(path: str | os.PathLike) -> PlanningProblem:
         head = probe.read(64)
     if head.lstrip().lower().startswith(b"id,lower,upper,size"):
         return read_problem(path)
-    from ..trace import TraceFormatError, read_trace
+    from ..trace import TraceFormatError, detect_format, read_trace
     try:
-        return problem_from_trace(read_trace(path), os.path.basename(path))
+        fmt = detect_format(path)
     except TraceFormatError as exc:
-        if exc.reason.startswith("unknown trace format"):
-            raise ProblemFormatError(path, 1, "neither a problem CSV (a header id,lower,upper,size) "
-                                     "nor an allocation trace: " + exc.reason) from None
-        raise
+        raise ProblemFormatError(path, 1, "neither a problem CSV (a header id,lower,upper,size) "
+                                 "nor an allocation trace: " + exc.reason) from None
+    return problem_from_trace(read_trace(path, fmt), os.path.basename(path))

@@ -259,11 +259,17 @@ class Runtime:
 
     def context_for_new_stream(self, device) -> Context:
         """Where `npumem.Stream(device)` goes (the stream registers itself there): the current
-        context, or `device`'s default one; lazy init."""
+        context, or `device`'s default one, opened if need be but not made current (as
+        torch.cuda.Stream(device) leaves the current device alone); lazy init."""
         context = self.lazy_context()
-        if device is not None and self.check_device(device) != context.device:
-            context = self.default_contexts.get(device) or self.set_device(device)
-        return context
+        if device is None or self.check_device(device) == context.device:
+            return context
+        with self.lock:
+            other = self.default_contexts.get(device)
+            if other is None:
+                other = self.set_device(device)
+                self.make_current(context)
+            return other
 
     def current_stream(self) -> Stream:
         """The stream work goes to when none is given: the one `npumem.stream(s)` set on this
