@@ -107,7 +107,7 @@ class TinyGPT(nn.Module):
         return self.head(x[:, -1])
 
 
-def training(model: nn.Module, batch, loss, steps: int = 3, optimizer: str = "adamw"):
+def training(model: nn.Module, batch, loss, steps: int = 5, optimizer: str = "adamw"):
     """`steps` optimizer steps on fresh batches: forward, backward, update."""
     if optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), 1e-3)
@@ -123,7 +123,7 @@ def training(model: nn.Module, batch, loss, steps: int = 3, optimizer: str = "ad
     return run
 
 
-def generation(model: TinyGPT, batch: int = 4, prompt: int = 32, new_tokens: int = 64, runs: int = 2):
+def generation(model: TinyGPT, batch: int = 4, prompt: int = 32, new_tokens: int = 64, runs: int = 3):
     """Greedy decoding: a prompt, then one token at a time against the growing cache."""
     def run():
         with torch.no_grad():

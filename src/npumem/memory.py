@@ -34,6 +34,7 @@ __all__ = [
     "get_allocator", "get_allocator_settings", "host_pool", "max_memory_allocated",
     "max_memory_reserved", "memory_allocated", "memory_reserved", "memory_snapshot",
     "memory_stats", "memory_summary", "record_memory_history", "record_stream", "reset_peak_memory_stats",
+    "step",
     "set_allocator_settings", "set_per_process_memory_fraction",
     "torch_memory_stats", "torch_memory_summary",     # PyTorch's own allocator, live or saved
 ]
@@ -140,6 +141,13 @@ def caching_allocator_delete(pointer: int) -> None:
                               "the storage of a tensor, which frees it when it is dropped; "
                               "drop the tensor (del t) or call t.storage.free() instead")
     pool.deallocate(pointer)
+
+
+def step(device: int | None = None) -> None:
+    """Mark the end of a training or serving step. With NPUMEM_ALLOC_CONF=predictive:True the
+    pool plans the requests of one step and serves the next ones from the plan (without marks
+    it finds the repeated step itself, a step later); otherwise this does nothing."""
+    get_allocator(device).mark_step()
 
 
 def record_stream(pointer: int, stream) -> None:

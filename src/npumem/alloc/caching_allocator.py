@@ -18,6 +18,7 @@ have completed.
 from __future__ import annotations
 
 import collections
+import itertools
 from bisect import bisect_right
 import threading
 
@@ -27,6 +28,7 @@ from ..errors import InvalidParamError, MemoryAllocationError, MemoryFreeError
 from ..observe import OBSERVERS, emit
 from ..units import format_size
 from .block import Block
+from .predictive import Predictor
 from .expandable import ExpandableStrategy
 from .resource import MemoryResource
 from .segments import SegmentStrategy
@@ -81,6 +83,8 @@ class CachingAllocator(MemoryResource):
         self._gone_streams: set = set()     # destroyed streams whose arenas still hold blocks
         self._closing = False
         self._strategy = self._make_strategy()
+        self._predictor: Predictor | None = None
+        self.settings = self.settings        # with the strategy in place: start prediction
 
     @property
     def settings(self) -> AllocatorSettings:
@@ -89,6 +93,12 @@ class CachingAllocator(MemoryResource):
     @settings.setter
     def settings(self, settings: AllocatorSettings) -> None:
         self._settings = settings
+        if hasattr(self, "_predictor"):
+            if settings.predictive and self._predictor is None:
+                self._predictor = Predictor(self)
+            elif not settings.predictive and self._predictor is not None:
+                self._predictor.retire()
+                self._predictor = None
         # what the hot path needs from the settings, worked out once
         self.split_min = max(MIN_BLOCK[self.flavour], settings.block_alignment)
         self._plain_rounding = self.flavour == "npu" and settings.block_alignment == 64 and \
@@ -98,6 +108,11 @@ class CachingAllocator(MemoryResource):
         if self.settings.expandable_segments and self.backend.supports_virtual_memory:
             return ExpandableStrategy(self)
         return SegmentStrategy(self)
+
+    @property
+    def predictor(self) -> Predictor | None:
+        """The predictive part (settings.predictive), or None."""
+        return self._predictor
 
     @property
     def expandable(self) -> bool:
@@ -124,9 +139,12 @@ class CachingAllocator(MemoryResource):
             pending = self._pending
             if pending:
                 self._free_completed_pending()
-            block = self._strategy.take(size, stream)
+            predictor = self._predictor
+            block = predictor.take(nbytes, stream) if predictor is not None else None
             if block is None:
-                block = self._retry_after_releasing_cache(nbytes, size, stream)
+                block = self._strategy.take(size, stream)
+                if block is None:
+                    block = self._retry_after_releasing_cache(nbytes, size, stream)
             start = block.start
             block.allocated = True
             block.requested = nbytes
@@ -142,6 +160,8 @@ class CachingAllocator(MemoryResource):
             if OBSERVERS.active:
                 for observer in OBSERVERS.active:
                     observer.on_memory(self, "alloc", self.device, start, block.size, nbytes, stream)
+            if predictor is not None and predictor.learner is not None:
+                predictor.learn(start, nbytes, block.size, stream)
             return start
         finally:
             lock.release()
@@ -157,6 +177,9 @@ class CachingAllocator(MemoryResource):
                 raise InvalidParamError(f"deallocate(0x{pointer:x}, {nbytes}): the block was "
                                         f"allocated for {block.requested} bytes")
             del self._allocated[pointer]
+            predictor = self._predictor
+            if predictor is not None and predictor.learner is not None:
+                predictor.forget_block(pointer)
             log = self.stats.log
             log += (-block.size, -block.requested, block.small)
             if self._other_streams:
@@ -248,6 +271,8 @@ class CachingAllocator(MemoryResource):
         self._free_deferred()          # what the streams' last tasks dropped while we waited
         self._free_completed_pending()
         released = self._strategy.release_cached()
+        if self._predictor is not None:
+            released += self._predictor.release_if_idle()
         self._release_gone(list(self._gone_streams))    # emptied by pending frees just now
         return released
 
@@ -336,6 +361,18 @@ class CachingAllocator(MemoryResource):
             if self._strategy.release_stream(stream):
                 self._gone_streams.discard(stream)
 
+    def release_idle_cache(self) -> int:
+        """Give back what idle streams cache, waiting for none (prediction does this when its
+        arena takes over and as each step begins); bytes released."""
+        streams = {stream for stream in self._strategy.streams() if self.stream_idle(stream)}
+        return self._strategy.release_cached(streams) if streams else 0
+
+    def mark_step(self) -> None:
+        """A training or serving step ended (npumem.memory.step()): what prediction learns."""
+        with self.lock:
+            if self._predictor is not None:
+                self._predictor.mark_step()
+
     def empty_cache(self) -> int:
         """Give cached memory back to the device; returns the bytes released."""
         with self.lock:
@@ -363,6 +400,8 @@ class CachingAllocator(MemoryResource):
                 self.deallocate(block.start)
             self._closing = False
             self._free_completed_pending(wait=True)
+            if self._predictor is not None:
+                self._predictor.close()
             self._strategy.close()
             return report
 
@@ -374,13 +413,18 @@ class CachingAllocator(MemoryResource):
         with self.lock:
             free = self.stats.current("reserved_bytes") - self.stats.current("allocated_bytes")
             largest = self._strategy.largest_free_run()
+            if self._predictor is not None:
+                largest = max(largest, self._predictor.largest_free_run())
         return (free - largest) / free if free > 0 else 0.0
 
     def _mapped_pieces(self):
         """For each mapped range: (stream, small, start, length, [(block, low, high), ...]),
         the blocks cut to the part of them that lies in the range. Blocks and ranges are both
         in address order: one pass over the blocks, not one per range."""
-        for stream, small, blocks, mapped in self._strategy.views():
+        views = self._strategy.views()
+        if self._predictor is not None:
+            views = itertools.chain(views, self._predictor.views())
+        for stream, small, blocks, mapped in views:
             starts = [block.start for block in blocks]
             for start, length in mapped:
                 end = start + length
@@ -411,6 +455,8 @@ class CachingAllocator(MemoryResource):
             out = self.stats.flat({"inactive_split": split, "inactive_split_bytes": split_bytes})
             out["cache_hit_rate"] = self.stats.hit_rate()
             out["fragmentation"] = self.fragmentation()["ratio"]
+            if self._predictor is not None:
+                out.update(self._predictor.stats())
             return out
 
     def fragmentation(self) -> dict:

@@ -38,6 +38,9 @@ class AllocatorSettings:
     """Start alignment of every block: 64 (the carving rule) or 128 (media / DVPP memory)."""
     per_process_memory_fraction: float = 1.0
     """Share of the device's memory this pool may reserve."""
+    predictive: bool = False
+    """Learn the step the program repeats and serve it from a planned arena
+    (docs/predictive.md)."""
 
     def __post_init__(self) -> None:
         checks = [

@@ -63,5 +63,11 @@ def format_summary(stats: dict, device: int, abbreviated: bool = False,
     frag = f"Fragmentation: {stats['fragmentation'] * 100:.1f}%" if "fragmentation" in stats \
         else "Fragmentation: n/a (needs a snapshot)"
     lines.append("|" + hit.center(half) + "|" + frag.center(WIDTH - 3 - half) + "|")
+    if "prediction.hit_rate" in stats:
+        predicted = (f"Predictive: {stats['prediction.hit_rate'] * 100:.1f}% of "
+                     f"{stats['prediction.hits'] + stats['prediction.misses']} requests hit the plan, "
+                     f"arena {_bytes(stats['prediction.arena_bytes'])}")
+        lines.append(_line())
+        lines.append(_centered(predicted))
     lines.append(_line("="))
     return "\n".join(lines) + "\n"

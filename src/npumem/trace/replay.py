@@ -41,6 +41,11 @@ class ReplayResult:
     recorded_device_allocs: int | None = None
     oom: dict | None = None                    # the first request the allocator could not serve
     notes: list = field(default_factory=list)
+    # predictive:True only: hits over requests since the plan took over, and peak reserved over
+    # peak live bytes from then on (None: no plan took over)
+    prediction_hit_rate: float | None = None
+    steady_reserved_over_allocated: float | None = None
+    prediction_planning_seconds: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -62,6 +67,15 @@ class ReplayResult:
             recorded_peak_reserved_bytes=result.recorded_peak_reserved_bytes,
             recorded_device_allocs=result.recorded_device_allocs, oom=result.oom,
             notes=list(result.notes))
+
+
+def _prediction_note(predictor, stats: dict, steady_reserved: int, steady_live: int) -> str:
+    if predictor.took_over_at is None:
+        return f"prediction: no plan took over ({predictor.note})"
+    steady = f"{steady_reserved / steady_live:.3f}" if steady_live else "n/a"
+    return (f"prediction: {stats['prediction.hit_rate']:.1%} of {predictor.hits + predictor.misses} "
+            f"requests hit after the plan took over at request {predictor.took_over_at}; steady "
+            f"reserved / live {steady}; {predictor.note}")
 
 
 def make_allocator(name: str, backend: SimBackend, settings: AllocatorSettings | None):
@@ -87,8 +101,14 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
         return ReplayResult.from_torch(replay_recording(recording, progress=progress), allocator)
     backend = SimBackend(SimConfig(memory=memory))
     resource = make_allocator(allocator, backend, settings)
+    predictor = getattr(resource, "predictor", None)
+    if predictor is not None:
+        # A replay runs far faster than the program did: plan in line, as the program's own
+        # step time would have covered it (planning_seconds says how long it took).
+        predictor.background = False
     live: dict[int, tuple[int, int]] = {}      # trace addr -> (pointer, size)
     allocated = peak_allocated = peak_device = 0
+    steady_live = steady_reserved = 0          # peaks since a predictive plan took over
     count = unmatched = allocs = 0
     alloc_seconds = 0.0
     clock = time.perf_counter
@@ -113,6 +133,9 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
             if is_device:
                 free, total = backend.mem_info(0, MemAttr.HBM_MEM)
                 peak_device = max(peak_device, total - free)
+            elif predictor is not None and predictor.serving:
+                steady_live = max(steady_live, allocated)
+                steady_reserved = max(steady_reserved, resource.stats.current("reserved_bytes"))
         else:
             entry = live.pop(event.addr, None)
             if entry is None:
@@ -127,6 +150,15 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
         peak_reserved = stats["reserved_bytes.all.peak"]
         device_allocs = stats["num_device_alloc"]
         hit_rate = stats["cache_hit_rate"]
+    prediction, planning = {}, 0.0
+    if predictor is not None:
+        planning = predictor.planning_seconds          # done in line here: not allocation time
+        took_over = predictor.took_over_at is not None
+        prediction = {"prediction_hit_rate": stats["prediction.hit_rate"] if took_over else None,
+                      "steady_reserved_over_allocated":
+                          steady_reserved / steady_live if steady_live else None,
+                      "prediction_planning_seconds": predictor.planning_seconds,
+                      "notes": [_prediction_note(predictor, stats, steady_reserved, steady_live)]}
     for pointer, _ in live.values():
         resource.deallocate(pointer)
     if not is_device:
@@ -137,7 +169,7 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
         peak_allocated_bytes=peak_allocated, peak_reserved_bytes=peak_reserved,
         reserved_over_allocated=peak_reserved / peak_allocated if peak_allocated else 0.0,
         device_allocs=device_allocs, cache_hit_rate=hit_rate,
-        mean_alloc_us=alloc_seconds / allocs * 1e6 if allocs else 0.0,
+        mean_alloc_us=(alloc_seconds - planning) / allocs * 1e6 if allocs else 0.0,
         unmatched_frees=unmatched,
         settings="" if allocator != "pool" else describe_changes(settings or AllocatorSettings()),
-    )
+        **prediction)

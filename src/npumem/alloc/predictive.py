@@ -1,0 +1,317 @@
+"""Predictive pre-allocation (NPUMEM_ALLOC_CONF=predictive:True): the pool learns the step the
+program repeats and serves it from a planned arena.
+
+1. **Learn.** `StepLearner` finds the repeated step (or reads `npumem.memory.step()` marks).
+2. **Plan.** `step_plan.lay_out` places the step's blocks with `npumem.planning`, in a
+   background thread, so no allocation waits for it.
+3. **Serve.** At the next step boundary (where the fewest of the step's blocks are live), the
+   plan takes over. The pool asks `Predictor.take` first. The request the plan expects next (same size,
+   within `LOOKAHEAD` slots of where the step is) gets its slot's planned block: no search, no
+   split or merge. Anything else — another size, a slot whose bytes are still held by a block
+   that lives longer than planned, another stream — is a miss, served by the normal pool. Memory
+   is correct whatever the program does: a planned block is handed out only when no live block
+   overlaps it.
+4. **Give back the cache.** The arena's pages are mapped as its blocks first need them, each only
+   if reserved memory stays within the peak the pool already reached, after the pool gives its
+   idle pages back (`step_arena`); idle pool pages also go back as each step begins.
+5. **Re-learn.** A step in which fewer than half the requests hit drops the plan and learning
+   starts again. A step with at least 99% hits ends learning, which costs time on every request.
+   A step that took reserved memory above the peak reached before the plan (the pool's own
+   blocks can leave holes the arena does not use) ends prediction for good.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import deque
+
+from ..errors import MemoryAllocationError
+from ..planning import PlanError
+from .block import Block
+from .step_arena import StepArena
+from .step_learner import StepLearner, Template
+from .step_plan import StepLayout, lay_out
+
+LOOKAHEAD = 32          # template slots a request may skip (requests the program left out)
+RESYNC = 4              # requests in a row that find the place in the step again after a detour
+KEPT = 0.8              # share of a detected step's requests that must be plannable
+PROVEN, STALE = 0.99, 0.5   # step hit rates that end learning / drop the plan
+_NOT_YET = object()
+
+
+class Predictor:
+    """The predictive part of one CachingAllocator (`pool`); called with the pool's lock held."""
+
+    def __init__(self, pool, background: bool = True, algorithm: str = "search",
+                 time_limit: float = 2.0):
+        self.pool = pool
+        self.background, self.algorithm, self.time_limit = background, algorithm, time_limit
+        self.stream = _NOT_YET              # the stream learned: the first one that allocates
+        self.learner: StepLearner | None = StepLearner()
+        self.template: Template | None = None      # the step being followed
+        self.layout: StepLayout | None = None      # its layout, once its arena serves
+        self.ready: StepLayout | None = None       # a layout waiting to take over
+        self.planning = False
+        self.cursor = 0
+        self.recent: deque[int] = deque(maxlen=RESYNC)
+        self.places: dict[tuple, int] = {}         # RESYNC sizes -> the slot after them
+        self.arena: StepArena | None = None
+        self.draining: list[StepArena] = []        # replaced arenas with blocks still live
+        self.serving = False
+        self.requests = self.hits = self.misses = self.plans = 0
+        self.step_hits = self.step_misses = 0
+        self.planning_seconds = 0.0
+        self.peak_before = 0                        # peak reserved when the arena took over
+        self.took_over_at: int | None = None       # requests seen when an arena first served
+        self.note = "learning"
+
+    # --- called by the pool ---------------------------------------------------------------
+
+    def take(self, nbytes: int, stream) -> Block | None:
+        """The planned block for this request, or None (the pool serves it)."""
+        self.requests += 1
+        if stream is not self.stream and stream != self.stream:
+            if self.stream is not _NOT_YET:
+                return self._miss()
+            self.stream = stream
+        template = self.template
+        if template is None:
+            return None
+        requested = template.requested
+        self.recent.append(nbytes)
+        slot = self.cursor
+        if requested[slot] != nbytes:
+            slot = self._find(nbytes, slot)
+            if slot < 0:
+                return self._miss()
+        count = len(requested)
+        layout = self.layout or self.ready
+        boundary = layout.boundary if layout is not None else 0
+        if (boundary - self.cursor) % count <= (slot - self.cursor) % count:
+            self._step_began()
+            if self.template is None:         # dropped
+                return None
+        self.cursor = slot + 1 if slot + 1 < count else 0
+        if not self.serving:
+            return None
+        block = self.arena.place(slot)
+        if block is None:
+            return self._miss()
+        self.hits += 1
+        self.step_hits += 1
+        return block
+
+    def learn(self, pointer: int, nbytes: int, size: int, stream) -> None:
+        """Record an allocation (hit or miss) while learning."""
+        if stream is self.stream or stream == self.stream:
+            template = self.learner.on_alloc(pointer, nbytes, size)
+            if template is not None:
+                self._consider(template)
+
+    def forget_block(self, pointer: int) -> None:
+        """Record a free while learning."""
+        self.learner.on_free(pointer)
+
+    def merge_and_add(self, block: Block) -> None:
+        """A planned block was freed (the pool returns it to its segment's free list: here)."""
+        arena = block.segment.arena
+        arena.remove(block)
+        if arena is not self.arena and arena in self.draining:
+            if arena.live_starts:
+                arena.unmap_idle_pages()
+            else:
+                self.draining.remove(arena)
+                arena.release()
+
+    def mark_step(self) -> None:
+        """npumem.memory.step(): a step ended here."""
+        if self.template is not None and self.template.marked:
+            self._step_began()
+            self.cursor = 0
+        if self.learner is not None:
+            template = self.learner.mark()
+            if template is not None:
+                self._consider(template)
+
+    # --- learning and planning ------------------------------------------------------------
+
+    def _consider(self, template: Template) -> None:
+        """A template from the learner: plan it if it is the step (see _is_the_step)."""
+        if self.planning or not self._is_the_step(template):
+            return
+        self._retire_arena()
+        self.template, self.layout, self.cursor = template, None, template.cursor
+        self.places = {}
+        self.note = f"planning a step of {template.period} allocations"
+        self.planning = True
+        if self.background:
+            threading.Thread(target=self._plan, args=(template,), name="npumem-step-planner",
+                             daemon=True).start()
+        else:
+            self._plan(template)
+
+    def _is_the_step(self, template: Template) -> bool:
+        """Layers repeat inside a step before the step does. A detected template is the step if
+        most of its requests can be planned (a layer's outputs outlive it) and it holds the
+        stream's peak of live bytes (a backward layer does not); while a plan is on trial, a
+        longer period replaces it (the first step often differs: optimizer state is made).
+        A marked step is planned when no plan is followed (at first, or after a poor step)."""
+        if template.marked:             # the program says where steps end: keep a plan that works
+            return self.template is None
+        if len(template) < KEPT * template.period:
+            return False
+        if self.template is None:
+            return template.holds_peak
+        return template.period > self.template.period
+
+    def _plan(self, template: Template) -> None:
+        try:
+            layout = lay_out(template, self.algorithm, self.time_limit)
+            self.planning_seconds += layout.seconds
+        except PlanError as error:         # never used: a plan must not overlap live blocks
+            warnings.warn(f"npumem predictive pool: a step plan failed validation ({error}); "
+                          "serving from the normal pool", RuntimeWarning, stacklevel=2)
+            self.note = f"plan rejected: {error}"
+            layout = None
+        self.ready = layout
+        self.planning = False
+
+    def _take_over(self) -> None:
+        """Serve from the ready layout: reserve its arena (pages come as blocks need them)."""
+        layout, pool = self.ready, self.pool
+        if layout.template is not self.template:      # replaced while it was planned
+            self.ready = None
+            return
+        if not pool.backend.supports_virtual_memory:  # the whole arena at once: only if it fits
+            pool.release_idle_cache()                 # under the peak reached so far
+            if pool.stats.current("reserved_bytes") + layout.arena_bytes > \
+                    pool.stats.peak("reserved_bytes"):
+                self.note = f"waiting for room under the peak for a {layout.arena_bytes}-byte arena"
+                return
+        try:
+            self.arena = StepArena(pool, layout, self.stream, self)
+        except MemoryAllocationError as error:
+            self.note = f"no device memory for the arena ({error}); waiting"
+            return
+        self.ready, self.layout, self.serving = None, layout, True
+        self.peak_before = pool.stats.peak("reserved_bytes")
+        self.plans += 1
+        self.step_hits = self.step_misses = 0
+        if self.took_over_at is None:
+            self.took_over_at = self.requests
+        self.note = (f"serving a step of {len(layout.template)} planned blocks from a "
+                     f"{layout.arena_bytes}-byte arena")
+
+    def _retire_arena(self) -> None:
+        """Stop serving from the arena; it goes back once its last block is freed."""
+        self.serving = False
+        arena, self.arena = self.arena, None
+        if arena is not None:
+            if arena.live_starts:
+                self.draining.append(arena)
+            else:
+                arena.release()
+
+    # --- following the step ---------------------------------------------------------------
+
+    def _find(self, nbytes: int, slot: int) -> int:
+        """The slot for a request the cursor did not expect: a few slots on (the program
+        skipped some), or where the last RESYNC requests say we are; -1 if neither."""
+        requested = self.template.requested
+        count = len(requested)
+        for skip in range(1, min(LOOKAHEAD, count)):
+            candidate = slot + skip
+            if candidate >= count:
+                candidate -= count
+            if requested[candidate] == nbytes:
+                return candidate
+        if len(self.recent) == RESYNC:
+            if not self.places:
+                self._index_places()
+            return self.places.get(tuple(self.recent), 0) - 1
+        return -1
+
+    def _index_places(self) -> None:
+        """Map each run of RESYNC sizes that occurs once in the step to the slot ending it."""
+        requested = self.template.requested
+        count, seen = len(requested), {}
+        for end in range(count):
+            key = tuple(requested[(end - RESYNC + 1 + i) % count] for i in range(RESYNC))
+            seen[key] = -1 if key in seen else end + 1
+        self.places = {key: slot for key, slot in seen.items() if slot > 0}
+
+    def _miss(self) -> None:
+        if self.serving:
+            self.misses += 1
+            self.step_misses += 1
+            if self.step_misses > 2 * len(self.template.requested):     # lost for good
+                self._step_began()
+        return None
+
+    def _step_began(self) -> None:
+        """A step boundary: judge the last step; give idle pool pages back; a ready layout
+        takes over here, where the fewest of the step's blocks are live in the pool."""
+        if self.ready is not None:
+            self._take_over()
+        elif self.serving:
+            requests = self.step_hits + self.step_misses
+            rate = self.step_hits / requests if requests else 1.0
+            peak = self.pool.stats.peak("reserved_bytes")
+            if peak > self.peak_before:
+                self._drop(f"prediction raised peak reserved memory ({self.peak_before} -> "
+                           f"{peak} bytes): the normal pool serves from now on")
+                self.learner = None
+                return
+            if rate < STALE:
+                self._drop(f"the last step hit {rate:.0%}; learning again")
+                return
+            if rate >= PROVEN and requests >= len(self.template.requested) // 2:
+                self.learner = None            # proven: stop paying for learning
+            self.pool.release_idle_cache()
+        self.step_hits = self.step_misses = 0
+
+    def _drop(self, why: str) -> None:
+        self._retire_arena()
+        self.template = self.layout = self.ready = None
+        self.note = why
+        self.learner = StepLearner()
+
+    # --- the pool's other needs -----------------------------------------------------------
+
+    def release_if_idle(self) -> int:
+        """empty_cache / out of memory: give back the arena if no planned block is live (it is
+        reserved again at the next request). Bytes released."""
+        if self.arena is None or self.arena.live_starts:
+            return 0
+        before = self.pool.stats.current("reserved_bytes")
+        self.arena.release()
+        self.arena, self.ready, self.layout, self.serving = None, self.layout, None, False
+        return before - self.pool.stats.current("reserved_bytes")
+
+    def retire(self) -> None:
+        """predictive turned off: stop serving; the arena goes when its last block is freed."""
+        self._drop("predictive pre-allocation is off")
+        self.learner = None
+
+    def close(self) -> None:
+        """The pool closes (every block has been freed)."""
+        for arena in self.arenas():
+            arena.release()
+        self.arena, self.draining, self.serving = None, [], False
+
+    def arenas(self) -> list[StepArena]:
+        return ([self.arena] if self.arena is not None else []) + self.draining
+
+    def largest_free_run(self) -> int:
+        return max([0] + [arena.largest_free_run() for arena in self.arenas()])
+
+    def views(self):
+        return [arena.view() for arena in self.arenas()]
+
+    def stats(self) -> dict:
+        served = self.hits + self.misses
+        return {"prediction.hits": self.hits, "prediction.misses": self.misses,
+                "prediction.hit_rate": self.hits / served if served else 0.0,
+                "prediction.plans": self.plans,
+                "prediction.arena_bytes": sum(arena.size for arena in self.arenas())}

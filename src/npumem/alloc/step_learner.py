@@ -1,0 +1,166 @@
+"""Finding the step a program repeats, from the requests its pool sees.
+
+Training and serving loops make the same requests in the same order every step. `StepLearner`
+watches one stream's allocations and frees and hands out a `Template`: one step's requests with
+their lifetimes, which `step_plan` turns into an arena layout.
+
+A step is found in one of two ways:
+
+- **marked**: `mark()` (called by `npumem.memory.step()`) ends a step; the requests since the
+  previous mark are the template.
+- **detected**: every run of `GRAM` request sizes is remembered with where it last ended. When the
+  run ending now was seen before, `P` allocations ago, the stream may be repeating with period `P`;
+  the hypothesis holds if the next `VERIFY` requests match the ones `P` earlier. A longer period
+  replaces a shorter one under test: a layer repeats inside a step before the step repeats.
+
+Times are event numbers (allocations and frees of the stream), as in `planning.problem_from_trace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GRAM = 16                 # request sizes that identify a position in the step
+VERIFY = 16               # requests that must repeat before a detected period is believed
+MAX_ALLOCATIONS = 1 << 18  # history kept; a step with more allocations than half this is not learned
+
+
+@dataclass
+class Template:
+    """One step's requests, in order (slot i is the step's i-th allocation).
+
+    `starts[i]`/`ends[i]` are the event times of slot i's allocation and free, counted from slot
+    0's allocation; `ends[i]` is None when the block was not freed when the template was taken.
+    Slots left out: blocks that outlived a step or were never freed. `length` is the step's duration in events, `cursor` the slot the stream's next allocation
+    corresponds to, `marked` whether steps are marked by `npumem.memory.step()`."""
+
+    requested: list[int]
+    sizes: list[int]
+    starts: list[int]
+    ends: list[int | None]
+    length: int
+    cursor: int
+    period: int = 0          # allocations in one step, those left out included
+    marked: bool = False
+    holds_peak: bool = False  # the stream's highest live bytes so far were reached in it
+
+    def __len__(self) -> int:
+        return len(self.requested)
+
+
+class StepLearner:
+    """Records a stream's allocations (requested bytes, pool bytes, event time, free time)."""
+
+    def __init__(self):
+        self.requested: list[int] = []
+        self.sizes: list[int] = []
+        self.times: list[int] = []
+        self.frees: list[int | None] = []
+        self.live: dict[int, int] = {}          # pointer -> allocation number
+        self.events = 0
+        self.live_bytes = self.peak_bytes = 0
+        self.peak_at = 0                        # allocation number at which live bytes peaked
+        self.grams: dict[tuple, int] = {}       # GRAM sizes -> allocation number they last ended at
+        self.marks: list[int] = []              # allocation numbers where step() was called
+        self.period = 0                         # hypothesis under test (0: none)
+        self.confirmed = 0                      # the longest period confirmed: test only longer
+        self.matched = 0                        # requests that repeated under it so far
+
+    def forget(self) -> None:
+        """Start over (the plan in use stopped matching). Frees of blocks allocated before now
+        are not history."""
+        live = self.live
+        self.__init__()
+        self.live = dict.fromkeys(live)
+
+    def on_free(self, pointer: int) -> None:
+        if pointer in self.live:
+            index = self.live.pop(pointer)
+            self.events += 1
+            if index is not None:
+                self.frees[index] = self.events
+                self.live_bytes -= self.sizes[index]
+
+    def on_alloc(self, pointer: int, requested: int, size: int) -> Template | None:
+        """Record an allocation; returns a template when a detected period was just confirmed."""
+        if len(self.requested) >= MAX_ALLOCATIONS:
+            self._trim()
+        n = len(self.requested)
+        self.events += 1
+        self.requested.append(requested)
+        self.sizes.append(size)
+        self.times.append(self.events)
+        self.frees.append(None)
+        self.live[pointer] = n
+        self.live_bytes += size
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes, self.peak_at = self.live_bytes, n
+        if self.marks:                          # steps are marked: no guessing
+            return None
+        period = self.period
+        if period:
+            if self.requested[n - period] != requested:
+                self.period = 0
+            else:
+                self.matched += 1
+                if self.matched >= VERIFY:
+                    self.period, self.confirmed = 0, period
+                    return self._template(self.anchor, self.anchor + period, n + 1)
+        if n + 1 >= GRAM:
+            gram = tuple(self.requested[n + 1 - GRAM:])
+            seen = self.grams.get(gram)
+            self.grams[gram] = n
+            if seen is not None and n - seen > max(self.period, self.confirmed):
+                # the GRAM sizes ending at `seen` came back: test period n - seen, whose first
+                # whole copy starts at the first of those sizes
+                self.period, self.matched = n - seen, 0
+                self.anchor = seen + 1 - GRAM
+        return None
+
+    def mark(self) -> Template | None:
+        """A step ended (npumem.memory.step()): the template of the requests since the last mark."""
+        n = len(self.requested)
+        begin = self.marks[-1] if self.marks else 0
+        self.marks = [n]
+        self.period = 0
+        if n - begin == 0:
+            return None
+        return self._template(begin, n, n, marked=True)
+
+    def _template(self, first: int, end: int, following: int, marked: bool = False) -> Template | None:
+        """Allocations [first, end) as one step; `following` is the allocation number the
+        stream's next request gets. Slots whose block outlives a step (or was never freed) are
+        left out: they are not the same memory from step to step, and a template without them
+        keeps the requests that follow in line."""
+        origin = self.times[first]
+        length = (self.times[end] if end < len(self.times) else self.events + 1) - origin
+        template = Template([], [], [], [], length, 0, end - first, marked,
+                            first <= self.peak_at < end)
+        position = (following - first) % (end - first)
+        for index in range(first, end):
+            free = self.frees[index]
+            start = self.times[index] - origin
+            if free is None or free - origin - start >= length:
+                continue
+            if index - first < position:
+                template.cursor += 1
+            template.requested.append(self.requested[index])
+            template.sizes.append(self.sizes[index])
+            template.starts.append(start)
+            template.ends.append(free - origin)
+        if not template.requested:
+            return None
+        template.cursor %= len(template)
+        return template
+
+    def _trim(self) -> None:
+        """Keep the newer half of the history."""
+        drop = len(self.requested) // 2
+        for name in ("requested", "sizes", "times", "frees"):
+            setattr(self, name, getattr(self, name)[drop:])
+        self.live = {pointer: None if index is None or index < drop else index - drop
+                     for pointer, index in self.live.items()}
+        self.grams.clear()
+        self.marks = [max(mark - drop, 0) for mark in self.marks]
+        self.peak_at -= drop
+        self.period = 0
