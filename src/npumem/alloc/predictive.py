@@ -73,7 +73,7 @@ class Predictor:
         self.requests += 1
         if stream is not self.stream and stream != self.stream:
             if self.stream is not _NOT_YET:
-                return self._miss()
+                return self._miss(nbytes)
             self.stream = stream
         template = self.template
         if template is None:
@@ -84,7 +84,7 @@ class Predictor:
         if requested[slot] != nbytes:
             slot = self._find(nbytes, slot)
             if slot < 0:
-                return self._miss()
+                return self._miss(nbytes)
         count = len(requested)
         layout = self.layout or self.ready
         boundary = layout.boundary if layout is not None else 0
@@ -97,7 +97,7 @@ class Predictor:
             return None
         block = self.arena.place(slot)
         if block is None:
-            return self._miss()
+            return self._miss(nbytes)
         self.hits += 1
         self.step_hits += 1
         return block
@@ -189,13 +189,13 @@ class Predictor:
                     pool.stats.peak("reserved_bytes"):
                 self.note = f"waiting for room under the peak for a {layout.arena_bytes}-byte arena"
                 return
+        self.peak_before = pool.stats.peak("reserved_bytes")
         try:
             self.arena = StepArena(pool, layout, self.stream, self)
         except MemoryAllocationError as error:
             self.note = f"no device memory for the arena ({error}); waiting"
             return
         self.ready, self.layout, self.serving = None, layout, True
-        self.peak_before = pool.stats.peak("reserved_bytes")
         self.plans += 1
         self.step_hits = self.step_misses = 0
         if self.took_over_at is None:
@@ -241,8 +241,16 @@ class Predictor:
             seen[key] = -1 if key in seen else end + 1
         self.places = {key: slot for key, slot in seen.items() if slot > 0}
 
-    def _miss(self) -> None:
+    def _miss(self, nbytes: int = 0) -> None:
+        """A request the pool serves. If it may need new pages above the peak, the arena's idle
+        pages go back first: the pool's holes and the arena's must not add up."""
         if self.serving:
+            pool = self.pool
+            if pool.stats.current("reserved_bytes") + nbytes > self.peak_before:
+                self.arena.unmap_idle_pages()
+                if pool.stats.current("reserved_bytes") + nbytes > self.peak_before:
+                    self._give_up()
+                    return None
             self.misses += 1
             self.step_misses += 1
             if self.step_misses > 2 * len(self.template.requested):     # lost for good
@@ -257,11 +265,8 @@ class Predictor:
         elif self.serving:
             requests = self.step_hits + self.step_misses
             rate = self.step_hits / requests if requests else 1.0
-            peak = self.pool.stats.peak("reserved_bytes")
-            if peak > self.peak_before:
-                self._drop(f"prediction raised peak reserved memory ({self.peak_before} -> "
-                           f"{peak} bytes): the normal pool serves from now on")
-                self.learner = None
+            if self.pool.stats.peak("reserved_bytes") > self.peak_before:
+                self._give_up()
                 return
             if rate < STALE:
                 self._drop(f"the last step hit {rate:.0%}; learning again")
@@ -270,6 +275,15 @@ class Predictor:
                 self.learner = None            # proven: stop paying for learning
             self.pool.release_idle_cache()
         self.step_hits = self.step_misses = 0
+
+    def _give_up(self) -> None:
+        """The pool's own blocks leave holes the arena cannot use (state made during the first
+        step, between its temporaries): with the arena, reserved memory would pass the peak."""
+        self.misses += 1
+        self._drop(f"prediction would raise peak reserved memory above {self.peak_before} bytes "
+                   "(the pool's blocks leave holes the arena cannot use): the normal pool "
+                   "serves from now on")
+        self.learner = None
 
     def _drop(self, why: str) -> None:
         self._retire_arena()

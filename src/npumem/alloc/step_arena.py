@@ -34,7 +34,7 @@ class StepArena:
     planned blocks, whose frees go to `owner.merge_and_add`."""
 
     def __init__(self, pool, layout: StepLayout, stream, owner):
-        self.pool, self.size = pool, layout.arena_bytes
+        self.pool, self.owner, self.size = pool, owner, layout.arena_bytes
         backend = pool.backend
         self.shift = backend.page_granularity.bit_length() - 1
         if backend.supports_virtual_memory:
@@ -110,7 +110,7 @@ class StepArena:
         pool = self.pool
         runs = _runs(mapped, 0, first, end)
         need = sum(count for _, count in runs) << self.shift
-        within = min(max(pool.stats.peak("reserved_bytes"), need), pool.limit)
+        within = min(max(self.owner.peak_before, need), pool.limit)
         if pool.stats.current("reserved_bytes") + need > within:
             pool.release_idle_cache()
             if pool.stats.current("reserved_bytes") + need > within:

@@ -1,0 +1,215 @@
+"""Predictive pre-allocation: learning the step, serving it from the plan, and staying correct
+whatever the program does after (hypothesis runs that leave the learned step at random points)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from npumem.alloc import step_plan
+from npumem.alloc.caching_allocator import CachingAllocator
+from npumem.alloc.settings import AllocatorSettings, parse_settings
+from npumem.alloc.step_learner import StepLearner
+from npumem.device.sim import SimBackend, SimConfig
+from npumem.planning import PlanError
+from npumem.trace.events import TraceEvent
+from npumem.trace.replay import replay
+
+MiB = 1 << 20
+# one "step": (size, lifetime in requests) — activations live long, temporaries briefly
+STEP = [(3 * MiB, 9), (64 * 1024, 1), (5 * MiB, 6), (1000, 2), (2 * MiB, 4), (777, 1),
+        (4 * MiB, 3), (96 * 1024, 2), (1 * MiB, 2), (512, 1), (6 * MiB, 1), (33 * 1024, 1)]
+
+
+def make_pool(predictive: bool = True, memory: int = 4 << 30) -> CachingAllocator:
+    pool = CachingAllocator(SimBackend(SimConfig(memory=memory)), 0,
+                            AllocatorSettings(predictive=predictive))
+    if pool.predictor is not None:
+        pool.predictor.background = False          # deterministic: plan in line
+    return pool
+
+
+def run_step(pool, step=STEP, check=None) -> None:
+    """Allocate each request, free it `lifetime` requests later; everything is freed at the end."""
+    due: dict[int, list[int]] = {}
+    for index, (size, lifetime) in enumerate(step):
+        for pointer in due.pop(index, []):
+            pool.deallocate(pointer)
+        pointer = pool.allocate(size)
+        if check is not None:
+            check(pool)
+        due.setdefault(index + lifetime, []).append(pointer)
+    for pointers in due.values():
+        for pointer in pointers:
+            pool.deallocate(pointer)
+
+
+def assert_no_overlap(pool) -> None:
+    """Every live block (pool or arena) owns its bytes alone."""
+    blocks = sorted((block.start, block.start + block.size) for block in pool._allocated.values())
+    for (_, end), (start, _) in zip(blocks, blocks[1:]):
+        assert end <= start, "two live blocks overlap"
+
+
+def test_marked_steps_are_served_from_the_plan_from_the_second_step():
+    pool = make_pool()
+    run_step(pool)
+    pool.mark_step()                 # step 1 learned here; planned in line
+    for _ in range(5):
+        run_step(pool, check=assert_no_overlap)
+        pool.mark_step()
+    stats = pool.memory_stats()
+    assert stats["prediction.hits"] >= 4 * len(STEP)   # takes over in step 2, at its boundary
+    assert stats["prediction.misses"] == 0
+    assert stats["prediction.hit_rate"] == 1.0
+    assert stats["prediction.arena_bytes"] % (2 * MiB) == 0
+    assert stats["allocated_bytes.all.current"] == 0
+    pool.close()
+
+
+def test_a_repeated_step_is_found_without_marks():
+    pool = make_pool()
+    step = STEP * 4                  # long enough for GRAM + VERIFY inside one step
+    for _ in range(6):
+        run_step(pool, step, check=assert_no_overlap)
+    predictor = pool.predictor
+    assert predictor.took_over_at is not None, predictor.note
+    assert predictor.stats()["prediction.hit_rate"] >= 0.99
+    assert predictor.learner is None          # proven: learning stopped
+
+
+def test_prediction_never_raises_peak_reserved_on_a_repeated_step():
+    events, clock = [], 0
+    for repeat in range(5):
+        live = {}
+        for index, (size, lifetime) in enumerate(STEP * 4):
+            for addr in [a for a, end in live.items() if end == index]:
+                events.append(TraceEvent(clock, "free", addr, 0, 0))
+                del live[addr]
+            addr = (repeat << 32) + index * 64
+            events.append(TraceEvent(clock, "alloc", addr, size, 0))
+            live[addr] = index + lifetime
+        events += [TraceEvent(clock, "free", addr, 0, 0) for addr in live]
+    default = replay(events, "pool")
+    predictive = replay(events, "pool", AllocatorSettings(predictive=True))
+    assert predictive.prediction_hit_rate >= 0.99
+    assert predictive.peak_reserved_bytes <= default.peak_reserved_bytes
+    assert predictive.steady_reserved_over_allocated <= default.reserved_over_allocated
+    assert default.prediction_hit_rate is None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(diverge_at=st.integers(0, 60), sizes=st.lists(st.integers(1, 8 * MiB), min_size=1, max_size=30),
+       hold=st.lists(st.integers(0, 40), min_size=1, max_size=30), seed=st.integers(0, 3))
+def test_leaving_the_learned_step_at_any_point_stays_correct(diverge_at, sizes, hold, seed):
+    """Learn a step, then run requests that follow it up to `diverge_at` and then go their own
+    way (other sizes, blocks kept longer than planned): no two live blocks ever overlap, and
+    the pool's counts match what is live."""
+    pool = make_pool()
+    for _ in range(2):
+        run_step(pool)
+        pool.mark_step()
+    planned = [size for size, _ in STEP] * 6
+    requests = planned[:diverge_at] + sizes + planned[diverge_at:]
+    live: list[tuple[int, int]] = []        # (pointer, free after request number)
+    for number, size in enumerate(requests):
+        live.sort(key=lambda item: item[1])
+        while live and live[0][1] <= number:
+            pool.deallocate(live.pop(0)[0])
+        pointer = pool.allocate(size)
+        live.append((pointer, number + 1 + hold[(number + seed) % len(hold)]))
+        assert_no_overlap(pool)
+        if number % 23 == seed:
+            pool.mark_step()
+    assert pool.memory_stats()["allocation.all.current"] == len(live)
+    for pointer, _ in live:
+        pool.deallocate(pointer)
+    stats = pool.memory_stats()
+    assert stats["allocated_bytes.all.current"] == 0
+    pool.close()
+
+
+def test_a_plan_that_fails_validation_is_never_used(monkeypatch):
+    def overlapping(problem, algorithm, time_limit):          # every buffer at offset 0
+        from npumem.planning import Plan
+        import numpy as np
+        return Plan(problem, np.zeros(len(problem), np.int64), "broken")
+    monkeypatch.setattr(step_plan, "plan", overlapping)
+    pool = make_pool()
+    run_step(pool)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pool.mark_step()
+    assert any("failed validation" in str(w.message) for w in caught)
+    run_step(pool, check=assert_no_overlap)
+    pool.mark_step()
+    assert pool.memory_stats()["prediction.hits"] == 0
+    learner = StepLearner()                  # and lay_out itself refuses it
+    for index, (size, _) in enumerate(STEP):
+        learner.on_alloc(index, size, size)
+    for index in range(len(STEP)):
+        learner.on_free(index)
+    with pytest.raises(PlanError):
+        step_plan.lay_out(learner.mark())
+
+
+def test_empty_cache_gives_the_idle_arena_back_and_serving_resumes():
+    pool = make_pool()
+    for _ in range(3):
+        run_step(pool)
+        pool.mark_step()
+    assert pool.memory_stats()["prediction.arena_bytes"] > 0
+    pool.empty_cache()
+    assert pool.memory_stats()["reserved_bytes.all.current"] == 0
+    hits = pool.predictor.hits
+    for _ in range(2):
+        run_step(pool, check=assert_no_overlap)
+        pool.mark_step()
+    assert pool.predictor.hits > hits
+
+
+def test_turning_prediction_off_keeps_live_planned_blocks_valid():
+    pool = make_pool()
+    for _ in range(3):
+        run_step(pool)
+        pool.mark_step()
+    pointer = pool.allocate(STEP[0][0])             # served from the arena
+    assert pool.predictor.hits and pool.predictor.arena.live_starts
+    predictor = pool.predictor
+    pool.settings = pool.settings.replace(predictive=False)
+    assert pool.predictor is None
+    other = pool.allocate(STEP[0][0])
+    assert_no_overlap(pool)
+    pool.deallocate(pointer)                        # the arena drains, then goes
+    pool.deallocate(other)
+    assert predictor.arena is None and not predictor.draining
+    assert "predictive" not in " ".join(pool.memory_stats())
+
+
+def test_predictive_setting_parses_and_reports():
+    assert parse_settings("predictive:True").predictive
+    pool = make_pool()
+    run_step(pool)
+    pool.mark_step()
+    run_step(pool)
+    from npumem.alloc.summary import format_summary
+    assert "Predictive:" in format_summary(pool.memory_stats(), 0)
+
+
+def test_snapshot_and_fragmentation_include_the_arena():
+    pool = make_pool()
+    for _ in range(3):
+        run_step(pool)
+        pool.mark_step()
+    pointer = pool.allocate(STEP[0][0])
+    snapshot = pool.snapshot()
+    blocks = [block for segment in snapshot["segments"] for block in segment["blocks"]
+              if block["state"] == "active_allocated"]
+    assert [block["address"] for block in blocks] == [pointer]
+    stats = pool.memory_stats()
+    assert stats["reserved_bytes.all.current"] == sum(s["total_size"] for s in snapshot["segments"])
+    assert 0 <= pool.fragmentation_ratio() <= 1
+    assert abs(pool.fragmentation_ratio() - pool.fragmentation()["ratio"]) < 1e-9
+    pool.deallocate(pointer)
