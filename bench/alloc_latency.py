@@ -11,6 +11,9 @@ machine's speed hits them all alike. Reports the median (the typical call) and t
 includes work amortized over many calls, such as the pool folding its statistics log).
 Targets: pool median <= 2x torch; statistics adaptor <= +30%.
 
+Predictive hits (predictive:True) are timed on a repeated step of those sizes, against the
+plain pool on the same steps, request by request in turn.
+
 The pool sanitizer (NPUMEM_SANITIZE=1) is global, so its cost is timed apart: rounds of the
 pool's pairs alternate with it off and on, and the ratio of the medians is printed.
 """
@@ -70,6 +73,37 @@ def sanitizer_cost(pool, requests: list[int], rounds: int = 6) -> tuple[float, f
     return statistics.median(medians[False]), statistics.median(medians[True])
 
 
+def predictive_hits(backend, requests: list[int], rounds: int = 5) -> tuple[float, float, float]:
+    """(median us per pair: the pool's cache hit, a predictive hit, share of predictive hits).
+
+    The step is the request list (each request allocated and freed), marked with
+    npumem.memory.step()'s pool call; after two steps the plan serves it. Both pools then run
+    the same steps, request by request in turn."""
+    pool = CachingAllocator(backend, 0)
+    predicted = CachingAllocator(backend, 0, AllocatorSettings(predictive=True))
+    predicted.predictor.background = False
+    for _ in range(3):
+        for n in requests:
+            pool.deallocate(pool.allocate(n))
+            predicted.deallocate(predicted.allocate(n))
+        predicted.mark_step()
+    hits_before = predicted.predictor.hits
+    clock = time.perf_counter_ns
+    samples = {"pool": [], "predictive": []}
+    for _ in range(rounds):
+        for n in requests:
+            for label, target in (("pool", pool), ("predictive", predicted)):
+                start = clock()
+                target.deallocate(target.allocate(n))
+                samples[label].append(clock() - start)
+        predicted.mark_step()
+    share = (predicted.predictor.hits - hits_before) / (rounds * len(requests))
+    pool.close()
+    predicted.close()
+    return (statistics.median(samples["pool"]) / 1e3,
+            statistics.median(samples["predictive"]) / 1e3, share)
+
+
 def peers(device: str) -> dict:
     """{label: (allocate, free)} of the other allocators on `device` that are installed."""
     found = {}
@@ -121,6 +155,7 @@ def main() -> None:
     paths.update(peers(args.device))
     timed = interleaved_pairs(paths, sizes(args.pairs))
     plain, sanitized = sanitizer_cost(pool, sizes(args.pairs // 4))
+    pool_hit, predictive_hit, predictive_share = predictive_hits(backend, sizes(args.pairs // 5))
     pool.close()
     segments.close()
 
@@ -131,6 +166,9 @@ def main() -> None:
     results["stack_capture_us_per_event"] = results["pool_with_stacks_us"] - results["pool_us"]
     results["sanitizer_off_us"], results["sanitizer_on_us"] = plain, sanitized
     results["sanitizer_overhead"] = sanitized / plain - 1
+    results["predictive_pool_hit_us"], results["predictive_hit_us"] = pool_hit, predictive_hit
+    results["predictive_hit_share"] = predictive_share
+    results["predictive_over_pool"] = predictive_hit / pool_hit
     if "torch_empty_del" in timed:
         results["pool_over_torch"] = results["pool_us"] / results["torch_empty_del_us"]
         results["pool_over_torch_mean"] = results["pool_mean_us"] / results["torch_empty_del_mean_us"]
@@ -148,6 +186,8 @@ def main() -> None:
     print(f"  stack capture: {results['stack_capture_us_per_event']:.2f} us per allocation")
     print(f"  pool sanitizer: {plain:.2f} -> {sanitized:.2f} us per pair "
           f"({results['sanitizer_overhead']:+.0%}; NPUMEM_SANITIZE=1)")
+    print(f"  predictive hit: {predictive_hit:.2f} us per pair against the pool's {pool_hit:.2f} "
+          f"({results['predictive_over_pool']:.2f}x; {predictive_share:.1%} of requests hit)")
     if "pool_over_torch" in results:
         print(f"  pool / torch: {results['pool_over_torch']:.2f}x median (target <= 2x), "
               f"{results['pool_over_torch_mean']:.2f}x mean")

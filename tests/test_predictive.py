@@ -64,7 +64,7 @@ def test_marked_steps_are_served_from_the_plan_from_the_second_step():
     assert stats["prediction.hits"] >= 4 * len(STEP)   # takes over in step 2, at its boundary
     assert stats["prediction.misses"] == 0
     assert stats["prediction.hit_rate"] == 1.0
-    assert stats["prediction.arena_bytes"] % (2 * MiB) == 0
+    assert stats["prediction.arena_bytes"] >= max(size for size, _ in STEP)
     assert stats["allocated_bytes.all.current"] == 0
     pool.close()
 
@@ -132,19 +132,21 @@ def test_leaving_the_learned_step_at_any_point_stays_correct(diverge_at, sizes, 
 
 
 def test_a_plan_that_fails_validation_is_never_used(monkeypatch):
-    def overlapping(problem, algorithm, time_limit):          # every buffer at offset 0
-        from npumem.planning import Plan
-        import numpy as np
-        return Plan(problem, np.zeros(len(problem), np.int64), "broken")
-    monkeypatch.setattr(step_plan, "plan", overlapping)
+    import numpy as np
+
+    from npumem.planning import Plan
+
+    def overlapping(problem, *args, **kwargs):            # every buffer at offset 0
+        return np.zeros(len(problem), np.int64)
+    monkeypatch.setattr(step_plan, "place_in_order", overlapping)
+    monkeypatch.setattr(step_plan, "plan", lambda problem, *args: Plan(problem, overlapping(problem), "broken"))
     pool = make_pool()
-    run_step(pool)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pool.mark_step()
+        for _ in range(3):
+            run_step(pool, check=assert_no_overlap)
+            pool.mark_step()
     assert any("failed validation" in str(w.message) for w in caught)
-    run_step(pool, check=assert_no_overlap)
-    pool.mark_step()
     assert pool.memory_stats()["prediction.hits"] == 0
     learner = StepLearner()                  # and lay_out itself refuses it
     for index, (size, _) in enumerate(STEP):

@@ -270,9 +270,8 @@ class CachingAllocator(MemoryResource):
         self.stats.counters["num_sync_all_streams"] += 1
         self._free_deferred()          # what the streams' last tasks dropped while we waited
         self._free_completed_pending()
-        released = self._strategy.release_cached()
-        if self._predictor is not None:
-            released += self._predictor.release_if_idle()
+        released = self._predictor.release_if_idle() if self._predictor is not None else 0
+        released += self._strategy.release_cached()
         self._release_gone(list(self._gone_streams))    # emptied by pending frees just now
         return released
 
@@ -411,10 +410,10 @@ class CachingAllocator(MemoryResource):
         """fragmentation()["ratio"] without walking the blocks: free bytes from the stats, the
         largest free run from the free lists. What the sampler takes at every tick."""
         with self.lock:
+            if self._predictor is not None and self._predictor.arenas():
+                return self.fragmentation()["ratio"]    # planned blocks sit inside pool ranges
             free = self.stats.current("reserved_bytes") - self.stats.current("allocated_bytes")
             largest = self._strategy.largest_free_run()
-            if self._predictor is not None:
-                largest = max(largest, self._predictor.largest_free_run())
         return (free - largest) / free if free > 0 else 0.0
 
     def _mapped_pieces(self):
@@ -422,9 +421,12 @@ class CachingAllocator(MemoryResource):
         the blocks cut to the part of them that lies in the range. Blocks and ranges are both
         in address order: one pass over the blocks, not one per range."""
         views = self._strategy.views()
-        if self._predictor is not None:
-            views = itertools.chain(views, self._predictor.views())
+        predictor = self._predictor
+        if predictor is not None:
+            views = itertools.chain(views, predictor.views())
         for stream, small, blocks, mapped in views:
+            if predictor is not None:
+                blocks = predictor.refine(blocks)
             starts = [block.start for block in blocks]
             for start, length in mapped:
                 end = start + length

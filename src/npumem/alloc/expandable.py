@@ -139,15 +139,21 @@ class ExpandableStrategy:
             runs = self._idle_runs(arena)
             if not runs or (only_idle_streams and not owner.stream_idle(arena.stream)):
                 continue
-            for page, count in sorted(runs):
-                owner.note_segment("segment_unmap", arena.base + (page << self.shift),
-                                   count << self.shift, arena.stream)
-                owner.backend.unmap(arena.reservation, page << self.shift, count << self.shift)
-                arena.mapped[page:page + count] = bytes(count)
-            nbytes = sum(count for _, count in runs) << self.shift
-            owner.on_device_memory(-nbytes, False, calls=len(runs))
-            released += nbytes
+            released += self.unmap_runs(arena, runs)
         return released
+
+    def unmap_runs(self, arena: Arena, runs: list[tuple[int, int]]) -> int:
+        """Unmap these (first page, count) runs of `arena`; bytes released."""
+        owner = self.owner
+        for page, count in sorted(runs):
+            owner.note_segment("segment_unmap", arena.base + (page << self.shift),
+                               count << self.shift, arena.stream)
+            owner.backend.unmap(arena.reservation, page << self.shift, count << self.shift)
+            arena.mapped[page:page + count] = bytes(count)
+        nbytes = sum(count for _, count in runs) << self.shift
+        if nbytes:
+            owner.on_device_memory(-nbytes, False, calls=len(runs))
+        return nbytes
 
     def release_cached(self, streams=None, below: int | None = None) -> int:
         return self.unmap_idle(streams)

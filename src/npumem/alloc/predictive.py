@@ -29,9 +29,9 @@ from collections import deque
 from ..errors import MemoryAllocationError
 from ..planning import PlanError
 from .block import Block
-from .step_arena import StepArena
+from .step_arena import OwnArena, PoolRangeArena, StepArena
 from .step_learner import StepLearner, Template
-from .step_plan import StepLayout, lay_out
+from .step_plan import StepLayout, cut, lay_out
 
 LOOKAHEAD = 32          # template slots a request may skip (requests the program left out)
 RESYNC = 4              # requests in a row that find the place in the step again after a detour
@@ -53,6 +53,7 @@ class Predictor:
         self.layout: StepLayout | None = None      # its layout, once its arena serves
         self.ready: StepLayout | None = None       # a layout waiting to take over
         self.planning = False
+        self.cut = 0                               # the slot where steps are cut
         self.cursor = 0
         self.recent: deque[int] = deque(maxlen=RESYNC)
         self.places: dict[tuple, int] = {}         # RESYNC sizes -> the slot after them
@@ -86,9 +87,7 @@ class Predictor:
             if slot < 0:
                 return self._miss(nbytes)
         count = len(requested)
-        layout = self.layout or self.ready
-        boundary = layout.boundary if layout is not None else 0
-        if (boundary - self.cursor) % count <= (slot - self.cursor) % count:
+        if (self.cut - self.cursor) % count <= (slot - self.cursor) % count:
             self._step_began()
             if self.template is None:         # dropped
                 return None
@@ -142,20 +141,37 @@ class Predictor:
             return
         self._retire_arena()
         self.template, self.layout, self.cursor = template, None, template.cursor
-        self.places = {}
+        self.cut, self.places = cut(template), {}
+        self.note = f"found a step of {template.period} allocations; planning at its next cut"
+
+    def _start_planning(self, template: Template) -> None:
+        """Plan `template` around the blocks live in the stream's range now (expandable pools),
+        in the background."""
         self.note = f"planning a step of {template.period} allocations"
         self.planning = True
+        taken = None
+        range_ = self._range()
+        if range_ is not None:          # at a cut: around the blocks live in the pool now
+            taken = [(block.start - range_.base, block.size) for block in range_.blocks()
+                     if block.allocated]
         if self.background:
-            threading.Thread(target=self._plan, args=(template,), name="npumem-step-planner",
-                             daemon=True).start()
+            threading.Thread(target=self._plan, args=(template, taken),
+                             name="npumem-step-planner", daemon=True).start()
         else:
-            self._plan(template)
+            self._plan(template, taken)
+
+    def _range(self):
+        """The stream's expandable address range in the pool (None for segment pools)."""
+        strategy = self.pool._strategy
+        if not strategy.expandable:
+            return None
+        return strategy.arenas.get(self.stream) or strategy._arena(self.stream)
 
     def _is_the_step(self, template: Template) -> bool:
         """Layers repeat inside a step before the step does. A detected template is the step if
         most of its requests can be planned (a layer's outputs outlive it) and it holds the
-        stream's peak of live bytes (a backward layer does not); while a plan is on trial, a
-        longer period replaces it (the first step often differs: optimizer state is made).
+        stream's peak of live bytes (a backward layer does not); until a plan serves, a longer
+        period replaces it (the first step often differs: optimizer state is made).
         A marked step is planned when no plan is followed (at first, or after a poor step)."""
         if template.marked:             # the program says where steps end: keep a plan that works
             return self.template is None
@@ -163,11 +179,11 @@ class Predictor:
             return False
         if self.template is None:
             return template.holds_peak
-        return template.period > self.template.period
+        return not self.serving and template.period > self.template.period
 
-    def _plan(self, template: Template) -> None:
+    def _plan(self, template: Template, taken) -> None:
         try:
-            layout = lay_out(template, self.algorithm, self.time_limit)
+            layout = lay_out(template, self.algorithm, self.time_limit, taken)
             self.planning_seconds += layout.seconds
         except PlanError as error:         # never used: a plan must not overlap live blocks
             warnings.warn(f"npumem predictive pool: a step plan failed validation ({error}); "
@@ -178,30 +194,45 @@ class Predictor:
         self.planning = False
 
     def _take_over(self) -> None:
-        """Serve from the ready layout: reserve its arena (pages come as blocks need them)."""
+        """Serve from the ready layout: carve its ranges out of the pool's (pages come as blocks
+        need them), or take its own arena if that fits under the peak reached so far."""
         layout, pool = self.ready, self.pool
         if layout.template is not self.template:      # replaced while it was planned
             self.ready = None
             return
-        if not pool.backend.supports_virtual_memory:  # the whole arena at once: only if it fits
-            pool.release_idle_cache()                 # under the peak reached so far
-            if pool.stats.current("reserved_bytes") + layout.arena_bytes > \
-                    pool.stats.peak("reserved_bytes"):
+        self.peak_before = pool.stats.peak("reserved_bytes")
+        range_ = self._range()
+        if range_ is not None:
+            if not PoolRangeArena.fits(range_, layout):
+                self.ready = None             # blocks moved in since it was planned: plan again
+                self.note = "pool blocks moved into the planned ranges; planning again"
+                return
+            shift = pool._strategy.shift
+            mapped_here = range_.mapped.count(1) << shift
+            need = PoolRangeArena.bytes_needed(range_, layout, shift)
+            if pool.stats.current("reserved_bytes") - mapped_here + need > self.peak_before:
+                self.ready = None
+                self.note = (f"the plan needs {need} bytes of pages with the pool's live blocks, "
+                             f"more than the peak of {self.peak_before}: not taking over")
+                return
+            self.arena = PoolRangeArena(pool, layout, self.stream, self, range_)
+        else:
+            pool.release_idle_cache()
+            if pool.stats.current("reserved_bytes") + layout.arena_bytes > self.peak_before:
                 self.note = f"waiting for room under the peak for a {layout.arena_bytes}-byte arena"
                 return
-        self.peak_before = pool.stats.peak("reserved_bytes")
-        try:
-            self.arena = StepArena(pool, layout, self.stream, self)
-        except MemoryAllocationError as error:
-            self.note = f"no device memory for the arena ({error}); waiting"
-            return
+            try:
+                self.arena = OwnArena(pool, layout, self.stream, self)
+            except MemoryAllocationError as error:
+                self.note = f"no device memory for the arena ({error}); waiting"
+                return
         self.ready, self.layout, self.serving = None, layout, True
         self.plans += 1
         self.step_hits = self.step_misses = 0
         if self.took_over_at is None:
             self.took_over_at = self.requests
-        self.note = (f"serving a step of {len(layout.template)} planned blocks from a "
-                     f"{layout.arena_bytes}-byte arena")
+        self.note = (f"serving a step of {len(layout.template)} planned blocks "
+                     f"({layout.algorithm}, {layout.height} bytes high)")
 
     def _retire_arena(self) -> None:
         """Stop serving from the arena; it goes back once its last block is freed."""
@@ -260,8 +291,11 @@ class Predictor:
     def _step_began(self) -> None:
         """A step boundary: judge the last step; give idle pool pages back; a ready layout
         takes over here, where the fewest of the step's blocks are live in the pool."""
-        if self.ready is not None:
-            self._take_over()
+        if self.arena is None and self.template is not None and not self.planning:
+            if self.ready is None:
+                self._start_planning(self.template)       # in line (replays): ready now
+            if self.ready is not None:
+                self._take_over()
         elif self.serving:
             requests = self.step_hits + self.step_misses
             rate = self.step_hits / requests if requests else 1.0
@@ -294,8 +328,8 @@ class Predictor:
     # --- the pool's other needs -----------------------------------------------------------
 
     def release_if_idle(self) -> int:
-        """empty_cache / out of memory: give back the arena if no planned block is live (it is
-        reserved again at the next request). Bytes released."""
+        """empty_cache / out of memory: give back the arena if no planned block is live (the
+        layout takes over again at the next step boundary). Bytes released."""
         if self.arena is None or self.arena.live_starts:
             return 0
         before = self.pool.stats.current("reserved_bytes")
@@ -317,11 +351,13 @@ class Predictor:
     def arenas(self) -> list[StepArena]:
         return ([self.arena] if self.arena is not None else []) + self.draining
 
-    def largest_free_run(self) -> int:
-        return max([0] + [arena.largest_free_run() for arena in self.arenas()])
-
     def views(self):
-        return [arena.view() for arena in self.arenas()]
+        return [view for arena in self.arenas() for view in arena.views()]
+
+    def refine(self, blocks):
+        for arena in self.arenas():
+            blocks = arena.refine(blocks)
+        return blocks
 
     def stats(self) -> dict:
         served = self.hits + self.misses

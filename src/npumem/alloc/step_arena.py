@@ -1,11 +1,15 @@
-"""The device memory of a step's layout: one address range whose pages are mapped as the planned
-blocks first touch them (backends with virtual memory), or one allocation (other backends).
+"""Where a step's layout lives, and handing out its planned blocks.
 
-Mapping on demand is what keeps prediction from raising peak reserved memory: while the arena
-fills, the blocks the pool served before it still hold their pages, and the arena's pages for
-slots those blocks stand in for stay unmapped. A page is mapped only while reserved memory stays
-within the peak the pool already reached (after giving back the pool's idle pages); otherwise
-the request is a miss and the pool serves it, as it would have without prediction.
+- `PoolRangeArena` (expandable pools): the layout was planned around the blocks live in the
+  stream's own address range, so it fills the holes long-lived blocks left there. At takeover
+  the byte ranges the layout uses are carved out of the pool's free blocks; their pages are
+  mapped as planned blocks first need them, and only while reserved memory stays within the peak
+  the pool had reached. The ranges go back to the pool's free list when the plan is dropped.
+- `OwnArena` (segment pools, backends without virtual memory): one device allocation, taken
+  whole, only when it fits under that peak.
+
+Either way a planned block is handed out only if no live planned block overlaps it (one may
+outlive its plan), so memory stays correct whatever the program does.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from __future__ import annotations
 from bisect import bisect_left
 
 from ..constants import MallocPolicy
-from ..errors import MemoryAllocationError
 from .block import Block
 from .expandable import _runs
 from .step_plan import StepLayout
@@ -30,41 +33,25 @@ class ArenaSegment:
 
 
 class StepArena:
-    """`layout`'s memory for `stream`, taken from `pool`'s backend; `blocks[slot]` are the
-    planned blocks, whose frees go to `owner.merge_and_add`."""
+    """Planned blocks at `base` + the layout's offsets; live ones tracked by address."""
 
-    def __init__(self, pool, layout: StepLayout, stream, owner):
-        self.pool, self.owner, self.size = pool, owner, layout.arena_bytes
-        backend = pool.backend
-        self.shift = backend.page_granularity.bit_length() - 1
-        if backend.supports_virtual_memory:
-            self.reservation = backend.reserve(pool.device, self.size)
-            self.mapped = bytearray(self.size >> self.shift)
-            pool.on_device_memory(0, False, segments=+1)
-        else:
-            self.reservation = backend.allocate(pool.device, self.size, self.size,
-                                                MallocPolicy.HUGE_FIRST, "malloc_align32")
-            self.mapped = None
-            pool.on_device_memory(+self.size, False, segments=+1)
-            pool.note_segment("segment_alloc", self.reservation.start, self.size, stream)
-        self.reservation.pool = pool          # the pool sanitizer checks accesses against blocks
-        self.start, self.stream = self.reservation.start, stream
+    def __init__(self, pool, layout: StepLayout, stream, owner, base: int):
+        self.pool, self.owner, self.stream, self.layout = pool, owner, stream, layout
         segment = ArenaSegment(stream, owner, self)
-        self.blocks = [Block(self.start + offset, size, segment)
+        self.blocks = [Block(base + offset, size, segment)
                        for offset, size in zip(layout.offsets, layout.template.sizes)]
-        self.live_starts: list[int] = []          # live planned blocks, by address
+        self.live_starts: list[int] = []
         self.live_ends: list[int] = []
 
     def place(self, slot: int) -> Block | None:
-        """Slot `slot`'s block, if no live block overlaps it (one that lived longer than
-        planned may) and its pages can be mapped; else None."""
+        """Slot `slot`'s block, if no live planned block overlaps it and its memory is there."""
         block = self.blocks[slot]
         start, end = block.start, block.start + block.size
         starts = self.live_starts
         at = bisect_left(starts, start)
         if (at < len(starts) and starts[at] < end) or (at and self.live_ends[at - 1] > start):
             return None
-        if self.mapped is not None and not self.ensure_mapped(block):
+        if not self.ensure_mapped(block):
             return None
         starts.insert(at, start)
         self.live_ends.insert(at, end)
@@ -74,103 +61,179 @@ class StepArena:
         at = bisect_left(self.live_starts, block.start)
         del self.live_starts[at], self.live_ends[at]
 
-    def free_runs(self):
-        """(low, high) of the free bytes between live planned blocks."""
-        low = self.start
-        for start, end in zip(self.live_starts, self.live_ends):
-            if start > low:
-                yield low, start
-            low = max(low, end)
-        if low < self.start + self.size:
-            yield low, self.start + self.size
-
-    def largest_free_run(self) -> int:
-        """The longest free run on mapped pages."""
-        mapped = self.mapped_ranges()
-        return max([0] + [min(high, start + length) - max(low, start)
-                          for low, high in self.free_runs() for start, length in mapped])
-
-    def view(self):
-        """(stream, small, blocks, mapped ranges) for reports, as the strategies give them."""
-        free_segment = ArenaSegment(self.stream, None, self)
-        live = {block.start: block for block in self.blocks if block.allocated}
-        pieces = [Block(low, high - low, free_segment) for low, high in self.free_runs()]
-        pieces += [live[start] for start in self.live_starts if start in live]
-        pieces.sort(key=lambda block: block.start)
-        return self.stream, False, pieces, self.mapped_ranges()
-
     def ensure_mapped(self, block: Block) -> bool:
-        """Map the pages under `block`; False when that would raise reserved memory above its
-        peak (or the device is full)."""
-        mapped = self.mapped
-        offset = block.start - self.start
-        first, end = offset >> self.shift, ((offset + block.size - 1) >> self.shift) + 1
-        if mapped.find(0, first, end) < 0:
-            return True
-        pool = self.pool
-        runs = _runs(mapped, 0, first, end)
-        need = sum(count for _, count in runs) << self.shift
-        within = min(max(self.owner.peak_before, need), pool.limit)
-        if pool.stats.current("reserved_bytes") + need > within:
-            pool.release_idle_cache()
-            if pool.stats.current("reserved_bytes") + need > within:
-                return False
-        done = []
-        try:
-            for page, count in runs:
-                pool.backend.map(self.reservation, page << self.shift, count << self.shift)
-                done.append((page, count))
-        except MemoryAllocationError:
-            self._unmap(done)
-            return False
-        for page, count in done:
-            mapped[page:page + count] = b"\x01" * count
-            pool.note_segment("segment_map", self.start + (page << self.shift),
-                              count << self.shift, self.stream)
-        pool.on_device_memory(+need, False, calls=len(done))
         return True
 
     def unmap_idle_pages(self) -> None:
-        """Unmap the mapped pages no live block touches (a replaced arena, draining)."""
-        if self.mapped is None:
-            return
-        shift, idle = self.shift, []
-        for low, high in self.free_runs():
-            first, end = (low - self.start + (1 << shift) - 1) >> shift, (high - self.start) >> shift
-            if first < end:
-                idle += _runs(self.mapped, 1, first, end)
-        for page, count in idle:
-            self.pool.note_segment("segment_unmap", self.start + (page << shift), count << shift,
-                                   self.stream)
-            self.mapped[page:page + count] = bytes(count)
-        self._unmap(idle)
-        if idle:
-            self.pool.on_device_memory(-(sum(count for _, count in idle) << shift), False,
-                                       calls=len(idle))
+        """Give back pages no live planned block needs (where that is possible)."""
 
-    def _unmap(self, runs) -> None:
-        for page, count in runs:
-            self.pool.backend.unmap(self.reservation, page << self.shift, count << self.shift)
+    def _free_runs_in(self, low: int, high: int):
+        """(start, end) of the free bytes in [low, high), between live planned blocks."""
+        at = max(bisect_left(self.live_starts, low) - 1, 0)
+        position = low
+        for start, end in zip(self.live_starts[at:], self.live_ends[at:]):
+            if start >= high:
+                break
+            if start > position:
+                yield position, start
+            position = max(position, end)
+        if position < high:
+            yield position, high
 
-    def mapped_ranges(self) -> list[tuple[int, int]]:
-        if self.mapped is None:
-            return [(self.start, self.size)]
-        return [(self.start + (page << self.shift), count << self.shift)
-                for page, count in _runs(self.mapped, 1, 0, len(self.mapped))]
+    def pieces_in(self, low: int, high: int, free_segment) -> list[Block]:
+        """The live planned blocks and the free runs in [low, high), in address order."""
+        live = {block.start: block for block in self.blocks if block.allocated}
+        pieces = [Block(start, end - start, free_segment) for start, end in self._free_runs_in(low, high)]
+        pieces += [live[start] for start in self.live_starts if low <= start < high and start in live]
+        return sorted(pieces, key=lambda block: block.start)
+
+
+class OwnArena(StepArena):
+    """The layout in one device allocation of its own."""
+
+    def __init__(self, pool, layout: StepLayout, stream, owner):
+        self.size = layout.arena_bytes
+        self.allocation = pool.backend.allocate(pool.device, self.size, self.size,
+                                                MallocPolicy.HUGE_FIRST, "malloc_align32")
+        self.allocation.pool = pool           # the pool sanitizer checks accesses against blocks
+        super().__init__(pool, layout, stream, owner, self.allocation.start)
+        pool.on_device_memory(+self.size, False, segments=+1)
+        pool.note_segment("segment_alloc", self.allocation.start, self.size, stream)
 
     def release(self) -> None:
-        """Give the memory back (no planned block may be live)."""
+        pool, start = self.pool, self.allocation.start
+        pool.note_segment("segment_free", start, self.size, self.stream)
+        pool.backend.free(start, "free")
+        pool.on_device_memory(-self.size, False, segments=-1)
+
+    def views(self):
+        start = self.allocation.start
+        pieces = self.pieces_in(start, start + self.size, ArenaSegment(self.stream, None, self))
+        return [(self.stream, False, pieces, [(start, self.size)])]
+
+    def refine(self, blocks):
+        return blocks
+
+
+class PoolRangeArena(StepArena):
+    """The layout inside the stream's expandable address range (`range_`, an expandable Arena);
+    the byte ranges it uses are carved out of the pool's free blocks."""
+
+    def __init__(self, pool, layout: StepLayout, stream, owner, range_):
+        self.range, self.strategy = range_, pool._strategy
+        super().__init__(pool, layout, stream, owner, range_.base)
+        self.carved: list[Block] = []
+        self.carved_ids: set[int] = set()
+        free = self._free_blocks()
+        for low, high in self._union(range_.base, layout):
+            at = bisect_left(free, (low + 1,)) - 1
+            tail = self._carve(free[at][2], low, high)
+            if tail is not None:                   # the rest of that free block, for the next
+                free[at] = (tail.start, tail.end, tail)
+        self.size = sum(block.size for block in self.carved)
+
+    def _free_blocks(self) -> list[tuple[int, int, Block]]:
+        return sorted(((block.start, block.end, block) for block in self.range.blocks()
+                       if not block.allocated), key=lambda item: item[0])
+
+    @staticmethod
+    def fits(range_, layout: StepLayout) -> bool:
+        """Whether every byte the layout uses is free in the pool now (it was planned around
+        the blocks live then; others may have moved in since)."""
+        free = sorted((block.start, block.end) for block in range_.blocks() if not block.allocated)
+        for low, high in PoolRangeArena._union(range_.base, layout):
+            at = bisect_left(free, (low + 1,)) - 1
+            if at < 0 or free[at][1] < high:
+                return False
+        return True
+
+    @staticmethod
+    def bytes_needed(range_, layout: StepLayout, shift: int) -> int:
+        """Bytes of the pages the range needs with the layout in place: every page a live
+        block or a planned range touches."""
+        touched = bytearray(len(range_.mapped))
+        spans = [(block.start, block.end) for block in range_.blocks() if block.allocated]
+        for low, high in spans + PoolRangeArena._union(range_.base, layout):
+            first, end = (low - range_.base) >> shift, ((high - 1 - range_.base) >> shift) + 1
+            touched[first:end] = b"\x01" * (end - first)
+        return touched.count(1) << shift
+
+    @staticmethod
+    def _union(base: int, layout: StepLayout) -> list[tuple[int, int]]:
+        spans = sorted((base + offset, base + offset + size)
+                       for offset, size in zip(layout.offsets, layout.template.sizes))
+        merged: list[list[int]] = []
+        for low, high in spans:
+            if merged and low <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], high)
+            else:
+                merged.append([low, high])
+        return [(low, high) for low, high in merged]
+
+    def _carve(self, block: Block, low: int, high: int) -> Block | None:
+        """Take [low, high) out of the free `block` holding it; returns the free block left
+        after it, if any."""
+        free, tail = self.range.free, None
+        free.remove(block)
+        if block.start < low:
+            rest = block.split(low - block.start)
+            free.add(block)
+            block = rest
+        if block.end > high:
+            tail = block.split(high - block.start)
+            free.add(tail)
+        block.allocated, block.requested, block.small = True, 0, False
+        self.carved.append(block)
+        self.carved_ids.add(id(block))
+        return tail
+
+    def ensure_mapped(self, block: Block) -> bool:
+        range_, shift = self.range, self.strategy.shift
+        offset = block.start - range_.base
+        first, end = offset >> shift, ((offset + block.size - 1) >> shift) + 1
+        if range_.mapped.find(0, first, end) < 0:
+            return True
         pool = self.pool
-        if self.mapped is None:
-            pool.note_segment("segment_free", self.start, self.size, self.stream)
-            pool.backend.free(self.start, "free")
-            pool.on_device_memory(-self.size, False, segments=-1)
-            return
-        runs = _runs(self.mapped, 1, 0, len(self.mapped))
-        for page, count in runs:
-            pool.note_segment("segment_unmap", self.start + (page << self.shift),
-                              count << self.shift, self.stream)
-        self._unmap(runs)
-        pool.on_device_memory(-(sum(count for _, count in runs) << self.shift), False,
-                              segments=-1, calls=len(runs))
-        pool.backend.free(self.start, "release")
+        need = sum(count for _, count in _runs(range_.mapped, 0, first, end)) << shift
+        within = min(max(self.owner.peak_before, need), pool.limit)
+        if pool.stats.current("reserved_bytes") + need > within:
+            pool.release_idle_cache()
+            self.unmap_idle_pages()
+            if pool.stats.current("reserved_bytes") + need > within:
+                return False
+        return self.strategy._map(range_, first, end)
+
+    def unmap_idle_pages(self) -> None:
+        shift, base, idle = self.strategy.shift, self.range.base, []
+        page = 1 << shift
+        for carved in self.carved:
+            for low, high in self._free_runs_in(carved.start, carved.end):
+                first, end = (low - base + page - 1) >> shift, (high - base) >> shift
+                if first < end:
+                    idle += _runs(self.range.mapped, 1, first, end)
+        if idle:
+            self.strategy.unmap_runs(self.range, idle)
+
+    def release(self) -> None:
+        """The carved ranges go back to the pool's free list (their pages stay mapped, the
+        pool's to unmap when idle)."""
+        for block in self.carved:
+            block.allocated = False
+            self.range.free.merge_and_add(block)
+        self.carved, self.carved_ids, self.size = [], set(), 0
+
+    def views(self):
+        return []         # inside the pool's own ranges: see refine
+
+    def refine(self, blocks):
+        """The pool's blocks of this range, with each carved range shown as its planned blocks
+        and free runs."""
+        if not self.carved_ids:
+            return blocks
+        out, free_segment = [], ArenaSegment(self.stream, None, self)
+        for block in blocks:
+            if id(block) in self.carved_ids:
+                out += self.pieces_in(block.start, block.end, free_segment)
+            else:
+                out.append(block)
+        return out
