@@ -49,10 +49,39 @@ class OpImpl:
                 f"priority {self.priority})")
 
 
+STABILITY_LEVELS = {
+    "robust": "rounding errors stay per element (elementwise ops, copies): may compute in a "
+              "16-bit type",
+    "accumulating": "sums many products or elements (MatMul, reductions): stores 16-bit, "
+                    "accumulates in float32",
+    "sensitive": "amplifies input errors (Softmax's exponent, normalisations): computes in float32",
+}
+
+
 class OpRegistry:
     def __init__(self):
         self._impls: dict[str, list[OpImpl]] = {}
+        self._stability: dict[str, str] = {}
         self._lock = threading.Lock()
+
+    def set_stability(self, op: str, level: str) -> None:
+        """How `op` tolerates reduced precision (STABILITY_LEVELS), for the mixed-precision
+        scheduler."""
+        if level not in STABILITY_LEVELS:
+            raise OpParamError(f"stability of {op!r} must be one of {', '.join(STABILITY_LEVELS)}, "
+                               f"got {level!r}")
+        with self._lock:
+            self._stability[op] = level
+
+    def stability(self, op: str) -> str:
+        with self._lock:
+            level = self._stability.get(op)
+        if level is None:
+            known = ", ".join(sorted(self._stability))
+            raise OpParamError(f"op {op!r} has no recorded numerical stability; ops with one: "
+                               f"{known} (REGISTRY.set_stability({op!r}, 'robust' | "
+                               "'accumulating' | 'sensitive') records it)")
+        return level
 
     def register(self, op: str, kernel: Callable, *, scratch: Callable | None = None,
                  device_types=(ANY,), dtypes=None, priority: int = 0, name: str = "",
@@ -107,6 +136,11 @@ class OpRegistry:
 
 
 REGISTRY = OpRegistry()
+for _op, _level in {"Add": "robust", "Sub": "robust", "Mul": "robust", "Div": "robust",
+                    "Cast": "robust", "Contiguous": "robust", "Transpose": "robust",
+                    "Fill": "robust", "MatMul": "accumulating", "ReduceSum": "accumulating",
+                    "Mean": "accumulating", "Softmax": "sensitive"}.items():
+    REGISTRY.set_stability(_op, _level)
 
 
 def register_op(op: str, **options) -> Callable:
