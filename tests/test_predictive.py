@@ -215,3 +215,18 @@ def test_snapshot_and_fragmentation_include_the_arena():
     assert 0 <= pool.fragmentation_ratio() <= 1
     assert abs(pool.fragmentation_ratio() - pool.fragmentation()["ratio"]) < 1e-9
     pool.deallocate(pointer)
+
+
+@pytest.mark.parametrize("name", ["cnn_sgd", "cnn_wide", "encoder", "gpt_generate", "gpt_train",
+                                  "lstm", "mlp", "unet"])
+def test_real_recordings_never_reserve_more_with_prediction(name):
+    """The CUDA recordings the tests ship (three training steps or generation runs each)."""
+    from pathlib import Path
+
+    from npumem.trace import read_trace
+    events = list(read_trace(Path(__file__).parent / "data" / "cuda_snapshots" / f"{name}.pickle.gz"))
+    default = replay(events, "pool")
+    predictive = replay(events, "pool", AllocatorSettings(predictive=True))
+    assert predictive.peak_reserved_bytes <= default.peak_reserved_bytes
+    if predictive.prediction_hit_rate is not None:
+        assert predictive.prediction_hit_rate >= 0.99, predictive.notes

@@ -37,6 +37,7 @@ LOOKAHEAD = 32          # template slots a request may skip (requests the progra
 RESYNC = 4              # requests in a row that find the place in the step again after a detour
 KEPT = 0.8              # share of a detected step's requests that must be plannable
 PROVEN, STALE = 0.99, 0.5   # step hit rates that end learning / drop the plan
+MAX_REFUSALS = 3        # plans that did not fit under the peak before prediction gives up
 _NOT_YET = object()
 
 
@@ -64,6 +65,8 @@ class Predictor:
         self.step_hits = self.step_misses = 0
         self.planning_seconds = 0.0
         self.peak_before = 0                        # peak reserved when the arena took over
+        self.refusals = 0                           # plans that could not take over
+        self.min_period = 0                         # after a refusal: about the step's length
         self.took_over_at: int | None = None       # requests seen when an arena first served
         self.note = "learning"
 
@@ -82,15 +85,16 @@ class Predictor:
         requested = template.requested
         self.recent.append(nbytes)
         slot = self.cursor
-        if requested[slot] != nbytes:
+        if requested[slot] == nbytes:
+            if slot == self.cut:       # the step's first request, where expected: a boundary
+                self._step_began()
+                if self.template is None:         # dropped
+                    return None
+        else:
             slot = self._find(nbytes, slot)
             if slot < 0:
                 return self._miss(nbytes)
         count = len(requested)
-        if (self.cut - self.cursor) % count <= (slot - self.cursor) % count:
-            self._step_began()
-            if self.template is None:         # dropped
-                return None
         self.cursor = slot + 1 if slot + 1 < count else 0
         if not self.serving:
             return None
@@ -175,7 +179,7 @@ class Predictor:
         A marked step is planned when no plan is followed (at first, or after a poor step)."""
         if template.marked:             # the program says where steps end: keep a plan that works
             return self.template is None
-        if len(template) < KEPT * template.period:
+        if len(template) < KEPT * template.period or template.period < self.min_period:
             return False
         if self.template is None:
             return template.holds_peak
@@ -211,9 +215,8 @@ class Predictor:
             mapped_here = range_.mapped.count(1) << shift
             need = PoolRangeArena.bytes_needed(range_, layout, shift)
             if pool.stats.current("reserved_bytes") - mapped_here + need > self.peak_before:
-                self.ready = None
-                self.note = (f"the plan needs {need} bytes of pages with the pool's live blocks, "
-                             f"more than the peak of {self.peak_before}: not taking over")
+                self._refused(f"the plan needs {need} bytes of pages with the pool's live "
+                              f"blocks, more than the peak of {self.peak_before}")
                 return
             self.arena = PoolRangeArena(pool, layout, self.stream, self, range_)
         else:
@@ -233,6 +236,17 @@ class Predictor:
             self.took_over_at = self.requests
         self.note = (f"serving a step of {len(layout.template)} planned blocks "
                      f"({layout.algorithm}, {layout.height} bytes high)")
+
+    def _refused(self, why: str) -> None:
+        """The plan cannot take over. The template may come from a first step that differed
+        (optimizer state made in it): learn the step again from the steps since, a few times."""
+        self.refusals += 1
+        self.min_period = self.template.period // 2     # the step, not one of its layers
+        if self.refusals >= MAX_REFUSALS:
+            self._drop(f"{why}; not taking over (tried {self.refusals} plans)")
+            self.learner = None
+        else:
+            self._drop(f"{why}; learning the step again")
 
     def _retire_arena(self) -> None:
         """Stop serving from the arena; it goes back once its last block is freed."""
