@@ -23,9 +23,9 @@ STEP = [(3 * MiB, 9), (64 * 1024, 1), (5 * MiB, 6), (1000, 2), (2 * MiB, 4), (77
         (4 * MiB, 3), (96 * 1024, 2), (1 * MiB, 2), (512, 1), (6 * MiB, 1), (33 * 1024, 1)]
 
 
-def make_pool(predictive: bool = True, memory: int = 4 << 30) -> CachingAllocator:
+def make_pool(predictive: bool = True, memory: int = 4 << 30, expandable: bool = True) -> CachingAllocator:
     pool = CachingAllocator(SimBackend(SimConfig(memory=memory)), 0,
-                            AllocatorSettings(predictive=predictive))
+                            AllocatorSettings(predictive=predictive, expandable_segments=expandable))
     if pool.predictor is not None:
         pool.predictor.background = False          # deterministic: plan in line
     return pool
@@ -53,8 +53,9 @@ def assert_no_overlap(pool) -> None:
         assert end <= start, "two live blocks overlap"
 
 
-def test_marked_steps_are_served_from_the_plan_from_the_second_step():
-    pool = make_pool()
+@pytest.mark.parametrize("expandable", [True, False], ids=["in the pool's range", "own arena"])
+def test_marked_steps_are_served_from_the_plan_from_the_second_step(expandable):
+    pool = make_pool(expandable=expandable)
     run_step(pool)
     pool.mark_step()                 # step 1 learned here; planned in line
     for _ in range(5):

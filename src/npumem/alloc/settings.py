@@ -89,7 +89,8 @@ def _convert(key: str, text: str):
             return int(text)
         return float(text)
     except ValueError:
-        raise InvalidParamError(f"allocator settings: {key}={text!r} is not a valid {kind}") from None
+        hint = " (True or False)" if "bool" in kind else ""
+        raise InvalidParamError(f"allocator settings: {key}={text!r} is not a valid {kind}{hint}") from None
 
 
 def parse_settings(text: str | None, base: AllocatorSettings | None = None) -> AllocatorSettings:

@@ -95,7 +95,9 @@ def _lay_out_around(template, lower, upper, sizes, boundary, taken, time_limit, 
     deadline = began + time_limit
     best, label = None, ""
     by_name = orders(problem)
-    for name, best_fit in GREEDY_VARIANTS:
+    # in allocation order, first fit is what the pool itself would do: never worse than it
+    by_name["time"] = np.argsort(lower, kind="stable")
+    for name, best_fit in [("time", False)] + GREEDY_VARIANTS:
         offsets = place_in_order(problem, by_name[name], best_fit, deadline, (starts, ends))
         if offsets is None:
             break
