@@ -154,6 +154,7 @@ def test_a_plan_that_fails_validation_is_never_used(monkeypatch):
         learner.on_alloc(index, size, size)
     for index in range(len(STEP)):
         learner.on_free(index)
+    learner.mark()                           # the step's template comes with the next mark
     with pytest.raises(PlanError):
         step_plan.lay_out(learner.mark())
 
@@ -231,3 +232,40 @@ def test_real_recordings_never_reserve_more_with_prediction(name):
     assert predictive.peak_reserved_bytes <= default.peak_reserved_bytes
     if predictive.prediction_hit_rate is not None:
         assert predictive.prediction_hit_rate >= 0.99, predictive.notes
+
+
+def test_marked_templates_wait_for_the_blocks_the_next_step_frees():
+    """Gradients made late in a step and dropped early in the next (zero_grad after loading the
+    batch) are in the template: it is made once they are freed. Whatever the plan does with
+    them, the pool reserves no more than without prediction."""
+    def run(pool, steps=8):
+        grads: list[int] = []
+        for _ in range(steps):
+            batch = pool.allocate(1 << 20)
+            for pointer in grads:                 # zero_grad(set_to_none=True)
+                pool.deallocate(pointer)
+            activations = [pool.allocate(n) for n in (3 << 20, 2 << 20, 5 << 20)]
+            for pointer in reversed(activations):
+                pool.deallocate(pointer)
+                assert_no_overlap(pool)
+            grads = [pool.allocate(n) for n in (4 << 20, 6 << 20)]
+            pool.deallocate(batch)
+            pool.mark_step()
+        return pool.memory_stats()["reserved_bytes.all.peak"]
+
+    learner = StepLearner()
+    learner.on_alloc(1, 1 << 20, 1 << 20)           # step 1: batch, an activation, a gradient
+    learner.on_alloc(2, 3 << 20, 3 << 20)
+    learner.on_free(2)
+    learner.on_alloc(3, 4 << 20, 4 << 20)
+    learner.on_free(1)
+    assert learner.mark() is None                   # the gradient is still live: not yet
+    assert learner.on_alloc(11, 1 << 20, 1 << 20) is None   # step 2's batch; gradient live
+    learner.on_free(3)                              # zero_grad
+    template = learner.on_alloc(12, 3 << 20, 3 << 20)
+    assert template is not None and template.marked
+    assert template.requested == [1 << 20, 3 << 20, 4 << 20]   # the gradient is planned
+    assert template.cursor == 2                     # two requests of step 2 already made
+    assert run(make_pool()) <= run(make_pool(predictive=False))
+
+

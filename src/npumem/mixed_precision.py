@@ -40,6 +40,7 @@ import numpy as np
 from . import precision
 from .errors import OpParamError
 from .ops import REGISTRY, aclnn, empty, from_numpy
+from .ops.dtypes import as_data_type
 from .ops.kernels import _from_bf16_bits
 
 POLICIES = ("float32", "bfloat16", "float16", "int8", "auto")
@@ -162,8 +163,8 @@ class MixedPrecisionScheduler:
         # hardware does it) and rounds once, when the result is stored
         compute = memory if stability == "robust" and memory in ("float16", "float32") else "float32"
         saved = sum(a.size for a in arrays) * 4 - self._stored_bytes(memory, arrays)
-        reason = (f"{op} is {stability}: {'computes in ' + compute if compute == memory else 'stores ' + memory + ', computes in float32'}; "
-                  f"policy {policy}; largest |x| {largest:.4g}")
+        how = f"computes in {compute}" if compute == memory else f"stores {memory}, computes in {compute}"
+        reason = f"{op} is {stability}: {how}; policy {policy}; largest |x| {largest:.4g}"
         if refused:
             reason += "; " + "; ".join(refused)
         return Decision(op, compute, memory, error, int(saved), reason)
@@ -251,7 +252,7 @@ def _dequantised(weights: np.ndarray, stream):
 
 def _as(tensor, dtype: str, stream):
     """`tensor` in `dtype` (a device Cast when it differs)."""
-    if tensor.dtype == _data_type(dtype):
+    if tensor.dtype == as_data_type(dtype):
         return tensor
     out = empty(tensor.shape, dtype=dtype, stream=stream)
     aclnn.run_with_pool_workspace(aclnn.cast, aclnn.cast_get_workspace_size(tensor, dtype, out),
@@ -259,14 +260,9 @@ def _as(tensor, dtype: str, stream):
     return out
 
 
-def _data_type(name: str):
-    from .ops.dtypes import as_data_type
-    return as_data_type(name)
-
-
 def _read(tensor) -> np.ndarray:
     values = tensor.numpy()
-    if tensor.dtype == _data_type("bfloat16"):
+    if tensor.dtype == as_data_type("bfloat16"):
         return _from_bf16_bits(values.view(np.uint16))
     return values.astype(np.float32)
 

@@ -30,14 +30,14 @@ class Template:
     """One step's requests, in order (slot i is the step's i-th allocation).
 
     `starts[i]`/`ends[i]` are the event times of slot i's allocation and free, counted from slot
-    0's allocation; `ends[i]` is None when the block was not freed when the template was taken.
+    0's allocation.
     Slots left out: blocks that outlived a step or were never freed. `length` is the step's duration in events, `cursor` the slot the stream's next allocation
     corresponds to, `marked` whether steps are marked by `npumem.memory.step()`."""
 
     requested: list[int]
     sizes: list[int]
     starts: list[int]
-    ends: list[int | None]
+    ends: list[int]
     length: int
     cursor: int
     period: int = 0          # allocations in one step, those left out included
@@ -62,16 +62,11 @@ class StepLearner:
         self.peak_at = 0                        # allocation number at which live bytes peaked
         self.grams: dict[tuple, int] = {}       # GRAM sizes -> allocation number they last ended at
         self.marks: list[int] = []              # allocation numbers where step() was called
+        self.pending: tuple[int, int] | None = None   # a marked step waiting for its frees:
+        self.awaited: set[int] = set()                # its blocks still live at the mark
         self.period = 0                         # hypothesis under test (0: none)
         self.confirmed = 0                      # the longest period confirmed: test only longer
         self.matched = 0                        # requests that repeated under it so far
-
-    def forget(self) -> None:
-        """Start over (the plan in use stopped matching). Frees of blocks allocated before now
-        are not history."""
-        live = self.live
-        self.__init__()
-        self.live = dict.fromkeys(live)
 
     def on_free(self, pointer: int) -> None:
         if pointer in self.live:
@@ -80,6 +75,7 @@ class StepLearner:
             if index is not None:
                 self.frees[index] = self.events
                 self.live_bytes -= self.sizes[index]
+            self.awaited.discard(pointer)
 
     def on_alloc(self, pointer: int, requested: int, size: int) -> Template | None:
         """Record an allocation; returns a template when a detected period was just confirmed."""
@@ -96,6 +92,10 @@ class StepLearner:
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes, self.peak_at = self.live_bytes, n
         if self.marks:                          # steps are marked: no guessing
+            pending = self.pending
+            if pending is not None and (not self.awaited or n + 1 - pending[1] >= GRAM + VERIFY):
+                self.pending = None
+                return self._template(*pending, n + 1, marked=True)
             return None
         period = self.period
         if period:
@@ -118,14 +118,17 @@ class StepLearner:
         return None
 
     def mark(self) -> Template | None:
-        """A step ended (npumem.memory.step()): the template of the requests since the last mark."""
+        """A step ended (npumem.memory.step()). Its template is made at an allocation of the
+        next step, once the step's blocks still live now are freed (gradients dropped by the
+        next zero_grad, say), or GRAM + VERIFY allocations in; a template still waiting from
+        the step before is returned now."""
         n = len(self.requested)
         begin = self.marks[-1] if self.marks else 0
-        self.marks = [n]
-        self.period = 0
-        if n - begin == 0:
-            return None
-        return self._template(begin, n, n, marked=True)
+        self.marks, self.period = [n], 0
+        waiting, self.pending = self.pending, ((begin, n) if n > begin else None)
+        self.awaited = {pointer for pointer, index in self.live.items()
+                        if index is not None and begin <= index < n}
+        return self._template(*waiting, n, marked=True) if waiting is not None else None
 
     def _template(self, first: int, end: int, following: int, marked: bool = False) -> Template | None:
         """Allocations [first, end) as one step; `following` is the allocation number the
