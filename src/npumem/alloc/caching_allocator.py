@@ -194,6 +194,8 @@ class CachingAllocator(MemoryResource):
                 self._observe("free", block)
             block.allocated = False
             block.segment.free.merge_and_add(block)
+            if predictor is not None and predictor.awaiting:
+                predictor.awaited_free(pointer)  # the plan may claim the bytes it held
             if self._gone_streams:               # empty but for destroyed streams' last blocks
                 self._release_gone({block.segment.stream} & self._gone_streams)
         finally:

@@ -31,7 +31,7 @@ from ..planning import PlanError
 from .block import Block
 from .step_arena import OwnArena, PoolRangeArena, StepArena
 from .step_learner import StepLearner, Template
-from .step_plan import StepLayout, cut, lay_out
+from .step_plan import StepLayout, crossing_slots, cut, lay_out
 
 LOOKAHEAD = 32          # template slots a request may skip (requests the program left out)
 RESYNC = 4              # requests in a row that find the place in the step again after a detour
@@ -55,6 +55,10 @@ class Predictor:
         self.ready: StepLayout | None = None       # a layout waiting to take over
         self.planning = False
         self.cut = 0                               # the slot where steps are cut
+        self.last_slot: int | None = None          # the slot the request being made matched
+        self.slot_pointers: dict[int, int] = {}    # slot -> the pool block it got last
+        self.pointer_slots: dict[int, int] = {}    # and back: a pointer reused by another slot
+        self.pinned: set[int] = set()              # pool blocks the plan being made keeps
         self.cursor = 0
         self.recent: deque[int] = deque(maxlen=RESYNC)
         self.places: dict[tuple, int] = {}         # RESYNC sizes -> the slot after them
@@ -75,6 +79,7 @@ class Predictor:
     def take(self, nbytes: int, stream) -> Block | None:
         """The planned block for this request, or None (the pool serves it)."""
         self.requests += 1
+        self.last_slot = None
         if stream is not self.stream and stream != self.stream:
             if self.stream is not _NOT_YET:
                 return self._miss(nbytes)
@@ -93,10 +98,15 @@ class Predictor:
         else:
             slot = self._find(nbytes, slot)
             if slot < 0:
+                if not self.serving:
+                    self.step_misses += 1         # following: a request the step lacks
                 return self._miss(nbytes)
+        if not self.serving:
+            self.step_hits += 1                   # following: the request was foreseen
         count = len(requested)
         self.cursor = slot + 1 if slot + 1 < count else 0
         if not self.serving:
+            self.last_slot = slot
             return None
         block = self.arena.place(slot)
         if block is None:
@@ -108,6 +118,9 @@ class Predictor:
     def learn(self, pointer: int, nbytes: int, size: int, stream) -> None:
         """Record an allocation (hit or miss) while learning."""
         if stream is self.stream or stream == self.stream:
+            if self.last_slot is not None:
+                self.slot_pointers[self.last_slot] = pointer
+                self.pointer_slots[pointer] = self.last_slot
             template = self.learner.on_alloc(pointer, nbytes, size)
             if template is not None:
                 self._consider(template)
@@ -116,13 +129,22 @@ class Predictor:
         """Record a free while learning."""
         self.learner.on_free(pointer)
 
+    @property
+    def awaiting(self) -> bool:
+        """Whether the arena waits for pinned pool blocks to be freed (see PoolRangeArena)."""
+        return self.arena is not None and bool(self.arena.awaited)
+
+    def awaited_free(self, pointer: int) -> None:
+        if pointer in self.arena.awaited:
+            self.arena.on_free(pointer)
+
     def merge_and_add(self, block: Block) -> None:
         """A planned block was freed (the pool returns it to its segment's free list: here)."""
         arena = block.segment.arena
         arena.remove(block)
         if arena is not self.arena and arena in self.draining:
             if arena.live_starts:
-                arena.unmap_idle_pages()
+                arena.shrink()
             else:
                 self.draining.remove(arena)
                 arena.release()
@@ -146,6 +168,7 @@ class Predictor:
         self._retire_arena()
         self.template, self.layout, self.cursor = template, None, template.cursor
         self.cut, self.places = cut(template), {}
+        self.step_hits = self.step_misses = 0
         self.note = f"found a step of {template.period} allocations; planning at its next cut"
 
     def _start_planning(self, template: Template) -> None:
@@ -153,16 +176,30 @@ class Predictor:
         in the background."""
         self.note = f"planning a step of {template.period} allocations"
         self.planning = True
-        taken = None
+        taken, pinned = None, {}
         range_ = self._range()
         if range_ is not None:          # at a cut: around the blocks live in the pool now
+            pinned = self._pinned(template, range_)
+            self.pinned = {range_.base + offset for offset in pinned.values()}
             taken = [(block.start - range_.base, block.size) for block in range_.blocks()
-                     if block.allocated]
+                     if block.allocated and block.start not in self.pinned]
         if self.background:
-            threading.Thread(target=self._plan, args=(template, taken),
+            threading.Thread(target=self._plan, args=(template, taken, pinned),
                              name="npumem-step-planner", daemon=True).start()
         else:
-            self._plan(template, taken)
+            self._plan(template, taken, pinned)
+
+    def _pinned(self, template: Template, range_) -> dict[int, int]:
+        """Crossing slots whose block from the step just ended is live in the pool: {slot:
+        its offset}. The plan keeps them there, so the block and its planned place are one."""
+        pinned, allocated = {}, self.pool._allocated
+        for slot in crossing_slots(template, self.cut):
+            pointer = self.slot_pointers.get(slot)
+            block = allocated.get(pointer)
+            if block is not None and block.segment is range_ and \
+                    block.size == template.sizes[slot] and self.pointer_slots.get(pointer) == slot:
+                pinned[slot] = pointer - range_.base
+        return pinned
 
     def _range(self):
         """The stream's expandable address range in the pool (None for segment pools)."""
@@ -185,9 +222,9 @@ class Predictor:
             return template.holds_peak
         return not self.serving and template.period > self.template.period
 
-    def _plan(self, template: Template, taken) -> None:
+    def _plan(self, template: Template, taken, pinned) -> None:
         try:
-            layout = lay_out(template, self.algorithm, self.time_limit, taken)
+            layout = lay_out(template, self.algorithm, self.time_limit, taken, pinned)
             self.planning_seconds += layout.seconds
         except PlanError as error:         # never used: a plan must not overlap live blocks
             warnings.warn(f"npumem predictive pool: a step plan failed validation ({error}); "
@@ -207,7 +244,7 @@ class Predictor:
         self.peak_before = pool.stats.peak("reserved_bytes")
         range_ = self._range()
         if range_ is not None:
-            if not PoolRangeArena.fits(range_, layout):
+            if PoolRangeArena.blocked(range_, layout, self.pinned):
                 self.ready = None             # blocks moved in since it was planned: plan again
                 self.note = "pool blocks moved into the planned ranges; planning again"
                 return
@@ -218,7 +255,7 @@ class Predictor:
                 self._refused(f"the plan needs {need} bytes of pages with the pool's live "
                               f"blocks, more than the peak of {self.peak_before}")
                 return
-            self.arena = PoolRangeArena(pool, layout, self.stream, self, range_)
+            self.arena = PoolRangeArena(pool, layout, self.stream, self, range_, self.pinned)
         else:
             pool.release_idle_cache()
             if pool.stats.current("reserved_bytes") + layout.arena_bytes > self.peak_before:
@@ -238,8 +275,9 @@ class Predictor:
                      f"({layout.algorithm}, {layout.height} bytes high)")
 
     def _refused(self, why: str) -> None:
-        """The plan cannot take over. The template may come from a first step that differed
-        (optimizer state made in it): learn the step again from the steps since, a few times."""
+        """The template cannot take over (the program strays from it, or its plan does not fit
+        under the peak). It may come from a first step that differed (optimizer state made in
+        it): learn the step again from the steps since, a few times."""
         self.refusals += 1
         self.min_period = self.template.period // 2     # the step, not one of its layers
         if self.refusals >= MAX_REFUSALS:
@@ -254,6 +292,7 @@ class Predictor:
         arena, self.arena = self.arena, None
         if arena is not None:
             if arena.live_starts:
+                arena.shrink()
                 self.draining.append(arena)
             else:
                 arena.release()
@@ -306,11 +345,21 @@ class Predictor:
         """A step boundary: judge the last step; give idle pool pages back; a ready layout
         takes over here, where the fewest of the step's blocks are live in the pool."""
         if self.arena is None and self.template is not None and not self.planning:
-            if self.ready is None:
-                self._start_planning(self.template)       # in line (replays): ready now
-            if self.ready is not None:
-                self._take_over()
+            followed = self.step_hits + self.step_misses
+            if followed < len(self.template.requested) // 2:
+                pass                                      # not a whole step seen yet
+            elif self.step_hits < PROVEN * followed:      # the program does not repeat it
+                self._refused(f"the last step followed the template for only "
+                              f"{self.step_hits / followed:.1%} of its requests")
+                return
+            else:
+                if self.ready is None:
+                    self._start_planning(self.template)   # in line (replays): ready now
+                if self.ready is not None:
+                    self._take_over()
         elif self.serving:
+            if self.arena.awaited:               # frees that were pending on other streams
+                self.arena.claim()
             requests = self.step_hits + self.step_misses
             rate = self.step_hits / requests if requests else 1.0
             if self.pool.stats.peak("reserved_bytes") > self.peak_before:
@@ -336,6 +385,7 @@ class Predictor:
     def _drop(self, why: str) -> None:
         self._retire_arena()
         self.template = self.layout = self.ready = None
+        self.step_hits = self.step_misses = 0
         self.note = why
         self.learner = StepLearner()
 

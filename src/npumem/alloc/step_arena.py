@@ -2,9 +2,11 @@
 
 - `PoolRangeArena` (expandable pools): the layout was planned around the blocks live in the
   stream's own address range, so it fills the holes long-lived blocks left there. At takeover
-  the byte ranges the layout uses are carved out of the pool's free blocks; their pages are
-  mapped as planned blocks first need them, and only while reserved memory stays within the peak
-  the pool had reached. The ranges go back to the pool's free list when the plan is dropped.
+  the byte ranges the layout uses are carved out of the pool's free blocks — those a pinned
+  block (the previous step's instance of a slot crossing the cut) still holds, once it is freed.
+  Their pages are mapped as planned blocks first need them, and only while reserved memory
+  stays within the peak the pool had reached. The ranges go back to the pool's free list when
+  the plan is dropped.
 - `OwnArena` (segment pools, backends without virtual memory): one device allocation, taken
   whole, only when it fits under that peak.
 
@@ -20,6 +22,13 @@ from ..constants import MallocPolicy
 from .block import Block
 from .expandable import _runs
 from .step_plan import StepLayout
+
+
+def _carved_rest(block: Block, size: int) -> Block:
+    """Split a carved block after `size` bytes; the rest stays carved (allocated)."""
+    rest = block.split(size)
+    rest.allocated, rest.requested, rest.small = True, 0, False
+    return rest
 
 
 class ArenaSegment:
@@ -42,6 +51,7 @@ class StepArena:
                        for offset, size in zip(layout.offsets, layout.template.sizes)]
         self.live_starts: list[int] = []
         self.live_ends: list[int] = []
+        self.awaited: set[int] = set()        # pool blocks whose frees the arena waits for
 
     def place(self, slot: int) -> Block | None:
         """Slot `slot`'s block, if no live planned block overlaps it and its memory is there."""
@@ -66,6 +76,9 @@ class StepArena:
 
     def unmap_idle_pages(self) -> None:
         """Give back pages no live planned block needs (where that is possible)."""
+
+    def shrink(self) -> None:
+        """A retired arena: give back what no live planned block uses (where possible)."""
 
     def _free_runs_in(self, low: int, high: int):
         """(start, end) of the free bytes in [low, high), between live planned blocks."""
@@ -119,33 +132,56 @@ class PoolRangeArena(StepArena):
     """The layout inside the stream's expandable address range (`range_`, an expandable Arena);
     the byte ranges it uses are carved out of the pool's free blocks."""
 
-    def __init__(self, pool, layout: StepLayout, stream, owner, range_):
+    def __init__(self, pool, layout: StepLayout, stream, owner, range_, pinned: set[int]):
         self.range, self.strategy = range_, pool._strategy
         super().__init__(pool, layout, stream, owner, range_.base)
         self.carved: list[Block] = []
         self.carved_ids: set[int] = set()
-        free = self._free_blocks()
-        for low, high in self._union(range_.base, layout):
-            at = bisect_left(free, (low + 1,)) - 1
-            tail = self._carve(free[at][2], low, high)
-            if tail is not None:                   # the rest of that free block, for the next
-                free[at] = (tail.start, tail.end, tail)
-        self.size = sum(block.size for block in self.carved)
-
-    def _free_blocks(self) -> list[tuple[int, int, Block]]:
-        return sorted(((block.start, block.end, block) for block in self.range.blocks()
-                       if not block.allocated), key=lambda item: item[0])
+        self.size = 0
+        self.unclaimed = self._union(range_.base, layout)     # byte ranges not carved yet
+        self.awaited = {pointer for pointer in pinned if pointer in pool._allocated}
+        self.claim()
 
     @staticmethod
-    def fits(range_, layout: StepLayout) -> bool:
-        """Whether every byte the layout uses is free in the pool now (it was planned around
-        the blocks live then; others may have moved in since)."""
-        free = sorted((block.start, block.end) for block in range_.blocks() if not block.allocated)
+    def blocked(range_, layout: StepLayout, pinned: set[int]) -> bool:
+        """Whether a live pool block other than the pinned ones holds bytes the layout uses:
+        one that moved in after it was planned."""
+        held = sorted((block.start, block.end) for block in range_.blocks()
+                      if block.allocated and block.start not in pinned)
+        starts = [start for start, _ in held]
         for low, high in PoolRangeArena._union(range_.base, layout):
-            at = bisect_left(free, (low + 1,)) - 1
-            if at < 0 or free[at][1] < high:
-                return False
-        return True
+            at = bisect_left(starts, high)
+            if at and held[at - 1][1] > low:
+                return True
+        return False
+
+    def claim(self) -> None:
+        """Carve the parts of the unclaimed ranges that are free now. The rest is held by the
+        pinned blocks of the step before the plan took over; planned blocks there are misses
+        until those are freed (on_free)."""
+        left = []
+        for low, high in self.unclaimed:
+            for block in list(self._blocks_in(low, high)):
+                piece = (max(block.start, low), min(block.end, high))
+                if block.allocated:
+                    left.append(piece)
+                else:
+                    self._carve(block, *piece)
+        self.unclaimed = left
+
+    def _blocks_in(self, low: int, high: int):
+        """The pool's blocks of the range that overlap [low, high), in address order."""
+        block = self.range.first
+        while block is not None and block.end <= low:
+            block = block.next
+        while block is not None and block.start < high:
+            yield block
+            block = block.next
+
+    def on_free(self, pointer: int) -> None:
+        """A pinned pool block was freed: claim what it held."""
+        self.awaited.discard(pointer)
+        self.claim()
 
     @staticmethod
     def bytes_needed(range_, layout: StepLayout, shift: int) -> int:
@@ -170,22 +206,28 @@ class PoolRangeArena(StepArena):
                 merged.append([low, high])
         return [(low, high) for low, high in merged]
 
-    def _carve(self, block: Block, low: int, high: int) -> Block | None:
-        """Take [low, high) out of the free `block` holding it; returns the free block left
-        after it, if any."""
-        free, tail = self.range.free, None
+    def _carve(self, block: Block, low: int, high: int) -> None:
+        """Take [low, high) out of the free `block` holding it."""
+        free = self.range.free
         free.remove(block)
         if block.start < low:
             rest = block.split(low - block.start)
             free.add(block)
             block = rest
         if block.end > high:
-            tail = block.split(high - block.start)
-            free.add(tail)
+            free.add(block.split(high - block.start))
         block.allocated, block.requested, block.small = True, 0, False
         self.carved.append(block)
         self.carved_ids.add(id(block))
-        return tail
+        self.size += block.size
+
+    def place(self, slot: int) -> Block | None:
+        if self.unclaimed:
+            block = self.blocks[slot]
+            at = bisect_left(self.unclaimed, (block.start + block.size,))
+            if at and self.unclaimed[at - 1][1] > block.start:
+                return None                   # a pinned pool block still holds some of it
+        return super().place(slot)
 
     def ensure_mapped(self, block: Block) -> bool:
         range_, shift = self.range, self.strategy.shift
@@ -214,13 +256,36 @@ class PoolRangeArena(StepArena):
         if idle:
             self.strategy.unmap_runs(self.range, idle)
 
+    def shrink(self) -> None:
+        """Give the pool back the carved bytes no live planned block uses, so a retired plan
+        holds only what its last blocks need while they drain."""
+        kept, free = [], self.range.free
+        for carved in self.carved:
+            block = carved
+            for low, high in list(self._free_runs_in(carved.start, carved.end)):
+                if block.start < low:             # a live planned block's bytes: keep them
+                    kept.append(block)
+                    block = _carved_rest(block, low - block.start)
+                rest = _carved_rest(block, high - block.start) if block.end > high else None
+                block.allocated = False
+                free.merge_and_add(block)
+                block = rest
+                if block is None:
+                    break
+            if block is not None:
+                kept.append(block)
+        self.carved, self.carved_ids = kept, {id(block) for block in kept}
+        self.size = sum(block.size for block in kept)
+        self.unclaimed, self.awaited = [], set()
+
     def release(self) -> None:
         """The carved ranges go back to the pool's free list (their pages stay mapped, the
         pool's to unmap when idle)."""
         for block in self.carved:
             block.allocated = False
             self.range.free.merge_and_add(block)
-        self.carved, self.carved_ids, self.size = [], set(), 0
+        self.carved, self.carved_ids, self.size, self.unclaimed = [], set(), 0, []
+        self.awaited = set()
 
     def views(self):
         return []         # inside the pool's own ranges: see refine

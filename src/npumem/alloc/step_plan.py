@@ -5,10 +5,12 @@ freed early in step k+1. The layout cuts the circle where the fewest planned byt
 (`boundary`, usually between steps, after the gradients are dropped).
 
 In its own arena, blocks that still cross the cut get their own places at the bottom and the
-rest are placed above them by `npumem.planning`. Inside the pool's address range (`taken`: the
-byte ranges its live blocks hold), crossing blocks count as live for the whole step and every
-block goes around the taken ranges, so the step fills the holes long-lived blocks left between
-them; the greedy orders of `npumem.planning` do that placement. Either way the result is checked
+rest are placed above them by `npumem.planning`. Inside the pool's address range, every block
+goes around the byte ranges the pool's live blocks hold (`taken`), so the step fills the holes
+long-lived blocks left; a crossing block's lifetime is two pieces, the end and the start of the
+step, and one whose previous instance the pool holds now is pinned to that block's address
+(`pinned`), so the two are never counted twice. The greedy orders of `npumem.planning`, and
+allocation order (what the pool itself does), choose the placement order. Either way the result is checked
 over two consecutive steps, so no two blocks that are ever live together share a byte, before
 the pool uses it.
 """
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..planning import Plan, plan, problem_from_arrays
 from ..planning.greedy import orders
-from ..planning.placement import place_in_order, validate
+from ..planning.placement import validate
 from ..planning.planner import GREEDY_VARIANTS
 from .step_learner import Template
 
@@ -45,19 +47,19 @@ class StepLayout:
 
 
 def lay_out(template: Template, algorithm: str = "best", time_limit: float = 5.0,
-            taken: list[tuple[int, int]] | None = None) -> StepLayout:
-    """Plan `template` (see the module doc); `taken`: (offset, size) ranges held throughout.
+            taken: list[tuple[int, int]] | None = None,
+            pinned: dict[int, int] | None = None) -> StepLayout:
+    """Plan `template` (see the module doc). In the pool's range (`taken` given): `taken` are
+    (offset, size) ranges held throughout, `pinned` maps crossing slots to fixed offsets.
     Raises PlanError if the result overlaps (a bug)."""
     began = time.perf_counter()
     length = template.length
-    starts = np.asarray(template.starts, dtype=np.int64)
-    ends = np.asarray(template.ends, dtype=np.int64)
     sizes = np.asarray(template.sizes, dtype=np.int64)
     boundary = cut(template)
-    lower = (starts - starts[boundary]) % length
-    upper = lower + (ends - starts)
-    if taken:
-        return _lay_out_around(template, lower, upper, sizes, boundary, taken, time_limit, began)
+    lower, upper = _rotated(template, boundary)
+    if taken is not None:
+        return _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned or {},
+                               time_limit, began)
     crossing = upper > length
     offsets = np.zeros(len(sizes), dtype=np.int64)
     offsets[crossing] = np.cumsum(sizes[crossing]) - sizes[crossing]
@@ -75,6 +77,21 @@ def lay_out(template: Template, algorithm: str = "best", time_limit: float = 5.0
                       bottom, load, placed.algorithm, time.perf_counter() - began)
 
 
+def _rotated(template: Template, boundary: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lifetimes counted from the cut: [lower, upper), upper past the step's length for a block
+    that crosses it."""
+    starts = np.asarray(template.starts, dtype=np.int64)
+    ends = np.asarray(template.ends, dtype=np.int64)
+    lower = (starts - starts[boundary]) % template.length
+    return lower, lower + (ends - starts)
+
+
+def crossing_slots(template: Template, boundary: int) -> list[int]:
+    """Slots whose block is live across the cut."""
+    _, upper = _rotated(template, boundary)
+    return np.nonzero(upper > template.length)[0].tolist()
+
+
 def cut(template: Template) -> int:
     """The slot where the step is cut: the fewest planned bytes live (blocks of the previous
     step included)."""
@@ -84,33 +101,80 @@ def cut(template: Template) -> int:
     return int(np.argmin(_live_at_allocations(starts, ends, sizes, template.length)))
 
 
-def _lay_out_around(template, lower, upper, sizes, boundary, taken, time_limit, began):
-    """The best greedy placement around `taken` (crossing blocks live the whole step)."""
+def _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned, time_limit, began):
+    """The best greedy placement around `taken`, with the `pinned` slots where they are."""
     length = template.length
     crossing = upper > length
+    pieces = [((lo, hi),) if hi <= length else ((lo, length), (0, hi - length))
+              for lo, hi in zip(lower.tolist(), upper.tolist())]
+    whole = np.array([[offset, offset + size, -1, 2 * length + 1] for offset, size in taken],
+                     dtype=np.int64).reshape(-1, 4)
+    fixed = np.array([[offset, offset + sizes[slot], lo, hi] for slot, offset in pinned.items()
+                      for lo, hi in pieces[slot]], dtype=np.int64).reshape(-1, 4)
+    held = np.concatenate([whole, fixed])
     problem = problem_from_arrays(np.where(crossing, 0, lower), np.where(crossing, length, upper),
                                   sizes, name="step")
-    starts = np.array([offset for offset, _ in taken], dtype=np.int64)
-    ends = starts + np.array([size for _, size in taken], dtype=np.int64)
+    by_name = orders(problem)
+    # in allocation order, first fit is what the pool itself would do
+    by_name["time"] = np.argsort(lower, kind="stable")
     deadline = began + time_limit
     best, label = None, ""
-    by_name = orders(problem)
-    # in allocation order, first fit is what the pool itself would do: never worse than it
-    by_name["time"] = np.argsort(lower, kind="stable")
     for name, best_fit in [("time", False)] + GREEDY_VARIANTS:
-        offsets = place_in_order(problem, by_name[name], best_fit, deadline, (starts, ends))
+        order = [i for i in by_name[name].tolist() if i not in pinned]
+        offsets = _place(pieces, sizes, order, best_fit, held, deadline)
         if offsets is None:
             break
         if best is None or (offsets + sizes).max() < (best + sizes).max():
             best, label = offsets, f"{name}/{'best' if best_fit else 'first'}-fit around live blocks"
     if best is None:                       # no time for even one order: above everything taken
         placed = plan(problem, "size", time_limit)
-        best, label = placed.offsets + (int(ends.max()) if len(ends) else 0), "above live blocks"
-    _check_two_steps(lower, upper, sizes, best, length, (starts, ends))
+        best, label = placed.offsets + int(held[:, 1].max(initial=0)), "above live blocks"
+    for slot, offset in pinned.items():
+        best[slot] = offset
+    _check_two_steps(lower, upper, sizes, best, length, whole)
     height = int((best + sizes).max())
     load = int(_live_at_allocations(lower, upper, sizes, length).max())
     return StepLayout(template, best.tolist(), height, height, boundary,
                       int(sizes[crossing].sum()), load, label, time.perf_counter() - began)
+
+
+def _place(pieces, sizes, order, best_fit: bool, held, deadline: float):
+    """Place blocks in `order`, each at the lowest (or tightest) gap left by the placed pieces
+    and `held` rows (start, end, from, until) live at the same time as any of its pieces; None
+    past `deadline`. planning.place_in_order's gap search, with lifetimes in pieces."""
+    capacity = len(held) + 2 * len(sizes)
+    p_from, p_until = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
+    p_start, p_end = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
+    k = len(held)
+    if k:
+        p_start[:k], p_end[:k], p_from[:k], p_until[:k] = held.T
+    offsets = np.zeros(len(sizes), np.int64)
+    for count, i in enumerate(order):
+        if count & 63 == 0 and time.perf_counter() > deadline:
+            return None
+        mask = np.zeros(k, bool)
+        for lo, hi in pieces[i]:
+            mask |= (p_from[:k] < hi) & (lo < p_until[:k])
+        live = np.nonzero(mask)[0]
+        need, offset = sizes[i], 0
+        if len(live):
+            by_start = np.argsort(p_start[live])
+            starts = p_start[live][by_start]
+            ends = np.maximum.accumulate(p_end[live][by_start])
+            floors = np.concatenate(([0], ends[:-1]))
+            gaps = starts - floors
+            fits = np.nonzero(gaps >= need)[0]
+            if len(fits) == 0:
+                offset = ends[-1]
+            elif best_fit:
+                offset = floors[fits[np.argmin(gaps[fits])]]
+            else:
+                offset = floors[fits[0]]
+        offsets[i] = offset
+        for lo, hi in pieces[i]:
+            p_from[k], p_until[k], p_start[k], p_end[k] = lo, hi, offset, offset + need
+            k += 1
+    return offsets
 
 
 def _live_at_allocations(starts, ends, sizes, length: int) -> np.ndarray:
@@ -125,14 +189,13 @@ def _live_at_allocations(starts, ends, sizes, length: int) -> np.ndarray:
     return np.cumsum(change)[starts]
 
 
-def _check_two_steps(lower, upper, sizes, offsets, length: int, taken=None) -> None:
+def _check_two_steps(lower, upper, sizes, offsets, length: int, held=None) -> None:
     """Validate the layout over two consecutive steps (every lifetime is shorter than a step,
-    so a block can only meet blocks of its own step and the next), with the `taken` ranges
-    (starts, ends) held throughout."""
-    starts, ends = taken if taken is not None else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    held = len(starts)
+    so a block can only meet blocks of its own step and the next), with the `held` rows
+    (start, end, from, until) of the pool's live blocks."""
+    held = np.zeros((0, 4), np.int64) if held is None else held
     doubled = problem_from_arrays(
-        np.concatenate([lower, lower + length, np.full(held, -1)]),
-        np.concatenate([upper, upper + length, np.full(held, 2 * length + 1)]),
-        np.concatenate([sizes, sizes, ends - starts]), name="two steps")
-    validate(doubled, np.concatenate([offsets, offsets, starts]))
+        np.concatenate([lower, lower + length, held[:, 2]]),
+        np.concatenate([upper, upper + length, held[:, 3]]),
+        np.concatenate([sizes, sizes, held[:, 1] - held[:, 0]]), name="two steps")
+    validate(doubled, np.concatenate([offsets, offsets, held[:, 0]]))

@@ -86,24 +86,19 @@ def validate(problem: PlanningProblem, offsets: np.ndarray) -> None:
 
 
 def place_in_order(problem: PlanningProblem, order: np.ndarray, best_fit: bool = False,
-                   deadline: float = math.inf, taken=None) -> np.ndarray | None:
+                   deadline: float = math.inf) -> np.ndarray | None:
     """Place buffers one by one in `order`, each in the lowest gap (or, with `best_fit`, the
     tightest gap) left by the already placed buffers that are live at the same time. O(n^2):
-    None if the `deadline` (perf_counter) passes first. `taken` is (starts, ends) of byte
-    ranges held at all times (blocks already live where the buffers go)."""
+    None if the `deadline` (perf_counter) passes first."""
     lower, upper, size = problem.lower, problem.upper, problem.size
-    fixed = 0 if taken is None else len(taken[0])
-    n = len(order) + fixed
+    n = len(order)
     offsets = np.zeros(len(problem), np.int64)
     # Placed buffers in placement order, so each step scans only the placed prefix.
     p_lower = np.empty(n, np.int64)
     p_upper = np.empty(n, np.int64)
     p_start = np.empty(n, np.int64)
     p_end = np.empty(n, np.int64)
-    if fixed:
-        p_lower[:fixed], p_upper[:fixed] = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-        p_start[:fixed], p_end[:fixed] = taken
-    for k, i in enumerate(order, fixed):
+    for k, i in enumerate(order):
         if k & 63 == 0 and time.perf_counter() > deadline:
             return None
         need = size[i]
