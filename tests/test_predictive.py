@@ -236,8 +236,8 @@ def test_real_recordings_never_reserve_more_with_prediction(name):
 
 def test_marked_templates_wait_for_the_blocks_the_next_step_frees():
     """Gradients made late in a step and dropped early in the next (zero_grad after loading the
-    batch) are in the template: it is made once they are freed. Whatever the plan does with
-    them, the pool reserves no more than without prediction."""
+    batch) are in the template: it is made once they are freed. The plan then serves every
+    request, reserving no more than without prediction."""
     def run(pool, steps=8):
         grads: list[int] = []
         for _ in range(steps):
@@ -266,6 +266,9 @@ def test_marked_templates_wait_for_the_blocks_the_next_step_frees():
     assert template is not None and template.marked
     assert template.requested == [1 << 20, 3 << 20, 4 << 20]   # the gradient is planned
     assert template.cursor == 2                     # two requests of step 2 already made
-    assert run(make_pool()) <= run(make_pool(predictive=False))
+    predicted = make_pool()
+    assert run(predicted, steps=10) <= run(make_pool(predictive=False), steps=10)
+    stats = predicted.memory_stats()        # the batch crosses the cut: pinned, then claimed
+    assert stats["prediction.misses"] == 0 and stats["prediction.hits"] >= 5 * 6
 
 
