@@ -56,6 +56,7 @@ class Predictor:
         self.planning = False
         self.cut = 0                               # the slot where steps are cut
         self.last_slot: int | None = None          # the slot the request being made matched
+        self.awaiting = False                      # the arena waits for pinned blocks' frees
         self.slot_pointers: dict[int, int] = {}    # slot -> the pool block it got last
         self.pointer_slots: dict[int, int] = {}    # and back: a pointer reused by another slot
         self.pinned: set[int] = set()              # pool blocks the plan being made keeps
@@ -79,7 +80,6 @@ class Predictor:
     def take(self, nbytes: int, stream) -> Block | None:
         """The planned block for this request, or None (the pool serves it)."""
         self.requests += 1
-        self.last_slot = None
         if stream is not self.stream and stream != self.stream:
             if self.stream is not _NOT_YET:
                 return self._miss(nbytes)
@@ -118,9 +118,10 @@ class Predictor:
     def learn(self, pointer: int, nbytes: int, size: int, stream) -> None:
         """Record an allocation (hit or miss) while learning."""
         if stream is self.stream or stream == self.stream:
-            if self.last_slot is not None:
-                self.slot_pointers[self.last_slot] = pointer
-                self.pointer_slots[pointer] = self.last_slot
+            slot, self.last_slot = self.last_slot, None
+            if slot is not None:
+                self.slot_pointers[slot] = pointer
+                self.pointer_slots[pointer] = slot
             template = self.learner.on_alloc(pointer, nbytes, size)
             if template is not None:
                 self._consider(template)
@@ -129,14 +130,12 @@ class Predictor:
         """Record a free while learning."""
         self.learner.on_free(pointer)
 
-    @property
-    def awaiting(self) -> bool:
-        """Whether the arena waits for pinned pool blocks to be freed (see PoolRangeArena)."""
-        return self.arena is not None and bool(self.arena.awaited)
-
     def awaited_free(self, pointer: int) -> None:
-        if pointer in self.arena.awaited:
-            self.arena.on_free(pointer)
+        """The pool freed a block while the arena waits for pinned ones (see PoolRangeArena)."""
+        arena = self.arena
+        if arena is not None and pointer in arena.awaited:
+            arena.on_free(pointer)
+        self.awaiting = arena is not None and bool(arena.awaited)
 
     def merge_and_add(self, block: Block) -> None:
         """A planned block was freed (the pool returns it to its segment's free list: here)."""
@@ -256,6 +255,7 @@ class Predictor:
                               f"blocks, more than the peak of {self.peak_before}")
                 return
             self.arena = PoolRangeArena(pool, layout, self.stream, self, range_, self.pinned)
+            self.awaiting = bool(self.arena.awaited)
         else:
             pool.release_idle_cache()
             if pool.stats.current("reserved_bytes") + layout.arena_bytes > self.peak_before:
@@ -288,7 +288,7 @@ class Predictor:
 
     def _retire_arena(self) -> None:
         """Stop serving from the arena; it goes back once its last block is freed."""
-        self.serving = False
+        self.serving = self.awaiting = False
         arena, self.arena = self.arena, None
         if arena is not None:
             if arena.live_starts:
@@ -399,6 +399,7 @@ class Predictor:
         before = self.pool.stats.current("reserved_bytes")
         self.arena.release()
         self.arena, self.ready, self.layout, self.serving = None, self.layout, None, False
+        self.awaiting = False
         return before - self.pool.stats.current("reserved_bytes")
 
     def retire(self) -> None:
@@ -410,7 +411,7 @@ class Predictor:
         """The pool closes (every block has been freed)."""
         for arena in self.arenas():
             arena.release()
-        self.arena, self.draining, self.serving = None, [], False
+        self.arena, self.draining, self.serving, self.awaiting = None, [], False, False
 
     def arenas(self) -> list[StepArena]:
         return ([self.arena] if self.arena is not None else []) + self.draining

@@ -52,6 +52,7 @@ class StepArena:
         self.live_starts: list[int] = []
         self.live_ends: list[int] = []
         self.awaited: set[int] = set()        # pool blocks whose frees the arena waits for
+        self.slot_ready = [False] * len(self.blocks)   # pages known to be mapped
 
     def place(self, slot: int) -> Block | None:
         """Slot `slot`'s block, if no live planned block overlaps it and its memory is there."""
@@ -61,8 +62,10 @@ class StepArena:
         at = bisect_left(starts, start)
         if (at < len(starts) and starts[at] < end) or (at and self.live_ends[at - 1] > start):
             return None
-        if not self.ensure_mapped(block):
-            return None
+        if not self.slot_ready[slot]:             # its pages were mapped already: skip the check
+            if not self.ensure_mapped(block):
+                return None
+            self.slot_ready[slot] = True
         starts.insert(at, start)
         self.live_ends.insert(at, end)
         return block
@@ -255,6 +258,7 @@ class PoolRangeArena(StepArena):
                     idle += _runs(self.range.mapped, 1, first, end)
         if idle:
             self.strategy.unmap_runs(self.range, idle)
+            self.slot_ready = [False] * len(self.blocks)
 
     def shrink(self) -> None:
         """Give the pool back the carved bytes no live planned block uses, so a retired plan
