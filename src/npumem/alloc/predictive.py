@@ -1,23 +1,23 @@
 """Predictive pre-allocation (NPUMEM_ALLOC_CONF=predictive:True): the pool learns the step the
-program repeats and serves it from a planned arena.
+program repeats and serves it from a plan (docs/predictive.md has the whole story).
 
 1. **Learn.** `StepLearner` finds the repeated step (or reads `npumem.memory.step()` marks).
-2. **Plan.** `step_plan.lay_out` places the step's blocks with `npumem.planning`, in a
-   background thread, so no allocation waits for it.
-3. **Serve.** At the next step boundary (where the fewest of the step's blocks are live), the
-   plan takes over. The pool asks `Predictor.take` first. The request the plan expects next (same size,
-   within `LOOKAHEAD` slots of where the step is) gets its slot's planned block: no search, no
-   split or merge. Anything else — another size, a slot whose bytes are still held by a block
-   that lives longer than planned, another stream — is a miss, served by the normal pool. Memory
-   is correct whatever the program does: a planned block is handed out only when no live block
-   overlaps it.
-4. **Give back the cache.** The arena's pages are mapped as its blocks first need them, each only
-   if reserved memory stays within the peak the pool already reached, after the pool gives its
-   idle pages back (`step_arena`); idle pool pages also go back as each step begins.
-5. **Re-learn.** A step in which fewer than half the requests hit drops the plan and learning
-   starts again. A step with at least 99% hits ends learning, which costs time on every request.
-   A step that took reserved memory above the peak reached before the plan (the pool's own
-   blocks can leave holes the arena does not use) ends prediction for good.
+2. **Prove.** The template must foresee 99% of a whole step's requests; if not, the step is
+   learned again from the steps since (a first step that made optimizer state differs).
+3. **Plan.** At the step's cut (the fewest of its bytes live), `step_plan.lay_out` places its
+   blocks around the pool's live blocks with `npumem.planning`'s orders, in a background thread.
+4. **Serve.** At a later cut the plan takes over, if it still fits and stays under the peak
+   reserved so far (`step_arena`). The pool asks `Predictor.take` first. The request the plan
+   expects next (same size, within `LOOKAHEAD` slots of where the step is) gets its slot's
+   block: no search, no split or merge. Anything else — another size, a slot whose bytes are
+   still held by a block that lives longer than planned, another stream — is a miss, served by
+   the normal pool. Memory is correct whatever the program does: a planned block is handed out
+   only when no live block overlaps it.
+5. **Give back.** Pages are mapped as planned blocks first need them, under that peak; idle
+   pool pages go back as each step begins; a retired plan returns its unused ranges at once.
+6. **Re-learn or stop.** A step in which fewer than half the requests hit drops the plan. A
+   step with at least 99% hits ends learning, which costs time on every request. A step that
+   took reserved memory above the pre-plan peak ends prediction for good.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ LOOKAHEAD = 32          # template slots a request may skip (requests the progra
 RESYNC = 4              # requests in a row that find the place in the step again after a detour
 KEPT = 0.8              # share of a detected step's requests that must be plannable
 PROVEN, STALE = 0.99, 0.5   # step hit rates that end learning / drop the plan
-MAX_REFUSALS = 3        # plans that did not fit under the peak before prediction gives up
+MAX_REFUSALS = 3        # templates refused (strayed from, or too tall) before prediction stops
 _NOT_YET = object()
 
 

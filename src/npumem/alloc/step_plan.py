@@ -1,4 +1,4 @@
-"""Placing a learned step's blocks in one arena, so that every later step can reuse it.
+"""Placing a learned step's blocks, so that every later step can reuse their places.
 
 A step repeats, so its blocks' lifetimes are circular: a block allocated late in step k may be
 freed early in step k+1. The layout cuts the circle where the fewest planned bytes are live
@@ -10,9 +10,10 @@ goes around the byte ranges the pool's live blocks hold (`taken`), so the step f
 long-lived blocks left; a crossing block's lifetime is two pieces, the end and the start of the
 step, and one whose previous instance the pool holds now is pinned to that block's address
 (`pinned`), so the two are never counted twice. The greedy orders of `npumem.planning`, and
-allocation order (what the pool itself does), choose the placement order. Either way the result is checked
-over two consecutive steps, so no two blocks that are ever live together share a byte, before
-the pool uses it.
+allocation order (what the pool itself does), choose the placement order.
+
+Either way the result is checked over two consecutive steps, so no two blocks that are ever
+live together share a byte, before the pool uses it.
 """
 
 from __future__ import annotations
