@@ -163,7 +163,8 @@ class MixedPrecisionScheduler:
         # hardware does it) and rounds once, when the result is stored
         compute = memory if stability == "robust" and memory in ("float16", "float32") else "float32"
         saved = sum(a.size for a in arrays) * 4 - self._stored_bytes(memory, arrays)
-        how = f"computes in {compute}" if compute == memory else f"stores {memory}, computes in {compute}"
+        how = f"computes in {compute}" if compute == memory else \
+            f"stores {memory}, computes in {compute}"
         reason = f"{op} is {stability}: {how}; policy {policy}; largest |x| {largest:.4g}"
         if refused:
             reason += "; " + "; ".join(refused)
@@ -222,7 +223,8 @@ class MixedPrecisionScheduler:
                            else "bfloat16", stream))
         # tolerance: 8x the expected error, relative to each element and to the output's scale
         tolerance = max(decision.expected_error * 8, 1e-6)
-        scale = float(np.sqrt(np.mean(np.square(reference, dtype=np.float64)))) if reference.size else 0.0
+        scale = float(np.sqrt(np.mean(np.square(reference, dtype=np.float64)))) \
+            if reference.size else 0.0
         report = precision.compare(output, reference, rtol=tolerance, atol=tolerance * scale + 1e-12)
         return MixedResult(output, decision, report, stored_bytes)
 

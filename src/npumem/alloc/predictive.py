@@ -37,6 +37,7 @@ LOOKAHEAD = 32          # template slots a request may skip (requests the progra
 RESYNC = 4              # requests in a row that find the place in the step again after a detour
 KEPT = 0.8              # share of a detected step's requests that must be plannable
 PROVEN, STALE = 0.99, 0.5   # step hit rates that end learning / drop the plan
+GRAM_CHECK = 32         # requests followed before a template's record counts
 MAX_REFUSALS = 3        # templates refused (strayed from, or too tall) before prediction stops
 _NOT_YET = object()
 
@@ -210,8 +211,9 @@ class Predictor:
     def _is_the_step(self, template: Template) -> bool:
         """Layers repeat inside a step before the step does. A detected template is the step if
         most of its requests can be planned (a layer's outputs outlive it) and it holds the
-        stream's peak of live bytes (a backward layer does not); until a plan serves, a longer
-        period replaces it (the first step often differs: optimizer state is made).
+        stream's peak of live bytes (a backward layer does not). Until a plan serves, a longer
+        period replaces a template the program strays from (the first step often differs:
+        optimizer state is made).
         A marked step is planned when no plan is followed (at first, or after a poor step)."""
         if template.marked:             # the program says where steps end: keep a plan that works
             return self.template is None
@@ -219,7 +221,10 @@ class Predictor:
             return False
         if self.template is None:
             return template.holds_peak
-        return not self.serving and template.period > self.template.period
+        followed = self.step_hits + self.step_misses
+        if self.serving or (followed >= GRAM_CHECK and self.step_hits >= PROVEN * followed):
+            return False                  # the template in use does well: a multiple of it
+        return template.period > self.template.period      # would only take longer to prove
 
     def _plan(self, template: Template, taken, pinned) -> None:
         try:

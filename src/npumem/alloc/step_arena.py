@@ -99,7 +99,8 @@ class StepArena:
     def pieces_in(self, low: int, high: int, free_segment) -> list[Block]:
         """The live planned blocks and the free runs in [low, high), in address order."""
         live = {block.start: block for block in self.blocks if block.allocated}
-        pieces = [Block(start, end - start, free_segment) for start, end in self._free_runs_in(low, high)]
+        pieces = [Block(start, end - start, free_segment)
+                  for start, end in self._free_runs_in(low, high)]
         pieces += [live[start] for start in self.live_starts if low <= start < high and start in live]
         return sorted(pieces, key=lambda block: block.start)
 

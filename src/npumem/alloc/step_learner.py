@@ -30,9 +30,9 @@ class Template:
     """One step's requests, in order (slot i is the step's i-th allocation).
 
     `starts[i]`/`ends[i]` are the event times of slot i's allocation and free, counted from slot
-    0's allocation.
-    Slots left out: blocks that outlived a step or were never freed. `length` is the step's duration in events, `cursor` the slot the stream's next allocation
-    corresponds to, `marked` whether steps are marked by `npumem.memory.step()`."""
+    0's allocation. Blocks that outlived a step or were never freed are left out. `length` is
+    the step's duration in events, `cursor` the slot the stream's next allocation corresponds
+    to, `marked` whether steps are marked by `npumem.memory.step()`."""
 
     requested: list[int]
     sizes: list[int]
