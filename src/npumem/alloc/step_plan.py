@@ -120,13 +120,18 @@ def _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned, time
     by_name["time"] = np.argsort(lower, kind="stable")
     deadline = began + time_limit
     best, label = None, ""
+    best_pages = None
     for name, best_fit in [("time", False)] + GREEDY_VARIANTS:
         order = [i for i in by_name[name].tolist() if i not in pinned]
         offsets = _place(pieces, sizes, order, best_fit, held, deadline)
         if offsets is None:
             break
-        if best is None or (offsets + sizes).max() < (best + sizes).max():
-            best, label = offsets, f"{name}/{'best' if best_fit else 'first'}-fit around live blocks"
+        for slot, offset in pinned.items():
+            offsets[slot] = offset
+        pages = _pages(offsets, sizes, held)     # what it will reserve, not just how high
+        if best is None or pages < best_pages:
+            best, best_pages = offsets, pages
+            label = f"{name}/{'best' if best_fit else 'first'}-fit around live blocks"
     if best is None:                       # no time for even one order: above everything taken
         placed = plan(problem, "size", time_limit)
         best, label = placed.offsets + int(held[:, 1].max(initial=0)), "above live blocks"
@@ -137,6 +142,17 @@ def _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned, time
     load = int(_live_at_allocations(lower, upper, sizes, length).max())
     return StepLayout(template, best.tolist(), height, height, boundary,
                       int(sizes[crossing].sum()), load, label, time.perf_counter() - began)
+
+
+def _pages(offsets, sizes, held) -> tuple[int, int]:
+    """(pages touched by the blocks and the held ranges, height): what a layout reserves."""
+    starts = np.concatenate([offsets, held[:, 0]])
+    ends = np.concatenate([offsets + sizes, held[:, 1]])
+    first, last = starts // PAGE, (ends - 1) // PAGE
+    touched = np.zeros(int(last.max(initial=0)) + 2, np.int64)
+    np.add.at(touched, first, 1)
+    np.add.at(touched, last + 1, -1)
+    return int(np.count_nonzero(np.cumsum(touched))), int((offsets + sizes).max(initial=0))
 
 
 def _place(pieces, sizes, order, best_fit: bool, held, deadline: float):
