@@ -272,3 +272,40 @@ def test_marked_templates_wait_for_the_blocks_the_next_step_frees():
     assert stats["prediction.misses"] == 0 and stats["prediction.hits"] >= 5 * 6
 
 
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6 << 20), st.booleans()),
+                      min_size=3, max_size=12), keep_batch=st.integers(0, 3))
+def test_blocks_crossing_the_cut_stay_correct_when_the_program_strays(steps, keep_batch):
+    """The zero_grad loop, whose batch crosses the cut (so the plan pins it and claims its bytes
+    when it is freed), then steps that keep the batch longer, make extra requests or skip the
+    gradients: no two live blocks ever overlap, and everything frees cleanly."""
+    pool = make_pool()
+    grads: list[int] = []
+    kept: list[int] = []
+    plan = [(0, 0, False)] * 6 + steps
+    for number, (extra_count, extra_size, skip_grads) in enumerate(plan):
+        batch = pool.allocate(1 << 20)
+        for pointer in grads:
+            pool.deallocate(pointer)
+        extras = [pool.allocate(extra_size) for _ in range(extra_count)]
+        activations = [pool.allocate(n) for n in (3 << 20, 2 << 20, 5 << 20)]
+        assert_no_overlap(pool)
+        for pointer in reversed(activations):
+            pool.deallocate(pointer)
+        grads = [] if skip_grads else [pool.allocate(n) for n in (4 << 20, 6 << 20)]
+        assert_no_overlap(pool)
+        for pointer in extras:
+            pool.deallocate(pointer)
+        if number >= 6 and len(kept) < keep_batch:
+            kept.append(batch)                    # lives on past its planned free
+        else:
+            pool.deallocate(batch)
+        pool.mark_step()
+    for pointer in grads + kept:
+        pool.deallocate(pointer)
+    stats = pool.memory_stats()
+    assert stats["allocated_bytes.all.current"] == 0
+    assert stats["allocation.all.current"] == 0
+    pool.close()
