@@ -261,6 +261,7 @@ class Predictor:
                 return
             self.arena = PoolRangeArena(pool, layout, self.stream, self, range_, self.pinned)
             self.awaiting = bool(self.arena.awaited)
+            pool.release_idle_cache()         # pages neither the plan nor a live block touches
         else:
             pool.release_idle_cache()
             if pool.stats.current("reserved_bytes") + layout.arena_bytes > self.peak_before:
