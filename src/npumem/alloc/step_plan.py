@@ -25,7 +25,7 @@ import numpy as np
 
 from ..planning import Plan, plan, problem_from_arrays
 from ..planning.greedy import orders
-from ..planning.placement import validate
+from ..planning.placement import lowest_gap, validate
 from ..planning.planner import GREEDY_VARIANTS
 from .step_learner import Template
 
@@ -119,8 +119,7 @@ def _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned, time
     # in allocation order, first fit is what the pool itself would do
     by_name["time"] = np.argsort(lower, kind="stable")
     deadline = began + time_limit
-    best, label = None, ""
-    best_pages = None
+    best, best_pages, label = None, None, ""
     for name, best_fit in [("time", False)] + GREEDY_VARIANTS:
         order = [i for i in by_name[name].tolist() if i not in pinned]
         offsets = _place(pieces, sizes, order, best_fit, held, deadline)
@@ -135,8 +134,8 @@ def _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned, time
     if best is None:                       # no time for even one order: above everything taken
         placed = plan(problem, "size", time_limit)
         best, label = placed.offsets + int(held[:, 1].max(initial=0)), "above live blocks"
-    for slot, offset in pinned.items():
-        best[slot] = offset
+        for slot, offset in pinned.items():
+            best[slot] = offset
     _check_two_steps(lower, upper, sizes, best, length, whole)
     height = int((best + sizes).max())
     load = int(_live_at_allocations(lower, upper, sizes, length).max())
@@ -158,7 +157,7 @@ def _pages(offsets, sizes, held) -> tuple[int, int]:
 def _place(pieces, sizes, order, best_fit: bool, held, deadline: float):
     """Place blocks in `order`, each at the lowest (or tightest) gap left by the placed pieces
     and `held` rows (start, end, from, until) live at the same time as any of its pieces; None
-    past `deadline`. planning.place_in_order's gap search, with lifetimes in pieces."""
+    past `deadline`. planning.place_in_order with lifetimes in pieces."""
     capacity = len(held) + 2 * len(sizes)
     p_from, p_until = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
     p_start, p_end = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
@@ -173,21 +172,8 @@ def _place(pieces, sizes, order, best_fit: bool, held, deadline: float):
         for lo, hi in pieces[i]:
             mask |= (p_from[:k] < hi) & (lo < p_until[:k])
         live = np.nonzero(mask)[0]
-        need, offset = sizes[i], 0
-        if len(live):
-            by_start = np.argsort(p_start[live])
-            starts = p_start[live][by_start]
-            ends = np.maximum.accumulate(p_end[live][by_start])
-            floors = np.concatenate(([0], ends[:-1]))
-            gaps = starts - floors
-            fits = np.nonzero(gaps >= need)[0]
-            if len(fits) == 0:
-                offset = ends[-1]
-            elif best_fit:
-                offset = floors[fits[np.argmin(gaps[fits])]]
-            else:
-                offset = floors[fits[0]]
-        offsets[i] = offset
+        need = sizes[i]
+        offset = offsets[i] = lowest_gap(p_start[live], p_end[live], need, best_fit)
         for lo, hi in pieces[i]:
             p_from[k], p_until[k], p_start[k], p_end[k] = lo, hi, offset, offset + need
             k += 1

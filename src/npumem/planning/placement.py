@@ -85,6 +85,24 @@ def validate(problem: PlanningProblem, offsets: np.ndarray) -> None:
         starts.insert(at, key)
 
 
+def lowest_gap(starts: np.ndarray, ends: np.ndarray, need: int, best_fit: bool = False) -> int:
+    """Where a buffer of `need` bytes goes among buffers at [starts, ends) (live at the same
+    time, any order): the lowest gap that fits, or with `best_fit` the tightest; else on top."""
+    if not len(starts):
+        return 0
+    by_start = np.argsort(starts)
+    starts = starts[by_start]
+    ends = np.maximum.accumulate(ends[by_start])
+    floors = np.concatenate(([0], ends[:-1]))      # top of everything below each start
+    gaps = starts - floors
+    fits = np.nonzero(gaps >= need)[0]
+    if len(fits) == 0:
+        return int(ends[-1])
+    if best_fit:
+        return int(floors[fits[np.argmin(gaps[fits])]])
+    return int(floors[fits[0]])
+
+
 def place_in_order(problem: PlanningProblem, order: np.ndarray, best_fit: bool = False,
                    deadline: float = math.inf) -> np.ndarray | None:
     """Place buffers one by one in `order`, each in the lowest gap (or, with `best_fit`, the
@@ -103,20 +121,7 @@ def place_in_order(problem: PlanningProblem, order: np.ndarray, best_fit: bool =
             return None
         need = size[i]
         live = np.nonzero((p_lower[:k] < upper[i]) & (lower[i] < p_upper[:k]))[0]
-        offset = 0
-        if len(live):
-            by_start = np.argsort(p_start[live])
-            starts = p_start[live][by_start]
-            ends = np.maximum.accumulate(p_end[live][by_start])
-            floors = np.concatenate(([0], ends[:-1]))      # top of everything below each start
-            gaps = starts - floors
-            fits = np.nonzero(gaps >= need)[0]
-            if len(fits) == 0:
-                offset = ends[-1]
-            elif best_fit:
-                offset = floors[fits[np.argmin(gaps[fits])]]
-            else:
-                offset = floors[fits[0]]
+        offset = lowest_gap(p_start[live], p_end[live], need, best_fit)
         offsets[i] = offset
         p_lower[k], p_upper[k], p_start[k], p_end[k] = lower[i], upper[i], offset, offset + need
     return offsets
