@@ -57,7 +57,6 @@ class Predictor:
         self.planning = False
         self.cut = 0                               # the slot where steps are cut
         self.last_slot: int | None = None          # the slot the request being made matched
-        self.awaiting = False                      # the arena waits for pinned blocks' frees
         self.slot_pointers: dict[int, int] = {}    # slot -> the pool block it got last
         self.pointer_slots: dict[int, int] = {}    # and back: a pointer reused by another slot
         self.pinned: set[int] = set()              # pool blocks the plan being made keeps
@@ -91,22 +90,17 @@ class Predictor:
         requested = template.requested
         self.recent.append(nbytes)
         slot = self.cursor
-        if requested[slot] == nbytes:
-            if slot == self.cut:       # the step's first request, where expected: a boundary
-                self._step_began()
-                if self.template is None:         # dropped
-                    return None
-        else:
+        if requested[slot] != nbytes:
             slot = self._find(nbytes, slot)
             if slot < 0:
-                if not self.serving:
-                    self.step_misses += 1         # following: a request the step lacks
                 return self._miss(nbytes)
-        if not self.serving:
-            self.step_hits += 1                   # following: the request was foreseen
-        count = len(requested)
-        self.cursor = slot + 1 if slot + 1 < count else 0
-        if not self.serving:
+        elif slot == self.cut:         # the step's first request, where expected: a boundary
+            self._step_began()
+            if self.template is None:             # dropped
+                return None
+        self.cursor = slot + 1 if slot + 1 < len(requested) else 0
+        if not self.serving:           # following the step until a plan serves it
+            self.step_hits += 1
             self.last_slot = slot
             return None
         block = self.arena.place(slot)
@@ -127,16 +121,19 @@ class Predictor:
             if template is not None:
                 self._consider(template)
 
-    def forget_block(self, pointer: int) -> None:
+    def learn_free(self, pointer: int) -> None:
         """Record a free while learning."""
         self.learner.on_free(pointer)
 
+    @property
+    def awaiting(self) -> bool:
+        """Whether the arena waits for pinned pool blocks to be freed (see PoolRangeArena)."""
+        return self.arena is not None and bool(self.arena.awaited)
+
     def awaited_free(self, pointer: int) -> None:
-        """The pool freed a block while the arena waits for pinned ones (see PoolRangeArena)."""
-        arena = self.arena
-        if arena is not None and pointer in arena.awaited:
-            arena.on_free(pointer)
-        self.awaiting = arena is not None and bool(arena.awaited)
+        """The pool freed a block while the arena waits for pinned ones."""
+        if pointer in self.arena.awaited:
+            self.arena.on_free(pointer)
 
     def merge_and_add(self, block: Block) -> None:
         """A planned block was freed (the pool returns it to its segment's free list: here)."""
@@ -260,7 +257,6 @@ class Predictor:
                               f"blocks, more than the peak of {self.peak_before}")
                 return
             self.arena = PoolRangeArena(pool, layout, self.stream, self, range_, self.pinned)
-            self.awaiting = bool(self.arena.awaited)
             pool.release_idle_cache()         # pages neither the plan nor a live block touches
         else:
             pool.release_idle_cache()
@@ -294,7 +290,7 @@ class Predictor:
 
     def _retire_arena(self) -> None:
         """Stop serving from the arena; it goes back once its last block is freed."""
-        self.serving = self.awaiting = False
+        self.serving = False
         arena, self.arena = self.arena, None
         if arena is not None:
             if arena.live_starts:
@@ -332,9 +328,12 @@ class Predictor:
         self.places = {key: slot for key, slot in seen.items() if slot > 0}
 
     def _miss(self, nbytes: int = 0) -> None:
-        """A request the pool serves. If it may need new pages above the peak, the arena's idle
-        pages go back first: the pool's holes and the arena's must not add up."""
-        if self.serving:
+        """A request the step did not foresee, or the plan could not serve: the pool serves it.
+        If it may need new pages above the peak, the arena's idle pages go back first: the
+        pool's holes and the arena's must not add up."""
+        if not self.serving:
+            self.step_misses += 1
+        else:
             pool = self.pool
             if pool.stats.current("reserved_bytes") + nbytes > self.peak_before:
                 self.arena.unmap_idle_pages()
@@ -405,7 +404,6 @@ class Predictor:
         before = self.pool.stats.current("reserved_bytes")
         self.arena.release()
         self.arena, self.ready, self.layout, self.serving = None, self.layout, None, False
-        self.awaiting = False
         return before - self.pool.stats.current("reserved_bytes")
 
     def retire(self) -> None:
@@ -417,7 +415,7 @@ class Predictor:
         """The pool closes (every block has been freed)."""
         for arena in self.arenas():
             arena.release()
-        self.arena, self.draining, self.serving, self.awaiting = None, [], False, False
+        self.arena, self.draining, self.serving = None, [], False
 
     def arenas(self) -> list[StepArena]:
         return ([self.arena] if self.arena is not None else []) + self.draining

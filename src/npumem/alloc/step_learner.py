@@ -165,5 +165,6 @@ class StepLearner:
                      for pointer, index in self.live.items()}
         self.grams.clear()
         self.marks = [max(mark - drop, 0) for mark in self.marks]
+        self.pending = None                     # its window may have been cut: wait for a mark
         self.peak_at -= drop
         self.period = 0

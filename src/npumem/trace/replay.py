@@ -69,13 +69,12 @@ class ReplayResult:
             notes=list(result.notes))
 
 
-def _prediction_note(predictor, stats: dict, steady_reserved: int, steady_live: int) -> str:
+def _prediction_note(predictor, stats: dict, steady: float | None) -> str:
     if predictor.took_over_at is None:
         return f"prediction: no plan took over ({predictor.note})"
-    steady = f"{steady_reserved / steady_live:.3f}" if steady_live else "n/a"
     return (f"prediction: {stats['prediction.hit_rate']:.1%} of {predictor.hits + predictor.misses} "
             f"requests hit after the plan took over at request {predictor.took_over_at}; steady "
-            f"reserved / live {steady}; {predictor.note}")
+            f"reserved / live {'n/a' if steady is None else f'{steady:.3f}'}; {predictor.note}")
 
 
 def make_allocator(name: str, backend: SimBackend, settings: AllocatorSettings | None):
@@ -154,11 +153,11 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
     if predictor is not None:
         planning = predictor.planning_seconds          # done in line here: not allocation time
         took_over = predictor.took_over_at is not None
+        steady = steady_reserved / steady_live if steady_live else None
         prediction = {"prediction_hit_rate": stats["prediction.hit_rate"] if took_over else None,
-                      "steady_reserved_over_allocated":
-                          steady_reserved / steady_live if steady_live else None,
-                      "prediction_planning_seconds": predictor.planning_seconds,
-                      "notes": [_prediction_note(predictor, stats, steady_reserved, steady_live)]}
+                      "steady_reserved_over_allocated": steady,
+                      "prediction_planning_seconds": planning,
+                      "notes": [_prediction_note(predictor, stats, steady)]}
     for pointer, _ in live.values():
         resource.deallocate(pointer)
     if not is_device:
