@@ -86,3 +86,16 @@ def test_torch_tensors_including_bfloat16():
     assert precision.compare(x.to(torch.bfloat16), x).passed
     report = precision.compare(x + 1e-3, x.numpy())
     assert not report.passed and report.actual_dtype == "float32"
+
+
+def test_npumem_bfloat16_tensors_compare_as_values_with_bfloat16_tolerance():
+    import npumem
+    from npumem.ops import aclnn
+
+    values = np.array([1.5, -2.3, 1000.1], np.float32)
+    stored = npumem.empty((3,), dtype="bfloat16")
+    aclnn.run_with_pool_workspace(aclnn.cast, aclnn.cast_get_workspace_size(
+        npumem.from_numpy(values), "bfloat16", stored))
+    report = precision.compare(stored, values)      # raw bf16 words would be ~16000 off
+    assert report.actual_dtype == "bfloat16" and report.rtol == 1.6e-2
+    assert report.passed and report.max_abs_diff < 1.0

@@ -41,7 +41,6 @@ from . import precision
 from .errors import OpParamError
 from .ops import REGISTRY, aclnn, empty, from_numpy
 from .ops.dtypes import as_data_type
-from .ops.kernels import _from_bf16_bits
 
 POLICIES = ("float32", "bfloat16", "float16", "int8", "auto")
 FLOAT16_MAX = 65504.0
@@ -96,10 +95,8 @@ class MixedResult:
 
 
 def _host(value) -> np.ndarray:
-    """A float32 numpy copy of a numpy array, npumem Tensor or torch tensor."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value, dtype=np.float32)
+    """A float32 numpy array of a numpy array, npumem Tensor or torch tensor."""
+    return np.asarray(precision.to_numpy(value), dtype=np.float32)
 
 
 class MixedPrecisionScheduler:
@@ -219,7 +216,7 @@ class MixedPrecisionScheduler:
         operands = [_as(tensor, compute, stream) for tensor in stored]
         out = empty(reference.shape, dtype=compute, stream=stream)
         _launch(op, operands, out, dim, stream)
-        output = _read(_as(out, decision.memory_dtype if decision.memory_dtype != "int8"
+        output = _host(_as(out, decision.memory_dtype if decision.memory_dtype != "int8"
                            else "bfloat16", stream))
         # tolerance: 8x the expected error, relative to each element and to the output's scale
         tolerance = max(decision.expected_error * 8, 1e-6)
@@ -260,13 +257,6 @@ def _as(tensor, dtype: str, stream):
     aclnn.run_with_pool_workspace(aclnn.cast, aclnn.cast_get_workspace_size(tensor, dtype, out),
                                   stream)
     return out
-
-
-def _read(tensor) -> np.ndarray:
-    values = tensor.numpy()
-    if tensor.dtype == as_data_type("bfloat16"):
-        return _from_bf16_bits(values.view(np.uint16))
-    return values.astype(np.float32)
 
 
 def _launch(op: str, operands, out, dim: int, stream) -> None:

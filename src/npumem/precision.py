@@ -17,6 +17,8 @@ import dataclasses
 
 import numpy as np
 
+from .constants import DataType
+
 # (rtol, atol) by dtype name, as torch.testing.assert_close uses them.
 DEFAULT_TOLERANCES = {
     "float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (1.3e-6, 1e-5),
@@ -82,9 +84,12 @@ class PrecisionReport:
 
 def to_numpy(value) -> np.ndarray:
     """A host numpy copy or view of an npumem tensor, a torch tensor or anything array-like."""
+    from .ops.dtypes import from_bf16_bits
     from .ops.tensor import Tensor
 
     if isinstance(value, Tensor):
+        if value.dtype == DataType.BF16:          # its storage holds raw bf16 words
+            return from_bf16_bits(value.numpy())
         return value.numpy()
     if hasattr(value, "detach") and hasattr(value, "cpu"):          # torch, without importing it
         value = value.detach().cpu()
@@ -95,7 +100,10 @@ def to_numpy(value) -> np.ndarray:
 
 
 def _dtype_name(value, array: np.ndarray) -> str:
-    """The input's own dtype name: torch's bfloat16 stays bfloat16 though it compares as float32."""
+    """The input's own dtype name: bfloat16 (torch's or npumem's) stays bfloat16 though it
+    compares as float32."""
+    if getattr(value, "dtype", None) == DataType.BF16:      # an npumem bf16 tensor
+        return "bfloat16"
     torch_name = str(getattr(value, "dtype", ""))
     return torch_name.removeprefix("torch.") if torch_name.startswith("torch.") else array.dtype.name
 

@@ -7,6 +7,18 @@ import numpy as np
 from ..constants import NUMPY_TYPES, DataType, data_type
 from ..errors import OpParamError
 
+def to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 values as bf16 words: the upper 16 bits, rounded to nearest, ties to even."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounding = 0x7FFF + ((bits >> 16) & 1)
+    return ((bits + rounding) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
+    """bf16 words as float32 values (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 def numpy_dtype(dtype: DataType) -> np.dtype:
     return np.dtype(NUMPY_TYPES[dtype])
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..constants import DataType
+from .dtypes import from_bf16_bits, to_bf16_bits
 from .registry import register_op
 
 HOST_VISIBLE = ("sim",)
@@ -87,23 +88,13 @@ def transpose_kernel(args) -> None:
 # --- cast (bf16 is converted bit by bit: numpy has no bfloat16) ----------------------------
 
 
-def _to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounding = 0x7FFF + ((bits >> 16) & 1)               # round to nearest, ties to even
-    return ((bits + rounding) >> 16).astype(np.uint16)
-
-
-def _from_bf16_bits(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
 @register_op("Cast", device_types=HOST_VISIBLE, name="numpy_cast")
 def cast_kernel(args) -> None:
     source, out = args.inputs["self"], args.outputs["out"]
     if args.attrs["from_bf16"]:
-        source = _from_bf16_bits(source)
+        source = from_bf16_bits(source)
     if args.attrs["to_bf16"]:
-        out[...] = _to_bf16_bits(source)
+        out[...] = to_bf16_bits(source)
     else:
         np.copyto(out, source, casting="unsafe")
 
