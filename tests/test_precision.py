@@ -89,9 +89,6 @@ def test_torch_tensors_including_bfloat16():
 
 
 def test_npumem_bfloat16_tensors_compare_as_values_with_bfloat16_tolerance():
-    import npumem
-    from npumem.ops import aclnn
-
     values = np.array([1.5, -2.3, 1000.1], np.float32)
     stored = npumem.empty((3,), dtype="bfloat16")
     aclnn.run_with_pool_workspace(aclnn.cast, aclnn.cast_get_workspace_size(
