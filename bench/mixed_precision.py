@@ -86,14 +86,12 @@ def run_policy(policy: str, weights, tokens, expected: np.ndarray) -> dict:
     def call(op, *inputs, **options):
         nonlocal activation_peak
         result = scheduler.run(op, *inputs, **options)
-        decision = result.decision
         weight = weight_ids.get(id(inputs[-1])) if op == "MatMul" else None
-        weight_bytes = _weight_bytes(inputs[-1], decision.memory_dtype) if weight else 0
+        weight_bytes = result.input_bytes[-1] if weight else 0
         if weight is not None:
             stored_weights[weight] = weight_bytes
-        stored = "bfloat16" if decision.memory_dtype == "int8" else decision.memory_dtype
-        output_bytes = result.output.size * (4 if stored == "float32" else 2)
-        activation_peak = max(activation_peak, result.stored_bytes - weight_bytes + output_bytes)
+        activation_peak = max(activation_peak,
+                              result.stored_bytes - weight_bytes + result.output_bytes)
         return result.output
 
     start = time.perf_counter()
@@ -108,12 +106,6 @@ def run_policy(policy: str, weights, tokens, expected: np.ndarray) -> dict:
             "max_rel_error": float(diff.max() / np.abs(expected).max()),
             "mean_rel_error": float(diff.mean() / np.abs(expected).mean()),
             "seconds": seconds}
-
-
-def _weight_bytes(weights: np.ndarray, memory_dtype: str) -> int:
-    if memory_dtype == "int8":
-        return weights.size + 4 * weights.shape[1]
-    return weights.size * (4 if memory_dtype == "float32" else 2)
 
 
 def main() -> None:

@@ -91,7 +91,12 @@ class MixedResult:
     output: np.ndarray           # float32, read back from the device
     decision: Decision
     report: precision.PrecisionReport   # against the float32 reference
-    stored_bytes: int            # device bytes of the inputs, as stored
+    input_bytes: tuple[int, ...]  # device bytes of each input, as stored
+    output_bytes: int            # device bytes of the output, as stored
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(self.input_bytes)
 
 
 def _host(value) -> np.ndarray:
@@ -211,28 +216,29 @@ class MixedPrecisionScheduler:
         except (ValueError, IndexError) as error:     # shapes that do not fit the op
             shapes = ", ".join(str(array.shape) for array in arrays)
             raise OpParamError(f"run({op!r}): inputs of shapes {shapes} do not fit: {error}") from None
-        stored, stored_bytes = self._store(decision, arrays, stream)
+        stored, input_bytes = self._store(decision, arrays, stream)
         compute = decision.compute_dtype
         operands = [_as(tensor, compute, stream) for tensor in stored]
         out = empty(reference.shape, dtype=compute, stream=stream)
         _launch(op, operands, out, dim, stream)
-        output = _host(_as(out, decision.memory_dtype if decision.memory_dtype != "int8"
-                           else "bfloat16", stream))
+        out = _as(out, "bfloat16" if decision.memory_dtype == "int8" else decision.memory_dtype,
+                  stream)
+        output = _host(out)
         # tolerance: 8x the expected error, relative to each element and to the output's scale
         tolerance = max(decision.expected_error * 8, 1e-6)
         scale = float(np.sqrt(np.mean(np.square(reference, dtype=np.float64)))) \
             if reference.size else 0.0
         report = precision.compare(output, reference, rtol=tolerance, atol=tolerance * scale + 1e-12)
-        return MixedResult(output, decision, report, stored_bytes)
+        return MixedResult(output, decision, report, input_bytes, out.nbytes)
 
     def _store(self, decision: Decision, arrays, stream):
-        """The inputs on the device in the memory dtype; (tensors, their bytes)."""
+        """The inputs on the device in the memory dtype; (tensors, bytes each stores)."""
         if decision.memory_dtype == "int8":
-            weights = _dequantised(arrays[1], stream)
-            tensors = [_as(from_numpy(arrays[0], stream), "bfloat16", stream), weights[0]]
-            return tensors, tensors[0].nbytes + weights[1]
+            weights, weight_bytes = _dequantised(arrays[1], stream)
+            activations = _as(from_numpy(arrays[0], stream), "bfloat16", stream)
+            return [activations, weights], (activations.nbytes, weight_bytes)
         tensors = [_as(from_numpy(array, stream), decision.memory_dtype, stream) for array in arrays]
-        return tensors, sum(t.nbytes for t in tensors)
+        return tensors, tuple(t.nbytes for t in tensors)
 
 
 def _dequantised(weights: np.ndarray, stream):
