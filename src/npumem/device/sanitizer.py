@@ -131,7 +131,9 @@ def stale_use(block: Allocation, what: str, address: int, nbytes: int) -> Memory
     the block's own stream (freeing there is ordered after that stream's queued work)."""
     if block.live:
         return None
-    running = getattr(threading.current_thread(), "npumem_stream", None)
+    from ..runtime.stream import running_stream   # runtime imports device: import late
+
+    running = running_stream()
     owner = block.extra.get("stream")
     if running is not None and (owner is running or (owner is None and running.is_default)):
         return None

@@ -21,6 +21,7 @@ from ..observe import tagged
 from . import kernels, torch_kernels  # noqa: F401 - register the built-in kernels
 from .dtypes import as_data_type, computable
 from .executor import Executor, OpCall, destroy_executor, launch, plan, set_executor_repeatable
+from .phase1_cache import PHASE1
 from .tensor import Scalar, Tensor, as_scalar
 
 __all__ = ["destroy_executor", "run_with_pool_workspace", "set_executor_repeatable"]
@@ -133,21 +134,25 @@ def _binary(op: str, self, other, out, alpha=None) -> tuple[int, Executor]:
     return plan(OpCall(op, {"self": self, "other": other}, {"out": out}, attrs))
 
 
+@PHASE1.cached
 def add_get_workspace_size(self: Tensor, other: Tensor, alpha: Scalar | float, out: Tensor):
     """out = self + alpha * other (broadcasting); returns (workspace_size, executor)."""
     return _binary("Add", self, other, out, alpha)
 
 
+@PHASE1.cached
 def sub_get_workspace_size(self: Tensor, other: Tensor, alpha: Scalar | float, out: Tensor):
     """out = self - alpha * other (broadcasting)."""
     return _binary("Sub", self, other, out, alpha)
 
 
+@PHASE1.cached
 def mul_get_workspace_size(self: Tensor, other: Tensor, out: Tensor):
     """out = self * other (broadcasting)."""
     return _binary("Mul", self, other, out)
 
 
+@PHASE1.cached
 def div_get_workspace_size(self: Tensor, other: Tensor, out: Tensor):
     """out = self / other (true division; integers give a float result)."""
     return _binary("Div", self, other, out)
@@ -159,6 +164,7 @@ mul = _two_phase("Mul", "mul")
 div = _two_phase("Div", "div")
 
 
+@PHASE1.cached
 def fill_get_workspace_size(self: Tensor, value: Scalar | float):
     """Set every element of `self` to `value` (aclnnInplaceFillScalar)."""
     self = _tensor("Fill", self, "self")
@@ -181,6 +187,7 @@ def _same_storage_type(op: str, self: Tensor, out: Tensor) -> None:
                            f"{self.dtype.name.lower()}; use cast to convert")
 
 
+@PHASE1.cached
 def contiguous_get_workspace_size(self: Tensor, out: Tensor):
     """Copy a (strided) view into the contiguous tensor `out`."""
     self, out = _tensor("Contiguous", self, "self"), _tensor("Contiguous", out, "out")
@@ -190,6 +197,7 @@ def contiguous_get_workspace_size(self: Tensor, out: Tensor):
     return plan(OpCall("Contiguous", {"self": self}, {"out": out}, dense_inputs=False))
 
 
+@PHASE1.cached
 def transpose_get_workspace_size(self: Tensor, perm, out: Tensor):
     """out = self with its dimensions reordered by `perm`, materialised."""
     self, out = _tensor("Transpose", self, "self"), _tensor("Transpose", out, "out")
@@ -208,6 +216,7 @@ contiguous = _two_phase("Contiguous", "contiguous")
 transpose = _two_phase("Transpose", "transpose")
 
 
+@PHASE1.cached
 def cast_get_workspace_size(self: Tensor, dtype, out: Tensor):
     """out = self converted to `dtype` (bf16 included)."""
     self, out = _tensor("Cast", self, "self"), _tensor("Cast", out, "out")
@@ -226,6 +235,7 @@ cast = _two_phase("Cast", "cast")
 # --- matmul ---------------------------------------------------------------------------------
 
 
+@PHASE1.cached
 def matmul_get_workspace_size(self: Tensor, mat2: Tensor, out: Tensor, cube_math_type: int = 0):
     """out = self @ mat2: 2-D, or batched over broadcast leading dims (..., n, k) @ (..., k, m)."""
     op = "MatMul"
@@ -275,11 +285,13 @@ def _reduction(op: str, self, dims, keep_dims: bool, dtype, out) -> tuple[int, E
                        {"dims": axes, "keep_dims": bool(keep_dims), "compute": compute}))
 
 
+@PHASE1.cached
 def reduce_sum_get_workspace_size(self: Tensor, dims, keep_dims: bool, dtype, out: Tensor):
     """out = sum of self over `dims` (None: all); float16 accumulates in float32 scratch."""
     return _reduction("ReduceSum", self, dims, keep_dims, dtype, out)
 
 
+@PHASE1.cached
 def mean_get_workspace_size(self: Tensor, dims, keep_dims: bool, dtype, out: Tensor):
     """out = mean of self over `dims` (None: all)."""
     return _reduction("Mean", self, dims, keep_dims, dtype, out)
@@ -289,6 +301,7 @@ reduce_sum = _two_phase("ReduceSum", "reduce_sum")
 mean = _two_phase("Mean", "mean")
 
 
+@PHASE1.cached
 def softmax_get_workspace_size(self: Tensor, dim: int, out: Tensor):
     """out = softmax of self along `dim`; needs scratch for the row maxima and sums."""
     op = "Softmax"

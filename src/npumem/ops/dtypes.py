@@ -19,12 +19,16 @@ def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+_NUMPY = {d: np.dtype(name) for d, name in NUMPY_TYPES.items()}
+_ITEMSIZE = {d: t.itemsize for d, t in _NUMPY.items()}
+
+
 def numpy_dtype(dtype: DataType) -> np.dtype:
-    return np.dtype(NUMPY_TYPES[dtype])
+    return _NUMPY[dtype]
 
 
 def itemsize(dtype: DataType) -> int:
-    return numpy_dtype(dtype).itemsize
+    return _ITEMSIZE[dtype]
 
 
 def as_data_type(dtype) -> DataType:

@@ -21,6 +21,8 @@ import numpy as np
 from ..errors import ExecutorError, OpNullptrError, OpParamError
 from ..observe import OBSERVERS, emit_op
 from ..runtime.handles import forget, new_handle
+from ..constants import HUGE_PAGE_SIZE
+from ..device.sanitizer import SANITIZER
 from ..runtime.state import RUNTIME
 from ..units import align_up
 from .registry import REGISTRY, OpImpl
@@ -39,10 +41,17 @@ class OpCall:
     outputs: dict[str, Tensor]
     attrs: dict = field(default_factory=dict)
     dense_inputs: bool = True      # the kernel reads inputs as contiguous arrays
+    # role -> (allocation, offset, array): the views the last run laid over device bytes,
+    # reused by the next run over the same live allocation
+    views: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def tensors(self):
-        yield from (("input " + k, t) for k, t in self.inputs.items())
-        yield from (("output " + k, t) for k, t in self.outputs.items())
+    def __post_init__(self):
+        self._roles = [("input " + k, t) for k, t in self.inputs.items()] + \
+            [("output " + k, t) for k, t in self.outputs.items()]
+
+    def tensors(self) -> list[tuple[str, Tensor]]:
+        """(role, tensor) for every input and output."""
+        return self._roles
 
 
 @dataclass
@@ -79,14 +88,15 @@ class KernelArgs:
 class Executor:
     """aclOpExecutor: a planned op waiting for its workspace and stream."""
 
-    def __init__(self, call: OpCall, impl: OpImpl, plan: WorkspacePlan):
+    def __init__(self, call: OpCall, impl: OpImpl, plan: WorkspacePlan, ranges: dict):
         self.call, self.impl, self.plan = call, impl, plan
+        self.ranges = ranges            # role -> the DeviceRange phase 1 resolved
         self.op = call.op
         self.handle = new_handle(self)
         self.repeatable = False
         self.state = "planned"          # planned | launched | freed
         self.runs = 0
-        self.touched: list[tuple[str, int, int, str]] = []   # role, address, bytes, allocation
+        self.touched: list[tuple] = []   # (role, address, bytes, allocation record) per range
         self._lock = threading.Lock()
 
     @property
@@ -113,13 +123,14 @@ class Executor:
 
 def plan(call: OpCall) -> tuple[int, Executor]:
     """Phase 1 common part: pick the implementation, lay out the workspace."""
+    ranges = {}
     for role, tensor in call.tensors():
         if tensor is None:
             raise OpNullptrError(f"{call.op}: {role} is null")
         if not isinstance(tensor, Tensor):
             raise OpParamError(f"{call.op}: {role} must be an npumem.Tensor, got "
                                f"{type(tensor).__name__}")
-        RUNTIME.require().resolve(*tensor.span(), f"{call.op} {role}")   # live, in bounds
+        ranges[role] = RUNTIME.require().resolve(*tensor.span(), f"{call.op} {role}")  # live
     first = next(iter(call.inputs.values()), None) or next(iter(call.outputs.values()))
     impl = REGISTRY.lookup(call.op, RUNTIME.backend.name, first.dtype)
     needs = {}
@@ -129,7 +140,7 @@ def plan(call: OpCall) -> tuple[int, Executor]:
     if impl.scratch is not None:
         needs.update(impl.scratch(call))
     layout = WorkspacePlan.build(needs)
-    return layout.size, Executor(call, impl, layout)
+    return layout.size, Executor(call, impl, layout, ranges)
 
 
 def set_executor_repeatable(executor: Executor) -> None:
@@ -164,9 +175,13 @@ def launch(op: str, workspace: int | None, workspace_size: int, executor: Execut
         raise OpParamError(f"{what}: the executor was planned for {executor.op}")
     need = executor.workspace_size
     backend = RUNTIME.require()
+    ranges = {}
     for role, tensor in executor.call.tensors():     # freed since phase 1?
         tensor.storage.check_live(f"{op} {role}")
-        backend.resolve(*tensor.span(), f"{op} {role}")
+        span = tensor.span()
+        rng = executor.ranges.get(role)
+        ranges[role] = rng if rng is not None and still_valid(rng, *span) else \
+            backend.resolve(*span, f"{op} {role}")
     if need:
         if not workspace:
             raise OpNullptrError(f"{what}: the op needs a {need}-byte workspace, got a null pointer")
@@ -181,43 +196,57 @@ def launch(op: str, workspace: int | None, workspace_size: int, executor: Execut
         executor.state = "launched"
         if not executor.repeatable:
             executor.free()
-    queue.enqueue(lambda: _run_observed(executor, call, workspace if need else 0, queue),
-                  f"{op} (executor 0x{executor.handle:x})")
+    launcher = threading.get_ident()     # run on this thread: inline, right after the checks
+    queue.submit(lambda: _run_observed(executor, call, workspace if need else 0, queue,
+                                       ranges if threading.get_ident() == launcher else None),
+                 f"{op} (executor 0x{executor.handle:x})")
     for _, tensor in call.tensors():
         tensor.storage.used_on(queue)
 
 
-def _run_observed(executor: Executor, call: OpCall, workspace: int, stream) -> None:
+def _run_observed(executor: Executor, call: OpCall, workspace: int, stream, ranges) -> None:
     """`_run`, reported to profilers as an op slice on `stream` when one is listening."""
     if not OBSERVERS.active:
-        return _run(executor, call, workspace)
+        return _run(executor, call, workspace, ranges)
     start = time.perf_counter_ns()
     try:
-        _run(executor, call, workspace)
+        _run(executor, call, workspace, ranges)
     finally:
         emit_op(call.op, stream.device, stream, start, time.perf_counter_ns())
 
 
-def _run(executor: Executor, call: OpCall, workspace: int) -> None:
-    """On the stream worker: views of the device bytes, dense copies, then the kernel."""
+def _run(executor: Executor, call: OpCall, workspace: int, checked: dict | None) -> None:
+    """On the stream worker: views of the device bytes, dense copies, then the kernel.
+
+    `checked` holds the tensors' ranges when phase 2 checked them just before this run (an
+    inline run); a queued run checks them again, since memory may have been freed meanwhile."""
     backend = RUNTIME.backend
     touched = []
 
-    def device_bytes(address: int, nbytes: int, role: str):
-        rng = backend.resolve(address, nbytes, f"{call.op} {role}")
-        touched.append((role, address, nbytes, rng.allocation.describe()))
-        return backend.kernel_view(rng, f"{call.op} {role}")
+    def device_range(address: int, nbytes: int, role: str):
+        rng = (checked or executor.ranges).get(role)
+        if rng is None or (checked is None and not still_valid(rng, address, nbytes)):
+            rng = backend.resolve(address, nbytes, f"{call.op} {role}")
+        touched.append((role, address, nbytes, rng.allocation))
+        return rng
 
     def view(tensor: Tensor, role: str):
         tensor.storage.check_live(f"{call.op} {role}")
         address, nbytes = tensor.span()
         if not nbytes:                # nothing to touch: an empty view of the tensor's storage
             address, nbytes = tensor.storage.pointer, 0
-        return tensor._strided(device_bytes(address, nbytes, role))
+        rng = device_range(address, nbytes, role)
+        cached = call.views.get(role)
+        if cached is not None and cached[0] is rng.allocation and cached[1] == rng.offset:
+            return cached[2]
+        array = tensor._strided(backend.kernel_view(rng, f"{call.op} {role}"))
+        call.views[role] = (rng.allocation, rng.offset, array)
+        return array
 
     scratch = {}
     if workspace:
-        raw = device_bytes(workspace, executor.workspace_size, "workspace")
+        rng = device_range(workspace, executor.workspace_size, "workspace")
+        raw = backend.kernel_view(rng, f"{call.op} workspace")
         scratch = {name: raw[offset:offset + nbytes]
                    for name, (offset, nbytes) in executor.plan.regions.items()}
     inputs = {}
@@ -234,3 +263,20 @@ def _run(executor: Executor, call: OpCall, workspace: int) -> None:
     executor.impl.kernel(KernelArgs(inputs, outputs, call.attrs, scratch))
     executor.touched = touched
     executor.runs += 1
+
+
+def still_valid(rng, address: int, nbytes: int) -> bool:
+    """Whether a range resolved earlier still stands for `nbytes` at `address`: its allocation
+    is live and, in a reservation, the pages under it are still mapped. Never with the pool
+    sanitizer on, which checks each use against the pool's blocks."""
+    if SANITIZER.on:
+        return False
+    allocation = rng.allocation
+    if not (allocation.live and rng.nbytes == nbytes and rng.address == address):
+        return False
+    if allocation.api != "reserve":
+        return True
+    mapped = allocation.extra.get("mapped")
+    if mapped is None or not nbytes:
+        return mapped is not None
+    return all(mapped[rng.offset // HUGE_PAGE_SIZE:(rng.offset + nbytes - 1) // HUGE_PAGE_SIZE + 1])

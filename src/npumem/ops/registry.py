@@ -63,6 +63,7 @@ class OpRegistry:
         self._impls: dict[str, list[OpImpl]] = {}
         self._stability: dict[str, str] = {}
         self._lock = threading.Lock()
+        self.generation = 0     # bumped on every change: plans made before it are stale
 
     def set_stability(self, op: str, level: str) -> None:
         """How `op` tolerates reduced precision (STABILITY_LEVELS), for the mixed-precision
@@ -103,6 +104,7 @@ class OpRegistry:
                     f"calls as {impl.describe()}; pass override=True to replace it or use "
                     "another priority")
             impls[:] = [other for other in impls if other not in clashes] + [impl]
+            self.generation += 1
         return impl
 
     def lookup(self, op: str, device_type: str, dtype: DataType) -> OpImpl:
@@ -133,6 +135,7 @@ class OpRegistry:
             if len(kept) == len(impls):
                 raise OpParamError(f"op {op!r} has no implementation named {name!r}")
             self._impls[op] = kept
+            self.generation += 1
 
 
 REGISTRY = OpRegistry()

@@ -46,6 +46,8 @@ class Storage:
 
     def used_on(self, stream) -> None:
         """Queued work on `stream` uses these bytes: reuse them only after it."""
+        if stream in self.streams:         # told the pool already
+            return
         self.streams.add(stream)
         if self.pool is not None and self.pool.owns(self.pointer):
             self.pool.record_stream(self.pointer, stream)
@@ -128,6 +130,8 @@ class Tensor:
         extent = reach(self.shape, self.strides)
         self.storage_shape = (self.storage_offset + extent,) if storage_shape is None \
             else _dims(storage_shape, "storage shape")
+        # Fixed for the view's life (storage never moves): kept for cheap launches.
+        self._span = (storage.pointer + self.storage_offset * self.itemsize, extent * self.itemsize)
         need = (self.storage_offset + extent) * self.itemsize
         if self.storage_offset < 0 or need > storage.nbytes:
             raise OpParamError(
@@ -179,11 +183,11 @@ class Tensor:
     @property
     def address(self) -> int:
         """Device address of the first element."""
-        return self.storage.pointer + self.storage_offset * self.itemsize
+        return self._span[0]
 
     def span(self) -> tuple[int, int]:
         """(device address, bytes) of the storage range this view touches."""
-        return self.address, reach(self.shape, self.strides) * self.itemsize
+        return self._span
 
     def is_contiguous(self) -> bool:
         expected = contiguous_strides(self.shape)

@@ -27,6 +27,16 @@ from .handles import forget, new_handle
 
 Task = Callable[[], None]
 
+_INLINE = threading.local()        # the stream whose task runs inline on this thread, if any
+
+
+def running_stream():
+    """The stream whose work runs on the calling thread (its worker, or a task run inline),
+    or None on a plain host thread."""
+    stream = getattr(_INLINE, "stream", None)
+    return stream if stream is not None else \
+        getattr(threading.current_thread(), "npumem_stream", None)
+
 
 def _call(task: Task) -> None:
     task()
@@ -75,6 +85,7 @@ class Stream:
         self._completed = 0
         self._labels: collections.deque[str] = collections.deque()   # queued, for messages
         self._error: BaseException | None = None
+        self._running = threading.Lock()   # held while a task runs, on the worker or inline
         self._worker = threading.Thread(
             target=self._run, name=f"npumem-stream-0x{self.handle:x}", daemon=True
         )
@@ -91,11 +102,36 @@ class Stream:
         """Queue `task` to run after everything already queued; returns its task number."""
         self.check_alive()
         with self._done:
-            self._submitted += 1
-            number = self._submitted
-            self._labels.append(label)
+            number = self._count(label)
         self._tasks.put((task, label))
         return number
+
+    def submit(self, task: Task, label: str) -> None:
+        """Run `task` after everything queued before it, as `enqueue` does, but on the calling
+        thread at once when the stream is idle: nothing queued or running and no error waiting
+        for synchronize. That spares a small op the two thread hand-offs a queued task costs;
+        work queued meanwhile from another thread waits for it, so stream order stays exact."""
+        self.check_alive()
+        with self._done:
+            inline = self._completed == self._submitted and self._error is None and \
+                self._running.acquire(blocking=False)
+            self._count(label)
+        if not inline:
+            self._tasks.put((task, label))
+            return
+        outer, _INLINE.stream = getattr(_INLINE, "stream", None), self
+        try:
+            self._execute(task, label)
+        finally:
+            _INLINE.stream = outer
+            self._running.release()
+            self._finished()
+
+    def _count(self, label: str) -> int:
+        """Number a new task (under self._done)."""
+        self._submitted += 1
+        self._labels.append(label)
+        return self._submitted
 
     @property
     def next_task(self) -> int:
@@ -108,20 +144,27 @@ class Stream:
             if item is None:
                 return
             task, label = item
-            try:
-                self._run_task(task)
-            except BaseException as exc:  # noqa: BLE001 - reported at synchronize
-                if self._error is None:
-                    self._error = _as_acl_error(exc, label, self)
-            finally:
-                # Drop the task before reporting it done: what it captured (tensors, buffers)
-                # must be releasable once synchronize returns, not when the next task arrives.
-                item = task = None
-                with self._done:
-                    self._labels.popleft()
-                    self._completed += 1
-                    if self._completed == self._submitted:
-                        self._done.notify_all()
+            # Drop the task before reporting it done: what it captured (tensors, buffers) must
+            # be releasable once synchronize returns, not when the next task arrives.
+            item = None
+            with self._running:
+                self._execute(task, label)
+            task = None
+            self._finished()
+
+    def _execute(self, task: Task, label: str) -> None:
+        try:
+            self._run_task(task)
+        except BaseException as exc:  # noqa: BLE001 - reported at synchronize
+            if self._error is None:
+                self._error = _as_acl_error(exc, label, self)
+
+    def _finished(self) -> None:
+        with self._done:
+            self._labels.popleft()
+            self._completed += 1
+            if self._completed == self._submitted:
+                self._done.notify_all()
 
     # torch.cuda.Stream's methods
 
