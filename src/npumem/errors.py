@@ -38,6 +38,7 @@ ACL_ERROR_STREAM_NOT_SUBSCRIBE = 100034
 ACL_ERROR_RT_THREAD_SUBSCRIBE = 107012
 ACL_ERROR_RT_STREAM_NO_CB_REG = 107015
 ACL_ERROR_RT_REPORT_TIMEOUT = 507012
+ACL_ERROR_RT_AICORE_EXCEPTION = 507015
 ACLNN_ERR_PARAM_NULLPTR = 161001
 ACLNN_ERR_PARAM_INVALID = 161002
 ACLNN_ERR_INNER_NULLPTR = 561103
@@ -149,6 +150,13 @@ class AsyncTaskError(AclError):
     """Work queued on a stream failed while running; raised at the next synchronize."""
 
     default_code = ACL_ERROR_RT_INTERNAL_ERROR
+
+
+class KernelFault(AclError):
+    """A kernel failed on an AI core: the sanitizer caught a bad access or the kernel's code
+    raised. Like a device fault, it stops the kernel's stream until synchronize reports it."""
+
+    default_code = ACL_ERROR_RT_AICORE_EXCEPTION
 
 
 class OpNullptrError(AclError, ValueError):

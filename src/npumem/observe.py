@@ -6,6 +6,7 @@ of every device memory owner (the runtime's malloc and each caching pool):
 
     observer.on_memory(owner, action, device, address, size, requested, stream)
     observer.on_op(name, device, stream, start_ns, end_ns)
+    observer.on_kernel(timeline, device, stream, start_ns)   # optional: AI core timelines
 
 Actions are PyTorch's trace actions — alloc, free_requested, free_completed, segment_alloc,
 segment_free, oom — plus `free`, meaning free_requested and free_completed at once (the common
@@ -68,3 +69,11 @@ def tagged(tag: str):
         yield
     finally:
         TAGS.tag = outer
+
+
+def emit_kernel(timeline, device: int, stream, start_ns: int) -> None:
+    """A kernel launch ran: its modelled per-core timeline, started at `start_ns`."""
+    for observer in OBSERVERS.active:
+        on_kernel = getattr(observer, "on_kernel", None)
+        if on_kernel is not None:
+            on_kernel(timeline, device, stream, start_ns)

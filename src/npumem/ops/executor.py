@@ -24,6 +24,7 @@ from ..runtime.handles import forget, new_handle
 from ..constants import HUGE_PAGE_SIZE
 from ..device.sanitizer import SANITIZER
 from ..runtime.state import RUNTIME
+from ..runtime.stream import device_work
 from ..units import align_up
 from .registry import REGISTRY, OpImpl
 from .tensor import Tensor, contiguous_strides
@@ -197,8 +198,9 @@ def launch(op: str, workspace: int | None, workspace_size: int, executor: Execut
         if not executor.repeatable:
             executor.free()
     launcher = threading.get_ident()     # run on this thread: inline, right after the checks
-    queue.submit(lambda: _run_observed(executor, call, workspace if need else 0, queue,
-                                       ranges if threading.get_ident() == launcher else None),
+    queue.submit(device_work(lambda: _run_observed(
+                     executor, call, workspace if need else 0, queue,
+                     ranges if threading.get_ident() == launcher else None)),
                  f"{op} (executor 0x{executor.handle:x})")
     for _, tensor in call.tensors():
         tensor.storage.used_on(queue)

@@ -26,6 +26,7 @@ from ..observe import OBSERVERS, emit
 from ..units import align_up, format_size
 from .hostmem import PINNED, HostRange, host_range
 from .state import RUNTIME
+from .stream import device_work
 
 # --- argument checks -------------------------------------------------------------------------
 
@@ -242,7 +243,7 @@ def memset(dst, max_count: int, value: int, count: int) -> None:
 def memset_async(dst, max_count: int, value: int, count: int, stream=None) -> None:
     """`memset` queued on `stream` (None: the default stream)."""
     target, value = _memset_args(dst, max_count, value, count, "memset_async")
-    RUNTIME.stream(stream, "memset_async").enqueue(lambda: _fill(target, value),
+    RUNTIME.stream(stream, "memset_async").enqueue(device_work(lambda: _fill(target, value)),
                                                     f"memset_async of {count} bytes")
 
 
@@ -389,7 +390,8 @@ def memcpy_async(dst, dest_max: int, src, count: int, kind: MemcpyKind | int, st
             )
     stream = RUNTIME.stream(stream, api)
     if count:
-        stream.enqueue(lambda: _transfer(target, source, kind), f"{api} {kind.name} of {count} bytes")
+        stream.enqueue(device_work(lambda: _transfer(target, source, kind)),
+                       f"{api} {kind.name} of {count} bytes")
 
 
 def _staged(source: HostRange, api: str) -> HostRange:
@@ -450,7 +452,7 @@ def memcpy2d_async(dst: int, dpitch: int, src: int, spitch: int, width: int, hei
             _transfer(target, source, direction)
     if width and rows:
         RUNTIME.stream(stream, "memcpy2d_async").enqueue(
-            copy_rows, f"memcpy2d_async of {len(rows)} rows of {width} bytes")
+            device_work(copy_rows), f"memcpy2d_async of {len(rows)} rows of {width} bytes")
 
 
 # --- information -----------------------------------------------------------------------------

@@ -19,8 +19,8 @@ import time
 from typing import Callable
 
 from ..errors import (
-    AclError, AsyncTaskError, InvalidHandleError, InvalidParamError, StreamDeadlockError,
-    StreamNotCompleteError,
+    AclError, AsyncTaskError, InvalidHandleError, InvalidParamError, KernelFault,
+    StreamDeadlockError, StreamNotCompleteError,
 )
 from .dependencies import GRAPH, PendingWait, RecordPoint, describe_cycle
 from .handles import forget, new_handle
@@ -28,6 +28,14 @@ from .handles import forget, new_handle
 Task = Callable[[], None]
 
 _INLINE = threading.local()        # the stream whose task runs inline on this thread, if any
+
+
+def device_work(task: Task) -> Task:
+    """Mark `task` as device work (a kernel, an op): a stream stopped by a kernel fault skips
+    it until synchronize reports the fault. Event records and waits still run, so other
+    streams waiting on this one are not left hanging."""
+    task.device_work = True
+    return task
 
 
 def running_stream():
@@ -85,6 +93,8 @@ class Stream:
         self._completed = 0
         self._labels: collections.deque[str] = collections.deque()   # queued, for messages
         self._error: BaseException | None = None
+        self._stopped_by: BaseException | None = None    # a kernel fault: device work skipped
+        self._skipped = 0
         self._running = threading.Lock()   # held while a task runs, on the worker or inline
         self._worker = threading.Thread(
             target=self._run, name=f"npumem-stream-0x{self.handle:x}", daemon=True
@@ -153,9 +163,14 @@ class Stream:
             self._finished()
 
     def _execute(self, task: Task, label: str) -> None:
+        if self._stopped_by is not None and getattr(task, "device_work", False):
+            self._skipped += 1
+            return
         try:
             self._run_task(task)
         except BaseException as exc:  # noqa: BLE001 - reported at synchronize
+            if isinstance(exc, KernelFault) and self._stopped_by is None:
+                self._stopped_by = exc
             if self._error is None:
                 self._error = _as_acl_error(exc, label, self)
 
@@ -203,6 +218,13 @@ class Stream:
             raise StreamNotCompleteError(f"{self!r} did not finish within {timeout} s: "
                                          f"{self.describe_pending()}")
         error, self._error = self._error, None
+        if self._stopped_by is not None:
+            skipped, self._stopped_by, self._skipped = self._skipped, None, 0
+            if skipped:
+                stopped = AsyncTaskError(f"{error.message}; the stream stopped there, as after a "
+                                         f"device fault: {skipped} later task(s) were skipped",
+                                         error.code)
+                stopped.__cause__, error = error.__cause__, stopped
         if error is not None:
             raise error
 
