@@ -17,7 +17,7 @@ from ..aicore.profile import PROFILES, Profile, current_profile
 from ..aicore.timeline import Timeline
 from .context import get_block_idx, get_block_num
 from .instructions import (
-    abs, add, adds, cast, data_copy, data_copy_pad, div, duplicate, exp, ln, max, maxs, min, mins,
+    abs, add, adds, cast, data_copy, data_copy_pad, data_copy_rows, div, duplicate, exp, ln, max, maxs, min, mins,
     mmad, mul, muls, reduce_max, reduce_sum, relu, sqrt, sub,
 )
 from .launch import RECENT, KernelFunction, Launch, kernel
@@ -27,7 +27,7 @@ from .tensors import GlobalTensor, LocalTensor
 __all__ = [
     "PROFILES", "RECENT", "GlobalTensor", "KernelFunction", "Launch", "LocalTensor", "Profile",
     "TBuf", "TPipe", "TPosition", "TQue", "Timeline", "abs", "add", "adds", "cast",
-    "current_profile", "data_copy", "data_copy_pad", "div", "duplicate", "exp",
+    "current_profile", "data_copy", "data_copy_pad", "data_copy_rows", "div", "duplicate", "exp",
     "get_block_idx", "get_block_num", "kernel", "ln", "max", "maxs", "min", "mins", "mmad", "mul",
     "muls", "reduce_max", "reduce_sum", "relu", "sqrt", "sub",
 ]

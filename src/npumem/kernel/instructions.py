@@ -13,7 +13,7 @@ import builtins        # max, min and abs are instructions here, as in Ascend C
 
 import numpy as np
 
-from ..aicore.cost import cube_cycles, transfer_cycles, vector_cycles
+from ..aicore.cost import charged_bytes, cube_cycles, transfer_cycles, vector_cycles
 from .context import current
 from .tensors import GlobalTensor, LocalTensor
 
@@ -90,6 +90,53 @@ def _copy(what: str, dst, src, count, pad: bool) -> None:
         context.gm_written[gm.argument.name] = end
 
 
+def data_copy_rows(dst, src, rows: int, row: int, src_stride: int | None = None,
+                   dst_stride: int | None = None, pad: bool = False) -> None:
+    """Copy `rows` rows of `row` elements from global memory into the UB or L1, or out of the
+    UB or L0C (the fixpipe, converting float32 results to the output's dtype), the rows
+    `src_stride` / `dst_stride` elements apart on each side (default: packed); Ascend C's
+    DataCopy with DataCopyParams. Each row pays its own bursts. `pad=True` allows rows that
+    are not whole 32-byte blocks (DataCopyPad)."""
+    what = "data_copy_rows"
+    context = current(what)
+    inbound = isinstance(dst, LocalTensor) and isinstance(src, GlobalTensor)
+    if not inbound and not (isinstance(dst, GlobalTensor) and isinstance(src, LocalTensor)):
+        raise context.fault(f"{what} copies between global memory and a LocalTensor, got "
+                            f"{type(dst).__name__} <- {type(src).__name__}")
+    local, gm = (dst, src) if inbound else (src, dst)
+    allowed = ("UB", "L1") if inbound else ("UB", "L0C")
+    if local.buffer not in allowed:
+        raise context.fault(f"{what}: rows move {'into' if inbound else 'out of'} the "
+                            f"{' or '.join(allowed)}, not the {local.buffer}",
+                            local.slot.describe(), local.tile)
+    gm_stride = (src_stride if inbound else dst_stride) or row
+    local_stride = (dst_stride if inbound else src_stride) or row
+    size = local.dtype.itemsize
+    if not pad:
+        _check_blocks(context, row * size, BLOCK, what, local)
+    if rows <= 0 or row <= 0:
+        return
+    span = (rows - 1) * gm_stride + row
+    device = np.lib.stride_tricks.as_strided(gm.elements(0, span, what), (rows, row),
+                                             (gm_stride * size, size))
+    values = np.lib.stride_tricks.as_strided(local.array(what, (rows - 1) * local_stride + row),
+                                             (rows, row), (local_stride * size, size))
+    lane = "MTE2" if inbound else "MTE3"
+    engine = context.profile.engines[lane]
+    charged = sum(charged_bytes(engine, row * size, gm.address + r * gm_stride * size)
+                  for r in range(rows))
+    cycles = engine.latency_cycles + -(-charged // engine.bytes_per_cycle)
+    nbytes = rows * row * size
+    if inbound:
+        np.copyto(values, device, casting="unsafe")
+        context.issue(lane, cycles, what, writes=[local.slot], nbytes=nbytes, tile=local.tile,
+                      after=context.gm_written.get(gm.argument.name, 0.0))
+    else:
+        np.copyto(device, values, casting="unsafe")
+        context.gm_written[gm.argument.name] = context.issue(
+            lane, cycles, what, reads=[local.slot], nbytes=nbytes, tile=local.tile)
+
+
 def _local_copy(context, what: str, dst: LocalTensor, src: LocalTensor, count: int) -> None:
     nbytes = count * src.dtype.itemsize
     if (src.buffer, dst.buffer) in (("L1", "L0A"), ("L1", "L0B")):
@@ -110,9 +157,11 @@ def _local_copy(context, what: str, dst: LocalTensor, src: LocalTensor, count: i
 # --- vector unit --------------------------------------------------------------------------
 
 
-def _vector(what: str, dst: LocalTensor, sources, count, compute) -> None:
+def _vector(what: str, dst: LocalTensor, sources, count, compute, dst_count=None) -> None:
+    """One Vector instruction over `count` elements of each operand (`dst_count` of dst: 1 for
+    a reduction)."""
     context = current(what)
-    count = _count(dst, count, what)
+    count = _count(dst if not sources else sources[0], count, what)
     for tensor in (dst, *sources):
         if not isinstance(tensor, LocalTensor):
             raise context.fault(f"{what}: vector operands are LocalTensors in the UB, got "
@@ -121,7 +170,7 @@ def _vector(what: str, dst: LocalTensor, sources, count, compute) -> None:
             raise context.fault(f"{what}: the Vector unit works on the UB, not the "
                                 f"{tensor.buffer}", tensor.slot.describe(), tensor.tile)
     arrays = [tensor.array(what, count) for tensor in sources]
-    compute(dst.array(what, count), *arrays)
+    compute(dst.array(what, count if dst_count is None else dst_count), *arrays)
     nbytes = count * builtins.max(t.dtype.itemsize for t in (dst, *sources))
     context.issue("Vector", vector_cycles(context.profile, nbytes), what,
                   reads=[t.slot for t in sources], writes=[dst.slot], nbytes=nbytes,
@@ -145,9 +194,11 @@ def _with_scalar(ufunc, name: str):
     def instruction(dst: LocalTensor, src: LocalTensor, scalar, count: int | None = None) -> None:
         with np.errstate(over="ignore", invalid="ignore"):
             _vector(name, dst, (src,), count,
-                    lambda out, a: ufunc(a, a.dtype.type(scalar), out=out, casting="unsafe"))
+                    lambda out, a: ufunc(a, scalar, out=out, casting="unsafe"))
     instruction.__name__ = name
-    instruction.__doc__ = f"dst = {ufunc.__name__}(src, scalar) over `count` elements."
+    instruction.__doc__ = (f"dst = {ufunc.__name__}(src, scalar) over `count` elements; the "
+                           "scalar keeps its own type and the result is rounded into dst, as "
+                           "numpy does (so results match the whole-array kernels).")
     return instruction
 
 
@@ -186,13 +237,13 @@ def cast(dst: LocalTensor, src: LocalTensor, count: int | None = None) -> None:
 def reduce_max(dst: LocalTensor, src: LocalTensor, count: int | None = None) -> None:
     """dst[0] = the largest of `count` elements of src."""
     _vector("reduce_max", dst, (src,), count,
-            lambda out, a: out.__setitem__(0, np.max(a)))
+            lambda out, a: out.__setitem__(0, np.max(a)), dst_count=1)
 
 
 def reduce_sum(dst: LocalTensor, src: LocalTensor, count: int | None = None) -> None:
     """dst[0] = the sum of `count` elements of src (accumulated in dst's dtype)."""
     _vector("reduce_sum", dst, (src,), count,
-            lambda out, a: out.__setitem__(0, np.sum(a, dtype=out.dtype)))
+            lambda out, a: out.__setitem__(0, np.sum(a, dtype=out.dtype)), dst_count=1)
 
 
 # --- cube unit ----------------------------------------------------------------------------

@@ -25,6 +25,8 @@ import operator
 import threading
 import time
 
+import numpy as np
+
 from ..aicore.profile import Profile, current_profile
 from ..aicore.timeline import Timeline
 from ..errors import FeatureNotSupportedError, InvalidParamError, KernelFault
@@ -32,7 +34,7 @@ from ..observe import OBSERVERS, emit_kernel
 from ..ops.dtypes import numpy_dtype
 from ..ops.tensor import Tensor
 from ..runtime.state import RUNTIME
-from ..runtime.stream import device_work
+from ..runtime.stream import device_work, running_stream
 from .context import BlockContext, CoreMemory, enter
 from .tensors import Argument, GlobalTensor
 
@@ -113,14 +115,28 @@ class KernelFunction:
 
     def _run(self, launch: Launch, args, ranges, stream) -> None:
         backend = RUNTIME.backend
-        launch.start_ns = time.perf_counter_ns()
         values = []
         for name, value in zip(self.parameters, args):
             if isinstance(value, Tensor):
                 raw = backend.kernel_view(ranges[name], f"kernel {self.name} argument {name}")
-                argument = Argument(name, value.address, raw, numpy_dtype(value.dtype))
-                value = GlobalTensor(argument.dtype, argument)
+                value = GlobalTensor(None, Argument(name, value.address, raw,
+                                                    numpy_dtype(value.dtype)))
             values.append(value)
+        self._execute(launch, values, stream)
+
+    def run(self, block_dim: int, *args) -> Launch:
+        """Run the blocks now, on the calling thread: for work already running on a stream (the
+        built-in ops' tiled kernels). numpy arrays stand for tensor arguments."""
+        launch = Launch(self.name, block_dim, self.kind, current_profile())
+        values = [GlobalTensor(None, Argument(name, value.__array_interface__["data"][0],
+                                              value.reshape(-1).view(np.uint8), value.dtype))
+                  if isinstance(value, np.ndarray) else value
+                  for name, value in zip(self.parameters, args)]
+        self._execute(launch, values, running_stream())
+        return launch
+
+    def _execute(self, launch: Launch, values: list, stream) -> None:
+        launch.start_ns = time.perf_counter_ns()
         memories = [CoreMemory(launch.profile) for _ in range(launch.cores)]
         core_free = [0.0] * launch.cores
         try:
@@ -130,8 +146,8 @@ class KernelFunction:
                 outer = enter(context)
                 try:
                     self.function(*values)
-                except KernelFault as fault:
-                    raise fault
+                except KernelFault:
+                    raise
                 except Exception as exc:                                 # noqa: BLE001
                     raise context.fault(f"the kernel's code raised {type(exc).__name__}: "
                                         f"{exc}") from exc
@@ -144,7 +160,7 @@ class KernelFunction:
         finally:
             RECENT.append(launch)
             launch.done.set()
-            if OBSERVERS.active:
+            if OBSERVERS.active and stream is not None:
                 emit_kernel(launch.timeline, stream.device, stream, launch.start_ns)
 
 

@@ -140,7 +140,7 @@ class LocalTensor:
         self.slot, self.dtype, self.offset = slot, dtype, offset
         self.generation = slot.generation
         self.size = slot.nbytes // dtype.itemsize - offset if size is None else size
-        self.tile = slot.tile
+        self.tile = slot.tile if slot.owner.kind == "queue" else None   # TBuf: the core's tile
 
     def __repr__(self) -> str:
         return (f"<LocalTensor {self.slot.describe()}[{self.offset}:{self.offset + self.size}] "

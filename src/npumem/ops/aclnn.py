@@ -18,7 +18,7 @@ import numpy as np
 from ..constants import DataType
 from ..errors import OpNullptrError, OpParamError
 from ..observe import tagged
-from . import kernels, torch_kernels  # noqa: F401 - register the built-in kernels
+from . import kernels, tiled_kernels, torch_kernels  # noqa: F401 - register the kernels
 from .dtypes import as_data_type, computable
 from .executor import Executor, OpCall, destroy_executor, launch, plan, set_executor_repeatable
 from .phase1_cache import PHASE1

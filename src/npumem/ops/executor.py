@@ -12,6 +12,7 @@ first run; a repeatable one lives until `destroy_executor`.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -133,7 +134,9 @@ def plan(call: OpCall) -> tuple[int, Executor]:
                                f"{type(tensor).__name__}")
         ranges[role] = RUNTIME.require().resolve(*tensor.span(), f"{call.op} {role}")  # live
     first = next(iter(call.inputs.values()), None) or next(iter(call.outputs.values()))
-    impl = REGISTRY.lookup(call.op, RUNTIME.backend.name, first.dtype)
+    impl = REGISTRY.lookup(call.op, op_device_type(), first.dtype)
+    if impl.tiling is not None:
+        call.attrs["tiling"] = impl.tiling(call)
     needs = {}
     if call.dense_inputs:
         needs = {f"contiguous {name}": t.nbytes for name, t in call.inputs.items()
@@ -142,6 +145,22 @@ def plan(call: OpCall) -> tuple[int, Executor]:
         needs.update(impl.scratch(call))
     layout = WorkspacePlan.build(needs)
     return layout.size, Executor(call, impl, layout, ranges)
+
+
+SIM_KERNELS = ("numpy", "tiled")
+
+
+def op_device_type() -> str:
+    """The device type kernels are chosen for: the backend's name, or "sim:aicore" on the
+    simulator with NPUMEM_SIM_KERNELS=tiled (the built-in ops as tiled AI core kernels)."""
+    backend = RUNTIME.backend.name
+    if backend != "sim":
+        return backend
+    choice = os.environ.get("NPUMEM_SIM_KERNELS", "numpy").strip().lower() or "numpy"
+    if choice not in SIM_KERNELS:
+        raise OpParamError(f"NPUMEM_SIM_KERNELS={choice!r}: choose numpy (whole-array kernels, "
+                           "the default) or tiled (the AI core model)")
+    return "sim:aicore" if choice == "tiled" else "sim"
 
 
 def set_executor_repeatable(executor: Executor) -> None:

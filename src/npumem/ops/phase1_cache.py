@@ -16,7 +16,7 @@ import threading
 import weakref
 
 from ..runtime.state import RUNTIME
-from .executor import Executor, OpCall, still_valid
+from .executor import Executor, OpCall, op_device_type, still_valid
 from .registry import REGISTRY
 from .tensor import Scalar, Tensor
 
@@ -37,10 +37,12 @@ class _Entry:
         self.impl, self.plan, self.ranges = executor.impl, executor.plan, executor.ranges
         self.generation = REGISTRY.generation
         self.backend = RUNTIME.backend
+        self.device_type = op_device_type()
 
     def executor(self, objects: list) -> Executor | None:
         """A new executor for the same arguments, or None when the plan no longer holds."""
-        if self.generation != REGISTRY.generation or self.backend is not RUNTIME.backend:
+        if self.generation != REGISTRY.generation or self.backend is not RUNTIME.backend or \
+                self.device_type != op_device_type():
             return None
         call = OpCall(self.op, {name: objects[i] for name, i in self.inputs.items()},
                       {name: objects[i] for name, i in self.outputs.items()}, self.attrs,

@@ -27,14 +27,17 @@ class OpImpl:
     op: str
     kernel: Callable                   # kernel(args: KernelArgs) -> None, runs on the stream
     scratch: Callable | None = None    # scratch(call) -> {region name: bytes}
+    tiling: Callable | None = None     # tiling(call) -> the kernel's tiling, computed in phase 1
     device_types: tuple[str, ...] = (ANY,)
     dtypes: frozenset[DataType] | None = None   # None: every dtype
     priority: int = 0
     name: str = ""
 
     def matches(self, device_type: str, dtype: DataType) -> bool:
-        return (ANY in self.device_types or device_type in self.device_types) and \
-            (self.dtypes is None or dtype in self.dtypes)
+        """A refined device type ("sim:aicore") also takes its base type's ("sim") kernels."""
+        base = device_type.partition(":")[0]
+        return (ANY in self.device_types or device_type in self.device_types or
+                base in self.device_types) and (self.dtypes is None or dtype in self.dtypes)
 
     def overlaps(self, other: "OpImpl") -> bool:
         devices = ANY in self.device_types or ANY in other.device_types or \
@@ -85,14 +88,14 @@ class OpRegistry:
         return level
 
     def register(self, op: str, kernel: Callable, *, scratch: Callable | None = None,
-                 device_types=(ANY,), dtypes=None, priority: int = 0, name: str = "",
-                 override: bool = False) -> OpImpl:
+                 tiling: Callable | None = None, device_types=(ANY,), dtypes=None,
+                 priority: int = 0, name: str = "", override: bool = False) -> OpImpl:
         if not op or not isinstance(op, str):
             raise OpParamError(f"op name must be a non-empty string, got {op!r}")
         if not callable(kernel):
             raise OpParamError(f"{op}: kernel must be callable, got {type(kernel).__name__}")
         device_types = (device_types,) if isinstance(device_types, str) else tuple(device_types)
-        impl = OpImpl(op, kernel, scratch, device_types,
+        impl = OpImpl(op, kernel, scratch, tiling, device_types,
                       None if dtypes is None else frozenset(as_data_type(d) for d in dtypes),
                       int(priority), name or getattr(kernel, "__name__", "kernel"))
         with self._lock:
