@@ -76,6 +76,7 @@ def _copy(what: str, dst, src, count, pad: bool) -> None:
     if not pad:
         _check_blocks(context, nbytes, BLOCK, what, local)
     gm = dst if lane == "MTE3" else src
+    nbytes = count * gm.dtype.itemsize          # what crosses to global memory
     values = local.array(what, count)
     device = gm.elements(0, count, what)
     if lane == "MTE2":
@@ -111,22 +112,22 @@ def data_copy_rows(dst, src, rows: int, row: int, src_stride: int | None = None,
                             local.slot.describe(), local.tile)
     gm_stride = (src_stride if inbound else dst_stride) or row
     local_stride = (dst_stride if inbound else src_stride) or row
-    size = local.dtype.itemsize
+    size, gm_size = local.dtype.itemsize, gm.dtype.itemsize
     if not pad:
         _check_blocks(context, row * size, BLOCK, what, local)
     if rows <= 0 or row <= 0:
         return
     span = (rows - 1) * gm_stride + row
     device = np.lib.stride_tricks.as_strided(gm.elements(0, span, what), (rows, row),
-                                             (gm_stride * size, size))
+                                             (gm_stride * gm_size, gm_size))
     values = np.lib.stride_tricks.as_strided(local.array(what, (rows - 1) * local_stride + row),
                                              (rows, row), (local_stride * size, size))
     lane = "MTE2" if inbound else "MTE3"
     engine = context.profile.engines[lane]
-    charged = sum(charged_bytes(engine, row * size, gm.address + r * gm_stride * size)
+    charged = sum(charged_bytes(engine, row * gm_size, gm.address + r * gm_stride * gm_size)
                   for r in range(rows))
     cycles = engine.latency_cycles + -(-charged // engine.bytes_per_cycle)
-    nbytes = rows * row * size
+    nbytes = rows * row * gm_size
     if inbound:
         np.copyto(values, device, casting="unsafe")
         context.issue(lane, cycles, what, writes=[local.slot], nbytes=nbytes, tile=local.tile,
