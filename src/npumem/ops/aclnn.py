@@ -37,8 +37,10 @@ def run_with_pool_workspace(run, planned: tuple[int, Executor], stream=None) -> 
     from .. import memory as pool_api
 
     size, executor = planned
-    with tagged(executor.op):       # profilers attribute the workspace to the op
-        workspace = pool_api.caching_allocator_alloc(size, stream=stream) if size else None
+    workspace = None
+    if size:
+        with tagged(executor.op):       # profilers attribute the workspace to the op
+            workspace = pool_api.caching_allocator_alloc(size, stream=stream)
     try:
         run(workspace, size, executor, stream)
     finally:

@@ -292,12 +292,13 @@ def still_valid(rng, address: int, nbytes: int) -> bool:
     sanitizer on, which checks each use against the pool's blocks."""
     if SANITIZER.on:
         return False
-    allocation = rng.allocation
-    if not (allocation.live and rng.nbytes == nbytes and rng.address == address):
+    allocation, offset = rng.allocation, rng.offset
+    if not (allocation.live and rng.nbytes == nbytes and allocation.start + offset == address):
         return False
     if allocation.api != "reserve":
         return True
     mapped = allocation.extra.get("mapped")
     if mapped is None or not nbytes:
         return mapped is not None
-    return all(mapped[rng.offset // HUGE_PAGE_SIZE:(rng.offset + nbytes - 1) // HUGE_PAGE_SIZE + 1])
+    first, last = offset // HUGE_PAGE_SIZE, (offset + nbytes - 1) // HUGE_PAGE_SIZE
+    return mapped[first] == 1 if first == last else all(mapped[first:last + 1])
