@@ -18,7 +18,7 @@ import numpy as np
 from ..constants import DataType
 from ..errors import OpNullptrError, OpParamError
 from ..observe import tagged
-from . import kernels, tiled_kernels, torch_kernels  # noqa: F401 - register the kernels
+from . import kernels, sparse, tiled_kernels, torch_kernels  # noqa: F401 - register kernels
 from .dtypes import as_data_type, computable
 from .executor import Executor, OpCall, destroy_executor, launch, plan, set_executor_repeatable
 from .phase1_cache import PHASE1
@@ -317,3 +317,27 @@ def softmax_get_workspace_size(self: Tensor, dim: int, out: Tensor):
 
 
 softmax = _two_phase("Softmax", "softmax")
+
+
+# --- sparse matmul (its phase 1 reads the data, so it is never remembered) -----------------
+
+
+def sparse_matmul_get_workspace_size(self: Tensor, mat2: Tensor, out: Tensor,
+                                     block_size: int = sparse.DEFAULT_BLOCK):
+    """out = self @ mat2 for a sparse `self`: phase 1 reads self, measures its element and tile
+    densities, picks direct sparse, block-sparse or dense (ops/sparse.py) and sizes the
+    workspace for the compressed form. The choice is `executor.call.attrs["sparsity"]`."""
+    op = "SparseMatMul"
+    self, mat2, out = _tensor(op, self, "self"), _tensor(op, mat2, "mat2"), _tensor(op, out, "out")
+    sparse.check_operands(self, mat2, out)
+    try:
+        block_size = operator.index(block_size)
+    except TypeError:
+        block_size = 0
+    if block_size < 1:
+        raise OpParamError(f"{op}: block_size must be a positive whole number, got {block_size!r}")
+    attrs = {"sparsity": sparse.analyse(sparse.read(self), block_size)}
+    return plan(OpCall(op, {"self": self, "mat2": mat2}, {"out": out}, attrs))
+
+
+sparse_matmul = _two_phase("SparseMatMul", "sparse_matmul")
