@@ -424,6 +424,10 @@ def render_html(report: Report) -> str:
         out.append(_table(["op", "runs", "total ms"],
                           [[escape(o.name), str(o.count), f"{o.total_us / 1e3:.3f}"]
                            for o in report.ops[:30]], {1, 2}))
+    if report.kernels:
+        from .aicore_html import kernels_section
+
+        out.append(kernels_section(report.kernels))
     if report.samples:
         peak_rss = max(s.host_rss for s in report.samples)
         out.append(f"<h2>Host</h2><p>peak resident set size {escape(format_size(peak_rss))} over "

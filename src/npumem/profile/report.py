@@ -48,6 +48,7 @@ class Report:
     spans: list[Span] = field(default_factory=list)   # for the timeline (a live profile only)
     moments: dict = field(default_factory=dict)       # device -> fragmentation.maps_over_time
     growth: list[str] = field(default_factory=list)   # growing sites (a live profile only)
+    kernels: list = field(default_factory=list)       # AI core Timelines (a live profile only)
 
     @property
     def leaked_bytes(self) -> int:
@@ -162,6 +163,10 @@ def format_report(report: Report, limit: int = 10) -> str:
     lines.append("")
     lines.append("Fragmentation (now):")
     lines += ["  " + line for line in format_fragmentation(report.fragmentation, 8).splitlines()]
+    if report.kernels:
+        lines.append("")
+        lines.append(f"Kernel launches on the AI cores (modelled; the last {len(report.kernels)}):")
+        lines += [f"  {timeline.summary()}" for timeline in report.kernels[-limit:]]
     if report.ops:
         lines.append("")
         lines.append("Ops (time on the streams):")

@@ -92,6 +92,7 @@ class ProfileSession:
         report = build_report(snapshot, title, leaks, self.tracker.annotations(),
                               self.sampler.samples(), clock=self.tracker.wall_us)
         report.growth = [growth.describe() for growth in self.tracker.growth()]
+        report.kernels = [timeline for _, _, timeline in self.tracker.kernels()]
         if self.tracker.dropped:
             report.notes.append(f"{self.tracker.dropped} early events fell out of the ring buffer "
                                 "(raise max_entries); the timeline starts later than the run.")

@@ -84,6 +84,8 @@ def _stream_id(stream) -> int:
     return getattr(stream, "handle", stream) or 0
 
 
+KERNELS_KEPT = 256        # AI core timelines kept (each holds every instruction)
+
 class Tracker:
     """Records allocations while started. Use as a context manager, decorator, or start/stop."""
 
@@ -97,6 +99,7 @@ class Tracker:
         self.lock = threading.Lock()
         self._events: deque = deque(maxlen=max_entries)
         self._annotations: deque = deque(maxlen=max_entries)
+        self._kernels: deque = deque(maxlen=KERNELS_KEPT)     # (start_ns, device, timeline)
         self._totals: dict = {}                 # (backend id, device) -> DeviceTotals
         self._slots: dict = {}                  # (owner, device) -> (source, DeviceTotals)
         self._stream_ids: dict = {None: 0}      # stream object -> handle
@@ -226,6 +229,15 @@ class Tracker:
     def on_op(self, name, device, stream, start_ns, end_ns) -> None:
         with self.lock:
             self._annotations.append(Annotation("op", name, start_ns, end_ns, _stream_id(stream), device))
+
+    def on_kernel(self, timeline, device, stream, start_ns) -> None:
+        with self.lock:
+            self._kernels.append((start_ns, device, timeline))
+
+    def kernels(self) -> list[tuple]:
+        """(start_ns, device, Timeline) of the kernel launches seen, oldest first."""
+        with self.lock:
+            return list(self._kernels)
 
     def annotate(self, kind: str, name: str, start_ns: int, end_ns: int) -> None:
         with self.lock:
