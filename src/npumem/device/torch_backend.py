@@ -323,6 +323,9 @@ class TorchBackend(DeviceBackend):
         torch_stream = module.Stream(device=self._device(device).torch_device)
 
         def run(task) -> None:
+            # Work the calling thread queued on torch's current stream (the tensors a task
+            # reads through DLPack) comes first: a task run inline follows it at once.
+            torch_stream.wait_stream(module.current_stream(torch_stream.device))
             try:
                 with module.stream(torch_stream):
                     task()

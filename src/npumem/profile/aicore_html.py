@@ -6,6 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from ..aicore.timeline import LANES, Timeline
+from .time_axis import time_ticks
 
 LANE_COLOURS = {"MTE2": "#3b6fd8", "MTE1": "#8a63d2", "Cube": "#d2553f", "Vector": "#17803d",
                 "MTE3": "#e07b24"}
@@ -14,8 +15,6 @@ MAX_BOXES = 4000       # an SVG stays light enough for a browser
 
 
 def kernel_timeline_svg(timeline: Timeline, width: int = 1060) -> str:
-    from .html import _time_ticks
-
     lanes = [lane for lane in LANES if any(s.lane == lane for s in timeline.slices)]
     cores = sorted({s.core for s in timeline.slices})[:MAX_CORES]
     rows = [(core, lane) for core in cores for lane in lanes]
@@ -43,7 +42,7 @@ def kernel_timeline_svg(timeline: Timeline, width: int = 1060) -> str:
               f"{timeline.microseconds(s.end - s.start):.3f} us"
         out.append(f'<rect x="{x(s.start):.1f}" y="{y}" width="{w:.1f}" height="{row_height - 2}" '
                    f'fill="{LANE_COLOURS[s.lane]}"><title>{escape(tip)}</title></rect>')
-    ticks, unit, scale = _time_ticks(span_us)
+    ticks, unit, scale = time_ticks(span_us)
     axis = top + len(rows) * row_height + 14
     for tick in ticks:
         tx = left + plot * tick / span_us

@@ -10,7 +10,10 @@ import zlib
 from html import escape
 
 from ..units import format_size
+from .aicore_html import kernels_section
 from .analysis import Point
+from .time_axis import time_ticks as _time_ticks
+from .time_axis import time_unit as _unit
 from .report import Report
 
 _CSS = """
@@ -59,21 +62,6 @@ def _nice_ticks(top: float, count: int = 5) -> list[float]:
     magnitude = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw) * unit
     return [i * step for i in range(int(top // step) + 2)]
-
-
-def _unit(us: float) -> tuple[str, float]:
-    """The time unit that suits `us` microseconds: (name, microseconds per unit)."""
-    return next(((u, f) for u, f in (("s", 1e6), ("ms", 1e3)) if us >= f), ("us", 1.0))
-
-
-def _time_ticks(span_us: float, count: int = 5) -> tuple[list[float], str, float]:
-    """Round tick times from 0 (1, 2, 2.5 or 5 times a power of ten), in the unit that suits
-    the span: (ticks in us, unit name, us per unit)."""
-    unit, scale = _unit(span_us)
-    raw = span_us / scale / count
-    magnitude = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw) * scale
-    return [i * step for i in range(int(span_us // step) + 1)], unit, scale
 
 
 def _at(us: float) -> str:
@@ -425,8 +413,6 @@ def render_html(report: Report) -> str:
                           [[escape(o.name), str(o.count), f"{o.total_us / 1e3:.3f}"]
                            for o in report.ops[:30]], {1, 2}))
     if report.kernels:
-        from .aicore_html import kernels_section
-
         out.append(kernels_section(report.kernels))
     if report.samples:
         peak_rss = max(s.host_rss for s in report.samples)
