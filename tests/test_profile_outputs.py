@@ -564,3 +564,26 @@ document.body.dataset.first = document.getElementById("moments-0-label").textCon
         capture_output=True, text=True, timeout=120)
     assert 'data-peak="at ' in dom.stdout and "111.23 MiB allocated" in dom.stdout, dom.stdout[-400:]
     assert 'data-first="at 0 us:' in dom.stdout and "(moment 1 of " in dom.stdout
+
+
+def test_kernel_launches_show_their_ai_core_timelines(rt, tmp_path, monkeypatch):
+    from npumem.profile.session import ProfileSession
+
+    monkeypatch.setenv("NPUMEM_SIM_KERNELS", "tiled")
+    session = ProfileSession().start()
+    stream = npumem.create_stream()
+    x = npumem.from_numpy(np.random.default_rng(0).random((16, 256)).astype(np.float32))
+    out = npumem.empty((16, 256))
+    npumem.aclnn.run_with_pool_workspace(
+        npumem.aclnn.softmax, npumem.aclnn.softmax_get_workspace_size(x, -1, out), stream)
+    stream.synchronize()
+    session.stop()
+    assert session.write(tmp_path, "kernels") == []
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    _check_trace_event_format(events)
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M" and e.get("pid", 0) >= 1000
+             and e["name"] == "thread_name"}
+    assert {"core 0 MTE2", "core 0 Vector", "core 0 MTE3"} <= lanes
+    assert "kernel softmax_rows" in (tmp_path / "summary.txt").read_text()
+    html = (tmp_path / "report.html").read_text()
+    assert "AI cores: kernel timelines (modelled)" in html and "core 0 Vector" in html

@@ -2,7 +2,9 @@
 
 One process per device: counter tracks "memory" (allocated, reserved, active bytes) and
 "host" (resident set size from the sampler), instant events for each alloc and free, and op
-slices on one track per stream. User ranges and marks go on the thread that made them.
+slices on one track per stream. User ranges and marks go on the thread that made them. Kernel
+launches add a process per device of modelled AI core lanes ("core 3 MTE2"), placed at the
+launch's start.
 
 Stream handles and host thread ids are far above 2**31, where viewers truncate them and fold
 every track into one: each track gets a small tid instead, and a thread_name that names the
@@ -18,6 +20,9 @@ from .sampler import Sample
 from .tracker import MemoryEvent, Tracker
 
 HOST_PID = 0
+
+
+AICORE_PID = 1000       # + device: the modelled AI core timelines of kernel launches
 
 
 def _pid(device: int) -> int:
@@ -74,7 +79,7 @@ def iter_chrome_events(tracker: Tracker, samples: list[Sample] = ()):
                    "cat": annotation.kind, "ts": ts(annotation.start_ns),
                    "dur": round((annotation.end_ns - annotation.start_ns) / 1e3, 3)}
     for start_ns, device, timeline in tracker.kernels():   # modelled, from the launch's start
-        pid = f"aicore {device}"
+        pid = AICORE_PID + device
         yield {"ph": "M", "name": "process_name", "pid": pid,
                "args": {"name": f"npu {device} AI cores (modelled, {timeline.profile.name})"}}
         yield from timeline.chrome_events(pid, ts(start_ns))
