@@ -48,7 +48,7 @@ def test_every_file_the_docs_name_exists():
             if not (ROOT / path).exists():
                 missing.append(f"{page.name}: {path}")
         for path in re.findall(r"`((?:device|runtime|alloc|ops|profile|trace|planning|kvcache|"
-                               r"bridges|acl)/\w+\.py)`", text):
+                               r"bridges|acl|aicore|kernel)/\w+\.py)`", text):
             if not (ROOT / "src" / "npumem" / path).exists():
                 missing.append(f"{page.name}: {path}")
     assert not missing, missing
