@@ -23,7 +23,7 @@ L0_BLOCK = 512       # L0A / L0B hold whole 512-byte fractals
 _VECTOR_BUFFERS = ("UB",)
 
 
-def _count(tensor, count, what: str) -> int:
+def _count(tensor, count) -> int:
     return len(tensor) if count is None else int(count)
 
 
@@ -52,7 +52,7 @@ def data_copy_pad(dst, src, count: int) -> None:
 def _copy(what: str, dst, src, count, pad: bool) -> None:
     context = current(what)
     profile = context.profile
-    count = _count(dst if isinstance(dst, LocalTensor) else src, count, what)
+    count = _count(dst if isinstance(dst, LocalTensor) else src, count)
     if isinstance(dst, LocalTensor) and isinstance(src, GlobalTensor):
         local, lane, engine = dst, "MTE2", profile.engines["MTE2"]
         if local.buffer not in ("UB", "L1"):
@@ -69,26 +69,23 @@ def _copy(what: str, dst, src, count, pad: bool) -> None:
     else:
         raise context.fault(f"{what} copies between a LocalTensor and a GlobalTensor (or two "
                             f"LocalTensors), got {type(dst).__name__} <- {type(src).__name__}")
-    nbytes = count * local.dtype.itemsize
     if pad and local.buffer != "UB":
         raise context.fault(f"{what} moves between global memory and the UB only",
                             local.slot.describe(), local.tile)
     if not pad:
-        _check_blocks(context, nbytes, BLOCK, what, local)
+        _check_blocks(context, count * local.dtype.itemsize, BLOCK, what, local)
     gm = dst if lane == "MTE3" else src
     nbytes = count * gm.dtype.itemsize          # what crosses to global memory
-    values = local.array(what, count)
-    device = gm.elements(0, count, what)
+    values, device = local.array(what, count), gm.elements(0, count, what)
+    cycles = transfer_cycles(engine, nbytes, gm.address)
     if lane == "MTE2":
         np.copyto(values, device, casting="unsafe")
-        after = context.gm_written.get(gm.argument.name, 0.0)
-        end = context.issue(lane, transfer_cycles(engine, nbytes, gm.address), what,
-                            writes=[local.slot], nbytes=nbytes, tile=local.tile, after=after)
+        context.issue(lane, cycles, what, writes=[local.slot], nbytes=nbytes, tile=local.tile,
+                      after=context.gm_written.get(gm.argument.name, 0.0))
     else:
         np.copyto(device, values, casting="unsafe")
-        end = context.issue(lane, transfer_cycles(engine, nbytes, gm.address), what,
-                            reads=[local.slot], nbytes=nbytes, tile=local.tile)
-        context.gm_written[gm.argument.name] = end
+        context.gm_written[gm.argument.name] = context.issue(
+            lane, cycles, what, reads=[local.slot], nbytes=nbytes, tile=local.tile)
 
 
 def data_copy_rows(dst, src, rows: int, row: int, src_stride: int | None = None,
@@ -162,7 +159,7 @@ def _vector(what: str, dst: LocalTensor, sources, count, compute, dst_count=None
     """One Vector instruction over `count` elements of each operand (`dst_count` of dst: 1 for
     a reduction)."""
     context = current(what)
-    count = _count(dst if not sources else sources[0], count, what)
+    count = _count(dst if not sources else sources[0], count)
     for tensor in (dst, *sources):
         if not isinstance(tensor, LocalTensor):
             raise context.fault(f"{what}: vector operands are LocalTensors in the UB, got "

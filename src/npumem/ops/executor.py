@@ -244,8 +244,10 @@ def _run(executor: Executor, call: OpCall, workspace: int, checked: dict | None)
     backend = RUNTIME.backend
     touched = []
 
+    known = executor.ranges if checked is None else checked
+
     def device_range(address: int, nbytes: int, role: str):
-        rng = (checked or executor.ranges).get(role)
+        rng = known.get(role)
         if rng is None or (checked is None and not still_valid(rng, address, nbytes)):
             rng = backend.resolve(address, nbytes, f"{call.op} {role}")
         touched.append((role, address, nbytes, rng.allocation))
