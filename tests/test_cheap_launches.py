@@ -91,3 +91,26 @@ def test_a_freed_tensor_fails_phase_1_again_instead_of_reusing_its_plan(fast):
     npumem.free(pointer)
     with pytest.raises(npumem.errors.AclError):
         aclnn.add_get_workspace_size(view, view, 1, out)
+
+
+def test_a_free_between_phase_1_and_launch_is_caught(fast):
+    out = npumem.empty((64,))
+    pointer = npumem.malloc(256)
+    view = npumem.create_tensor((64,), "float32", data_ptr=pointer)
+    size, executor = aclnn.add_get_workspace_size(view, view, 1, out)
+    npumem.free(pointer)
+    with pytest.raises(npumem.errors.MemoryAccessError, match="freed\): use after free"):
+        aclnn.add(None, size, executor, fast)
+
+
+def test_a_free_while_an_op_is_queued_is_caught_when_it_runs(fast):
+    gate = threading.Event()
+    fast.enqueue(gate.wait, "gate")
+    out = npumem.empty((64,))
+    pointer = npumem.malloc(256)
+    view = npumem.create_tensor((64,), "float32", data_ptr=pointer)
+    aclnn.run_with_pool_workspace(aclnn.add, aclnn.add_get_workspace_size(view, view, 1, out), fast)
+    npumem.free(pointer)                      # the op is still queued behind the gate
+    gate.set()
+    with pytest.raises(npumem.errors.AsyncTaskError, match="freed\): use after free"):
+        fast.synchronize()

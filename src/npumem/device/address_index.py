@@ -49,6 +49,21 @@ class Allocation:
         return f"{self.api} allocation 0x{self.start:x} of {self.size} bytes (#{self.seq}{state})"
 
 
+
+class ReleaseEpoch:
+    """Counts every release of device bytes (a free, an unmap), in any backend. A range
+    checked while the count was N is still good while it is N: that lets small ops skip
+    checking the same ranges again and again."""
+
+    value = 0
+
+    @classmethod
+    def bump(cls) -> None:
+        cls.value += 1
+
+
+RELEASES = ReleaseEpoch
+
 class AddressIndex:
     """Live allocations sorted by start address, plus the most recently freed ones."""
 
@@ -101,6 +116,7 @@ class AddressIndex:
         allocation = self._by_start.pop(start)
         del self._starts[bisect.bisect_left(self._starts, start)]
         allocation.live = False
+        RELEASES.bump()
         self._freed[start] = allocation
         if len(self._freed) > self._remembered_frees:
             self._freed.popitem(last=False)

@@ -19,7 +19,7 @@ from ..errors import (
     MemoryFreeError,
 )
 from ..units import GiB, align_up, format_size, parse_size
-from .address_index import AddressIndex, Allocation
+from .address_index import RELEASES, AddressIndex, Allocation
 from .address_space import MAX_DEVICES, AddressSpace, device_of, in_device_space
 from .backend import DeviceBackend, DeviceRange
 from .backing import address_of, allocate_bytes, release_pages
@@ -194,6 +194,8 @@ class SimDevice:
         with self.lock:
             mapped = reservation.extra["mapped"]
             pages = [page for page in self._pages(reservation, offset, nbytes, "unmap") if mapped[page]]
+            if pages:
+                RELEASES.bump()
             for page in pages:
                 mapped[page] = 0
                 release_pages(reservation.buffer, page * HUGE_PAGE_SIZE, HUGE_PAGE_SIZE)

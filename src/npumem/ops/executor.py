@@ -23,6 +23,7 @@ from ..errors import ExecutorError, OpNullptrError, OpParamError
 from ..observe import OBSERVERS, emit_op
 from ..runtime.handles import forget, new_handle
 from ..constants import HUGE_PAGE_SIZE
+from ..device.address_index import RELEASES
 from ..device.sanitizer import SANITIZER
 from ..runtime.state import RUNTIME
 from ..runtime.stream import device_work
@@ -90,9 +91,11 @@ class KernelArgs:
 class Executor:
     """aclOpExecutor: a planned op waiting for its workspace and stream."""
 
-    def __init__(self, call: OpCall, impl: OpImpl, plan: WorkspacePlan, ranges: dict):
+    def __init__(self, call: OpCall, impl: OpImpl, plan: WorkspacePlan, ranges: dict,
+                 epoch: int):
         self.call, self.impl, self.plan = call, impl, plan
         self.ranges = ranges            # role -> the DeviceRange phase 1 resolved
+        self.epoch = epoch              # RELEASES.value when they were checked
         self.op = call.op
         self.handle = new_handle(self)
         self.repeatable = False
@@ -133,6 +136,7 @@ def plan(call: OpCall) -> tuple[int, Executor]:
             raise OpParamError(f"{call.op}: {role} must be an npumem.Tensor, got "
                                f"{type(tensor).__name__}")
         ranges[role] = RUNTIME.require().resolve(*tensor.span(), f"{call.op} {role}")  # live
+    epoch = RELEASES.value
     first = next(iter(call.inputs.values()), None) or next(iter(call.outputs.values()))
     impl = REGISTRY.lookup(call.op, op_device_type(), first.dtype)
     if impl.tiling is not None:
@@ -144,7 +148,7 @@ def plan(call: OpCall) -> tuple[int, Executor]:
     if impl.scratch is not None:
         needs.update(impl.scratch(call))
     layout = WorkspacePlan.build(needs)
-    return layout.size, Executor(call, impl, layout, ranges)
+    return layout.size, Executor(call, impl, layout, ranges, epoch)
 
 
 SIM_KERNELS = ("numpy", "tiled")
@@ -195,13 +199,16 @@ def launch(op: str, workspace: int | None, workspace_size: int, executor: Execut
         raise OpParamError(f"{what}: the executor was planned for {executor.op}")
     need = executor.workspace_size
     backend = RUNTIME.require()
-    ranges = {}
-    for role, tensor in executor.call.tensors():     # freed since phase 1?
-        tensor.storage.check_live(f"{op} {role}")
-        span = tensor.span()
-        rng = executor.ranges.get(role)
-        ranges[role] = rng if rng is not None and still_valid(rng, *span) else \
-            backend.resolve(*span, f"{op} {role}")
+    if unchanged_since(executor.epoch):       # nothing freed since phase 1 checked them
+        ranges = executor.ranges
+    else:
+        ranges = {}
+        for role, tensor in executor.call.tensors():     # freed since phase 1?
+            tensor.storage.check_live(f"{op} {role}")
+            span = tensor.span()
+            rng = executor.ranges.get(role)
+            ranges[role] = rng if rng is not None and still_valid(rng, *span) else \
+                backend.resolve(*span, f"{op} {role}")
     if need:
         if not workspace:
             raise OpNullptrError(f"{what}: the op needs a {need}-byte workspace, got a null pointer")
@@ -216,10 +223,14 @@ def launch(op: str, workspace: int | None, workspace_size: int, executor: Execut
         executor.state = "launched"
         if not executor.repeatable:
             executor.free()
-    launcher = threading.get_ident()     # run on this thread: inline, right after the checks
+    launcher, epoch = threading.get_ident(), RELEASES.value
+
+    def checked() -> dict | None:
+        """The ranges just checked, while they still stand: run inline right after the
+        checks, or nothing freed since."""
+        return ranges if threading.get_ident() == launcher or unchanged_since(epoch) else None
     queue.submit(device_work(lambda: _run_observed(
-                     executor, call, workspace if need else 0, queue,
-                     ranges if threading.get_ident() == launcher else None)),
+                     executor, call, workspace if need else 0, queue, checked())),
                  f"{op} (executor 0x{executor.handle:x})")
     for _, tensor in call.tensors():
         tensor.storage.used_on(queue)
@@ -239,8 +250,8 @@ def _run_observed(executor: Executor, call: OpCall, workspace: int, stream, rang
 def _run(executor: Executor, call: OpCall, workspace: int, checked: dict | None) -> None:
     """On the stream worker: views of the device bytes, dense copies, then the kernel.
 
-    `checked` holds the tensors' ranges when phase 2 checked them just before this run (an
-    inline run); a queued run checks them again, since memory may have been freed meanwhile."""
+    `checked` holds the tensors' ranges when they still stand as phase 2 checked them; without
+    it each range is checked again, since memory may have been freed meanwhile."""
     backend = RUNTIME.backend
     touched = []
 
@@ -286,6 +297,11 @@ def _run(executor: Executor, call: OpCall, workspace: int, checked: dict | None)
     executor.impl.kernel(KernelArgs(inputs, outputs, call.attrs, scratch))
     executor.touched = touched
     executor.runs += 1
+
+
+def unchanged_since(epoch: int) -> bool:
+    """No device bytes were released since `epoch` (and no sanitizer wants every use seen)."""
+    return epoch == RELEASES.value and not SANITIZER.on
 
 
 def still_valid(rng, address: int, nbytes: int) -> bool:

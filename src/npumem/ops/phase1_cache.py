@@ -16,7 +16,8 @@ import threading
 import weakref
 
 from ..runtime.state import RUNTIME
-from .executor import Executor, OpCall, op_device_type, still_valid
+from ..device.address_index import RELEASES
+from .executor import Executor, OpCall, op_device_type, still_valid, unchanged_since
 from .registry import REGISTRY
 from .tensor import Scalar, Tensor
 
@@ -35,6 +36,7 @@ class _Entry:
         self.inputs = {name: places[id(t)] for name, t in call.inputs.items()}
         self.outputs = {name: places[id(t)] for name, t in call.outputs.items()}
         self.impl, self.plan, self.ranges = executor.impl, executor.plan, executor.ranges
+        self.epoch = executor.epoch
         self.generation = REGISTRY.generation
         self.backend = RUNTIME.backend
         self.device_type = op_device_type()
@@ -47,13 +49,16 @@ class _Entry:
         call = OpCall(self.op, {name: objects[i] for name, i in self.inputs.items()},
                       {name: objects[i] for name, i in self.outputs.items()}, self.attrs,
                       self.dense_inputs, self.views)
-        for role, tensor in call.tensors():
-            record = tensor.storage.record
-            rng = self.ranges.get(role)
-            if (record is not None and not record.live) or rng is None or \
-                    not still_valid(rng, *tensor.span()):
-                return None
-        return Executor(call, self.impl, self.plan, self.ranges)
+        if not unchanged_since(self.epoch):
+            epoch = RELEASES.value
+            for role, tensor in call.tensors():
+                record = tensor.storage.record
+                rng = self.ranges.get(role)
+                if (record is not None and not record.live) or rng is None or \
+                        not still_valid(rng, *tensor.span()):
+                    return None
+            self.epoch = epoch
+        return Executor(call, self.impl, self.plan, self.ranges, self.epoch)
 
 
 class Phase1Cache:
