@@ -306,12 +306,16 @@ class Predictor:
         skipped some), or where the last RESYNC requests say we are; -1 if neither."""
         requested = self.template.requested
         count = len(requested)
-        for skip in range(1, min(LOOKAHEAD, count)):
+        # Never skip the step's first request (the cut): a request the template left out (a
+        # block that outlives a step) must not carry the cursor past a step boundary.
+        for skip in range(1, min(LOOKAHEAD, count) if slot != self.cut else 1):
             candidate = slot + skip
             if candidate >= count:
                 candidate -= count
             if requested[candidate] == nbytes:
                 return candidate
+            if candidate == self.cut:
+                break
         if len(self.recent) == RESYNC:
             if not self.places:
                 self._index_places()
