@@ -265,3 +265,51 @@ def test_a_cube_kernel_goes_through_l1_and_l0(stream):
     np.testing.assert_array_equal(C.numpy(), a @ b)
     lanes = launch.timeline.lane_cycles()
     assert lanes["MTE1"] > 0 and lanes["Cube"] > 0 and launch.cores == 1
+
+
+# --- load balancing and the benches that measure it ------------------------------------------
+
+
+def test_partition_policies_cover_every_item_once():
+    from npumem.aicore.balance import partition
+
+    costs = [16, 1, 1, 1, 1, 1, 1, 9, 1, 1, 8, 1]
+    for policy in ("uniform", "balanced"):
+        shares = partition(costs, 4, policy)
+        assert sorted(i for share in shares for i in share) == list(range(len(costs)))
+    loads = [sum(costs[i] for i in share) for share in partition(costs, 4, "balanced")]
+    uniform = [sum(costs[i] for i in share) for share in partition(costs, 4, "uniform")]
+    assert max(loads) == 16 < max(uniform)
+    with pytest.raises(InvalidParamError, match="choose uniform or balanced"):
+        partition(costs, 4, "random")
+    with pytest.raises(InvalidParamError, match="need at least one"):
+        partition(costs, 0)
+
+
+def _bench(name, *args):
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "bench" / name), "--json", *args],
+                          capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "NPUMEM_SANITIZE": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_the_multicore_bench_prints_rows_where_balancing_wins():
+    rows = _bench("multicore.py", "--items", "96")
+    assert [row["cores"] for row in rows] == [8, 16, 32, 64]
+    assert all(0 < row["uniform"] < row["balanced"] <= 1 for row in rows)
+
+
+def test_the_sparse_bench_prints_a_row_per_density_and_pattern():
+    rows = _bench("sparse.py", "--size", "256", "--repeat", "1")
+    assert [(row["pattern"], row["density"]) for row in rows] == \
+        [(p, d) for p in ("tiles", "scattered") for d in (0.05, 0.1, 0.2, 0.3)]
+    assert {row["strategy"] for row in rows if row["pattern"] == "tiles" and row["density"] <= 0.1} \
+        == {"block"}                       # (at 256 x 256, a 30% draw of 64 tiles may pass 30%)
+    assert all(row["speedup"] > 0 for row in rows)

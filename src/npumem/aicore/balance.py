@@ -37,9 +37,3 @@ def partition(costs: list[float], cores: int, policy: str = "balanced") -> list[
         share.sort()                    # each core walks its items in memory order
     return shares
 
-
-def estimated_utilisation(costs: list[float], shares: list[list[int]]) -> float:
-    """Estimated utilisation of a partition: mean core load over the largest."""
-    loads = [sum(costs[i] for i in share) for share in shares]
-    top = max(loads, default=0.0)
-    return sum(loads) / (len(loads) * top) if top else 1.0

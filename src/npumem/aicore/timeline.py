@@ -90,19 +90,6 @@ class Timeline:
                 f"({self.makespan:.0f} cycles), utilisation {self.utilisation():.1%}; lanes "
                 f"{used or 'idle'}")
 
-    def to_dict(self) -> dict:
-        return {"kernel": self.kernel, "profile": self.profile.name, "block_dim": self.block_dim,
-                "cores": self.cores, "clock_ghz": self.profile.clock_ghz,
-                "makespan_cycles": self.makespan, "utilisation": self.utilisation(),
-                "slices": [[s.block, s.core, s.lane, s.name, s.start, s.end, s.nbytes, s.tile]
-                           for s in self.slices]}
-
-    @classmethod
-    def from_dict(cls, data: dict, profile: Profile) -> "Timeline":
-        timeline = cls(data["kernel"], profile, data["block_dim"], data["cores"])
-        timeline.slices = [Slice(*row) for row in data["slices"]]
-        return timeline
-
     def chrome_events(self, pid: int | str, start_us: float = 0.0) -> list[dict]:
         """Chrome trace events: one thread per core and lane, named "core 3 MTE2"."""
         events, named = [], set()
