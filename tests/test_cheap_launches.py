@@ -99,7 +99,7 @@ def test_a_free_between_phase_1_and_launch_is_caught(fast):
     view = npumem.create_tensor((64,), "float32", data_ptr=pointer)
     size, executor = aclnn.add_get_workspace_size(view, view, 1, out)
     npumem.free(pointer)
-    with pytest.raises(npumem.errors.MemoryAccessError, match="freed\): use after free"):
+    with pytest.raises(npumem.errors.MemoryAccessError, match=r"freed\): use after free"):
         aclnn.add(None, size, executor, fast)
 
 
@@ -112,5 +112,5 @@ def test_a_free_while_an_op_is_queued_is_caught_when_it_runs(fast):
     aclnn.run_with_pool_workspace(aclnn.add, aclnn.add_get_workspace_size(view, view, 1, out), fast)
     npumem.free(pointer)                      # the op is still queued behind the gate
     gate.set()
-    with pytest.raises(npumem.errors.AsyncTaskError, match="freed\): use after free"):
+    with pytest.raises(npumem.errors.AsyncTaskError, match=r"freed\): use after free"):
         fast.synchronize()
