@@ -200,7 +200,7 @@ def test_a_kernel_that_raises_stops_its_stream_until_synchronize(stream):
     x, y, X, Y, _ = _inputs()
     Z = npumem.zeros((len(x),))
     raises[1, stream](X)
-    add_tiles[8, stream](X, Y, Z, TILE, 2)           # queued behind the fault: skipped
+    skipped = add_tiles[8, stream](X, Y, Z, TILE, 2)   # queued behind the fault: skipped
     event = npumem.Event()
     event.record(stream)                            # sync points still run
     event.synchronize(timeout=10)
@@ -208,6 +208,7 @@ def test_a_kernel_that_raises_stops_its_stream_until_synchronize(stream):
                                              r"tiling.*1 later task\(s\) were skipped"):
         stream.synchronize()
     assert not Z.numpy().any()
+    assert skipped.done.is_set() and "skipped" in str(skipped.fault) and not skipped.timeline.slices
     add_tiles[8, stream](X, Y, Z, TILE, 2)
     stream.synchronize()
     np.testing.assert_array_equal(Z.numpy(), x + y)

@@ -53,6 +53,12 @@ class Launch:
         self.start_ns = 0                   # when it began to run (perf_counter_ns)
         self.fault: BaseException | None = None
 
+    def skipped(self) -> None:
+        """Its stream had stopped at an earlier fault: it never ran."""
+        self.fault = KernelFault(f"kernel {self.name} was skipped: its stream had stopped at "
+                                 "an earlier fault")
+        self.done.set()
+
     def __repr__(self) -> str:
         state = "faulted" if self.fault else "done" if self.done.is_set() else "queued"
         return f"<npumem launch {self.name}[{self.block_dim}] on {self.cores} core(s), {state}>"
@@ -106,7 +112,8 @@ class KernelFunction:
                                                f"{name}")
         queue = RUNTIME.stream(stream, f"kernel {self.name}")
         launch = Launch(self.name, block_dim, self.kind, current_profile())
-        queue.enqueue(device_work(lambda: self._run(launch, args, ranges, queue)),
+        queue.enqueue(device_work(lambda: self._run(launch, args, ranges, queue),
+                                  on_skip=launch.skipped),
                       f"kernel {self.name}[{block_dim}]")
         for value in args:
             if isinstance(value, Tensor):

@@ -30,11 +30,12 @@ Task = Callable[[], None]
 _INLINE = threading.local()        # the stream whose task runs inline on this thread, if any
 
 
-def device_work(task: Task) -> Task:
+def device_work(task: Task, on_skip: Callable[[], None] | None = None) -> Task:
     """Mark `task` as device work (a kernel, an op): a stream stopped by a kernel fault skips
-    it until synchronize reports the fault. Event records and waits still run, so other
-    streams waiting on this one are not left hanging."""
+    it (calling `on_skip`) until synchronize reports the fault. Event records and waits still
+    run, so other streams waiting on this one are not left hanging."""
     task.device_work = True
+    task.on_skip = on_skip
     return task
 
 
@@ -165,6 +166,8 @@ class Stream:
     def _execute(self, task: Task, label: str) -> None:
         if self._stopped_by is not None and getattr(task, "device_work", False):
             self._skipped += 1
+            if task.on_skip is not None:
+                task.on_skip()
             return
         try:
             self._run_task(task)
