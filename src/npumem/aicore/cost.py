@@ -25,9 +25,12 @@ def charged_bytes(engine: Engine, nbytes: int, address: int = 0) -> int:
     return _ceil_div(head + nbytes, engine.burst_bytes) * engine.burst_bytes
 
 
-def transfer_cycles(engine: Engine, nbytes: int, address: int = 0) -> int:
-    return engine.latency_cycles + _ceil_div(charged_bytes(engine, nbytes, address),
-                                             engine.bytes_per_cycle)
+def transfer_cycles(engine: Engine, nbytes: int, address: int = 0, rows: int = 1,
+                    stride: int = 0) -> int:
+    """One transfer of `rows` rows of `nbytes`, `stride` bytes apart from `address`: each row
+    pays its own bursts."""
+    charged = sum(charged_bytes(engine, nbytes, address + row * stride) for row in range(rows))
+    return engine.latency_cycles + _ceil_div(charged, engine.bytes_per_cycle)
 
 
 def vector_cycles(profile: Profile, nbytes: int) -> int:

@@ -104,22 +104,21 @@ _ENGINES = {
     "MTE1": Engine(bytes_per_cycle=512, latency_cycles=3, burst_bytes=32),
 }
 
+_910B = Profile(
+    name="ascend910b", cube_cores=24, vector_per_cube=2, clock_ghz=1.8,
+    buffers={"UB": 192 * KIB, "L1": 512 * KIB, "L0A": 64 * KIB, "L0B": 64 * KIB, "L0C": 128 * KIB},
+    alignment=_ALIGNMENT, engines=_ENGINES,
+    vector_bytes_per_cycle=256, vector_latency_cycles=15,
+    cube_macs_per_cycle={1: 8192, 2: 4096, 4: 1024}, cube_fractal=16, cube_latency_cycles=15,
+    sources=_910B_SOURCES)
+
 PROFILES = {
-    "ascend910b": Profile(
-        name="ascend910b", cube_cores=24, vector_per_cube=2, clock_ghz=1.8,
-        buffers={"UB": 192 * KIB, "L1": 512 * KIB, "L0A": 64 * KIB, "L0B": 64 * KIB,
-                 "L0C": 128 * KIB},
-        alignment=_ALIGNMENT, engines=_ENGINES,
-        vector_bytes_per_cycle=256, vector_latency_cycles=15,
-        cube_macs_per_cycle={1: 8192, 2: 4096, 4: 1024}, cube_fractal=16, cube_latency_cycles=15,
-        sources=_910B_SOURCES),
-    "ascend910": Profile(
-        name="ascend910", cube_cores=32, vector_per_cube=1, clock_ghz=1.0,
+    "ascend910b": _910B,
+    # The first generation: the same units and engines, more and coupled cores, bigger buffers.
+    "ascend910": replace(
+        _910B, name="ascend910", cube_cores=32, vector_per_cube=1, clock_ghz=1.0,
         buffers={"UB": 256 * KIB, "L1": 1024 * KIB, "L0A": 64 * KIB, "L0B": 64 * KIB,
                  "L0C": 256 * KIB},
-        alignment=_ALIGNMENT, engines=_ENGINES,
-        vector_bytes_per_cycle=256, vector_latency_cycles=15,
-        cube_macs_per_cycle={1: 8192, 2: 4096, 4: 1024}, cube_fractal=16, cube_latency_cycles=15,
         sources=_910_SOURCES),
 }
 

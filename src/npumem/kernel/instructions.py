@@ -13,7 +13,7 @@ import builtins        # max, min and abs are instructions here, as in Ascend C
 
 import numpy as np
 
-from ..aicore.cost import charged_bytes, cube_cycles, transfer_cycles, vector_cycles
+from ..aicore.cost import cube_cycles, transfer_cycles, vector_cycles
 from .context import current
 from .tensors import GlobalTensor, LocalTensor
 
@@ -45,47 +45,15 @@ def data_copy(dst, src, count: int | None = None) -> None:
 
 def data_copy_pad(dst, src, count: int) -> None:
     """data_copy for a tail that is not whole 32-byte blocks (Ascend C's DataCopyPad): moves
-    exactly `count` elements between global memory and the UB, charging the padded blocks."""
+    exactly `count` elements to or from global memory, charging the padded blocks."""
     _copy("data_copy_pad", dst, src, count, pad=True)
 
 
 def _copy(what: str, dst, src, count, pad: bool) -> None:
-    context = current(what)
-    profile = context.profile
+    if isinstance(dst, LocalTensor) and isinstance(src, LocalTensor):
+        return _local_copy(current(what), what, dst, src, _count(dst, count))
     count = _count(dst if isinstance(dst, LocalTensor) else src, count)
-    if isinstance(dst, LocalTensor) and isinstance(src, GlobalTensor):
-        local, lane, engine = dst, "MTE2", profile.engines["MTE2"]
-        if local.buffer not in ("UB", "L1"):
-            raise context.fault(f"{what}: global memory goes into the UB or L1, not the "
-                                f"{local.buffer}", local.slot.describe(), local.tile)
-    elif isinstance(dst, GlobalTensor) and isinstance(src, LocalTensor):
-        local, lane, engine = src, "MTE3", profile.engines["MTE3"]
-        if local.buffer not in ("UB", "L0C"):
-            raise context.fault(f"{what}: only the UB (and L0C through the fixpipe) write to "
-                                f"global memory, not the {local.buffer}", local.slot.describe(),
-                                local.tile)
-    elif isinstance(dst, LocalTensor) and isinstance(src, LocalTensor):
-        return _local_copy(context, what, dst, src, count)
-    else:
-        raise context.fault(f"{what} copies between a LocalTensor and a GlobalTensor (or two "
-                            f"LocalTensors), got {type(dst).__name__} <- {type(src).__name__}")
-    if pad and local.buffer != "UB":
-        raise context.fault(f"{what} moves between global memory and the UB only",
-                            local.slot.describe(), local.tile)
-    if not pad:
-        _check_blocks(context, count * local.dtype.itemsize, BLOCK, what, local)
-    gm = dst if lane == "MTE3" else src
-    nbytes = count * gm.dtype.itemsize          # what crosses to global memory
-    values, device = local.array(what, count), gm.elements(0, count, what)
-    cycles = transfer_cycles(engine, nbytes, gm.address)
-    if lane == "MTE2":
-        np.copyto(values, device, casting="unsafe")
-        context.issue(lane, cycles, what, writes=[local.slot], nbytes=nbytes, tile=local.tile,
-                      after=context.gm_written.get(gm.argument.name, 0.0))
-    else:
-        np.copyto(device, values, casting="unsafe")
-        context.gm_written[gm.argument.name] = context.issue(
-            lane, cycles, what, reads=[local.slot], nbytes=nbytes, tile=local.tile)
+    _global_transfer(what, dst, src, 1, count, None, None, pad)       # one row of `count`
 
 
 def data_copy_rows(dst, src, rows: int, row: int, src_stride: int | None = None,
@@ -95,17 +63,23 @@ def data_copy_rows(dst, src, rows: int, row: int, src_stride: int | None = None,
     `src_stride` / `dst_stride` elements apart on each side (default: packed); Ascend C's
     DataCopy with DataCopyParams. Each row pays its own bursts. `pad=True` allows rows that
     are not whole 32-byte blocks (DataCopyPad)."""
-    what = "data_copy_rows"
+    _global_transfer("data_copy_rows", dst, src, rows, row, src_stride, dst_stride, pad)
+
+
+def _global_transfer(what: str, dst, src, rows: int, row: int, src_stride, dst_stride,
+                     pad: bool) -> None:
+    """Rows between global memory and a local tensor: MTE2 in (UB, L1), MTE3 out (UB, L0C
+    through the fixpipe). Strides are in elements of each side's own dtype."""
     context = current(what)
     inbound = isinstance(dst, LocalTensor) and isinstance(src, GlobalTensor)
     if not inbound and not (isinstance(dst, GlobalTensor) and isinstance(src, LocalTensor)):
-        raise context.fault(f"{what} copies between global memory and a LocalTensor, got "
-                            f"{type(dst).__name__} <- {type(src).__name__}")
+        raise context.fault(f"{what} copies between a LocalTensor and a GlobalTensor (or two "
+                            f"LocalTensors), got {type(dst).__name__} <- {type(src).__name__}")
     local, gm = (dst, src) if inbound else (src, dst)
     allowed = ("UB", "L1") if inbound else ("UB", "L0C")
     if local.buffer not in allowed:
-        raise context.fault(f"{what}: rows move {'into' if inbound else 'out of'} the "
-                            f"{' or '.join(allowed)}, not the {local.buffer}",
+        raise context.fault(f"{what}: global memory moves {'into' if inbound else 'out of'} "
+                            f"the {' or '.join(allowed)}, not the {local.buffer}",
                             local.slot.describe(), local.tile)
     gm_stride = (src_stride if inbound else dst_stride) or row
     local_stride = (dst_stride if inbound else src_stride) or row
@@ -120,11 +94,9 @@ def data_copy_rows(dst, src, rows: int, row: int, src_stride: int | None = None,
     values = np.lib.stride_tricks.as_strided(local.array(what, (rows - 1) * local_stride + row),
                                              (rows, row), (local_stride * size, size))
     lane = "MTE2" if inbound else "MTE3"
-    engine = context.profile.engines[lane]
-    charged = sum(charged_bytes(engine, row * gm_size, gm.address + r * gm_stride * gm_size)
-                  for r in range(rows))
-    cycles = engine.latency_cycles + -(-charged // engine.bytes_per_cycle)
-    nbytes = rows * row * gm_size
+    cycles = transfer_cycles(context.profile.engines[lane], row * gm_size, gm.address, rows,
+                             gm_stride * gm_size)
+    nbytes = rows * row * gm_size                # what crosses to global memory
     if inbound:
         np.copyto(values, device, casting="unsafe")
         context.issue(lane, cycles, what, writes=[local.slot], nbytes=nbytes, tile=local.tile,
