@@ -39,7 +39,7 @@ from .context import BlockContext, CoreMemory, enter
 from .tensors import Argument, GlobalTensor
 
 KINDS = ("vector", "cube")
-RECENT = collections.deque(maxlen=64)     # the last launches' timelines, newest last
+RECENT = collections.deque(maxlen=64)     # the last launches (with their timelines), newest last
 
 
 class Launch:

@@ -75,16 +75,17 @@ def tile_mask(matrix: np.ndarray, block: int) -> np.ndarray:
 
 
 def analyse(matrix: np.ndarray, block: int = DEFAULT_BLOCK) -> Sparsity:
-    """Measure `matrix` and choose: tiles first (cheap), elements only when the tiles are full."""
+    """Measure `matrix` (its tiles, then its elements) and choose a strategy."""
     rows, cols = matrix.shape
     tiles = int(np.count_nonzero(tile_mask(matrix, block))) if matrix.size else 0
-    total_tiles = -(-rows // block) * -(-cols // block)
-    if total_tiles and tiles / total_tiles <= BLOCK_UP_TO:
-        nonzeros = int(np.count_nonzero(matrix))
-        strategy = "block" if nonzeros < DENSE_FROM * matrix.size else "dense"
-        return Sparsity((rows, cols), block, nonzeros, tiles, strategy)
     nonzeros = int(np.count_nonzero(matrix))
-    strategy = "direct" if nonzeros < DIRECT_BELOW * matrix.size else "dense"
+    total_tiles = -(-rows // block) * -(-cols // block)
+    if total_tiles and tiles <= BLOCK_UP_TO * total_tiles and nonzeros < DENSE_FROM * matrix.size:
+        strategy = "block"
+    elif nonzeros < DIRECT_BELOW * matrix.size:
+        strategy = "direct"
+    else:
+        strategy = "dense"
     return Sparsity((rows, cols), block, nonzeros, tiles, strategy)
 
 
