@@ -3,12 +3,14 @@
     python bench/ops.py [--device sim|torch:cpu|torch:cuda] [--repeat 30] [--json]
 
 For each case, npumem runs phase 1, allocates the workspace from the pool, runs phase 2 on a
-stream and synchronizes. The launch cost of a small op is measured apart, in loops of a
-thousand: a 64-element Add through that whole flow (`add64_us`) against `torch.add` of 64
-elements on the CPU (`torch_add64_us`, null without torch), best of five loops each. The peer is numpy on host arrays for the simulator, and torch's own ops
+stream and synchronizes. The peer is numpy on host arrays for the simulator, and torch's own ops
 on the same device for a torch backend. The ratio npumem / peer shows the cost of the API
 (validation, executor, workspace, stream hop) on small ops and that large ops run at the peer's
 speed. Medians over --repeat runs, microseconds.
+
+The launch cost of a small op is measured apart, in loops of a thousand: a 64-element Add
+through that whole flow (`add64_us`) against `torch.add` of 64 elements on the CPU
+(`torch_add64_us`, null without torch), best of five loops each.
 """
 
 from __future__ import annotations

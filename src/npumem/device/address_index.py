@@ -49,7 +49,6 @@ class Allocation:
         return f"{self.api} allocation 0x{self.start:x} of {self.size} bytes (#{self.seq}{state})"
 
 
-
 class ReleaseEpoch:
     """Counts every release of device bytes (a free, an unmap), in any backend. A range
     checked while the count was N is still good while it is N: that lets small ops skip
@@ -63,6 +62,7 @@ class ReleaseEpoch:
 
 
 RELEASES = ReleaseEpoch
+
 
 class AddressIndex:
     """Live allocations sorted by start address, plus the most recently freed ones."""

@@ -78,10 +78,13 @@ def iter_chrome_events(tracker: Tracker, samples: list[Sample] = ()):
             yield {"ph": "X", "pid": pid, "tid": tid, "name": annotation.name,
                    "cat": annotation.kind, "ts": ts(annotation.start_ns),
                    "dur": round((annotation.end_ns - annotation.start_ns) / 1e3, 3)}
+    named = set()
     for start_ns, device, timeline in tracker.kernels():   # modelled, from the launch's start
         pid = AICORE_PID + device
-        yield {"ph": "M", "name": "process_name", "pid": pid,
-               "args": {"name": f"npu {device} AI cores (modelled, {timeline.profile.name})"}}
+        if pid not in named:
+            named.add(pid)
+            yield {"ph": "M", "name": "process_name", "pid": pid,
+                   "args": {"name": f"npu {device} AI cores (modelled, {timeline.profile.name})"}}
         yield from timeline.chrome_events(pid, ts(start_ns))
     for sample in samples:
         yield {"ph": "C", "name": "host", "pid": HOST_PID, "ts": ts(sample.time_ns),
