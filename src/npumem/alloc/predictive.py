@@ -31,7 +31,7 @@ from ..planning import PlanError
 from .block import Block
 from .step_arena import OwnArena, PoolRangeArena, StepArena
 from .step_learner import StepLearner, Template
-from .step_plan import StepLayout, crossing_slots, cut, lay_out
+from .step_plan import StepLayout, crossing_slots, cuts, lay_out
 
 LOOKAHEAD = 32          # template slots a request may skip (requests the program left out)
 RESYNC = 4              # requests in a row that find the place in the step again after a detour
@@ -55,7 +55,7 @@ class Predictor:
         self.layout: StepLayout | None = None      # its layout, once its arena serves
         self.ready: StepLayout | None = None       # a layout waiting to take over
         self.planning = False
-        self.cut = 0                               # the slot where steps are cut
+        self.cuts: tuple[int, ...] = (0,)          # the slots where steps are cut
         self.last_slot: int | None = None          # the slot the request being made matched
         self.slot_pointers: dict[int, int] = {}    # slot -> the pool block it got last
         self.pointer_slots: dict[int, int] = {}    # and back: a pointer reused by another slot
@@ -94,8 +94,8 @@ class Predictor:
             slot = self._find(nbytes, slot)
             if slot < 0:
                 return self._miss(nbytes)
-        elif slot == self.cut:         # the step's first request, where expected: a boundary
-            self._step_began()
+        elif slot in self.cuts:        # a step's first request, where expected: a boundary
+            self._step_began(slot)
             if self.template is None:             # dropped
                 return None
         self.cursor = slot + 1 if slot + 1 < len(requested) else 0
@@ -148,9 +148,11 @@ class Predictor:
 
     def mark_step(self) -> None:
         """npumem.memory.step(): a step ended here."""
-        if self.template is not None and self.template.marked:
-            self._step_began()
-            self.cursor = 0
+        template = self.template
+        if template is not None and template.marked:
+            step = template.step_slots          # the next step is the template's next one
+            self.cursor = step if template.repeats > 1 and 0 < self.cursor <= step else 0
+            self._step_began(self.cursor)
         if self.learner is not None:
             template = self.learner.mark()
             if template is not None:
@@ -164,33 +166,34 @@ class Predictor:
             return
         self._retire_arena()
         self.template, self.layout, self.cursor = template, None, template.cursor
-        self.cut, self.places = cut(template), {}
+        self.cuts, self.places = cuts(template), {}
         self.step_hits = self.step_misses = 0
-        self.note = f"found a step of {template.period} allocations; planning at its next cut"
+        self.note = (f"found a step of {template.period // template.repeats} allocations; "
+                     "planning at its next cut")
 
-    def _start_planning(self, template: Template) -> None:
-        """Plan `template` around the blocks live in the stream's range now (expandable pools),
-        in the background."""
-        self.note = f"planning a step of {template.period} allocations"
+    def _start_planning(self, template: Template, boundary: int) -> None:
+        """Plan `template`, cut at slot `boundary` (where the stream is), around the blocks
+        live in the stream's range now (expandable pools), in the background."""
+        self.note = f"planning a step of {template.period // template.repeats} allocations"
         self.planning = True
         taken, pinned = None, {}
         range_ = self._range()
         if range_ is not None:          # at a cut: around the blocks live in the pool now
-            pinned = self._pinned(template, range_)
+            pinned = self._pinned(template, range_, boundary)
             self.pinned = {range_.base + offset for offset in pinned.values()}
             taken = [(block.start - range_.base, block.size) for block in range_.blocks()
                      if block.allocated and block.start not in self.pinned]
         if self.background:
-            threading.Thread(target=self._plan, args=(template, taken, pinned),
+            threading.Thread(target=self._plan, args=(template, taken, pinned, boundary),
                              name="npumem-step-planner", daemon=True).start()
         else:
-            self._plan(template, taken, pinned)
+            self._plan(template, taken, pinned, boundary)
 
-    def _pinned(self, template: Template, range_) -> dict[int, int]:
+    def _pinned(self, template: Template, range_, boundary: int) -> dict[int, int]:
         """Crossing slots whose block from the step just ended is live in the pool: {slot:
         its offset}. The plan keeps them there, so the block and its planned place are one."""
         pinned, allocated = {}, self.pool._allocated
-        for slot in crossing_slots(template, self.cut):
+        for slot in crossing_slots(template, boundary):
             pointer = self.slot_pointers.get(slot)
             block = allocated.get(pointer)
             if block is not None and block.segment is range_ and \
@@ -223,9 +226,9 @@ class Predictor:
             return False                  # the template in use does well: a multiple of it
         return template.period > self.template.period      # would only take longer to prove
 
-    def _plan(self, template: Template, taken, pinned) -> None:
+    def _plan(self, template: Template, taken, pinned, boundary: int) -> None:
         try:
-            layout = lay_out(template, self.algorithm, self.time_limit, taken, pinned)
+            layout = lay_out(template, self.algorithm, self.time_limit, taken, pinned, boundary)
             self.planning_seconds += layout.seconds
         except PlanError as error:         # never used: a plan must not overlap live blocks
             warnings.warn(f"npumem predictive pool: a step plan failed validation ({error}); "
@@ -235,12 +238,14 @@ class Predictor:
         self.ready = layout
         self.planning = False
 
-    def _take_over(self) -> None:
+    def _take_over(self, boundary: int) -> None:
         """Serve from the ready layout: carve its ranges out of the pool's (pages come as blocks
         need them), or take its own arena if that fits under the peak reached so far."""
         layout, pool = self.ready, self.pool
         if layout.template is not self.template:      # replaced while it was planned
             self.ready = None
+            return
+        if layout.boundary != boundary:     # planned for the template's other step: wait for it
             return
         self.peak_before = pool.stats.peak("reserved_bytes")
         range_ = self._range()
@@ -308,24 +313,29 @@ class Predictor:
         count = len(requested)
         # Never skip the step's first request (the cut): a request the template left out (a
         # block that outlives a step) must not carry the cursor past a step boundary.
-        for skip in range(1, min(LOOKAHEAD, count) if slot != self.cut else 1):
+        for skip in range(1, min(LOOKAHEAD, count) if slot not in self.cuts else 1):
             candidate = slot + skip
             if candidate >= count:
                 candidate -= count
             if requested[candidate] == nbytes:
                 return candidate
-            if candidate == self.cut:
+            if candidate in self.cuts:
                 break
         if len(self.recent) == RESYNC:
             if not self.places:
                 self._index_places()
-            return self.places.get(tuple(self.recent), 0) - 1
+            found = self.places.get(tuple(self.recent), 0) - 1
+            step = self.template.step_slots
+            if found >= 0 and step < count:       # two steps: the copy in the one under way
+                found = min(found, found + step, key=lambda candidate: (candidate - slot) % count)
+            return found
         return -1
 
     def _index_places(self) -> None:
-        """Map each run of RESYNC sizes that occurs once in the step to the slot ending it."""
-        requested = self.template.requested
-        count, seen = len(requested), {}
+        """Map each run of RESYNC sizes that occurs once in a step to the slot ending it (in
+        the template's first step)."""
+        requested, seen = self.template.requested, {}
+        count = self.template.step_slots
         for end in range(count):
             key = tuple(requested[(end - RESYNC + 1 + i) % count] for i in range(RESYNC))
             seen[key] = -1 if key in seen else end + 1
@@ -347,25 +357,26 @@ class Predictor:
             self.misses += 1
             self.step_misses += 1
             if self.step_misses > 2 * len(self.template.requested):     # lost for good
-                self._step_began()
+                self._step_began(self.cursor)
         return None
 
-    def _step_began(self) -> None:
-        """A step boundary: judge the last step; give idle pool pages back; a ready layout
-        takes over here, where the fewest of the step's blocks are live in the pool."""
+    def _step_began(self, boundary: int) -> None:
+        """A step boundary (at slot `boundary`): judge the last step; give idle pool pages back;
+        a ready layout takes over here, where the fewest of the step's blocks are live in the
+        pool."""
         if self.arena is None and self.template is not None and not self.planning:
             followed = self.step_hits + self.step_misses
-            if followed < len(self.template.requested) // 2:
+            if followed < self.template.step_slots // 2:
                 pass                                      # not a whole step seen yet
             elif self.step_hits < PROVEN * followed:      # the program does not repeat it
                 self._refused(f"the last step followed the template for only "
                               f"{self.step_hits / followed:.1%} of its requests")
                 return
             else:
-                if self.ready is None:
-                    self._start_planning(self.template)   # in line (replays): ready now
+                if self.ready is None:                    # in line (replays): ready now
+                    self._start_planning(self.template, boundary)
                 if self.ready is not None:
-                    self._take_over()
+                    self._take_over(boundary)
         elif self.serving:
             if self.arena.awaited:               # frees that were pending on other streams
                 self.arena.claim()
@@ -377,7 +388,7 @@ class Predictor:
             if rate < STALE:
                 self._drop(f"the last step hit {rate:.0%}; learning again")
                 return
-            if rate >= PROVEN and requests >= len(self.template.requested) // 2:
+            if rate >= PROVEN and requests >= self.template.step_slots // 2:
                 self.learner = None            # proven: stop paying for learning
             self.pool.release_idle_cache()
         self.step_hits = self.step_misses = 0

@@ -18,7 +18,7 @@ Times are event numbers (allocations and frees of the stream), as in `planning.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GRAM = 16                 # request sizes that identify a position in the step
 VERIFY = 16               # requests that must repeat before a detected period is believed
@@ -43,9 +43,25 @@ class Template:
     period: int = 0          # allocations in one step, those left out included
     marked: bool = False
     holds_peak: bool = False  # the stream's highest live bytes so far were reached in it
+    repeats: int = 1          # steps the template holds: 2 when a block outlives its step
 
     def __len__(self) -> int:
         return len(self.requested)
+
+    @property
+    def step_slots(self) -> int:
+        """Slots in one step (the template may hold two)."""
+        return len(self.requested) // self.repeats
+
+    def twice(self) -> "Template":
+        """Two steps in one template, so that a block living into the next step (the batch a
+        training loop replaces only once the next one is made) is planned with its own
+        lifetime: its two instances alternate, and every lifetime is shorter than the template."""
+        length = self.length
+        return replace(self, requested=self.requested * 2, sizes=self.sizes * 2,
+                       starts=self.starts + [start + length for start in self.starts],
+                       ends=self.ends + [end + length for end in self.ends],
+                       length=2 * length, period=2 * self.period, repeats=2)
 
 
 class StepLearner:
@@ -65,7 +81,7 @@ class StepLearner:
         self.pending: tuple[int, int] | None = None   # a marked step waiting for its frees:
         self.awaited: set[int] = set()                # its blocks still live at the mark
         self.period = 0                         # hypothesis under test (0: none)
-        self.confirmed = 0                      # the longest period confirmed: test only longer
+        self.confirmed = 0                      # the period confirmed while it holds: test only longer
         self.matched = 0                        # requests that repeated under it so far
 
     def on_free(self, pointer: int) -> None:
@@ -91,12 +107,22 @@ class StepLearner:
         self.live_bytes += size
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes, self.peak_at = self.live_bytes, n
-        if self.marks:                          # steps are marked: no guessing
-            pending = self.pending
-            if pending is not None and (not self.awaited or n + 1 - pending[1] >= GRAM + VERIFY):
+        pending = self.pending
+        if pending is not None:
+            first, end = pending
+            # a marked step waits GRAM + VERIFY allocations at most (it may be short); a
+            # detected one a whole period: a block still live then outlives the step anyway
+            wait = GRAM + VERIFY if self.marks else end - first
+            if not self.awaited or n + 1 - end >= wait:
                 self.pending = None
-                return self._template(*pending, n + 1, marked=True)
+                return self._template(first, end, n + 1, marked=bool(self.marks))
+        if self.marks:                          # steps are marked: no guessing
             return None
+        confirmed = self.confirmed
+        if confirmed and self.requested[n - confirmed] != requested:
+            # the stream stopped repeating with that period: a first step that differed
+            # (optimizer state made in it) fooled the test; any period may be tested again
+            self.confirmed, self.pending = 0, None
         period = self.period
         if period:
             if self.requested[n - period] != requested:
@@ -105,7 +131,7 @@ class StepLearner:
                 self.matched += 1
                 if self.matched >= VERIFY:
                     self.period, self.confirmed = 0, period
-                    return self._template(self.anchor, self.anchor + period, n + 1)
+                    self._await(self.anchor, self.anchor + period)
         if n + 1 >= GRAM:
             gram = tuple(self.requested[n + 1 - GRAM:])
             seen = self.grams.get(gram)
@@ -125,26 +151,37 @@ class StepLearner:
         n = len(self.requested)
         begin = self.marks[-1] if self.marks else 0
         self.marks, self.period = [n], 0
-        waiting, self.pending = self.pending, ((begin, n) if n > begin else None)
-        self.awaited = {pointer for pointer, index in self.live.items()
-                        if index is not None and begin <= index < n}
+        waiting = self.pending
+        self.pending = None
+        if n > begin:
+            self._await(begin, n)
         return self._template(*waiting, n, marked=True) if waiting is not None else None
+
+    def _await(self, first: int, end: int) -> None:
+        """Make allocations [first, end) a template once its blocks still live now are freed:
+        a block's lifetime is known at its free."""
+        self.pending = (first, end)
+        self.awaited = {pointer for pointer, index in self.live.items()
+                        if index is not None and first <= index < end}
 
     def _template(self, first: int, end: int, following: int, marked: bool = False) -> Template | None:
         """Allocations [first, end) as one step; `following` is the allocation number the
-        stream's next request gets. Slots whose block outlives a step (or was never freed) are
-        left out: they are not the same memory from step to step, and a template without them
-        keeps the requests that follow in line."""
+        stream's next request gets. Slots whose block outlives two steps (or was never freed)
+        are left out: they are not the same memory from step to step, and a template without
+        them keeps the requests that follow in line. A block that outlives one step makes the
+        template two steps long (`Template.twice`)."""
         origin = self.times[first]
         length = (self.times[end] if end < len(self.times) else self.events + 1) - origin
         template = Template([], [], [], [], length, 0, end - first, marked,
                             first <= self.peak_at < end)
         position = (following - first) % (end - first)
+        outlives = False
         for index in range(first, end):
             free = self.frees[index]
             start = self.times[index] - origin
-            if free is None or free - origin - start >= length:
+            if free is None or free - origin - start >= 2 * length:
                 continue
+            outlives = outlives or free - origin - start >= length
             if index - first < position:
                 template.cursor += 1
             template.requested.append(self.requested[index])
@@ -154,7 +191,7 @@ class StepLearner:
         if not template.requested:
             return None
         template.cursor %= len(template)
-        return template
+        return template.twice() if outlives else template
 
     def _trim(self) -> None:
         """Keep the newer half of the history."""

@@ -49,14 +49,16 @@ class StepLayout:
 
 def lay_out(template: Template, algorithm: str = "best", time_limit: float = 5.0,
             taken: list[tuple[int, int]] | None = None,
-            pinned: dict[int, int] | None = None) -> StepLayout:
-    """Plan `template` (see the module doc). In the pool's range (`taken` given): `taken` are
-    (offset, size) ranges held throughout, `pinned` maps crossing slots to fixed offsets.
-    Raises PlanError if the result overlaps (a bug)."""
+            pinned: dict[int, int] | None = None, boundary: int | None = None) -> StepLayout:
+    """Plan `template` (see the module doc), cut at slot `boundary` (one of `cuts`; the
+    first by default). In the pool's range (`taken` given): `taken` are (offset, size)
+    ranges held throughout, `pinned` maps crossing slots to fixed offsets. Raises PlanError
+    if the result overlaps (a bug)."""
     began = time.perf_counter()
     length = template.length
     sizes = np.asarray(template.sizes, dtype=np.int64)
-    boundary = cut(template)
+    if boundary is None:
+        boundary = cut(template)
     lower, upper = _rotated(template, boundary)
     if taken is not None:
         return _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned or {},
@@ -100,6 +102,12 @@ def cut(template: Template) -> int:
     ends = np.asarray(template.ends, dtype=np.int64)
     sizes = np.asarray(template.sizes, dtype=np.int64)
     return int(np.argmin(_live_at_allocations(starts, ends, sizes, template.length)))
+
+
+def cuts(template: Template) -> tuple[int, ...]:
+    """The slots where steps are cut: one per step the template holds (its steps are alike)."""
+    first, step = cut(template), template.step_slots
+    return tuple((first + k * step) % len(template) for k in range(template.repeats))
 
 
 def _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned, time_limit, began):
