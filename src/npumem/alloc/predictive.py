@@ -91,6 +91,8 @@ class Predictor:
         self.recent.append(nbytes)
         slot = self.cursor
         if requested[slot] != nbytes:
+            if (slot, nbytes) in template.extras:     # a request the template leaves out
+                return self._miss(nbytes)
             slot = self._find(nbytes, slot)
             if slot < 0:
                 return self._miss(nbytes)

@@ -30,9 +30,11 @@ class Template:
     """One step's requests, in order (slot i is the step's i-th allocation).
 
     `starts[i]`/`ends[i]` are the event times of slot i's allocation and free, counted from slot
-    0's allocation. Blocks that outlived a step or were never freed are left out. `length` is
-    the step's duration in events, `cursor` the slot the stream's next allocation corresponds
-    to, `marked` whether steps are marked by `npumem.memory.step()`."""
+    0's allocation. Blocks that outlived two steps or were never freed are left out; `extras`
+    remembers them as (the slot they come before, requested bytes), so that following the step
+    knows them from a detour. `length` is the step's duration in events, `cursor` the slot the
+    stream's next allocation corresponds to, `marked` whether steps are marked by
+    `npumem.memory.step()`."""
 
     requested: list[int]
     sizes: list[int]
@@ -44,6 +46,7 @@ class Template:
     marked: bool = False
     holds_peak: bool = False  # the stream's highest live bytes so far were reached in it
     repeats: int = 1          # steps the template holds: 2 when a block outlives its step
+    extras: frozenset = frozenset()
 
     def __len__(self) -> int:
         return len(self.requested)
@@ -57,11 +60,12 @@ class Template:
         """Two steps in one template, so that a block living into the next step (the batch a
         training loop replaces only once the next one is made) is planned with its own
         lifetime: its two instances alternate, and every lifetime is shorter than the template."""
-        length = self.length
+        length, count = self.length, len(self.requested)
         return replace(self, requested=self.requested * 2, sizes=self.sizes * 2,
                        starts=self.starts + [start + length for start in self.starts],
                        ends=self.ends + [end + length for end in self.ends],
-                       length=2 * length, period=2 * self.period, repeats=2)
+                       length=2 * length, period=2 * self.period, repeats=2,
+                       extras=self.extras | {(slot + count, size) for slot, size in self.extras})
 
 
 class StepLearner:
@@ -175,11 +179,12 @@ class StepLearner:
         template = Template([], [], [], [], length, 0, end - first, marked,
                             first <= self.peak_at < end)
         position = (following - first) % (end - first)
-        outlives = False
+        outlives, extras = False, set()
         for index in range(first, end):
             free = self.frees[index]
             start = self.times[index] - origin
             if free is None or free - origin - start >= 2 * length:
+                extras.add((len(template.requested), self.requested[index]))
                 continue
             outlives = outlives or free - origin - start >= length
             if index - first < position:
@@ -191,7 +196,13 @@ class StepLearner:
         if not template.requested:
             return None
         template.cursor %= len(template)
-        return template.twice() if outlives else template
+        template.extras = frozenset((slot % len(template), size) for slot, size in extras)
+        if not outlives:
+            return template
+        doubled = template.twice()
+        if (following - first) // (end - first) % 2:   # the stream is in a step of the other
+            doubled.cursor += len(template)            # parity than the window's: its copy
+        return doubled
 
     def _trim(self) -> None:
         """Keep the newer half of the history."""
