@@ -91,8 +91,8 @@ class Predictor:
         self.recent.append(nbytes)
         slot = self.cursor
         if requested[slot] != nbytes:
-            if (slot, nbytes) in template.extras:     # a request the template leaves out
-                return self._miss(nbytes)
+            if (slot, nbytes) in template.extras:     # foreseen, but left to the pool
+                return self._miss(nbytes, foreseen=True)
             slot = self._find(nbytes, slot)
             if slot < 0:
                 return self._miss(nbytes)
@@ -165,6 +165,8 @@ class Predictor:
     def _consider(self, template: Template) -> None:
         """A template from the learner: plan it if it is the step (see _is_the_step)."""
         if self.planning or not self._is_the_step(template):
+            if self.template is None:       # nothing followed: offer the period again later
+                self.learner.forget_period()
             return
         self._retire_arena()
         self.template, self.layout, self.cursor = template, None, template.cursor
@@ -343,12 +345,15 @@ class Predictor:
             seen[key] = -1 if key in seen else end + 1
         self.places = {key: slot for key, slot in seen.items() if slot > 0}
 
-    def _miss(self, nbytes: int = 0) -> None:
+    def _miss(self, nbytes: int = 0, foreseen: bool = False) -> None:
         """A request the step did not foresee, or the plan could not serve: the pool serves it.
         If it may need new pages above the peak, the arena's idle pages go back first: the
-        pool's holes and the arena's must not add up."""
+        pool's holes and the arena's must not add up. A `foreseen` one (a template extra)
+        counts as followed in the step's judgement."""
+        if foreseen:
+            self.step_hits += 1
         if not self.serving:
-            self.step_misses += 1
+            self.step_misses += not foreseen
         else:
             pool = self.pool
             if pool.stats.current("reserved_bytes") + nbytes > self.peak_before:
@@ -357,7 +362,7 @@ class Predictor:
                     self._give_up()
                     return None
             self.misses += 1
-            self.step_misses += 1
+            self.step_misses += not foreseen
             if self.step_misses > 2 * len(self.template.requested):     # lost for good
                 self._step_began(self.cursor)
         return None

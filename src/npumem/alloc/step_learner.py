@@ -111,17 +111,8 @@ class StepLearner:
         self.live_bytes += size
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes, self.peak_at = self.live_bytes, n
-        pending = self.pending
-        if pending is not None:
-            first, end = pending
-            # a marked step waits GRAM + VERIFY allocations at most (it may be short); a
-            # detected one a whole period: a block still live then outlives the step anyway
-            wait = GRAM + VERIFY if self.marks else end - first
-            if not self.awaited or n + 1 - end >= wait:
-                self.pending = None
-                return self._template(first, end, n + 1, marked=bool(self.marks))
         if self.marks:                          # steps are marked: no guessing
-            return None
+            return self._made(n)
         confirmed = self.confirmed
         if confirmed and self.requested[n - confirmed] != requested:
             # the stream stopped repeating with that period: a first step that differed
@@ -145,7 +136,25 @@ class StepLearner:
                 # whole copy starts at the first of those sizes
                 self.period, self.matched = n - seen, 0
                 self.anchor = seen + 1 - GRAM
-        return None
+        return self._made(n)
+
+    def forget_period(self) -> None:
+        """The template was not the step (its window did not hold the peak yet, say): test
+        its period again, so that a newer window is offered."""
+        self.confirmed = 0
+
+    def _made(self, n: int) -> Template | None:
+        """The step awaited (`_await`), at allocation `n`, once its blocks still live then are
+        freed. A marked step waits GRAM + VERIFY allocations at most (it may be short); a
+        detected one a whole period: a block still live then outlives the step anyway."""
+        if self.pending is None:
+            return None
+        first, end = self.pending
+        wait = GRAM + VERIFY if self.marks else end - first
+        if self.awaited and n + 1 - end < wait:
+            return None
+        self.pending = None
+        return self._template(first, end, n + 1, marked=bool(self.marks))
 
     def mark(self) -> Template | None:
         """A step ended (npumem.memory.step()). Its template is made at an allocation of the
@@ -197,12 +206,7 @@ class StepLearner:
             return None
         template.cursor %= len(template)
         template.extras = frozenset((slot % len(template), size) for slot, size in extras)
-        if not outlives:
-            return template
-        doubled = template.twice()
-        if (following - first) // (end - first) % 2:   # the stream is in a step of the other
-            doubled.cursor += len(template)            # parity than the window's: its copy
-        return doubled
+        return template.twice() if outlives else template
 
     def _trim(self) -> None:
         """Keep the newer half of the history."""
