@@ -6,8 +6,9 @@ Defaults to every trace in ../shared/data/traces/ (`bench/record_workloads.py` r
 Each trace is replayed through `pool` (npumem, default settings), `pool` in segment mode, `torch`
 (PyTorch's caching policy) and `device` (no caching); the ratio is peak reserved / peak live
 bytes (1.0 is the lower bound). `pool (predictive)` is the pool with predictive:True; its rows
-also give the hit rate after the plan took over and the steady ratio (peak reserved / peak live
-from then on), blank where no plan took over before the trace ended.
+also give the hit rate after the plan took over, the steady ratio (peak reserved / peak live
+from then on) and its floor (the steady live peak in whole 2 MiB pages, over that peak: no pool
+that maps pages reserves less), blank where no plan took over before the trace ended.
 
 With --jitter N the pool also replays each trace N more times with every distinct request size
 padded by a random 0-256 bytes (the same pad for every request of that size). Placement is
@@ -73,6 +74,7 @@ def main() -> None:
                          "ratio": result.reserved_over_allocated,
                          "prediction_hit_rate": result.prediction_hit_rate,
                          "steady_ratio": result.steady_reserved_over_allocated,
+                         "steady_floor": result.steady_page_floor,
                          "seconds": time.perf_counter() - start})
         if args.jitter:
             spreads[rows[-1]["trace"]] = jitter_spread(events, args.jitter, result.peak_allocated_bytes)
@@ -80,12 +82,14 @@ def main() -> None:
         print(json.dumps({"rows": rows, "jitter": spreads} if args.jitter else rows))
         return
     print(f"{'trace':<24} {'allocator':<18} {'events':>7} {'live MiB':>9} {'reserved MiB':>12} "
-          f"{'ratio':>6} {'s':>5} {'hits':>7} {'steady':>6}")
+          f"{'ratio':>6} {'s':>5} {'hits':>7} {'steady':>6} {'floor':>6}")
     for r in rows:
         hits = "" if r["prediction_hit_rate"] is None else f"{r['prediction_hit_rate']:.2%}"
         steady = "" if r["steady_ratio"] is None else f"{r['steady_ratio']:.3f}"
+        floor = "" if r["steady_floor"] is None else f"{r['steady_floor']:.3f}"
         print(f"{r['trace']:<24} {r['allocator']:<18} {r['events']:>7} {r['peak_live_mib']:>9.1f} "
-              f"{r['peak_reserved_mib']:>12.1f} {r['ratio']:>6.3f} {r['seconds']:>5.2f} {hits:>7} {steady:>6}")
+              f"{r['peak_reserved_mib']:>12.1f} {r['ratio']:>6.3f} {r['seconds']:>5.2f} {hits:>7} "
+              f"{steady:>6} {floor:>6}")
     by_trace = {}
     for r in rows:
         by_trace.setdefault(r["trace"], {})[r["allocator"]] = r["ratio"]

@@ -45,6 +45,7 @@ class ReplayResult:
     # peak live bytes from then on (None: no plan took over)
     prediction_hit_rate: float | None = None
     steady_reserved_over_allocated: float | None = None
+    steady_page_floor: float | None = None     # the least that ratio can be in whole pages
     prediction_planning_seconds: float | None = None
 
     def as_dict(self) -> dict:
@@ -69,12 +70,13 @@ class ReplayResult:
             notes=list(result.notes))
 
 
-def _prediction_note(predictor, stats: dict, steady: float | None) -> str:
+def _prediction_note(predictor, stats: dict, steady: float | None, floor: float | None) -> str:
     if predictor.took_over_at is None:
         return f"prediction: no plan took over ({predictor.note})"
+    ratio = "n/a" if steady is None else f"{steady:.3f} (whole pages allow {floor:.3f})"
     return (f"prediction: {stats['prediction.hit_rate']:.1%} of {predictor.hits + predictor.misses} "
             f"requests hit after the plan took over at request {predictor.took_over_at}; steady "
-            f"reserved / live {'n/a' if steady is None else f'{steady:.3f}'}; {predictor.note}")
+            f"reserved / live {ratio}; {predictor.note}")
 
 
 def make_allocator(name: str, backend: SimBackend, settings: AllocatorSettings | None):
@@ -153,11 +155,15 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
     if predictor is not None:
         planning = predictor.planning_seconds          # done in line here: not allocation time
         took_over = predictor.took_over_at is not None
-        steady = steady_reserved / steady_live if steady_live else None
+        steady = floor = None
+        if steady_live:
+            page = backend.page_granularity
+            steady = steady_reserved / steady_live
+            floor = -(-steady_live // page) * page / steady_live
         prediction = {"prediction_hit_rate": stats["prediction.hit_rate"] if took_over else None,
-                      "steady_reserved_over_allocated": steady,
+                      "steady_reserved_over_allocated": steady, "steady_page_floor": floor,
                       "prediction_planning_seconds": planning,
-                      "notes": [_prediction_note(predictor, stats, steady)]}
+                      "notes": [_prediction_note(predictor, stats, steady, floor)]}
     for pointer, _ in live.values():
         resource.deallocate(pointer)
     if not is_device:
