@@ -23,6 +23,7 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 import warnings
 from collections import deque
 
@@ -56,9 +57,9 @@ class Predictor:
         self.ready: StepLayout | None = None       # a layout waiting to take over
         self.planning = False
         self.cuts: tuple[int, ...] = (0,)          # the slots where steps are cut
-        self.last_slot: int | None = None          # the slot the request being made matched
-        self.slot_pointers: dict[int, int] = {}    # slot -> the pool block it got last
-        self.pointer_slots: dict[int, int] = {}    # and back: a pointer reused by another slot
+        self.last_offset: int | None = None        # the template offset the request matched
+        self.offset_pointers: dict[int, int] = {}  # offset -> the pool block it got last
+        self.pointer_offsets: dict[int, int] = {}  # and back: a pointer reused by another
         self.pinned: set[int] = set()              # pool blocks the plan being made keeps
         self.cursor = 0
         self.recent: deque[int] = deque(maxlen=RESYNC)
@@ -87,23 +88,27 @@ class Predictor:
         template = self.template
         if template is None:
             return None
-        requested = template.requested
         self.recent.append(nbytes)
         slot = self.cursor
-        if requested[slot] != nbytes:
-            if (slot, nbytes) in template.extras:     # foreseen, but left to the pool
+        if template.requested[slot] != nbytes:
+            extra = template.extras.get((slot, nbytes))
+            if extra is not None:                     # foreseen, but left to the pool
+                if not self.serving:
+                    self.last_offset = extra
                 return self._miss(nbytes, foreseen=True)
             slot = self._find(nbytes, slot)
             if slot < 0:
                 return self._miss(nbytes)
         elif slot in self.cuts:        # a step's first request, where expected: a boundary
             self._step_began(slot)
-            if self.template is None:             # dropped
-                return None
-        self.cursor = slot + 1 if slot + 1 < len(requested) else 0
+            if self.template is not template:     # dropped, or made again (_refresh)
+                if self.template is None:
+                    return None
+                template, slot = self.template, self.cursor
+        self.cursor = slot + 1 if slot + 1 < len(template) else 0
         if not self.serving:           # following the step until a plan serves it
             self.step_hits += 1
-            self.last_slot = slot
+            self.last_offset = template.offsets[slot]
             return None
         block = self.arena.place(slot)
         if block is None:
@@ -115,10 +120,10 @@ class Predictor:
     def learn(self, pointer: int, nbytes: int, size: int, stream) -> None:
         """Record an allocation (hit or miss) while learning."""
         if stream is self.stream or stream == self.stream:
-            slot, self.last_slot = self.last_slot, None
-            if slot is not None:
-                self.slot_pointers[slot] = pointer
-                self.pointer_slots[pointer] = slot
+            offset, self.last_offset = self.last_offset, None
+            if offset is not None:
+                self.offset_pointers[offset] = pointer
+                self.pointer_offsets[pointer] = offset
             template = self.learner.on_alloc(pointer, nbytes, size)
             if template is not None:
                 self._consider(template)
@@ -170,10 +175,34 @@ class Predictor:
             return
         self._retire_arena()
         self.template, self.layout, self.cursor = template, None, template.cursor
+        # the blocks the stream holds, so that a plan made at the next cut can pin them
+        self.pointer_offsets = self.learner.live_offsets(template)
+        self.offset_pointers = {offset: pointer for pointer, offset in self.pointer_offsets.items()}
         self.cuts, self.places = cuts(template), {}
         self.step_hits = self.step_misses = 0
         self.note = (f"found a step of {template.period // template.repeats} allocations; "
                      "planning at its next cut")
+
+    def _refresh(self, boundary: int) -> int:
+        """Before planning at slot `boundary`: make the template again with the lifetimes the
+        learner knows now (blocks still live when it was made were left out). Returns the
+        boundary in the template now followed, whose slots are found by their offsets."""
+        old = self.template
+        template = self.learner.refreshed(old) if self.learner is not None else old
+        if template is old:
+            return boundary
+        at = old.offsets[boundary]
+        if template.repeats > old.repeats:
+            # made two steps long: the stream is in its first step at `at`, so the blocks of
+            # the step that just ended (offsets after `at`) are in its second
+            step = template.period // 2
+            self.offset_pointers = {offset + step if offset > at else offset: pointer
+                                    for offset, pointer in self.offset_pointers.items()}
+            self.pointer_offsets = {pointer: offset + step if offset > at else offset
+                                    for pointer, offset in self.pointer_offsets.items()}
+        self.template, self.cuts, self.places = template, cuts(template), {}
+        self.cursor = bisect_left(template.offsets, at)     # a slot in both
+        return self.cursor
 
     def _start_planning(self, template: Template, boundary: int) -> None:
         """Plan `template`, cut at slot `boundary` (where the stream is), around the blocks
@@ -198,10 +227,11 @@ class Predictor:
         its offset}. The plan keeps them there, so the block and its planned place are one."""
         pinned, allocated = {}, self.pool._allocated
         for slot in crossing_slots(template, boundary):
-            pointer = self.slot_pointers.get(slot)
+            offset = template.offsets[slot]
+            pointer = self.offset_pointers.get(offset)
             block = allocated.get(pointer)
             if block is not None and block.segment is range_ and \
-                    block.size == template.sizes[slot] and self.pointer_slots.get(pointer) == slot:
+                    block.size == template.sizes[slot] and self.pointer_offsets.get(pointer) == offset:
                 pinned[slot] = pointer - range_.base
         return pinned
 
@@ -371,9 +401,10 @@ class Predictor:
         """A step boundary (at slot `boundary`): judge the last step; give idle pool pages back;
         a ready layout takes over here, where the fewest of the step's blocks are live in the
         pool."""
-        if self.arena is None and self.template is not None and not self.planning:
+        template = self.template
+        if self.arena is None and template is not None and not self.planning:
             followed = self.step_hits + self.step_misses
-            if followed < self.template.step_slots // 2:
+            if followed < template.step_slots // 2:
                 pass                                      # not a whole step seen yet
             elif self.step_hits < PROVEN * followed:      # the program does not repeat it
                 self._refused(f"the last step followed the template for only "
@@ -381,6 +412,7 @@ class Predictor:
                 return
             else:
                 if self.ready is None:                    # in line (replays): ready now
+                    boundary = self._refresh(boundary)
                     self._start_planning(self.template, boundary)
                 if self.ready is not None:
                     self._take_over(boundary)

@@ -18,7 +18,8 @@ Times are event numbers (allocations and frees of the stream), as in `planning.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from bisect import bisect_left
+from dataclasses import dataclass, field, replace
 
 GRAM = 16                 # request sizes that identify a position in the step
 VERIFY = 16               # requests that must repeat before a detected period is believed
@@ -31,10 +32,12 @@ class Template:
 
     `starts[i]`/`ends[i]` are the event times of slot i's allocation and free, counted from slot
     0's allocation. Blocks that outlived two steps or were never freed are left out; `extras`
-    remembers them as (the slot they come before, requested bytes), so that following the step
-    knows them from a detour. `length` is the step's duration in events, `cursor` the slot the
+    maps them, as (the slot they come before, requested bytes), to their offsets, so that
+    following the step knows them from a detour. `length` is the step's duration in events, `cursor` the slot the
     stream's next allocation corresponds to, `marked` whether steps are marked by
-    `npumem.memory.step()`."""
+    `npumem.memory.step()`. `offsets[i]` is slot i's allocation number counted from the
+    window's first (`first`, counted from the stream's first), so a live block maps to its
+    slot."""
 
     requested: list[int]
     sizes: list[int]
@@ -46,7 +49,9 @@ class Template:
     marked: bool = False
     holds_peak: bool = False  # the stream's highest live bytes so far were reached in it
     repeats: int = 1          # steps the template holds: 2 when a block outlives its step
-    extras: frozenset = frozenset()
+    extras: dict = field(default_factory=dict)
+    first: int = 0
+    offsets: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.requested)
@@ -55,6 +60,11 @@ class Template:
     def step_slots(self) -> int:
         """Slots in one step (the template may hold two)."""
         return len(self.requested) // self.repeats
+
+    def slot_at(self, offset: int) -> int:
+        """The first slot at or after allocation `offset` of the template (wrapping)."""
+        slot = bisect_left(self.offsets, offset % self.period)
+        return slot if slot < len(self.offsets) else 0
 
     def twice(self) -> "Template":
         """Two steps in one template, so that a block living into the next step (the batch a
@@ -65,7 +75,9 @@ class Template:
                        starts=self.starts + [start + length for start in self.starts],
                        ends=self.ends + [end + length for end in self.ends],
                        length=2 * length, period=2 * self.period, repeats=2,
-                       extras=self.extras | {(slot + count, size) for slot, size in self.extras})
+                       extras={**self.extras, **{(slot + count, size): offset + self.period
+                                                 for (slot, size), offset in self.extras.items()}},
+                       offsets=self.offsets + [offset + self.period for offset in self.offsets])
 
 
 class StepLearner:
@@ -78,6 +90,7 @@ class StepLearner:
         self.frees: list[int | None] = []
         self.live: dict[int, int] = {}          # pointer -> allocation number
         self.events = 0
+        self.dropped = 0                        # allocations trimmed from the history's front
         self.live_bytes = self.peak_bytes = 0
         self.peak_at = 0                        # allocation number at which live bytes peaked
         self.grams: dict[tuple, int] = {}       # GRAM sizes -> allocation number they last ended at
@@ -145,13 +158,12 @@ class StepLearner:
 
     def _made(self, n: int) -> Template | None:
         """The step awaited (`_await`), at allocation `n`, once its blocks still live then are
-        freed. A marked step waits GRAM + VERIFY allocations at most (it may be short); a
-        detected one a whole period: a block still live then outlives the step anyway."""
+        freed, or GRAM + VERIFY allocations on (it may be short). Blocks still live then are
+        left out for now; `refreshed` adds them once they are freed."""
         if self.pending is None:
             return None
         first, end = self.pending
-        wait = GRAM + VERIFY if self.marks else end - first
-        if self.awaited and n + 1 - end < wait:
+        if self.awaited and n + 1 - end < GRAM + VERIFY:
             return None
         self.pending = None
         return self._template(first, end, n + 1, marked=bool(self.marks))
@@ -171,8 +183,8 @@ class StepLearner:
         return self._template(*waiting, n, marked=True) if waiting is not None else None
 
     def _await(self, first: int, end: int) -> None:
-        """Make allocations [first, end) a template once its blocks still live now are freed:
-        a block's lifetime is known at its free."""
+        """Make allocations [first, end) a template when `_made` says (a block's lifetime is
+        known at its free)."""
         self.pending = (first, end)
         self.awaited = {pointer for pointer, index in self.live.items()
                         if index is not None and first <= index < end}
@@ -186,27 +198,49 @@ class StepLearner:
         origin = self.times[first]
         length = (self.times[end] if end < len(self.times) else self.events + 1) - origin
         template = Template([], [], [], [], length, 0, end - first, marked,
-                            first <= self.peak_at < end)
-        position = (following - first) % (end - first)
-        outlives, extras = False, set()
+                            first <= self.peak_at < end, first=first + self.dropped)
+        outlives, extras = False, {}
         for index in range(first, end):
             free = self.frees[index]
             start = self.times[index] - origin
             if free is None or free - origin - start >= 2 * length:
-                extras.add((len(template.requested), self.requested[index]))
+                extras[len(template.requested), self.requested[index]] = index - first
                 continue
             outlives = outlives or free - origin - start >= length
-            if index - first < position:
-                template.cursor += 1
             template.requested.append(self.requested[index])
             template.sizes.append(self.sizes[index])
             template.starts.append(start)
             template.ends.append(free - origin)
+            template.offsets.append(index - first)
         if not template.requested:
             return None
-        template.cursor %= len(template)
-        template.extras = frozenset((slot % len(template), size) for slot, size in extras)
-        return template.twice() if outlives else template
+        template.extras = {(slot % len(template), size): offset
+                           for (slot, size), offset in extras.items()}
+        if outlives:
+            template = template.twice()
+        template.cursor = template.slot_at(following - first)
+        return template
+
+    def refreshed(self, template: Template) -> Template:
+        """`template` made again from its window with the frees seen since: blocks that were
+        still live when it was made have lifetimes now, and are slots (the cursor is not
+        set: the stream may not repeat with the window's length)."""
+        first = template.first - self.dropped
+        if first < 0:                           # the window was trimmed away: keep it
+            return template
+        made = self._template(first, first + template.period // template.repeats,
+                              len(self.requested), template.marked)
+        if made is None:
+            return template
+        made.holds_peak = template.holds_peak
+        return made
+
+    def live_offsets(self, template: Template) -> dict[int, int]:
+        """{pointer: offset in the template} for the stream's live blocks made since the window
+        of a template just made (the stream repeated it since)."""
+        return {pointer: (index + self.dropped - template.first) % template.period
+                for pointer, index in self.live.items()
+                if index is not None and index + self.dropped >= template.first}
 
     def _trim(self) -> None:
         """Keep the newer half of the history."""
@@ -216,6 +250,7 @@ class StepLearner:
         self.live = {pointer: None if index is None or index < drop else index - drop
                      for pointer, index in self.live.items()}
         self.grams.clear()
+        self.dropped += drop
         self.marks = [max(mark - drop, 0) for mark in self.marks]
         self.pending = None                     # its window may have been cut: wait for a mark
         self.peak_at -= drop
