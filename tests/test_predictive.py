@@ -341,7 +341,8 @@ def test_a_batch_outliving_its_step_is_planned_in_two_alternating_places():
     predictor = pool.predictor
     assert predictor.took_over_at is not None, predictor.note
     template = predictor.template                      # two steps in one template
-    assert template.repeats == 2 and template.requested == template.requested[:template.step_slots] * 2
+    assert template.repeats == 2
+    assert template.requested == template.requested[:template.step_slots] * 2
     assert predictor.stats()["prediction.hit_rate"] == 1.0
     served = batches[-4:]                              # the plan serves these
     assert served[0] == served[2] != served[1] == served[3]

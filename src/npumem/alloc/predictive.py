@@ -2,10 +2,12 @@
 program repeats and serves it from a plan (docs/predictive.md has the whole story).
 
 1. **Learn.** `StepLearner` finds the repeated step (or reads `npumem.memory.step()` marks).
-2. **Prove.** The template must foresee 99% of a whole step's requests; if not, the step is
-   learned again from the steps since (a first step that made optimizer state differs).
-3. **Plan.** At the step's cut (the fewest of its bytes live), `step_plan.lay_out` places its
-   blocks around the pool's live blocks with `npumem.planning`'s orders, in a background thread.
+2. **Prove.** The template must foresee 99% of the requests of at least half a followed step;
+   if not, the step is learned again from the steps since (a first step that made optimizer
+   state differs).
+3. **Plan.** At the step's cut (the fewest of its bytes live), the template is made again with
+   the lifetimes known by then (`_refresh`), and `step_plan.lay_out` places its blocks around
+   the pool's live blocks with `npumem.planning`'s orders, in a background thread.
 4. **Serve.** At a later cut the plan takes over, if it still fits and stays under the peak
    reserved so far (`step_arena`). The pool asks `Predictor.take` first. The request the plan
    expects next (same size, within `LOOKAHEAD` slots of where the step is) gets its slot's
@@ -23,8 +25,8 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
 import warnings
+from bisect import bisect_left
 from collections import deque
 
 from ..errors import MemoryAllocationError
@@ -230,8 +232,8 @@ class Predictor:
             offset = template.offsets[slot]
             pointer = self.offset_pointers.get(offset)
             block = allocated.get(pointer)
-            if block is not None and block.segment is range_ and \
-                    block.size == template.sizes[slot] and self.pointer_offsets.get(pointer) == offset:
+            if block is not None and block.segment is range_ and block.size == template.sizes[slot] \
+                    and self.pointer_offsets.get(pointer) == offset:
                 pinned[slot] = pointer - range_.base
         return pinned
 

@@ -11,7 +11,11 @@ A step is found in one of two ways:
 - **detected**: every run of `GRAM` request sizes is remembered with where it last ended. When the
   run ending now was seen before, `P` allocations ago, the stream may be repeating with period `P`;
   the hypothesis holds if the next `VERIFY` requests match the ones `P` earlier. A longer period
-  replaces a shorter one under test: a layer repeats inside a step before the step repeats.
+  replaces a shorter one under test: a layer repeats inside a step before the step repeats. A
+  confirmed period is checked at every allocation; while it holds, only longer ones are tested.
+
+A block that lives into the next step (and not past it) makes the template two steps long
+(`Template.twice`); requests the template leaves to the pool are kept as `extras`.
 
 Times are event numbers (allocations and frees of the stream), as in `planning.problem_from_trace`.
 """
@@ -31,13 +35,13 @@ class Template:
     """One step's requests, in order (slot i is the step's i-th allocation).
 
     `starts[i]`/`ends[i]` are the event times of slot i's allocation and free, counted from slot
-    0's allocation. Blocks that outlived two steps or were never freed are left out; `extras`
-    maps them, as (the slot they come before, requested bytes), to their offsets, so that
-    following the step knows them from a detour. `length` is the step's duration in events, `cursor` the slot the
+    0's allocation. `offsets[i]` is its allocation number counted from the window's first
+    (`first`, counted from the stream's first), so a live block maps to its place in the step.
+    Blocks that outlived two steps or were never freed are left out; `extras` maps them, as
+    (the slot they come before, requested bytes), to their offsets, so that following the step
+    knows them from a detour. `length` is the step's duration in events, `cursor` the slot the
     stream's next allocation corresponds to, `marked` whether steps are marked by
-    `npumem.memory.step()`. `offsets[i]` is slot i's allocation number counted from the
-    window's first (`first`, counted from the stream's first), so a live block maps to its
-    slot."""
+    `npumem.memory.step()`."""
 
     requested: list[int]
     sizes: list[int]
@@ -98,7 +102,7 @@ class StepLearner:
         self.pending: tuple[int, int] | None = None   # a marked step waiting for its frees:
         self.awaited: set[int] = set()                # its blocks still live at the mark
         self.period = 0                         # hypothesis under test (0: none)
-        self.confirmed = 0                      # the period confirmed while it holds: test only longer
+        self.confirmed = 0                      # confirmed, and holding: test only longer ones
         self.matched = 0                        # requests that repeated under it so far
 
     def on_free(self, pointer: int) -> None:
