@@ -3,6 +3,7 @@ whatever the program does after (hypothesis runs that leave the learned step at 
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import pytest
@@ -312,7 +313,7 @@ def test_blocks_crossing_the_cut_stay_correct_when_the_program_strays(steps, kee
     pool.close()
 
 
-def training_loop(pool, steps: int, kept: int = 0) -> list[int]:
+def training_loop(pool, steps: int, kept: int = 0, between=None) -> list[int]:
     """Steps of STEP * 4 behind a batch that, as in a Python training loop, is replaced only
     once the next one is made (it lives a little over a step); `kept` bytes made in the middle
     of each step live three steps (the last losses, kept for a moving average). Returns the
@@ -330,6 +331,8 @@ def training_loop(pool, steps: int, kept: int = 0) -> list[int]:
             if len(history) > 3:
                 pool.deallocate(history.pop(0))
         run_step(pool, body[20:], check=assert_no_overlap)
+        if between is not None:
+            between()
     for pointer in history + [batch]:
         pool.deallocate(pointer)
     return batches
@@ -346,6 +349,26 @@ def test_a_batch_outliving_its_step_is_planned_in_two_alternating_places():
     assert predictor.stats()["prediction.hit_rate"] == 1.0
     served = batches[-4:]                              # the plan serves these
     assert served[0] == served[2] != served[1] == served[3]
+    assert pool.memory_stats()["allocated_bytes.all.current"] == 0
+    pool.close()
+
+
+def test_the_background_planner_takes_over_at_a_later_cut():
+    """The default: the plan is made in a thread while the program goes on, and takes over at a
+    cut after it is ready (the step's own time covers the planning; here we wait for it)."""
+    pool = make_pool()
+    predictor = pool.predictor
+    predictor.background = True
+
+    def planned():
+        deadline = time.monotonic() + 10
+        while predictor.planning and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    training_loop(pool, 10, between=planned)
+    assert predictor.took_over_at is not None, predictor.note
+    assert predictor.template.repeats == 2
+    assert predictor.stats()["prediction.hit_rate"] == 1.0
     assert pool.memory_stats()["allocated_bytes.all.current"] == 0
     pool.close()
 
