@@ -452,3 +452,54 @@ def test_a_found_step_with_a_batch_outliving_it_stays_correct_when_the_program_s
     assert stats["allocated_bytes.all.current"] == 0
     assert stats["allocation.all.current"] == 0
     pool.close()
+
+
+def run_program(pool, step, kept_every: int, steps: int = 8) -> list[int]:
+    """`step` ((size, lifetime in requests) pairs) `steps` times without marks; every
+    `kept_every`-th request of a step is kept for good (returned, still live)."""
+    live: dict[int, list[int]] = {}
+    kept, number = [], 0
+    for _ in range(steps):
+        for index, (size, lifetime) in enumerate(step):
+            for pointer in live.pop(number, []):
+                pool.deallocate(pointer)
+            pointer = pool.allocate(size)
+            if kept_every and index % kept_every == kept_every - 1:
+                kept.append(pointer)
+            else:
+                live.setdefault(number + lifetime, []).append(pointer)
+            assert_no_overlap(pool)
+            number += 1
+    for pointers in live.values():
+        for pointer in pointers:
+            pool.deallocate(pointer)
+    return kept
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(step=st.lists(st.tuples(st.integers(1, 3 << 20), st.integers(1, 30)), min_size=40,
+                     max_size=70),
+       into_next=st.lists(st.tuples(st.integers(0, 69), st.integers(1, 35)), max_size=2),
+       kept_every=st.sampled_from([0, 0, 7, 13, 30]))
+def test_any_repeated_step_is_served_correctly(step, into_next, kept_every):
+    """A random step (a few blocks living into the next step), repeated without marks; every
+    `kept_every`-th request may be kept for good (memory that grows every step). No two live
+    blocks ever overlap; where a plan serves to the end, every request but the kept ones hit;
+    the peak reserved is never above the default pool's; everything frees cleanly."""
+    for index, extra in into_next:
+        index %= len(step)
+        step[index] = (step[index][0], len(step) + extra)
+    peaks = []
+    for predictive in (False, True):
+        pool = make_pool(predictive=predictive)
+        for pointer in run_program(pool, step, kept_every):
+            pool.deallocate(pointer)
+        stats = pool.memory_stats()
+        assert stats["allocated_bytes.all.current"] == 0 and stats["allocation.all.current"] == 0
+        peaks.append(stats["reserved_bytes.all.peak"])
+        predictor = pool.predictor
+        if predictive and predictor.serving:
+            kept_share = (len(step) // kept_every) / len(step) if kept_every else 0.0
+            assert predictor.stats()["prediction.hit_rate"] >= 1 - kept_share - 1e-9, predictor.note
+        pool.close()
+    assert peaks[1] <= peaks[0]

@@ -76,6 +76,7 @@ class Predictor:
         self.refusals = 0                           # plans that could not take over
         self.min_period = 0                         # after a refusal: about the step's length
         self.took_over_at: int | None = None       # requests seen when an arena first served
+        self.boundary_live: int | None = None      # live bytes at the last step boundary seen
         self.note = "learning"
 
     # --- called by the pool ---------------------------------------------------------------
@@ -180,7 +181,7 @@ class Predictor:
         # the blocks the stream holds, so that a plan made at the next cut can pin them
         self.pointer_offsets = self.learner.live_offsets(template)
         self.offset_pointers = {offset: pointer for pointer, offset in self.pointer_offsets.items()}
-        self.cuts, self.places = cuts(template), {}
+        self.cuts, self.places, self.boundary_live = cuts(template), {}, None
         self.step_hits = self.step_misses = 0
         self.note = (f"found a step of {template.period // template.repeats} allocations; "
                      "planning at its next cut")
@@ -406,12 +407,18 @@ class Predictor:
         template = self.template
         if self.arena is None and template is not None and not self.planning:
             followed = self.step_hits + self.step_misses
+            live, before = self._live_bytes_now_and_a_step_ago(template)
             if followed < template.step_slots // 2:
                 pass                                      # not a whole step seen yet
             elif self.step_hits < PROVEN * followed:      # the program does not repeat it
                 self._refused(f"the last step followed the template for only "
                               f"{self.step_hits / followed:.1%} of its requests")
                 return
+            elif live > before:
+                # memory kept from step to step (a list of losses, say): the pool would have
+                # to grow beside the plan, and the two would leave more holes than the pool alone
+                self.note = (f"the stream's live bytes grew by {live - before} over the last "
+                             "step: waiting for a step that keeps no memory")
             else:
                 if self.ready is None:                    # in line (replays): ready now
                     boundary = self._refresh(boundary)
@@ -433,6 +440,18 @@ class Predictor:
                 self.learner = None            # proven: stop paying for learning
             self.pool.release_idle_cache()
         self.step_hits = self.step_misses = 0
+
+    def _live_bytes_now_and_a_step_ago(self, template: Template) -> tuple[int, int]:
+        """At a step boundary: the stream's live bytes now and at the last boundary (or, if
+        none was seen, a step's allocations ago); equal when unknown (learning stopped)."""
+        learner = self.learner
+        if learner is None:
+            return 0, 0
+        live, before = learner.live_bytes, self.boundary_live
+        if before is None:
+            before = learner.live_allocations_ago(template.period // template.repeats)
+        self.boundary_live = live
+        return live, live if before is None else before
 
     def _give_up(self) -> None:
         """The pool's own blocks leave holes the arena cannot use (state made during the first

@@ -96,6 +96,7 @@ class StepLearner:
         self.events = 0
         self.dropped = 0                        # allocations trimmed from the history's front
         self.live_bytes = self.peak_bytes = 0
+        self.live_before: list[int] = []        # live bytes just before each allocation
         self.peak_at = 0                        # allocation number at which live bytes peaked
         self.grams: dict[tuple, int] = {}       # GRAM sizes -> allocation number they last ended at
         self.marks: list[int] = []              # allocation numbers where step() was called
@@ -125,6 +126,7 @@ class StepLearner:
         self.times.append(self.events)
         self.frees.append(None)
         self.live[pointer] = n
+        self.live_before.append(self.live_bytes)
         self.live_bytes += size
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes, self.peak_at = self.live_bytes, n
@@ -239,6 +241,11 @@ class StepLearner:
         made.holds_peak = template.holds_peak
         return made
 
+    def live_allocations_ago(self, count: int) -> int | None:
+        """The live bytes just before the allocation `count` allocations before the next one
+        (None if the history is shorter)."""
+        return self.live_before[-count] if 0 < count <= len(self.live_before) else None
+
     def live_offsets(self, template: Template) -> dict[int, int]:
         """{pointer: offset in the template} for the stream's live blocks made since the window
         of a template just made (the stream repeated it since)."""
@@ -249,7 +256,7 @@ class StepLearner:
     def _trim(self) -> None:
         """Keep the newer half of the history."""
         drop = len(self.requested) // 2
-        for name in ("requested", "sizes", "times", "frees"):
+        for name in ("requested", "sizes", "times", "frees", "live_before"):
             setattr(self, name, getattr(self, name)[drop:])
         self.live = {pointer: None if index is None or index < drop else index - drop
                      for pointer, index in self.live.items()}
