@@ -4,7 +4,8 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
 1. **Learn.** `StepLearner` finds the repeated step (or reads `npumem.memory.step()` marks).
 2. **Prove.** The template must foresee 99% of the requests of at least half a followed step;
    if not, the step is learned again from the steps since (a first step that made optimizer
-   state differs).
+   state differs). While live bytes grow from step boundary to step boundary (memory kept
+   every step), it waits.
 3. **Plan.** At the step's cut (the fewest of its bytes live), the template is made again with
    the lifetimes known by then (`_refresh`), and `step_plan.lay_out` places its blocks around
    the pool's live blocks with `npumem.planning`'s orders, in a background thread.
