@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -54,7 +55,11 @@ def assert_no_overlap(pool) -> None:
         assert end <= start, "two live blocks overlap"
 
 
-@pytest.mark.parametrize("expandable", [True, False], ids=["in the pool's range", "own arena"])
+POOL_KINDS = pytest.mark.parametrize("expandable", [True, False],
+                                     ids=["in the pool's range", "in the stream's segments"])
+
+
+@POOL_KINDS
 def test_marked_steps_are_served_from_the_plan_from_the_second_step(expandable):
     pool = make_pool(expandable=expandable)
     run_step(pool)
@@ -102,14 +107,15 @@ def test_prediction_never_raises_peak_reserved_on_a_repeated_step():
     assert default.prediction_hit_rate is None
 
 
+@POOL_KINDS
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(diverge_at=st.integers(0, 60), sizes=st.lists(st.integers(1, 8 * MiB), min_size=1, max_size=30),
        hold=st.lists(st.integers(0, 40), min_size=1, max_size=30), seed=st.integers(0, 3))
-def test_leaving_the_learned_step_at_any_point_stays_correct(diverge_at, sizes, hold, seed):
+def test_leaving_the_learned_step_at_any_point_stays_correct(diverge_at, sizes, hold, seed, expandable):
     """Learn a step, then run requests that follow it up to `diverge_at` and then go their own
     way (other sizes, blocks kept longer than planned): no two live blocks ever overlap, and
     the pool's counts match what is live."""
-    pool = make_pool()
+    pool = make_pool(expandable=expandable)
     for _ in range(2):
         run_step(pool)
         pool.mark_step()
@@ -225,9 +231,8 @@ def test_snapshot_and_fragmentation_include_the_arena():
 def test_real_recordings_never_reserve_more_with_prediction(name):
     """The CUDA recordings the tests ship (five training steps, three generation runs): a plan
     serves each of them, at 99% hits or more, and never reserves more."""
-    from pathlib import Path
-
     from npumem.trace import read_trace
+
     events = list(read_trace(Path(__file__).parent / "data" / "cuda_snapshots" / f"{name}.pickle.gz"))
     default = replay(events, "pool")
     predictive = replay(events, "pool", AllocatorSettings(predictive=True))
@@ -276,14 +281,15 @@ def test_marked_templates_wait_for_the_blocks_the_next_step_frees():
 
 
 
+@POOL_KINDS
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6 << 20), st.booleans()),
                       min_size=3, max_size=12), keep_batch=st.integers(0, 3))
-def test_blocks_crossing_the_cut_stay_correct_when_the_program_strays(steps, keep_batch):
+def test_blocks_crossing_the_cut_stay_correct_when_the_program_strays(steps, keep_batch, expandable):
     """The zero_grad loop, whose batch crosses the cut (so the plan pins it and claims its bytes
     when it is freed), then steps that keep the batch longer, make extra requests or skip the
     gradients: no two live blocks ever overlap, and everything frees cleanly."""
-    pool = make_pool()
+    pool = make_pool(expandable=expandable)
     grads: list[int] = []
     kept: list[int] = []
     plan = [(0, 0, False)] * 6 + steps
@@ -338,8 +344,9 @@ def training_loop(pool, steps: int, kept: int = 0, between=None) -> list[int]:
     return batches
 
 
-def test_a_batch_outliving_its_step_is_planned_in_two_alternating_places():
-    pool = make_pool()
+@POOL_KINDS
+def test_a_batch_outliving_its_step_is_planned_in_two_alternating_places(expandable):
+    pool = make_pool(expandable=expandable)
     batches = training_loop(pool, 8)
     predictor = pool.predictor
     assert predictor.took_over_at is not None, predictor.note
@@ -353,10 +360,11 @@ def test_a_batch_outliving_its_step_is_planned_in_two_alternating_places():
     pool.close()
 
 
-def test_the_background_planner_takes_over_at_a_later_cut():
+@POOL_KINDS
+def test_the_background_planner_takes_over_at_a_later_cut(expandable):
     """The default: the plan is made in a thread while the program goes on, and takes over at a
     cut after it is ready (the step's own time covers the planning; here we wait for it)."""
-    pool = make_pool()
+    pool = make_pool(expandable=expandable)
     predictor = pool.predictor
     predictor.background = True
 
@@ -407,15 +415,16 @@ def test_a_first_step_that_differs_does_not_hide_the_true_period():
 
 
 
+@POOL_KINDS
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(detours=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 4 << 20), st.integers(0, 80)),
                         max_size=6), skip=st.integers(0, 60), steps=st.integers(3, 9))
 def test_a_found_step_with_a_batch_outliving_it_stays_correct_when_the_program_strays(
-        detours, skip, steps):
+        detours, skip, steps, expandable):
     """The unmarked loop whose batch lives into the next step (a template two steps long, made
     again before planning), then steps with extra requests kept for a while and one request
     skipped: no two live blocks ever overlap, and everything frees cleanly."""
-    pool = make_pool()
+    pool = make_pool(expandable=expandable)
     body = STEP * 4
     batch, kept = None, []
     for number in range(6 + steps):
@@ -476,12 +485,13 @@ def run_program(pool, step, kept_every: int, steps: int = 8) -> list[int]:
     return kept
 
 
+@POOL_KINDS
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(step=st.lists(st.tuples(st.integers(1, 3 << 20), st.integers(1, 30)), min_size=40,
                      max_size=70),
        into_next=st.lists(st.tuples(st.integers(0, 69), st.integers(1, 35)), max_size=2),
        kept_every=st.sampled_from([0, 0, 7, 13, 30]))
-def test_any_repeated_step_is_served_correctly(step, into_next, kept_every):
+def test_any_repeated_step_is_served_correctly(step, into_next, kept_every, expandable):
     """A random step (a few blocks living into the next step), repeated without marks; every
     `kept_every`-th request may be kept for good (memory that grows every step). No two live
     blocks ever overlap; where a plan serves to the end, every request but the kept ones hit;
@@ -491,7 +501,7 @@ def test_any_repeated_step_is_served_correctly(step, into_next, kept_every):
         step[index] = (step[index][0], len(step) + extra)
     peaks = []
     for predictive in (False, True):
-        pool = make_pool(predictive=predictive)
+        pool = make_pool(predictive=predictive, expandable=expandable)
         for pointer in run_program(pool, step, kept_every):
             pool.deallocate(pointer)
         stats = pool.memory_stats()
@@ -503,3 +513,34 @@ def test_any_repeated_step_is_served_correctly(step, into_next, kept_every):
             assert predictor.stats()["prediction.hit_rate"] >= 1 - kept_share - 1e-9, predictor.note
         pool.close()
     assert peaks[1] <= peaks[0]
+
+
+RECORDINGS = [Path(__file__).parent / "data" / "cpu_recordings" / "lstm.jsonl.gz",
+              Path(__file__).parent / "data" / "cuda_snapshots" / "cnn_sgd.pickle.gz",
+              Path(__file__).parent / "data" / "cuda_snapshots" / "unet.pickle.gz"]
+
+
+@POOL_KINDS
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda path: path.name.split(".")[0])
+def test_recordings_never_share_a_byte_between_live_blocks(path, expandable):
+    """Real recordings replayed with prediction on, checking after every allocation that no
+    two live blocks (planned or the pool's) overlap. lstm.jsonl.gz (bench/record_workloads.py
+    on the CPU) has a planned range that runs from one segment into the next, touching, one;
+    both parts must be carved."""
+    from npumem.trace import read_trace
+
+    pool = make_pool(expandable=expandable)
+    live = {}
+    for event in read_trace(path):
+        if event.action == "alloc":
+            if event.addr in live:
+                pool.deallocate(live.pop(event.addr))
+            live[event.addr] = pool.allocate(event.size)
+            assert_no_overlap(pool)
+        elif event.addr in live:
+            pool.deallocate(live.pop(event.addr))
+    assert pool.predictor.took_over_at is not None, pool.predictor.note
+    for pointer in live.values():
+        pool.deallocate(pointer)
+    assert pool.memory_stats()["allocation.all.current"] == 0
+    pool.close()

@@ -30,10 +30,9 @@ import warnings
 from bisect import bisect_left
 from collections import deque
 
-from ..errors import MemoryAllocationError
 from ..planning import PlanError
 from .block import Block
-from .step_arena import OwnArena, PoolRangeArena, StepArena
+from .step_arena import PoolRangeArena, SegmentLine, SegmentsArena, StepArena
 from .step_learner import StepLearner, Template
 from .step_plan import StepLayout, crossing_slots, cuts, lay_out
 
@@ -191,10 +190,19 @@ class Predictor:
         """Before planning at slot `boundary`: make the template again with the lifetimes the
         learner knows now (blocks still live when it was made were left out). Returns the
         boundary in the template now followed, whose slots are found by their offsets."""
-        old = self.template
-        template = self.learner.refreshed(old) if self.learner is not None else old
+        old, learner = self.template, self.learner
+        template = learner.refreshed(old) if learner is not None else old
         if template is old:
             return boundary
+        if learner.confirmed == old.period // old.repeats:
+            # the stream has repeated the window exactly since: where it is, and which block
+            # holds which place, follow from counting (a request of the same size as the one
+            # expected may have been one the template leaves out)
+            self.template, self.cuts, self.places = template, cuts(template), {}
+            self.pointer_offsets = learner.live_offsets(template)
+            self.offset_pointers = {offset: pointer for pointer, offset in self.pointer_offsets.items()}
+            self.cursor = template.slot_at(learner.allocations - template.first)
+            return self.cursor
         at = old.offsets[boundary]
         if template.repeats > old.repeats:
             # made two steps long: the stream is in its first step at `at`, so the blocks of
@@ -210,33 +218,43 @@ class Predictor:
 
     def _start_planning(self, template: Template, boundary: int) -> None:
         """Plan `template`, cut at slot `boundary` (where the stream is), around the blocks
-        live in the stream's range now (expandable pools), in the background."""
+        live now in the stream's range (expandable pools) or segments (`SegmentLine`), in
+        the background."""
         self.note = f"planning a step of {template.period // template.repeats} allocations"
         self.planning = True
-        taken, pinned = None, {}
-        range_ = self._range()
-        if range_ is not None:          # at a cut: around the blocks live in the pool now
-            pinned = self._pinned(template, range_, boundary)
-            self.pinned = {range_.base + offset for offset in pinned.values()}
+        range_, line = self._range(), None
+        if range_ is not None:
+            pinned = self._pinned(template, boundary, {range_})
+            self.pinned = set(pinned.values())
             taken = [(block.start - range_.base, block.size) for block in range_.blocks()
                      if block.allocated and block.start not in self.pinned]
+            pinned = {slot: pointer - range_.base for slot, pointer in pinned.items()}
+        else:
+            strategy = self.pool._strategy
+            line = SegmentLine([segment for segment in strategy.segments.values()
+                                if segment.stream == self.stream])
+            pinned = self._pinned(template, boundary, set(line.segments))
+            self.pinned = set(pinned.values())
+            taken = line.taken(self.pinned)
+            pinned = {slot: line.offset(pointer) for slot, pointer in pinned.items()}
         if self.background:
-            threading.Thread(target=self._plan, args=(template, taken, pinned, boundary),
+            threading.Thread(target=self._plan, args=(template, taken, pinned, boundary, line),
                              name="npumem-step-planner", daemon=True).start()
         else:
-            self._plan(template, taken, pinned, boundary)
+            self._plan(template, taken, pinned, boundary, line)
 
-    def _pinned(self, template: Template, range_, boundary: int) -> dict[int, int]:
-        """Crossing slots whose block from the step just ended is live in the pool: {slot:
-        its offset}. The plan keeps them there, so the block and its planned place are one."""
+    def _pinned(self, template: Template, boundary: int, containers) -> dict[int, int]:
+        """Crossing slots whose block from the step just ended is live in the pool, in one of
+        `containers`: {slot: its address}. The plan keeps them there, so the block and its
+        planned place are one."""
         pinned, allocated = {}, self.pool._allocated
         for slot in crossing_slots(template, boundary):
             offset = template.offsets[slot]
             pointer = self.offset_pointers.get(offset)
             block = allocated.get(pointer)
-            if block is not None and block.segment is range_ and block.size == template.sizes[slot] \
-                    and self.pointer_offsets.get(pointer) == offset:
-                pinned[slot] = pointer - range_.base
+            if block is not None and block.segment in containers \
+                    and block.size == template.sizes[slot] and self.pointer_offsets.get(pointer) == offset:
+                pinned[slot] = pointer
         return pinned
 
     def _range(self):
@@ -264,9 +282,10 @@ class Predictor:
             return False                  # the template in use does well: a multiple of it
         return template.period > self.template.period      # would only take longer to prove
 
-    def _plan(self, template: Template, taken, pinned, boundary: int) -> None:
+    def _plan(self, template: Template, taken, pinned, boundary: int, line) -> None:
         try:
             layout = lay_out(template, self.algorithm, self.time_limit, taken, pinned, boundary)
+            layout.line = line
             self.planning_seconds += layout.seconds
         except PlanError as error:         # never used: a plan must not overlap live blocks
             warnings.warn(f"npumem predictive pool: a step plan failed validation ({error}); "
@@ -288,7 +307,8 @@ class Predictor:
         self.peak_before = pool.stats.peak("reserved_bytes")
         range_ = self._range()
         if range_ is not None:
-            if PoolRangeArena.blocked(range_, layout, self.pinned):
+            if PoolRangeArena.blocked(range_.blocks(), [range_.base + offset for offset in
+                                                        layout.offsets], layout, self.pinned):
                 self.ready = None             # blocks moved in since it was planned: plan again
                 self.note = "pool blocks moved into the planned ranges; planning again"
                 return
@@ -301,16 +321,8 @@ class Predictor:
                 return
             self.arena = PoolRangeArena(pool, layout, self.stream, self, range_, self.pinned)
             pool.release_idle_cache()         # pages neither the plan nor a live block touches
-        else:
-            pool.release_idle_cache()
-            if pool.stats.current("reserved_bytes") + layout.arena_bytes > self.peak_before:
-                self.note = f"waiting for room under the peak for a {layout.arena_bytes}-byte arena"
-                return
-            try:
-                self.arena = OwnArena(pool, layout, self.stream, self)
-            except MemoryAllocationError as error:
-                self.note = f"no device memory for the arena ({error}); waiting"
-                return
+        elif not self._take_over_segments(layout):
+            return
         self.ready, self.layout, self.serving = None, layout, True
         self.plans += 1
         self.step_hits = self.step_misses = 0
@@ -318,6 +330,33 @@ class Predictor:
             self.took_over_at = self.requests
         self.note = (f"serving a step of {len(layout.template)} planned blocks "
                      f"({layout.algorithm}, {layout.height} bytes high)")
+
+    def _take_over_segments(self, layout: StepLayout) -> bool:
+        """Segment pools: carve the layout out of the stream's segments (`layout.line`) and a
+        new segment for what lies past them, if that fits under the peak. Whether it did."""
+        pool, line = self.pool, layout.line
+        strategy = pool._strategy
+        if not line.still_there(strategy) or PoolRangeArena.blocked(
+                (block for segment in line.segments for block in segment.blocks()),
+                line.addresses(layout, None), layout, self.pinned):
+            self.ready = None               # segments went back, or blocks moved in: plan again
+            self.note = "the pool's segments changed since the plan was made; planning again"
+            return False
+        streams = {stream for stream in strategy.streams() if pool.stream_idle(stream)}
+        strategy.release_cached(streams, keep=set(line.segments))
+        extension_bytes = line.extension_bytes(layout)
+        if pool.stats.current("reserved_bytes") + extension_bytes > self.peak_before:
+            self._refused(f"the plan needs a {extension_bytes}-byte segment beside the pool's, "
+                          f"more than the peak of {self.peak_before} allows")
+            return False
+        extension = None
+        if extension_bytes:
+            extension = strategy._new_segment(extension_bytes, self.stream, False, extension_bytes)
+            if extension is None:
+                self.note = f"no device memory for a {extension_bytes}-byte segment; waiting"
+                return False
+        self.arena = SegmentsArena(pool, layout, self.stream, self, line, extension, self.pinned)
+        return True
 
     def _refused(self, why: str) -> None:
         """The template cannot take over (the program strays from it, or its plan does not fit

@@ -84,9 +84,11 @@ class SegmentStrategy:
         limit = int(limit * (1 << 20))
         return limit if size < limit else size + LARGE_BUFFER
 
-    def _new_segment(self, size: int, stream, small: bool) -> Segment | None:
+    def _new_segment(self, size: int, stream, small: bool, nbytes: int | None = None) -> Segment | None:
+        """A new segment for a `size`-byte request (or of exactly `nbytes`); None if the
+        device or the pool's limit has no room."""
         owner = self.owner
-        nbytes = segment_size(size, owner.settings.segment_size_mb)
+        nbytes = nbytes or segment_size(size, owner.settings.segment_size_mb)
         if owner.stats.current("reserved_bytes") + nbytes > owner.limit:
             return None
         try:
@@ -101,8 +103,9 @@ class SegmentStrategy:
         owner.note_segment("segment_alloc", segment.start, nbytes, stream)
         return segment
 
-    def release_cached(self, streams=None, below: int | None = None) -> int:
-        """Return entirely free segments (of `streams`, or all) to the device; bytes released.
+    def release_cached(self, streams=None, below: int | None = None, keep=()) -> int:
+        """Return entirely free segments (of `streams`, or all) to the device, but those in
+        `keep`; bytes released.
 
         With `below`, stop once reserved memory is at most that many bytes.
         """
@@ -111,7 +114,8 @@ class SegmentStrategy:
         for segment in sorted(self.segments.values(), key=lambda s: -s.size):
             if below is not None and owner.stats.current("reserved_bytes") <= below:
                 break
-            if not segment.is_free() or (streams is not None and segment.stream not in streams):
+            if not segment.is_free() or (streams is not None and segment.stream not in streams) \
+                    or segment in keep:
                 continue
             segment.free.remove(segment.first)
             del self.segments[segment.start]

@@ -7,8 +7,10 @@
   Their pages are mapped as planned blocks first need them, and only while reserved memory
   stays within the peak the pool had reached. The ranges go back to the pool's free list when
   the plan is dropped.
-- `OwnArena` (segment pools, backends without virtual memory): one device allocation, taken
-  whole, only when it fits under that peak.
+- `SegmentsArena` (segment pools, backends without virtual memory, the torch backends): the
+  layout was planned into the free space of the stream's segments, laid end to end on a line
+  (`SegmentLine`), around their live blocks; what does not fit goes into one new segment, made
+  only if it fits under that peak. Its ranges are carved out as in `PoolRangeArena`.
 
 Either way a planned block is handed out only if no live planned block overlaps it (one may
 outlive its plan), so memory stays correct whatever the program does.
@@ -16,12 +18,13 @@ outlive its plan), so memory stays correct whatever the program does.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 
-from ..constants import MallocPolicy
 from .block import Block
 from .expandable import _runs
-from .step_plan import StepLayout
+from .step_plan import PAGE, StepLayout
+
+WALL = 512          # line bytes between two segments, held: no planned block spans two
 
 
 def _carved_rest(block: Block, size: int) -> Block:
@@ -42,13 +45,13 @@ class ArenaSegment:
 
 
 class StepArena:
-    """Planned blocks at `base` + the layout's offsets; live ones tracked by address."""
+    """Planned blocks at `addresses` (one per slot); live ones tracked by address."""
 
-    def __init__(self, pool, layout: StepLayout, stream, owner, base: int):
+    def __init__(self, pool, layout: StepLayout, stream, owner, addresses: list[int]):
         self.pool, self.owner, self.stream, self.layout = pool, owner, stream, layout
         segment = ArenaSegment(stream, owner, self)
-        self.blocks = [Block(base + offset, size, segment)
-                       for offset, size in zip(layout.offsets, layout.template.sizes)]
+        self.blocks = [Block(address, size, segment)
+                       for address, size in zip(addresses, layout.template.sizes)]
         self.live_starts: list[int] = []
         self.live_ends: list[int] = []
         self.awaited: set[int] = set()        # pool blocks whose frees the arena waits for
@@ -105,55 +108,34 @@ class StepArena:
         return sorted(pieces, key=lambda block: block.start)
 
 
-class OwnArena(StepArena):
-    """The layout in one device allocation of its own."""
-
-    def __init__(self, pool, layout: StepLayout, stream, owner):
-        self.size = layout.arena_bytes
-        self.allocation = pool.backend.allocate(pool.device, self.size, self.size,
-                                                MallocPolicy.HUGE_FIRST, "malloc_align32")
-        self.allocation.pool = pool           # the pool sanitizer checks accesses against blocks
-        super().__init__(pool, layout, stream, owner, self.allocation.start)
-        pool.on_device_memory(+self.size, False, segments=+1)
-        pool.note_segment("segment_alloc", self.allocation.start, self.size, stream)
-
-    def release(self) -> None:
-        pool, start = self.pool, self.allocation.start
-        pool.note_segment("segment_free", start, self.size, self.stream)
-        pool.backend.free(start, "free")
-        pool.on_device_memory(-self.size, False, segments=-1)
-
-    def views(self):
-        start = self.allocation.start
-        pieces = self.pieces_in(start, start + self.size, ArenaSegment(self.stream, None, self))
-        return [(self.stream, False, pieces, [(start, self.size)])]
-
-    def refine(self, blocks):
-        return blocks
-
-
 class PoolRangeArena(StepArena):
     """The layout inside the stream's expandable address range (`range_`, an expandable Arena);
     the byte ranges it uses are carved out of the pool's free blocks."""
 
     def __init__(self, pool, layout: StepLayout, stream, owner, range_, pinned: set[int]):
         self.range, self.strategy = range_, pool._strategy
-        super().__init__(pool, layout, stream, owner, range_.base)
+        self._init_carving(pool, layout, stream, owner, [range_.base + offset for offset in
+                                                          layout.offsets], pinned)
+
+    def _init_carving(self, pool, layout, stream, owner, addresses, pinned: set[int]) -> None:
+        StepArena.__init__(self, pool, layout, stream, owner, addresses)
         self.carved: list[Block] = []
         self.carved_ids: set[int] = set()
         self.size = 0
-        self.unclaimed = self._union(range_.base, layout)     # byte ranges not carved yet
+        self.unclaimed = _union(addresses, layout.template.sizes)   # byte ranges not carved yet
         self.awaited = {pointer for pointer in pinned if pointer in pool._allocated}
         self.claim()
 
     @staticmethod
-    def blocked(range_, layout: StepLayout, pinned: set[int]) -> bool:
-        """Whether a live pool block other than the pinned ones holds bytes the layout uses:
-        one that moved in after it was planned."""
-        held = sorted((block.start, block.end) for block in range_.blocks()
+    def blocked(blocks, addresses: list[int | None], layout: StepLayout, pinned: set[int]) -> bool:
+        """Whether a live pool block (of `blocks`) other than the pinned ones holds bytes the
+        layout, at `addresses` (None: elsewhere), uses: one that moved in after it was planned."""
+        held = sorted((block.start, block.end) for block in blocks
                       if block.allocated and block.start not in pinned)
         starts = [start for start, _ in held]
-        for low, high in PoolRangeArena._union(range_.base, layout):
+        spans = [(address, size) for address, size in zip(addresses, layout.template.sizes)
+                 if address is not None]
+        for low, high in _union(*zip(*spans)) if spans else ():
             at = bisect_left(starts, high)
             if at and held[at - 1][1] > low:
                 return True
@@ -175,12 +157,15 @@ class PoolRangeArena(StepArena):
 
     def _blocks_in(self, low: int, high: int):
         """The pool's blocks of the range that overlap [low, high), in address order."""
-        block = self.range.first
+        block = self._first_block(low)
         while block is not None and block.end <= low:
             block = block.next
         while block is not None and block.start < high:
             yield block
             block = block.next
+
+    def _first_block(self, address: int) -> Block:
+        return self.range.first
 
     def on_free(self, pointer: int) -> None:
         """A pinned pool block was freed: claim what it held."""
@@ -193,26 +178,15 @@ class PoolRangeArena(StepArena):
         block or a planned range touches."""
         touched = bytearray(len(range_.mapped))
         spans = [(block.start, block.end) for block in range_.blocks() if block.allocated]
-        for low, high in spans + PoolRangeArena._union(range_.base, layout):
+        planned = _union([range_.base + offset for offset in layout.offsets], layout.template.sizes)
+        for low, high in spans + planned:
             first, end = (low - range_.base) >> shift, ((high - 1 - range_.base) >> shift) + 1
             touched[first:end] = b"\x01" * (end - first)
         return touched.count(1) << shift
 
-    @staticmethod
-    def _union(base: int, layout: StepLayout) -> list[tuple[int, int]]:
-        spans = sorted((base + offset, base + offset + size)
-                       for offset, size in zip(layout.offsets, layout.template.sizes))
-        merged: list[list[int]] = []
-        for low, high in spans:
-            if merged and low <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], high)
-            else:
-                merged.append([low, high])
-        return [(low, high) for low, high in merged]
-
     def _carve(self, block: Block, low: int, high: int) -> None:
         """Take [low, high) out of the free `block` holding it."""
-        free = self.range.free
+        free = block.segment.free
         free.remove(block)
         if block.start < low:
             rest = block.split(low - block.start)
@@ -264,9 +238,9 @@ class PoolRangeArena(StepArena):
     def shrink(self) -> None:
         """Give the pool back the carved bytes no live planned block uses, so a retired plan
         holds only what its last blocks need while they drain."""
-        kept, free = [], self.range.free
+        kept = []
         for carved in self.carved:
-            block = carved
+            block, free = carved, carved.segment.free
             for low, high in list(self._free_runs_in(carved.start, carved.end)):
                 if block.start < low:             # a live planned block's bytes: keep them
                     kept.append(block)
@@ -288,7 +262,7 @@ class PoolRangeArena(StepArena):
         pool's to unmap when idle)."""
         for block in self.carved:
             block.allocated = False
-            self.range.free.merge_and_add(block)
+            block.segment.free.merge_and_add(block)
         self.carved, self.carved_ids, self.size, self.unclaimed = [], set(), 0, []
         self.awaited = set()
 
@@ -307,3 +281,97 @@ class PoolRangeArena(StepArena):
             else:
                 out.append(block)
         return out
+
+
+def _union(addresses: list[int], sizes: list[int]) -> list[tuple[int, int]]:
+    """The byte ranges blocks at `addresses` cover, merged, in address order."""
+    merged: list[list[int]] = []
+    for low, high in sorted((address, address + size) for address, size in zip(addresses, sizes)):
+        if merged and low <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    return [(low, high) for low, high in merged]
+
+
+class SegmentLine:
+    """A stream's segments laid end to end, a WALL apart, so that a step can be planned into
+    their free space as into one range; past the end lies the new segment (`extension`) that
+    takes what does not fit."""
+
+    def __init__(self, segments):
+        self.segments = sorted(segments, key=lambda segment: segment.start)
+        self.starts, end = [], 0                 # each segment's line offset
+        for segment in self.segments:
+            self.starts.append(end)
+            end += segment.size + WALL
+        self.length = end                        # where the extension begins
+
+    def offset(self, address: int) -> int:
+        """The line offset of an address in one of the segments."""
+        for start, segment in zip(self.starts, self.segments):
+            if segment.start <= address < segment.start + segment.size:
+                return start + address - segment.start
+        raise ValueError(f"0x{address:x} is in none of the line's segments")
+
+    def taken(self, skip: set[int]) -> list[tuple[int, int]]:
+        """(offset, size) the plan must go around: the live blocks (but those in `skip`) and
+        the walls."""
+        taken = []
+        for start, segment in zip(self.starts, self.segments):
+            taken += [(start + block.start - segment.start, block.size) for block in segment.blocks()
+                      if block.allocated and block.start not in skip]
+            taken.append((start + segment.size, WALL))
+        return taken
+
+    def extension_bytes(self, layout: StepLayout) -> int:
+        """Bytes of the new segment the layout needs past the line (whole pages)."""
+        beyond = max(layout.height - self.length, 0)
+        return -(-beyond // PAGE) * PAGE
+
+    def addresses(self, layout: StepLayout, extension: int | None) -> list[int | None]:
+        """Each slot's address: in a segment, or in the extension (at address `extension`;
+        None if there is none yet)."""
+        out = []
+        for offset in layout.offsets:
+            if offset >= self.length:
+                out.append(None if extension is None else extension + offset - self.length)
+            else:
+                at = bisect_right(self.starts, offset) - 1
+                out.append(self.segments[at].start + offset - self.starts[at])
+        return out
+
+    def still_there(self, strategy) -> bool:
+        """Whether every segment of the line is still the pool's (none went back)."""
+        return all(strategy.segments.get(segment.start) is segment for segment in self.segments)
+
+
+class SegmentsArena(PoolRangeArena):
+    """The layout in the stream's segments (`line`) and, past them, in `extension` (a new
+    segment of the pool, or None); carved like PoolRangeArena's ranges."""
+
+    def __init__(self, pool, layout: StepLayout, stream, owner, line: SegmentLine, extension,
+                 pinned: set[int]):
+        self.strategy = pool._strategy
+        self.containers = sorted(line.segments + ([extension] if extension is not None else []),
+                                 key=lambda segment: segment.start)
+        addresses = line.addresses(layout, None if extension is None else extension.start)
+        self._init_carving(pool, layout, stream, owner, addresses, pinned)
+
+    def _blocks_in(self, low: int, high: int):
+        """The blocks of the segments that overlap [low, high), in address order (segments
+        may touch, so a merged range can run from one into the next)."""
+        for segment in self.containers:
+            if segment.start < high and low < segment.start + segment.size:
+                block = segment.first
+                while block is not None and block.end <= low:
+                    block = block.next
+                while block is not None and block.start < high:
+                    yield block
+                    block = block.next
+
+    def ensure_mapped(self, block: Block) -> bool:
+        return True
+
+    def unmap_idle_pages(self) -> None:
+        """Segments are mapped whole."""

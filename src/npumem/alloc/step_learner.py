@@ -246,6 +246,11 @@ class StepLearner:
         (None if the history is shorter)."""
         return self.live_before[-count] if 0 < count <= len(self.live_before) else None
 
+    @property
+    def allocations(self) -> int:
+        """Allocations recorded since the stream's first (the next one's number)."""
+        return len(self.requested) + self.dropped
+
     def live_offsets(self, template: Template) -> dict[int, int]:
         """{pointer: offset in the template} for the stream's live blocks made since the window
         of a template just made (the stream repeated it since)."""

@@ -45,6 +45,7 @@ class StepLayout:
     load: int                # the most bytes live at once: no layout is lower
     algorithm: str
     seconds: float
+    line: object = None      # segment pools: the SegmentLine its offsets are on
 
 
 def lay_out(template: Template, algorithm: str = "best", time_limit: float = 5.0,
