@@ -92,14 +92,21 @@ class Predictor:
         if template is None:
             return None
         self.recent.append(nbytes)
-        slot = self.cursor
+        slot, offset = self.cursor, self._counted(template)
+        if offset is not None:         # the stream repeats the window exactly: count
+            slot = bisect_left(template.offsets, offset)
+            if slot == len(template) or template.offsets[slot] != offset:
+                self.cursor = slot if slot < len(template) else 0
+                if not self.serving:
+                    self.last_offset = offset
+                return self._miss(nbytes, foreseen=True)      # a request the template leaves out
         if template.requested[slot] != nbytes:
             extra = template.extras.get((slot, nbytes))
             if extra is not None:                     # foreseen, but left to the pool
                 if not self.serving:
                     self.last_offset = extra
                 return self._miss(nbytes, foreseen=True)
-            slot = self._find(nbytes, slot)
+            slot = self._find(nbytes, self.cursor)
             if slot < 0:
                 return self._miss(nbytes)
         elif slot in self.cuts:        # a step's first request, where expected: a boundary
@@ -119,6 +126,16 @@ class Predictor:
         self.hits += 1
         self.step_hits += 1
         return block
+
+    def _counted(self, template: Template) -> int | None:
+        """The request's offset in `template`, counted, while the learner's confirmed period is
+        the template's step (the stream repeats the window exactly since); else None. Sizes
+        alone cannot tell a request the template leaves out from the expected one of the same
+        size."""
+        learner = self.learner
+        if learner is None or template.marked or learner.confirmed != template.period // template.repeats:
+            return None
+        return (learner.allocations - template.first) % template.period
 
     def learn(self, pointer: int, nbytes: int, size: int, stream) -> None:
         """Record an allocation (hit or miss) while learning."""
@@ -297,7 +314,8 @@ class Predictor:
 
     def _take_over(self, boundary: int) -> None:
         """Serve from the ready layout: carve its ranges out of the pool's (pages come as blocks
-        need them), or take its own arena if that fits under the peak reached so far."""
+        need them), or out of the stream's segments and a new one (`_take_over_segments`), if
+        that fits under the peak reached so far."""
         layout, pool = self.ready, self.pool
         if layout.template is not self.template:      # replaced while it was planned
             self.ready = None
@@ -476,8 +494,10 @@ class Predictor:
             if rate < STALE:
                 self._drop(f"the last step hit {rate:.0%}; learning again")
                 return
-            if rate >= PROVEN and requests >= self.template.step_slots // 2:
+            counting = self.template.extras and self._counted(self.template) is not None
+            if rate >= PROVEN and requests >= self.template.step_slots // 2 and not counting:
                 self.learner = None            # proven: stop paying for learning
+            # (unless requests the template leaves out are told from others by counting)
             self.pool.release_idle_cache()
         self.step_hits = self.step_misses = 0
 

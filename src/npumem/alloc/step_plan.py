@@ -4,9 +4,10 @@ A step repeats, so its blocks' lifetimes are circular: a block allocated late in
 freed early in step k+1. The layout cuts the circle where the fewest planned bytes are live
 (`boundary`, usually between steps, after the gradients are dropped).
 
-In its own arena, blocks that still cross the cut get their own places at the bottom and the
-rest are placed above them by `npumem.planning`. Inside the pool's address range, every block
-goes around the byte ranges the pool's live blocks hold (`taken`), so the step fills the holes
+In an arena of its own, blocks that still cross the cut get their own places at the bottom and
+the rest are placed above them by `npumem.planning`. Inside the pool's address range (or its
+segments laid end to end, `step_arena.SegmentLine`), every block goes around the byte ranges
+the pool's live blocks hold (`taken`), so the step fills the holes
 long-lived blocks left; a crossing block's lifetime is two pieces, the end and the start of the
 step, and one whose previous instance the pool holds now is pinned to that block's address
 (`pinned`), so the two are never counted twice. The greedy orders of `npumem.planning`, and
