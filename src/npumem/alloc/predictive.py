@@ -19,7 +19,8 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
 5. **Give back.** Pages are mapped as planned blocks first need them, under that peak; idle
    pool pages go back as each step begins; a retired plan returns its unused ranges at once.
 6. **Re-learn or stop.** A step in which fewer than half the requests hit drops the plan. A
-   step with at least 99% hits ends learning, which costs time on every request. A step that
+   step with at least 99% hits ends learning, which costs time on every request (unless
+   counting, `_counted`, is what tells requests the template leaves out from the others). A step that
    took reserved memory above the pre-plan peak ends prediction for good.
 """
 
@@ -480,6 +481,12 @@ class Predictor:
             else:
                 if self.ready is None:                    # in line (replays): ready now
                     boundary = self._refresh(boundary)
+                    if self.template.unknown:
+                        # a plan that left them to the pool would need room beside it
+                        self.note = (f"waiting a step for the lifetimes of {self.template.unknown} "
+                                     "blocks still live")
+                        self.step_hits = self.step_misses = 0
+                        return
                     self._start_planning(self.template, boundary)
                 if self.ready is not None:
                     self._take_over(boundary)

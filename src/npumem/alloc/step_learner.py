@@ -52,6 +52,7 @@ class Template:
     period: int = 0          # allocations in one step, those left out included
     marked: bool = False
     holds_peak: bool = False  # the stream's highest live bytes so far were reached in it
+    unknown: int = 0          # blocks left out only because they are still live, and young
     repeats: int = 1          # steps the template holds: 2 when a block outlives its step
     extras: dict = field(default_factory=dict)
     first: int = 0
@@ -210,6 +211,8 @@ class StepLearner:
             free = self.frees[index]
             start = self.times[index] - origin
             if free is None or free - origin - start >= 2 * length:
+                if free is None and self.events - self.times[index] < 2 * length:
+                    template.unknown += 1           # may yet be freed within two steps
                 extras[len(template.requested), self.requested[index]] = index - first
                 continue
             outlives = outlives or free - origin - start >= length
