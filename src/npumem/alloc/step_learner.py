@@ -151,7 +151,8 @@ class StepLearner:
             gram = tuple(self.requested[n + 1 - GRAM:])
             seen = self.grams.get(gram)
             self.grams[gram] = n
-            if seen is not None and n - seen > max(self.period, self.confirmed):
+            if seen is not None and n - seen > max(self.period, self.confirmed, GRAM - 1):
+                # (a period shorter than GRAM repeats inside the GRAM sizes: runs of one size)
                 # the GRAM sizes ending at `seen` came back: test period n - seen, whose first
                 # whole copy starts at the first of those sizes
                 self.period, self.matched = n - seen, 0
