@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 GRAM = 16                 # request sizes that identify a position in the step
 VERIFY = 16               # requests that must repeat before a detected period is believed
+MIN_PERIOD = 4            # shorter periods are runs of one or two sizes, not steps
 MAX_ALLOCATIONS = 1 << 18  # history kept; a step with more allocations than half this is not learned
 
 
@@ -151,8 +152,7 @@ class StepLearner:
             gram = tuple(self.requested[n + 1 - GRAM:])
             seen = self.grams.get(gram)
             self.grams[gram] = n
-            if seen is not None and n - seen > max(self.period, self.confirmed, GRAM - 1):
-                # (a period shorter than GRAM repeats inside the GRAM sizes: runs of one size)
+            if seen is not None and n - seen > max(self.period, self.confirmed, MIN_PERIOD - 1):
                 # the GRAM sizes ending at `seen` came back: test period n - seen, whose first
                 # whole copy starts at the first of those sizes
                 self.period, self.matched = n - seen, 0
