@@ -93,7 +93,8 @@ class Predictor:
         if template is None:
             return None
         self.recent.append(nbytes)
-        slot, offset = self.cursor, self._counted(template)
+        slot = self.cursor
+        offset = self._counted(template) if self.learner is not None else None
         if offset is not None:         # the stream repeats the window exactly: count
             slot = bisect_left(template.offsets, offset)
             if slot == len(template) or template.offsets[slot] != offset:
