@@ -133,9 +133,9 @@ class PoolRangeArena(StepArena):
         held = sorted((block.start, block.end) for block in blocks
                       if block.allocated and block.start not in pinned)
         starts = [start for start, _ in held]
-        spans = [(address, size) for address, size in zip(addresses, layout.template.sizes)
-                 if address is not None]
-        for low, high in _union(*zip(*spans)) if spans else ():
+        placed = [(address, size) for address, size in zip(addresses, layout.template.sizes)
+                  if address is not None]
+        for low, high in _union([address for address, _ in placed], [size for _, size in placed]):
             at = bisect_left(starts, high)
             if at and held[at - 1][1] > low:
                 return True
@@ -157,15 +157,12 @@ class PoolRangeArena(StepArena):
 
     def _blocks_in(self, low: int, high: int):
         """The pool's blocks of the range that overlap [low, high), in address order."""
-        block = self._first_block(low)
+        block = self.range.first
         while block is not None and block.end <= low:
             block = block.next
         while block is not None and block.start < high:
             yield block
             block = block.next
-
-    def _first_block(self, address: int) -> Block:
-        return self.range.first
 
     def on_free(self, pointer: int) -> None:
         """A pinned pool block was freed: claim what it held."""
