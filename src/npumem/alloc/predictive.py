@@ -20,8 +20,8 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
    pool pages go back as each step begins; a retired plan returns its unused ranges at once.
 6. **Re-learn or stop.** A step in which fewer than half the requests hit drops the plan. A
    step with at least 99% hits ends learning, which costs time on every request (unless
-   counting, `_counted`, is what tells requests the template leaves out from the others). A step that
-   took reserved memory above the pre-plan peak ends prediction for good.
+   counting, `_counted`, is what tells requests the template leaves out from the others). A
+   step that took reserved memory above the pre-plan peak ends prediction for good.
 """
 
 from __future__ import annotations
