@@ -362,11 +362,12 @@ class CachingAllocator(MemoryResource):
             if self._strategy.release_stream(stream):
                 self._gone_streams.discard(stream)
 
-    def release_idle_cache(self) -> int:
+    def release_idle_cache(self, keep=()) -> int:
         """Give back what idle streams cache, waiting for none (prediction does this when its
-        arena takes over and as each step begins); bytes released."""
+        arena takes over and as each step begins), but the segments in `keep`; bytes
+        released."""
         streams = {stream for stream in self._strategy.streams() if self.stream_idle(stream)}
-        return self._strategy.release_cached(streams) if streams else 0
+        return self._strategy.release_cached(streams, keep=keep) if streams else 0
 
     def mark_step(self) -> None:
         """A training or serving step ended (npumem.memory.step()): what prediction learns."""

@@ -155,8 +155,8 @@ class ExpandableStrategy:
             owner.on_device_memory(-nbytes, False, calls=len(runs))
         return nbytes
 
-    def release_cached(self, streams=None, below: int | None = None) -> int:
-        return self.unmap_idle(streams)
+    def release_cached(self, streams=None, below: int | None = None, keep=()) -> int:
+        return self.unmap_idle(streams)        # (`keep`: segment pools only)
 
     def release_stream(self, stream) -> bool:
         """Give `stream`'s arena back (pages and address range) if no block in it is allocated

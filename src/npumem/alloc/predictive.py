@@ -362,8 +362,7 @@ class Predictor:
             self.ready = None               # segments went back, or blocks moved in: plan again
             self.note = "the pool's segments changed since the plan was made; planning again"
             return False
-        streams = {stream for stream in strategy.streams() if pool.stream_idle(stream)}
-        strategy.release_cached(streams, keep=set(line.segments))
+        pool.release_idle_cache(keep=set(line.segments))
         extension_bytes = line.extension_bytes(layout)
         if pool.stats.current("reserved_bytes") + extension_bytes > self.peak_before:
             self._refused(f"the plan needs a {extension_bytes}-byte segment beside the pool's, "

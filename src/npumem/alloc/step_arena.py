@@ -157,12 +157,7 @@ class PoolRangeArena(StepArena):
 
     def _blocks_in(self, low: int, high: int):
         """The pool's blocks of the range that overlap [low, high), in address order."""
-        block = self.range.first
-        while block is not None and block.end <= low:
-            block = block.next
-        while block is not None and block.start < high:
-            yield block
-            block = block.next
+        return _blocks_from(self.range.first, low, high)
 
     def on_free(self, pointer: int) -> None:
         """A pinned pool block was freed: claim what it held."""
@@ -280,6 +275,15 @@ class PoolRangeArena(StepArena):
         return out
 
 
+def _blocks_from(block: Block, low: int, high: int):
+    """The blocks of the linked list starting at `block` that overlap [low, high)."""
+    while block is not None and block.end <= low:
+        block = block.next
+    while block is not None and block.start < high:
+        yield block
+        block = block.next
+
+
 def _union(addresses: list[int], sizes: list[int]) -> list[tuple[int, int]]:
     """The byte ranges blocks at `addresses` cover, merged, in address order."""
     merged: list[list[int]] = []
@@ -360,12 +364,7 @@ class SegmentsArena(PoolRangeArena):
         may touch, so a merged range can run from one into the next)."""
         for segment in self.containers:
             if segment.start < high and low < segment.start + segment.size:
-                block = segment.first
-                while block is not None and block.end <= low:
-                    block = block.next
-                while block is not None and block.start < high:
-                    yield block
-                    block = block.next
+                yield from _blocks_from(segment.first, low, high)
 
     def ensure_mapped(self, block: Block) -> bool:
         return True
