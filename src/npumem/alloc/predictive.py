@@ -49,10 +49,9 @@ _NOT_YET = object()
 class Predictor:
     """The predictive part of one CachingAllocator (`pool`); called with the pool's lock held."""
 
-    def __init__(self, pool, background: bool = True, algorithm: str = "search",
-                 time_limit: float = 2.0):
+    def __init__(self, pool, background: bool = True, time_limit: float = 2.0):
         self.pool = pool
-        self.background, self.algorithm, self.time_limit = background, algorithm, time_limit
+        self.background, self.time_limit = background, time_limit
         self.stream = _NOT_YET              # the stream learned: the first one that allocates
         self.learner: StepLearner | None = StepLearner()
         self.template: Template | None = None      # the step being followed
@@ -303,7 +302,7 @@ class Predictor:
 
     def _plan(self, template: Template, taken, pinned, boundary: int, line) -> None:
         try:
-            layout = lay_out(template, self.algorithm, self.time_limit, taken, pinned, boundary)
+            layout = lay_out(template, self.time_limit, taken, pinned, boundary)
             layout.line = line
             self.planning_seconds += layout.seconds
         except PlanError as error:         # never used: a plan must not overlap live blocks

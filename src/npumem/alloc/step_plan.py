@@ -4,16 +4,14 @@ A step repeats, so its blocks' lifetimes are circular: a block allocated late in
 freed early in step k+1. The layout cuts the circle where the fewest planned bytes are live
 (`boundary`, usually between steps, after the gradients are dropped).
 
-In an arena of its own, blocks that still cross the cut get their own places at the bottom and
-the rest are placed above them by `npumem.planning`. Inside the pool's address range (or its
-segments laid end to end, `step_arena.SegmentLine`), every block goes around the byte ranges
-the pool's live blocks hold (`taken`), so the step fills the holes
-long-lived blocks left; a crossing block's lifetime is two pieces, the end and the start of the
-step, and one whose previous instance the pool holds now is pinned to that block's address
-(`pinned`), so the two are never counted twice. The greedy orders of `npumem.planning`, and
-allocation order (what the pool itself does), choose the placement order.
+Inside the pool's address range (or its segments laid end to end, `step_arena.SegmentLine`),
+every block goes around the byte ranges the pool's live blocks hold (`taken`), so the step fills
+the holes long-lived blocks left; a crossing block's lifetime is two pieces, the end and the
+start of the step, and one whose previous instance the pool holds now is pinned to that block's
+address (`pinned`), so the two are never counted twice. The greedy orders of
+`npumem.planning`, and allocation order (what the pool itself does), choose the placement order.
 
-Either way the result is checked over two consecutive steps, so no two blocks that are ever
+The result is checked over two consecutive steps, so no two blocks that are ever
 live together share a byte, before the pool uses it.
 """
 
@@ -24,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..planning import Plan, plan, problem_from_arrays
+from ..planning import plan, problem_from_arrays
 from ..planning.greedy import orders
 from ..planning.placement import lowest_gap, validate
 from ..planning.planner import GREEDY_VARIANTS
@@ -39,47 +37,24 @@ class StepLayout:
 
     template: Template
     offsets: list[int]
-    arena_bytes: int         # whole pages
     height: int              # bytes the blocks reach
     boundary: int            # slot at which a step is cut: the fewest planned bytes live
-    crossing_bytes: int      # bytes of the blocks live across the cut (the bottom of the arena)
-    load: int                # the most bytes live at once: no layout is lower
     algorithm: str
     seconds: float
     line: object = None      # segment pools: the SegmentLine its offsets are on
 
 
-def lay_out(template: Template, algorithm: str = "best", time_limit: float = 5.0,
-            taken: list[tuple[int, int]] | None = None,
-            pinned: dict[int, int] | None = None, boundary: int | None = None) -> StepLayout:
+def lay_out(template: Template, time_limit: float = 5.0, taken=(), pinned: dict[int, int] | None = None,
+            boundary: int | None = None) -> StepLayout:
     """Plan `template` (see the module doc), cut at slot `boundary` (one of `cuts`; the
-    first by default). In the pool's range (`taken` given): `taken` are (offset, size)
-    ranges held throughout, `pinned` maps crossing slots to fixed offsets. Raises PlanError
-    if the result overlaps (a bug)."""
+    first by default), around `taken`: (offset, size) ranges held throughout; `pinned` maps
+    crossing slots to fixed offsets. Raises PlanError if the result overlaps (a bug)."""
     began = time.perf_counter()
-    length = template.length
-    sizes = np.asarray(template.sizes, dtype=np.int64)
     if boundary is None:
         boundary = cut(template)
     lower, upper = _rotated(template, boundary)
-    if taken is not None:
-        return _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned or {},
-                               time_limit, began)
-    crossing = upper > length
-    offsets = np.zeros(len(sizes), dtype=np.int64)
-    offsets[crossing] = np.cumsum(sizes[crossing]) - sizes[crossing]
-    bottom = int(sizes[crossing].sum())
-    inside = ~crossing
-    placed = Plan(problem_from_arrays([], [], []), np.zeros(0, np.int64), "none")
-    if inside.any():
-        problem = problem_from_arrays(lower[inside], upper[inside], sizes[inside], name="step")
-        placed = plan(problem, algorithm, time_limit)
-        offsets[inside] = placed.offsets + bottom
-    _check_two_steps(lower, upper, sizes, offsets, length)
-    height = int((offsets + sizes).max())
-    load = int(_live_at_allocations(lower, upper, sizes, length).max())
-    return StepLayout(template, offsets.tolist(), -(-height // PAGE) * PAGE, height, boundary,
-                      bottom, load, placed.algorithm, time.perf_counter() - began)
+    return _lay_out_around(template, lower, upper, np.asarray(template.sizes, dtype=np.int64),
+                           boundary, taken, pinned or {}, time_limit, began)
 
 
 def _rotated(template: Template, boundary: int) -> tuple[np.ndarray, np.ndarray]:
@@ -147,10 +122,8 @@ def _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned, time
         for slot, offset in pinned.items():
             best[slot] = offset
     _check_two_steps(lower, upper, sizes, best, length, whole)
-    height = int((best + sizes).max())
-    load = int(_live_at_allocations(lower, upper, sizes, length).max())
-    return StepLayout(template, best.tolist(), height, height, boundary,
-                      int(sizes[crossing].sum()), load, label, time.perf_counter() - began)
+    return StepLayout(template, best.tolist(), int((best + sizes).max()), boundary, label,
+                      time.perf_counter() - began)
 
 
 def _pages(offsets, sizes, held) -> tuple[int, int]:
