@@ -88,7 +88,8 @@ def cuts(template: Template) -> tuple[int, ...]:
 
 
 def _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned, time_limit, began):
-    """The best greedy placement around `taken`, with the `pinned` slots where they are."""
+    """The best greedy placement around `taken`, with the `pinned` slots where they are, or
+    (whichever reserves fewer pages) placed freely while their pool blocks are held until freed."""
     length = template.length
     crossing = upper > length
     pieces = [((lo, hi),) if hi <= length else ((lo, length), (0, hi - length))
@@ -97,31 +98,41 @@ def _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned, time
                      dtype=np.int64).reshape(-1, 4)
     fixed = np.array([[offset, offset + sizes[slot], lo, hi] for slot, offset in pinned.items()
                       for lo, hi in pieces[slot]], dtype=np.int64).reshape(-1, 4)
-    held = np.concatenate([whole, fixed])
+    # A pinned slot's block from the step before lives from the cut to its end in this step.
+    leaving = np.array([[offset, offset + sizes[slot], 0, upper[slot] - length]
+                        for slot, offset in pinned.items()], dtype=np.int64).reshape(-1, 4)
     problem = problem_from_arrays(np.where(crossing, 0, lower), np.where(crossing, length, upper),
                                   sizes, name="step")
     by_name = orders(problem)
     # in allocation order, first fit is what the pool itself would do
     by_name["time"] = np.argsort(lower, kind="stable")
     deadline = began + time_limit
-    best, best_pages, label = None, None, ""
-    for name, best_fit in [("time", False)] + GREEDY_VARIANTS:
-        order = [i for i in by_name[name].tolist() if i not in pinned]
-        offsets = _place(pieces, sizes, order, best_fit, held, deadline)
-        if offsets is None:
-            break
-        for slot, offset in pinned.items():
-            offsets[slot] = offset
-        pages = _pages(offsets, sizes, held)     # what it will reserve, not just how high
-        if best is None or pages < best_pages:
-            best, best_pages = offsets, pages
-            label = f"{name}/{'best' if best_fit else 'first'}-fit around live blocks"
+    best, best_pages, label, best_held = None, None, "", whole
+    # Pinning keeps a crossing block where the pool put it, so its two instances are one; that
+    # place may suit the rest of the step badly. Moving it costs the room of both instances
+    # at the cut. Neither wins everywhere: both are tried.
+    variants = [(pinned, np.concatenate([whole, fixed]), "")]
+    if pinned:
+        variants.append(({}, np.concatenate([whole, leaving]), ", crossing blocks moved"))
+    for keep, held, moved in variants:
+        for name, best_fit in [("time", False)] + GREEDY_VARIANTS:
+            order = [i for i in by_name[name].tolist() if i not in keep]
+            offsets = _place(pieces, sizes, order, best_fit, held, deadline)
+            if offsets is None:
+                break
+            for slot, offset in keep.items():
+                offsets[slot] = offset
+            pages = _pages(offsets, sizes, held)     # what it will reserve, not just how high
+            if best is None or pages < best_pages:
+                best, best_pages, best_held = offsets, pages, held if moved else whole
+                label = f"{name}/{'best' if best_fit else 'first'}-fit around live blocks{moved}"
     if best is None:                       # no time for even one order: above everything taken
         placed = plan(problem, "size", time_limit)
-        best, label = placed.offsets + int(held[:, 1].max(initial=0)), "above live blocks"
+        top = np.concatenate([whole, fixed])[:, 1].max(initial=0)
+        best, label = placed.offsets + int(top), "above live blocks"
         for slot, offset in pinned.items():
             best[slot] = offset
-    _check_two_steps(lower, upper, sizes, best, length, whole)
+    _check_two_steps(lower, upper, sizes, best, length, best_held)
     return StepLayout(template, best.tolist(), int((best + sizes).max()), boundary, label,
                       time.perf_counter() - began)
 
