@@ -550,3 +550,15 @@ def test_recordings_never_share_a_byte_between_live_blocks(path, expandable):
         pool.deallocate(pointer)
     assert pool.memory_stats()["allocation.all.current"] == 0
     pool.close()
+
+
+def test_a_plan_may_move_crossing_blocks_where_pinning_them_costs_pages():
+    """On the H100 cnn_sgd recording, the layout with the crossing blocks placed freely (their
+    pool blocks held until freed) touches fewer pages than the pinned one, so it is the one
+    used; test_recordings_never_share_a_byte_between_live_blocks replays it block by block."""
+    from npumem.trace import read_trace
+
+    result = replay(read_trace(RECORDINGS[1]), "pool", AllocatorSettings(predictive=True))
+    note = result.notes[0]
+    assert "crossing blocks moved" in note, note
+    assert result.prediction_hit_rate >= 0.99
