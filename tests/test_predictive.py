@@ -87,6 +87,36 @@ def test_a_repeated_step_is_found_without_marks():
     assert predictor.learner is None          # proven: learning stopped
 
 
+# a step of 100 requests no shorter period repeats in: found 32 requests into the second step
+LONG_STEP = [((index % 7 + 1) * MiB // 2 + index * 4096, 1 + index % 5) for index in range(100)]
+
+
+@POOL_KINDS
+def test_a_step_proven_mid_step_is_served_from_there_and_handed_over_at_the_cut(expandable):
+    """A recording of two steps ends before a cut: a template proven half-way through the second
+    step serves from there, with a layout cut where the stream is; at the next cut a layout cut
+    there takes over from it (the first one's live blocks pinned where they are)."""
+    pool, default = make_pool(expandable=expandable), make_pool(False, expandable=expandable)
+    predictor = pool.predictor
+    for _ in range(2):
+        run_step(pool, LONG_STEP, check=assert_no_overlap)
+        run_step(default, LONG_STEP)
+    assert predictor.took_over_at is not None, predictor.note
+    assert predictor.layout.provisional and not predictor.settled
+    assert 0 < predictor.hits < len(LONG_STEP) // 2
+    for _ in range(3):
+        run_step(pool, LONG_STEP, check=assert_no_overlap)
+        run_step(default, LONG_STEP)
+    assert predictor.settled and predictor.plans == 2, predictor.note
+    stats = pool.memory_stats()
+    assert stats["prediction.hit_rate"] == 1.0
+    assert stats["prediction.hits"] > 3 * len(LONG_STEP)
+    assert stats["reserved_bytes.all.peak"] <= default.memory_stats()["reserved_bytes.all.peak"]
+    assert stats["allocated_bytes.all.current"] == 0
+    pool.close()
+    default.close()
+
+
 def test_prediction_never_raises_peak_reserved_on_a_repeated_step():
     events, clock = [], 0
     for repeat in range(5):

@@ -6,16 +6,18 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
    if not, the step is learned again from the steps since (a first step that made optimizer
    state differs). While live bytes grow from step boundary to step boundary (memory kept
    every step), it waits.
-3. **Plan.** At the step's cut (the fewest of its bytes live), the template is made again with
-   the lifetimes known by then (`_refresh`), and `step_plan.lay_out` places its blocks around
-   the pool's live blocks with `npumem.planning`'s orders, in a background thread.
-4. **Serve.** At a later cut the plan takes over, if it still fits and stays under the peak
-   reserved so far (`step_arena`). The pool asks `Predictor.take` first. The request the plan
-   expects next (same size, within `LOOKAHEAD` slots of where the step is) gets its slot's
-   block: no search, no split or merge. Anything else — another size, a slot whose bytes are
-   still held by a block that lives longer than planned, another stream — is a miss, served by
-   the normal pool. Memory is correct whatever the program does: a planned block is handed out
-   only when no live block overlaps it.
+3. **Plan.** Where it is proven, the template is made again with the lifetimes known by then
+   (`_refresh`), and `step_plan.lay_out` places its blocks around the pool's live blocks with
+   `npumem.planning`'s orders, in a background thread, cut where the stream is.
+4. **Serve.** The plan takes over there, if it still fits and stays under the peak reserved so
+   far (`step_arena`). A layout cut between two cuts (the step's boundaries, where the fewest
+   of its bytes are live) serves until the next cut, where the step is planned again, cut
+   there, around the first arena's live blocks, and hands over. The pool asks
+   `Predictor.take` first. The request the plan expects next (same size, within `LOOKAHEAD`
+   slots of where the step is) gets its slot's block: no search, no split or merge. Anything
+   else — another size, a slot whose bytes are still held by a block that lives longer than
+   planned, another stream — is a miss, served by the normal pool. Memory is correct whatever
+   the program does: a planned block is handed out only when no live block overlaps it.
 5. **Give back.** Pages are mapped as planned blocks first need them, under that peak; idle
    pool pages go back as each step begins; a retired plan returns its unused ranges at once.
 6. **Re-learn or stop.** A step in which fewer than half the requests hit drops the plan. A
@@ -77,6 +79,7 @@ class Predictor:
         self.min_period = 0                         # after a refusal: about the step's length
         self.took_over_at: int | None = None       # requests seen when an arena first served
         self.boundary_live: int | None = None      # live bytes at the last step boundary seen
+        self.between_cuts = True                    # a plan may take over between cuts
         self.note = "learning"
 
     # --- called by the pool ---------------------------------------------------------------
@@ -110,8 +113,16 @@ class Predictor:
             slot = self._find(nbytes, self.cursor)
             if slot < 0:
                 return self._miss(nbytes)
-        elif slot in self.cuts:        # a step's first request, where expected: a boundary
-            self._step_began(slot)
+        elif slot in self.cuts or (not self.serving and self._may_take_over_here(template, slot)):
+            if slot in self.cuts:      # a step's first request, where expected: a boundary
+                self._step_began(slot)
+            else:                      # proven between cuts: serve from here until a cut
+                followed = self.step_hits, self.step_misses
+                self._plan_and_take_over(slot, provisional=True)
+                if not (self.serving or self.planning or self.ready is not None):
+                    # one try per template; the cuts judge the step as before
+                    self.between_cuts = False
+                    self.step_hits, self.step_misses = followed
             if self.template is not template:     # dropped, or made again (_refresh)
                 if self.template is None:
                     return None
@@ -152,6 +163,12 @@ class Predictor:
     def learn_free(self, pointer: int) -> None:
         """Record a free while learning."""
         self.learner.on_free(pointer)
+
+    @property
+    def settled(self) -> bool:
+        """Whether the layout serving is cut at a step boundary (one cut between cuts serves only
+        until the next cut, and then hands over)."""
+        return self.serving and not self.layout.provisional
 
     @property
     def awaiting(self) -> bool:
@@ -201,8 +218,9 @@ class Predictor:
         self.offset_pointers = {offset: pointer for pointer, offset in self.pointer_offsets.items()}
         self.cuts, self.places, self.boundary_live = cuts(template), {}, None
         self.step_hits = self.step_misses = 0
+        self.between_cuts = True
         self.note = (f"found a step of {template.period // template.repeats} allocations; "
-                     "planning at its next cut")
+                     "planning once it is proven")
 
     def _refresh(self, boundary: int) -> int:
         """Before planning at slot `boundary`: make the template again with the lifetimes the
@@ -234,7 +252,7 @@ class Predictor:
         self.cursor = bisect_left(template.offsets, at)     # a slot in both
         return self.cursor
 
-    def _start_planning(self, template: Template, boundary: int) -> None:
+    def _start_planning(self, template: Template, boundary: int, provisional: bool = False) -> None:
         """Plan `template`, cut at slot `boundary` (where the stream is), around the blocks
         live now in the stream's range (expandable pools) or segments (`SegmentLine`), in
         the background."""
@@ -244,7 +262,8 @@ class Predictor:
         if range_ is not None:
             pinned = self._pinned(template, boundary, {range_})
             self.pinned = set(pinned.values())
-            taken = [(block.start - range_.base, block.size) for block in range_.blocks()
+            taken = [(block.start - range_.base, block.size)
+                     for block in self.refine(range_.blocks())     # an arena's: its live blocks
                      if block.allocated and block.start not in self.pinned]
             pinned = {slot: pointer - range_.base for slot, pointer in pinned.items()}
         else:
@@ -253,20 +272,23 @@ class Predictor:
                                 if segment.stream == self.stream])
             pinned = self._pinned(template, boundary, set(line.segments))
             self.pinned = set(pinned.values())
-            taken = line.taken(self.pinned)
+            taken = line.taken(self.pinned, self.refine)
             pinned = {slot: line.offset(pointer) for slot, pointer in pinned.items()}
         if self.background:
-            threading.Thread(target=self._plan, args=(template, taken, pinned, boundary, line),
-                             name="npumem-step-planner", daemon=True).start()
+            threading.Thread(target=self._plan, name="npumem-step-planner", daemon=True,
+                             args=(template, taken, pinned, boundary, line, provisional)).start()
         else:
-            self._plan(template, taken, pinned, boundary, line)
+            self._plan(template, taken, pinned, boundary, line, provisional)
 
     def _pinned(self, template: Template, boundary: int, containers) -> dict[int, int]:
         """Crossing slots whose block from the step just ended is live in the pool, in one of
         `containers`: {slot: its address}. The plan keeps them there, so the block and its
         planned place are one."""
-        pinned, allocated = {}, self.pool._allocated
+        pinned, allocated, arena = {}, self.pool._allocated, self.arena
         for slot in crossing_slots(template, boundary):
+            if arena is not None and arena.blocks[slot].allocated:
+                pinned[slot] = arena.blocks[slot].start   # handing over from it (_step_began)
+                continue
             offset = template.offsets[slot]
             pointer = self.offset_pointers.get(offset)
             block = allocated.get(pointer)
@@ -300,10 +322,11 @@ class Predictor:
             return False                  # the template in use does well: a multiple of it
         return template.period > self.template.period      # would only take longer to prove
 
-    def _plan(self, template: Template, taken, pinned, boundary: int, line) -> None:
+    def _plan(self, template: Template, taken, pinned, boundary: int, line,
+              provisional: bool) -> None:
         try:
             layout = lay_out(template, self.time_limit, taken, pinned, boundary)
-            layout.line = line
+            layout.line, layout.provisional = line, provisional
             self.planning_seconds += layout.seconds
         except PlanError as error:         # never used: a plan must not overlap live blocks
             warnings.warn(f"npumem predictive pool: a step plan failed validation ({error}); "
@@ -326,18 +349,20 @@ class Predictor:
         self.peak_before = pool.stats.peak("reserved_bytes")
         range_ = self._range()
         if range_ is not None:
-            if PoolRangeArena.blocked(range_.blocks(), [range_.base + offset for offset in
-                                                        layout.offsets], layout, self.pinned):
+            blocks = self.refine(range_.blocks())     # an arena handing over: its live blocks
+            if PoolRangeArena.blocked(blocks, [range_.base + offset for offset in layout.offsets],
+                                      layout, self.pinned):
                 self.ready = None             # blocks moved in since it was planned: plan again
                 self.note = "pool blocks moved into the planned ranges; planning again"
                 return
             shift = pool._strategy.shift
             mapped_here = range_.mapped.count(1) << shift
-            need = PoolRangeArena.bytes_needed(range_, layout, shift)
+            need = PoolRangeArena.bytes_needed(range_, blocks, layout, shift)
             if pool.stats.current("reserved_bytes") - mapped_here + need > self.peak_before:
-                self._refused(f"the plan needs {need} bytes of pages with the pool's live "
-                              f"blocks, more than the peak of {self.peak_before}")
+                self._not_taking_over(layout, f"the plan needs {need} bytes of pages with the "
+                                      f"pool's live blocks, more than the peak of {self.peak_before}")
                 return
+            self._retire_arena()            # a layout cut between cuts hands over (_step_began)
             self.arena = PoolRangeArena(pool, layout, self.stream, self, range_, self.pinned)
             pool.release_idle_cache()         # pages neither the plan nor a live block touches
         elif not self._take_over_segments(layout):
@@ -356,7 +381,7 @@ class Predictor:
         pool, line = self.pool, layout.line
         strategy = pool._strategy
         if not line.still_there(strategy) or PoolRangeArena.blocked(
-                (block for segment in line.segments for block in segment.blocks()),
+                self.refine(block for segment in line.segments for block in segment.blocks()),
                 line.addresses(layout, None), layout, self.pinned):
             self.ready = None               # segments went back, or blocks moved in: plan again
             self.note = "the pool's segments changed since the plan was made; planning again"
@@ -364,8 +389,8 @@ class Predictor:
         pool.release_idle_cache(keep=set(line.segments))
         extension_bytes = line.extension_bytes(layout)
         if pool.stats.current("reserved_bytes") + extension_bytes > self.peak_before:
-            self._refused(f"the plan needs a {extension_bytes}-byte segment beside the pool's, "
-                          f"more than the peak of {self.peak_before} allows")
+            self._not_taking_over(layout, f"the plan needs a {extension_bytes}-byte segment beside "
+                                  f"the pool's, more than the peak of {self.peak_before} allows")
             return False
         extension = None
         if extension_bytes:
@@ -373,8 +398,22 @@ class Predictor:
             if extension is None:
                 self.note = f"no device memory for a {extension_bytes}-byte segment; waiting"
                 return False
+        self._retire_arena()
         self.arena = SegmentsArena(pool, layout, self.stream, self, line, extension, self.pinned)
         return True
+
+    def _not_taking_over(self, layout: StepLayout, why: str) -> None:
+        """The ready layout does not fit under the peak. One cut between cuts (or the hand-over
+        from one) is not a refusal of the template: it waits for a cut, or serves on."""
+        if not (layout.provisional or self.serving):
+            self._refused(why)
+            return
+        self.ready = None
+        if self.serving:
+            self.layout.provisional = False         # the layout serving stays
+        else:
+            self.between_cuts = False
+        self.note = f"{why}; {'serving on' if self.serving else 'waiting for a cut'}"
 
     def _refused(self, why: str) -> None:
         """The template cannot take over (the program strays from it, or its plan does not fit
@@ -478,17 +517,7 @@ class Predictor:
                 self.note = (f"the stream's live bytes grew by {live - before} over the last "
                              "step: waiting for a step that keeps no memory")
             else:
-                if self.ready is None:                    # in line (replays): ready now
-                    boundary = self._refresh(boundary)
-                    if self.template.unknown:
-                        # a plan that left them to the pool would need room beside it
-                        self.note = (f"waiting a step for the lifetimes of {self.template.unknown} "
-                                     "blocks still live")
-                        self.step_hits = self.step_misses = 0
-                        return
-                    self._start_planning(self.template, boundary)
-                if self.ready is not None:
-                    self._take_over(boundary)
+                self._plan_and_take_over(boundary)
         elif self.serving:
             if self.arena.awaited:               # frees that were pending on other streams
                 self.arena.claim()
@@ -504,8 +533,44 @@ class Predictor:
             if rate >= PROVEN and requests >= self.template.step_slots // 2 and not counting:
                 self.learner = None            # proven: stop paying for learning
             # (unless requests the template leaves out are told from others by counting)
+            if self.layout.provisional and not self.planning:
+                # served from a layout cut where it was proven, mid-step: plan the step again
+                # cut here, where the fewest of its bytes are live, and hand over to it
+                if self.ready is None:
+                    self._start_planning(self.template, boundary)
+                if self.ready is not None:
+                    self._take_over(boundary)
             self.pool.release_idle_cache()
         self.step_hits = self.step_misses = 0
+
+    def _may_take_over_here(self, template: Template, slot: int) -> bool:
+        """Between cuts, while no arena serves: whether a layout planned for this slot is ready,
+        or the template is proven (half a step followed at 99%, live bytes not growing): then
+        it need not wait for a cut (a recording of two steps ends before the next one)."""
+        if self.arena is not None or self.planning or not self.between_cuts or self.learner is None:
+            return False
+        if self.ready is not None:
+            return self.ready.boundary == slot
+        followed = self.step_hits + self.step_misses
+        if followed < template.step_slots // 2 or self.step_hits < PROVEN * followed:
+            return False
+        before = self.learner.live_allocations_ago(template.period // template.repeats)
+        return before is None or self.learner.live_bytes <= before
+
+    def _plan_and_take_over(self, boundary: int, provisional: bool = False) -> None:
+        """Plan the template cut at slot `boundary` (where the stream is), unless blocks of it
+        are live with lifetimes still unknown; take over if the layout is ready (in line)."""
+        if self.ready is None:
+            boundary = self._refresh(boundary)
+            if self.template.unknown:
+                # a plan that left them to the pool would need room beside it
+                self.note = (f"waiting a step for the lifetimes of {self.template.unknown} "
+                             "blocks still live")
+                self.step_hits = self.step_misses = 0
+                return
+            self._start_planning(self.template, boundary, provisional)
+        if self.ready is not None:
+            self._take_over(boundary)
 
     def _live_bytes_now_and_a_step_ago(self, template: Template) -> tuple[int, int]:
         """At a step boundary: the stream's live bytes now and at the last boundary (or, if

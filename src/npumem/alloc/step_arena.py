@@ -165,11 +165,11 @@ class PoolRangeArena(StepArena):
         self.claim()
 
     @staticmethod
-    def bytes_needed(range_, layout: StepLayout, shift: int) -> int:
+    def bytes_needed(range_, blocks, layout: StepLayout, shift: int) -> int:
         """Bytes of the pages the range needs with the layout in place: every page a live
-        block or a planned range touches."""
+        block (of the range's `blocks`) or a planned range touches."""
         touched = bytearray(len(range_.mapped))
-        spans = [(block.start, block.end) for block in range_.blocks() if block.allocated]
+        spans = [(block.start, block.end) for block in blocks if block.allocated]
         planned = _union([range_.base + offset for offset in layout.offsets], layout.template.sizes)
         for low, high in spans + planned:
             first, end = (low - range_.base) >> shift, ((high - 1 - range_.base) >> shift) + 1
@@ -315,12 +315,13 @@ class SegmentLine:
                 return start + address - segment.start
         raise ValueError(f"0x{address:x} is in none of the line's segments")
 
-    def taken(self, skip: set[int]) -> list[tuple[int, int]]:
-        """(offset, size) the plan must go around: the live blocks (but those in `skip`) and
-        the walls."""
+    def taken(self, skip: set[int], refine) -> list[tuple[int, int]]:
+        """(offset, size) the plan must go around: the live blocks (but those in `skip`; a
+        plan's carved ranges shown as its blocks by `refine`) and the walls."""
         taken = []
         for start, segment in zip(self.starts, self.segments):
-            taken += [(start + block.start - segment.start, block.size) for block in segment.blocks()
+            taken += [(start + block.start - segment.start, block.size)
+                      for block in refine(segment.blocks())
                       if block.allocated and block.start not in skip]
             taken.append((start + segment.size, WALL))
         return taken

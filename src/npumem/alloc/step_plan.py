@@ -42,6 +42,7 @@ class StepLayout:
     algorithm: str
     seconds: float
     line: object = None      # segment pools: the SegmentLine its offsets are on
+    provisional: bool = False  # cut between step boundaries: serves until the next one
 
 
 def lay_out(template: Template, time_limit: float = 5.0, taken=(), pinned: dict[int, int] | None = None,

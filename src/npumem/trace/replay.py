@@ -73,7 +73,8 @@ class ReplayResult:
 def _prediction_note(predictor, stats: dict, steady: float | None, floor: float | None) -> str:
     if predictor.took_over_at is None:
         return f"prediction: no plan took over ({predictor.note})"
-    ratio = "n/a" if steady is None else f"{steady:.3f} (whole pages allow {floor:.3f})"
+    ratio = ("n/a (no plan cut at a step boundary served)" if steady is None
+             else f"{steady:.3f} (whole pages allow {floor:.3f})")
     return (f"prediction: {stats['prediction.hit_rate']:.1%} of {predictor.hits + predictor.misses} "
             f"requests hit after the plan took over at request {predictor.took_over_at}; steady "
             f"reserved / live {ratio}; {predictor.note}")
@@ -109,7 +110,7 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
         predictor.background = False
     live: dict[int, tuple[int, int]] = {}      # trace addr -> (pointer, size)
     allocated = peak_allocated = peak_device = 0
-    steady_live = steady_reserved = 0          # peaks since a predictive plan took over
+    steady_live = steady_reserved = 0          # peaks while a plan cut at a step boundary serves
     count = unmatched = allocs = 0
     alloc_seconds = 0.0
     clock = time.perf_counter
@@ -134,7 +135,7 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
             if is_device:
                 free, total = backend.mem_info(0, MemAttr.HBM_MEM)
                 peak_device = max(peak_device, total - free)
-            elif predictor is not None and predictor.serving:
+            elif predictor is not None and predictor.settled:
                 steady_live = max(steady_live, allocated)
                 steady_reserved = max(steady_reserved, resource.stats.current("reserved_bytes"))
         else:
