@@ -107,19 +107,26 @@ class TinyGPT(nn.Module):
         return self.head(x[:, -1])
 
 
-def training(model: nn.Module, batch, loss, steps: int = 5, optimizer: str = "adamw"):
-    """`steps` optimizer steps on fresh batches: forward, backward, update."""
+def training(model: nn.Module, batch, loss, steps: int = 5, optimizer: str = "adamw",
+             micro_batches: int = 1, eval_every: int = 0):
+    """`steps` optimizer steps on fresh batches: forward, backward (`micro_batches` of them,
+    accumulating gradients), update; with `eval_every`, a forward pass without gradients after
+    every that many steps."""
     if optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), 1e-3)
     else:
         opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
 
     def run():
-        for _ in range(steps):
-            inputs, target = batch()
+        for step in range(1, steps + 1):
             opt.zero_grad(set_to_none=True)
-            loss(model(inputs), target).backward()
+            for _ in range(micro_batches):
+                inputs, target = batch()
+                loss(model(inputs), target).backward()
             opt.step()
+            if eval_every and step % eval_every == 0:
+                with torch.no_grad():
+                    model(batch()[0])
     return run
 
 
@@ -158,6 +165,12 @@ def _workloads():
         "gpt_train": lambda: training(TinyGPT(), lambda: (torch.randint(0, 2000, (8, 96)), _classes(8, 2000)),
                                       cross_entropy),
         "gpt_generate": lambda: generation(TinyGPT()),
+        "cnn_accum": lambda: training(residual_cnn([16, 32, 64], 2),
+                                      lambda: (torch.randn(8, 3, 48, 48), _classes(8)),
+                                      cross_entropy, steps=8, optimizer="sgd", micro_batches=2),
+        "mlp_eval": lambda: training(nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 10)),
+                                     lambda: (torch.randn(256, 784), _classes(256)), cross_entropy,
+                                     steps=8, eval_every=2),
         "lstm": lambda: training(nn.LSTM(128, 256, 2, batch_first=True),
                                  lambda: (torch.randn(16, 64, 128), None),
                                  lambda output, _: output[0].pow(2).mean()),

@@ -47,3 +47,16 @@ def test_take_matches_the_model(case, first_fit):
         else:
             assert block.size == hole_size
     assert sorted((b.start, b.size) for b in free.at_least(0)) == sorted(model.items())
+
+
+@given(holes_and_requests(), st.booleans())
+def test_fit_names_the_block_take_cuts_and_leaves_the_list_alone(case, first_fit):
+    holes, requests = case
+    free = _free_list(holes)
+    for size in requests:
+        before = [(block.start, block.size) for block in free.largest_first()]
+        peeked = free.fit(size, first_fit=first_fit)
+        assert [(block.start, block.size) for block in free.largest_first()] == before
+        peeked_start = None if peeked is None else peeked.start
+        block = free.take(size, SPLIT_MIN, first_fit=first_fit)
+        assert (None if block is None else block.start) == peeked_start

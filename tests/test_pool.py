@@ -381,3 +381,21 @@ def test_a_destroyed_streams_arena_goes_back_to_the_device():
         assert stream not in strategy.arenas and not pool._gone_streams
     finally:
         npumem.finalize()
+
+
+@pytest.mark.parametrize("expandable", [True, False], ids=["expandable", "segments"])
+def test_serves_from_cache_says_whether_a_request_needs_new_memory(expandable):
+    """The predictive pool asks this before giving up a plan for a request it did not foresee:
+    a request the pool's cache serves cannot raise reserved memory."""
+    pool = CachingAllocator(SimBackend(SimConfig(memory=1 << 30)), 0,
+                            AllocatorSettings(expandable_segments=expandable))
+    strategy = pool._strategy
+    pointer = pool.allocate(6 * MiB)
+    pool.deallocate(pointer)                  # 6 MiB cached
+    reserved = pool.memory_stats()["reserved_bytes.all.current"]
+    assert strategy.serves_from_cache(4 * MiB, None)
+    assert not strategy.serves_from_cache(64 * MiB, None)
+    pointer = pool.allocate(4 * MiB)
+    assert pool.memory_stats()["reserved_bytes.all.current"] == reserved
+    pool.deallocate(pointer)
+    pool.close()

@@ -87,6 +87,42 @@ def test_a_repeated_step_is_found_without_marks():
     assert predictor.learner is None          # proven: learning stopped
 
 
+def test_gradient_accumulation_is_learned_as_one_step():
+    """cnn_accum (bench/record_workloads.py, eight steps of two micro-batches each): the
+    micro-batch repeats, with differences, inside the step. It is refused twice; then only a
+    period that repeats whole is confirmed, and the step (950 requests) is served."""
+    from npumem.trace import read_trace
+
+    events = list(read_trace(RECORDINGS[1]))
+    default = replay(events, "pool")
+    result = replay(events, "pool", AllocatorSettings(predictive=True))
+    assert result.prediction_hit_rate >= 0.99, result.notes
+    assert "a step of 950 planned blocks" in result.notes[0]
+    assert result.peak_reserved_bytes <= default.peak_reserved_bytes
+
+
+def test_a_period_inside_the_step_is_not_served_and_dropped_every_step():
+    """Two micro-batches with a few requests between them: the first micro-batch and those
+    requests repeat at a distance that is not the step. Served from mid-step and dropped at
+    the cut, such a template is a refusal (it used to be learned, served at a loss and
+    dropped every step); the whole step is learned after."""
+    micro = [((index % 5 + 1) * MiB // 4 + index * 8192, 1 + index % 4) for index in range(100)]
+    step = micro + [(3 * MiB + index * 4096, 2) for index in range(10)] + micro + \
+        [(MiB // 8 + index * 1024, 1) for index in range(40)]
+    pool, default = make_pool(), make_pool(False)
+    for _ in range(14):
+        run_step(pool, step, check=assert_no_overlap)
+        run_step(default, step)
+    predictor = pool.predictor
+    assert predictor.settled and len(predictor.template) == len(step), predictor.note
+    assert predictor.plans <= 3
+    assert predictor.stats()["prediction.hit_rate"] >= 0.95
+    assert pool.memory_stats()["reserved_bytes.all.peak"] <= \
+        default.memory_stats()["reserved_bytes.all.peak"]
+    pool.close()
+    default.close()
+
+
 # a step of 100 requests no shorter period repeats in: found 32 requests into the second step
 LONG_STEP = [((index % 7 + 1) * MiB // 2 + index * 4096, 1 + index % 5) for index in range(100)]
 
@@ -552,6 +588,7 @@ def test_any_repeated_step_is_served_correctly(step, into_next, kept_every, expa
 
 
 RECORDINGS = [Path(__file__).parent / "data" / "cpu_recordings" / "lstm.jsonl.gz",
+              Path(__file__).parent / "data" / "cpu_recordings" / "cnn_accum.jsonl.gz",
               Path(__file__).parent / "data" / "cuda_snapshots" / "cnn_sgd.pickle.gz",
               Path(__file__).parent / "data" / "cuda_snapshots" / "unet.pickle.gz"]
 
@@ -588,7 +625,7 @@ def test_a_plan_may_move_crossing_blocks_where_pinning_them_costs_pages():
     used; test_recordings_never_share_a_byte_between_live_blocks replays it block by block."""
     from npumem.trace import read_trace
 
-    result = replay(read_trace(RECORDINGS[1]), "pool", AllocatorSettings(predictive=True))
+    result = replay(read_trace(RECORDINGS[2]), "pool", AllocatorSettings(predictive=True))
     note = result.notes[0]
     assert "crossing blocks moved" in note, note
     assert result.prediction_hit_rate >= 0.99

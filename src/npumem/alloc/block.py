@@ -130,21 +130,32 @@ class FreeList:
         least `split_min` bytes (the rest stays cached). With `below`, a best fit of that many
         bytes or more is not used (max_split_size_mb). With `first_fit`, take instead the
         lowest-addressed block that is large enough."""
-        keys = self._keys
-        i = bisect_left(keys, size << _ADDRESS_BITS)
-        count = len(keys)
-        if i == count:
+        i = self._fit(size, below, first_fit)
+        if i < 0:
             return None
-        if first_fit and i + 1 < count:
-            starts = self._starts[i:]
-            i += starts.index(min(starts))
         block = self._blocks[i]
-        if below is not None and block.size >= below:
-            return None
         if block.size - size < split_min:
             return self._pop(i)
         self._rekey(i, block.split(size))
         return block
+
+    def fit(self, size: int, below: int | None = None, first_fit: bool = False) -> Block | None:
+        """The block `take` would cut `size` bytes from, left in the list (None if none)."""
+        i = self._fit(size, below, first_fit)
+        return self._blocks[i] if i >= 0 else None
+
+    def _fit(self, size: int, below: int | None, first_fit: bool) -> int:
+        keys = self._keys
+        i = bisect_left(keys, size << _ADDRESS_BITS)
+        count = len(keys)
+        if i == count:
+            return -1
+        if first_fit and i + 1 < count:
+            starts = self._starts[i:]
+            i += starts.index(min(starts))
+        if below is not None and self._blocks[i].size >= below:
+            return -1
+        return i
 
     def at_least(self, size: int) -> list[Block]:
         """Free blocks of at least `size` bytes, smallest first."""

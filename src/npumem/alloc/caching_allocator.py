@@ -140,7 +140,7 @@ class CachingAllocator(MemoryResource):
             if pending:
                 self._free_completed_pending()
             predictor = self._predictor
-            block = predictor.take(nbytes, stream) if predictor is not None else None
+            block = predictor.take(nbytes, size, stream) if predictor is not None else None
             if block is None:
                 block = self._strategy.take(size, stream)
                 if block is None:

@@ -94,6 +94,18 @@ class ExpandableStrategy:
         self.owner.stats.counters["num_cache_misses"] += 1
         return block
 
+    def serves_from_cache(self, size: int, stream) -> bool:
+        """Whether `take(size, stream)` would find its bytes on mapped pages."""
+        arena = self.arenas.get(stream)
+        block = arena.free.fit(size, first_fit=True) if arena is not None else None
+        if block is None:
+            return False
+        if block.size - size < self.owner.split_min:        # take keeps the whole block
+            size = block.size
+        offset = block.start - arena.base
+        first, end = offset >> self.shift, ((offset + size - 1) >> self.shift) + 1
+        return arena.mapped.find(0, first, end) < 0
+
     def _map(self, arena: Arena, first: int, end: int) -> bool:
         """Map the unmapped pages in [first, end), after unmapping idle pages of idle streams."""
         owner = self.owner

@@ -44,7 +44,7 @@ RESYNC = 4              # requests in a row that find the place in the step agai
 KEPT = 0.8              # share of a detected step's requests that must be plannable
 PROVEN, STALE = 0.99, 0.5   # step hit rates that end learning / drop the plan
 GRAM_CHECK = 32         # requests followed before a template's record counts
-MAX_REFUSALS = 3        # templates refused (strayed from, or too tall) before prediction stops
+MAX_REFUSALS = 5        # templates refused (strayed from, or too tall) before prediction stops
 _NOT_YET = object()
 
 
@@ -77,6 +77,7 @@ class Predictor:
         self.peak_before = 0                        # peak reserved when the arena took over
         self.refusals = 0                           # plans that could not take over
         self.min_period = 0                         # after a refusal: about the step's length
+        self.refused_periods: set[int] = set()
         self.took_over_at: int | None = None       # requests seen when an arena first served
         self.boundary_live: int | None = None      # live bytes at the last step boundary seen
         self.between_cuts = True                    # a plan may take over between cuts
@@ -84,12 +85,13 @@ class Predictor:
 
     # --- called by the pool ---------------------------------------------------------------
 
-    def take(self, nbytes: int, stream) -> Block | None:
-        """The planned block for this request, or None (the pool serves it)."""
+    def take(self, nbytes: int, size: int, stream) -> Block | None:
+        """The planned block for this request (`nbytes` asked, `size` once rounded), or None
+        (the pool serves it)."""
         self.requests += 1
         if stream is not self.stream and stream != self.stream:
             if self.stream is not _NOT_YET:
-                return self._miss(nbytes)
+                return self._miss(size, stream)
             self.stream = stream
         template = self.template
         if template is None:
@@ -103,16 +105,16 @@ class Predictor:
                 self.cursor = slot if slot < len(template) else 0
                 if not self.serving:
                     self.last_offset = offset
-                return self._miss(nbytes, foreseen=True)      # a request the template leaves out
+                return self._miss(size, stream, foreseen=True)      # a request the template leaves out
         if template.requested[slot] != nbytes:
             extra = template.extras.get((slot, nbytes))
             if extra is not None:                     # foreseen, but left to the pool
                 if not self.serving:
                     self.last_offset = extra
-                return self._miss(nbytes, foreseen=True)
+                return self._miss(size, stream, foreseen=True)
             slot = self._find(nbytes, self.cursor)
             if slot < 0:
-                return self._miss(nbytes)
+                return self._miss(size, stream)
         elif slot in self.cuts or (not self.serving and self._may_take_over_here(template, slot)):
             if slot in self.cuts:      # a step's first request, where expected: a boundary
                 self._step_began(slot)
@@ -134,7 +136,7 @@ class Predictor:
             return None
         block = self.arena.place(slot)
         if block is None:
-            return self._miss(nbytes)
+            return self._miss(size, stream)
         self.hits += 1
         self.step_hits += 1
         return block
@@ -418,9 +420,14 @@ class Predictor:
     def _refused(self, why: str) -> None:
         """The template cannot take over (the program strays from it, or its plan does not fit
         under the peak). It may come from a first step that differed (optimizer state made in
-        it): learn the step again from the steps since, a few times."""
+        it): learn the step again from the steps since, a few times. A period refused twice
+        is part of the step (a micro-batch of gradient accumulation): a longer one is."""
         self.refusals += 1
-        self.min_period = self.template.period // 2     # the step, not one of its layers
+        period = self.template.period
+        # the step, not one of its layers
+        self.min_period = max(self.min_period,
+                              period + 1 if period in self.refused_periods else period // 2)
+        self.refused_periods.add(period)
         if self.refusals >= MAX_REFUSALS:
             self._drop(f"{why}; not taking over (tried {self.refusals} plans)")
             self.learner = None
@@ -475,20 +482,21 @@ class Predictor:
             seen[key] = -1 if key in seen else end + 1
         self.places = {key: slot for key, slot in seen.items() if slot > 0}
 
-    def _miss(self, nbytes: int = 0, foreseen: bool = False) -> None:
+    def _miss(self, size: int, stream, foreseen: bool = False) -> None:
         """A request the step did not foresee, or the plan could not serve: the pool serves it.
-        If it may need new pages above the peak, the arena's idle pages go back first: the
-        pool's holes and the arena's must not add up. A `foreseen` one (a template extra)
-        counts as followed in the step's judgement."""
+        If it needs new memory above the peak (its cache has no block for it), the arena's
+        idle pages go back first: the pool's holes and the arena's must not add up. A
+        `foreseen` one (a template extra) counts as followed in the step's judgement."""
         if foreseen:
             self.step_hits += 1
         if not self.serving:
             self.step_misses += not foreseen
         else:
             pool = self.pool
-            if pool.stats.current("reserved_bytes") + nbytes > self.peak_before:
+            if pool.stats.current("reserved_bytes") + size > self.peak_before \
+                    and not pool._strategy.serves_from_cache(size, stream):
                 self.arena.unmap_idle_pages()
-                if pool.stats.current("reserved_bytes") + nbytes > self.peak_before:
+                if pool.stats.current("reserved_bytes") + size > self.peak_before:
                     self._give_up()
                     return None
             self.misses += 1
@@ -527,10 +535,15 @@ class Predictor:
                 self._give_up()
                 return
             if rate < STALE:
-                self._drop(f"the last step hit {rate:.0%}; learning again")
+                # a refusal: a period that is part of the step (a micro-batch) would be learned,
+                # served and dropped again every step
+                self._refused(f"the last step hit {rate:.0%}")
                 return
+            proven = rate >= PROVEN and requests >= self.template.step_slots // 2
+            if proven:                         # refusals count those in a row
+                self.refusals, self.min_period, self.refused_periods = 0, 0, set()
             counting = self.template.extras and self._counted(self.template) is not None
-            if rate >= PROVEN and requests >= self.template.step_slots // 2 and not counting:
+            if proven and not counting:
                 self.learner = None            # proven: stop paying for learning
             # (unless requests the template leaves out are told from others by counting)
             if self.layout.provisional and not self.planning:
@@ -547,7 +560,8 @@ class Predictor:
         """Between cuts, while no arena serves: whether a layout planned for this slot is ready,
         or the template is proven (half a step followed at 99%, live bytes not growing): then
         it need not wait for a cut (a recording of two steps ends before the next one)."""
-        if self.arena is not None or self.planning or not self.between_cuts or self.learner is None:
+        if (self.arena is not None or self.planning or not self.between_cuts or self.refusals
+                or self.learner is None):       # (a program that strayed once is judged at cuts)
             return False
         if self.ready is not None:
             return self.ready.boundary == slot
@@ -586,8 +600,14 @@ class Predictor:
 
     def _give_up(self) -> None:
         """The pool's own blocks leave holes the arena cannot use (state made during the first
-        step, between its temporaries): with the arena, reserved memory would pass the peak."""
+        step, between its temporaries): with the arena, reserved memory would pass the peak. A
+        layout cut in mid-step, from half a followed step, may be the template's fault: a
+        refusal."""
         self.misses += 1
+        if self.layout is not None and self.layout.provisional:
+            self._refused(f"the layout cut in mid-step would raise peak reserved memory above "
+                          f"{self.peak_before} bytes")
+            return
         self._drop(f"prediction would raise peak reserved memory above {self.peak_before} bytes "
                    "(the pool's blocks leave holes the arena cannot use): the normal pool "
                    "serves from now on")
@@ -598,7 +618,7 @@ class Predictor:
         self.template = self.layout = self.ready = None
         self.step_hits = self.step_misses = 0
         self.note = why
-        self.learner = StepLearner()
+        self.learner = StepLearner(strict=self.refusals > 1)
 
     # --- the pool's other needs -----------------------------------------------------------
 

@@ -74,6 +74,11 @@ class SegmentStrategy:
         self.owner.stats.counters["num_cache_misses"] += 1
         return block
 
+    def serves_from_cache(self, size: int, stream) -> bool:
+        """Whether `take(size, stream)` would find a cached block (no new segment)."""
+        free_list = self.free_lists.get((stream, size <= SMALL_SIZE))
+        return free_list is not None and free_list.fit(size, self._usable_below(size)) is not None
+
     def _usable_below(self, size: int) -> int | None:
         """With max_split_size_mb, the cached block size from which blocks may not serve `size`:
         blocks that large are kept for large requests, and those only take blocks at most

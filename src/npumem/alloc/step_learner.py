@@ -87,9 +87,13 @@ class Template:
 
 
 class StepLearner:
-    """Records a stream's allocations (requested bytes, pool bytes, event time, free time)."""
+    """Records a stream's allocations (requested bytes, pool bytes, event time, free time).
+    A `strict` learner (after two templates were refused) confirms a period only once a whole
+    period has repeated: gradient accumulation's micro-batches repeat for a while at
+    distances that are not the step."""
 
-    def __init__(self):
+    def __init__(self, strict: bool = False):
+        self.strict = strict
         self.requested: list[int] = []
         self.sizes: list[int] = []
         self.times: list[int] = []
@@ -145,7 +149,7 @@ class StepLearner:
                 self.period = 0
             else:
                 self.matched += 1
-                if self.matched >= VERIFY:
+                if self.matched >= (max(VERIFY, period) if self.strict else VERIFY):
                     self.period, self.confirmed = 0, period
                     self._await(self.anchor, self.anchor + period)
         if n + 1 >= GRAM:
