@@ -75,9 +75,9 @@ class Predictor:
         self.step_hits = self.step_misses = 0
         self.planning_seconds = 0.0
         self.peak_before = 0                        # peak reserved when the arena took over
-        self.refusals = 0                           # plans that could not take over
+        self.refusals = 0                           # templates refused since a proven step
         self.min_period = 0                         # after a refusal: about the step's length
-        self.refused_periods: set[int] = set()
+        self.refused_periods: set[int] = set()      # their periods
         self.took_over_at: int | None = None       # requests seen when an arena first served
         self.boundary_live: int | None = None      # live bytes at the last step boundary seen
         self.between_cuts = True                    # a plan may take over between cuts
