@@ -579,7 +579,9 @@ def test_any_repeated_step_is_served_correctly(step, into_next, kept_every, expa
             template = predictor.template
             left_out = len(template.extras) // template.repeats
             steps = (predictor.hits + predictor.misses) / (template.step_slots + left_out)
-            assert predictor.misses <= left_out * (steps + 1), predictor.note
+            # (and one miss per earlier plan: a layout cut in mid-step that a miss would have
+            # taken past the peak is given up at that miss, and the step learned again)
+            assert predictor.misses <= left_out * (steps + 1) + predictor.plans - 1, predictor.note
         pool.close()
     if expandable or not kept_every:
         # (segment pools: a program that keeps memory every step may end a segment above;
