@@ -561,8 +561,8 @@ def test_any_repeated_step_is_served_correctly(step, into_next, kept_every, expa
     """A random step (a few blocks living into the next step), repeated without marks; every
     `kept_every`-th request may be kept for good (memory that grows every step). No two live
     blocks ever overlap; where a plan serves to the end, every request but those the template
-    leaves to the pool hits; the peak reserved is never above the default pool's (but for
-    memory kept every step in segment pools); everything frees cleanly."""
+    leaves to the pool hits; the peak reserved is never above the default pool's; everything
+    frees cleanly."""
     for index, extra in into_next:
         index %= len(step)
         step[index] = (step[index][0], len(step) + extra)
@@ -583,10 +583,7 @@ def test_any_repeated_step_is_served_correctly(step, into_next, kept_every, expa
             # taken past the peak is given up at that miss, and the step learned again)
             assert predictor.misses <= left_out * (steps + 1) + predictor.plans - 1, predictor.note
         pool.close()
-    if expandable or not kept_every:
-        # (segment pools: a program that keeps memory every step may end a segment above;
-        # docs/predictive.md says so)
-        assert peaks[1] <= peaks[0]
+    assert peaks[1] <= peaks[0]
 
 
 RECORDINGS = [Path(__file__).parent / "data" / "cpu_recordings" / "lstm.jsonl.gz",
