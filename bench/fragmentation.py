@@ -7,8 +7,9 @@ Each trace is replayed through `pool` (npumem, default settings), `pool` in segm
 (PyTorch's caching policy) and `device` (no caching); the ratio is peak reserved / peak live
 bytes (1.0 is the lower bound). `pool (predictive)` is the pool with predictive:True; its rows
 also give the hit rate after the plan took over, the steady ratio (peak reserved / peak live
-while a plan cut at a step boundary serves) and its floor (the steady live peak in whole 2 MiB pages, over that peak: no pool
-that maps pages reserves less), blank where no plan took over before the trace ended.
+while a plan cut at a step boundary serves) and its floor (the steady live peak in whole 2 MiB
+pages, over that peak: no pool that maps pages reserves less), blank where no such plan served
+before the trace ended.
 
 With --jitter N the pool also replays each trace N more times with every distinct request size
 padded by a random 0-256 bytes (the same pad for every request of that size). Placement is

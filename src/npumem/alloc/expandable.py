@@ -83,9 +83,7 @@ class ExpandableStrategy:
         block = arena.free.take(size, self.owner.split_min, first_fit=True)
         if block is None:
             return None
-        # the pages under the whole block, an unsplit tail included
-        offset, shift = block.start - arena.base, self.shift
-        first, end = offset >> shift, ((offset + block.size - 1) >> shift) + 1
+        first, end = self._pages(arena, block.start, block.size)   # an unsplit tail included
         if arena.mapped.find(0, first, end) < 0:
             return block
         if not self._map(arena, first, end):
@@ -102,9 +100,13 @@ class ExpandableStrategy:
             return False
         if block.size - size < self.owner.split_min:        # take keeps the whole block
             size = block.size
-        offset = block.start - arena.base
-        first, end = offset >> self.shift, ((offset + size - 1) >> self.shift) + 1
+        first, end = self._pages(arena, block.start, size)
         return arena.mapped.find(0, first, end) < 0
+
+    def _pages(self, arena: Arena, start: int, size: int) -> tuple[int, int]:
+        """The range of the arena's pages that [start, start + size) touches."""
+        offset = start - arena.base
+        return offset >> self.shift, ((offset + size - 1) >> self.shift) + 1
 
     def _map(self, arena: Arena, first: int, end: int) -> bool:
         """Map the unmapped pages in [first, end), after unmapping idle pages of idle streams."""
@@ -204,8 +206,7 @@ class ExpandableStrategy:
             for block in arena.free.largest_first():
                 if block.size <= best:
                     break
-                offset = block.start - arena.base
-                first, end = offset >> self.shift, ((offset + block.size - 1) >> self.shift) + 1
+                first, end = self._pages(arena, block.start, block.size)
                 for page, count in _runs(arena.mapped, 1, first, end):
                     low = max(block.start, arena.base + (page << self.shift))
                     high = min(block.end, arena.base + ((page + count) << self.shift))

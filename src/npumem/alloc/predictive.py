@@ -119,12 +119,9 @@ class Predictor:
             if slot in self.cuts:      # a step's first request, where expected: a boundary
                 self._step_began(slot)
             else:                      # proven between cuts: serve from here until a cut
-                followed = self.step_hits, self.step_misses
                 self._plan_and_take_over(slot, provisional=True)
                 if not (self.serving or self.planning or self.ready is not None):
-                    # one try per template; the cuts judge the step as before
-                    self.between_cuts = False
-                    self.step_hits, self.step_misses = followed
+                    self.between_cuts = False     # one try per template; then at cuts
             if self.template is not template:     # dropped, or made again (_refresh)
                 if self.template is None:
                     return None
@@ -580,7 +577,6 @@ class Predictor:
                 # a plan that left them to the pool would need room beside it
                 self.note = (f"waiting a step for the lifetimes of {self.template.unknown} "
                              "blocks still live")
-                self.step_hits = self.step_misses = 0
                 return
             self._start_planning(self.template, boundary, provisional)
         if self.ready is not None:
