@@ -153,6 +153,34 @@ def test_a_step_proven_mid_step_is_served_from_there_and_handed_over_at_the_cut(
     default.close()
 
 
+@POOL_KINDS
+def test_a_block_freed_late_does_not_push_the_next_one_at_its_place_out_of_the_arena(expandable):
+    """One step frees its 1000-byte block a request late: the next planned block at its place
+    finds it held, and is served elsewhere in the arena, where no block planned to live at the
+    same time lies (a miss would have taken new pages), and the steps go on hitting."""
+    pool = make_pool(expandable=expandable)
+    predictor = pool.predictor
+    for _ in range(3):
+        run_step(pool)
+        pool.mark_step()
+    assert predictor.settled, predictor.note
+    layout, late = predictor.layout, STEP.index((1000, 2))
+    shares_its_place = [slot for slot in range(late + 1, late + 3)
+                        if layout.offsets[slot] == layout.offsets[late]]
+    assert shares_its_place, "the plan no longer reuses the late block's place: pick another"
+    before = pool.memory_stats()
+    freed_late = STEP[:late] + [(1000, 3)] + STEP[late + 1:]
+    for step in (freed_late, STEP, STEP):
+        run_step(pool, step, check=assert_no_overlap)
+        pool.mark_step()
+    stats = pool.memory_stats()
+    assert stats["prediction.misses"] == before["prediction.misses"], predictor.note
+    assert stats["prediction.hits"] == before["prediction.hits"] + 3 * len(STEP)
+    assert stats["reserved_bytes.all.peak"] == before["reserved_bytes.all.peak"]
+    assert stats["allocated_bytes.all.current"] == 0
+    pool.close()
+
+
 def test_prediction_never_raises_peak_reserved_on_a_repeated_step():
     events, clock = [], 0
     for repeat in range(5):
@@ -628,3 +656,34 @@ def test_a_plan_may_move_crossing_blocks_where_pinning_them_costs_pages():
     note = result.notes[0]
     assert "crossing blocks moved" in note, note
     assert result.prediction_hit_rate >= 0.99
+
+
+@settings(max_examples=200, deadline=None)
+@given(spans=st.lists(st.tuples(st.integers(0, 200), st.integers(1, 40)), max_size=12),
+       low=st.integers(0, 150), width=st.integers(0, 100), size=st.integers(1, 60))
+def test_the_lowest_free_run_is_the_lowest_address_clear_of_every_busy_range(spans, low, width,
+                                                                              size):
+    from npumem.alloc.step_arena import _lowest_run, _union
+    busy = _union([start for start, _ in spans], [length for _, length in spans])
+    high = low + width
+    clear = [address for address in range(low, high - size + 1)
+             if all(end <= address or address + size <= start for start, end in busy)]
+    assert _lowest_run(busy, low, high, size) == (clear[0] if clear else None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lifetimes=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 30)), min_size=1, max_size=10),
+       slot=st.integers(0, 9))
+def test_live_together_finds_every_slot_that_meets_one_over_consecutive_steps(lifetimes, slot):
+    """(Every lifetime is shorter than the step, as in a template.)"""
+    from npumem.alloc.step_learner import Template
+    length = 31
+    slot %= len(lifetimes)
+    starts = [start for start, _ in lifetimes]
+    ends = [start + duration for start, duration in lifetimes]
+    template = Template(requested=[1] * len(starts), sizes=[1] * len(starts), starts=starts,
+                        ends=ends, length=length, cursor=0)
+    moments = lambda i: {t + step * length for step in range(5) for t in range(starts[i], ends[i])}
+    mine = {t + 2 * length for t in range(starts[slot], ends[slot])}       # in the middle step
+    expected = [i for i in range(len(starts)) if i != slot and moments(i) & mine]
+    assert step_plan.live_together(template, slot).tolist() == expected

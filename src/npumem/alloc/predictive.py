@@ -131,7 +131,7 @@ class Predictor:
             self.step_hits += 1
             self.last_offset = template.offsets[slot]
             return None
-        block = self.arena.place(slot)
+        block = self.arena.place(slot) or self.arena.place_elsewhere(slot)
         if block is None:
             return self._miss(size, stream)
         self.hits += 1

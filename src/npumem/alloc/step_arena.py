@@ -22,7 +22,7 @@ from bisect import bisect_left, bisect_right
 
 from .block import Block
 from .expandable import _runs
-from .step_plan import PAGE, StepLayout
+from .step_plan import PAGE, StepLayout, live_together
 
 WALL = 512          # line bytes between two segments, held: no planned block spans two
 
@@ -199,6 +199,29 @@ class PoolRangeArena(StepArena):
                 return None                   # a pinned pool block still holds some of it
         return super().place(slot)
 
+    def place_elsewhere(self, slot: int) -> Block | None:
+        """A block for `slot` elsewhere in the carved ranges, when its own place is still held
+        (a block that outlived its plan, or a pinned pool block): the lowest free run that no
+        block planned to live at the same time as this one uses, so the rest of the step still
+        finds its places. None if there is no such run."""
+        size = self.layout.template.sizes[slot]
+        spans = [(self.blocks[j].start, self.blocks[j].end)
+                 for j in live_together(self.layout.template, slot)]
+        spans += list(zip(self.live_starts, self.live_ends)) + self.unclaimed
+        busy = _union([start for start, _ in spans], [end - start for start, end in spans])
+        for carved in sorted(self.carved, key=lambda block: block.start):
+            address = _lowest_run(busy, carved.start, carved.end, size)
+            if address is None:
+                continue
+            block = Block(address, size, self.blocks[slot].segment)
+            if not self.ensure_mapped(block):
+                return None
+            at = bisect_left(self.live_starts, address)
+            self.live_starts.insert(at, address)
+            self.live_ends.insert(at, address + size)
+            return block
+        return None
+
     def ensure_mapped(self, block: Block) -> bool:
         range_, shift = self.range, self.strategy.shift
         offset = block.start - range_.base
@@ -282,6 +305,17 @@ def _blocks_from(block: Block, low: int, high: int):
     while block is not None and block.start < high:
         yield block
         block = block.next
+
+
+def _lowest_run(busy: list[tuple[int, int]], low: int, high: int, size: int) -> int | None:
+    """The lowest address in [low, high) with `size` bytes free of the `busy` (start, end)
+    ranges (disjoint, in address order), or None."""
+    position = low
+    for start, end in busy[max(bisect_left(busy, (low,)) - 1, 0):]:
+        if start >= high or start - position >= size:
+            break
+        position = max(position, end)
+    return position if high - position >= size else None
 
 
 def _union(addresses: list[int], sizes: list[int]) -> list[tuple[int, int]]:

@@ -73,6 +73,19 @@ def crossing_slots(template: Template, boundary: int) -> list[int]:
     return np.nonzero(upper > template.length)[0].tolist()
 
 
+def live_together(template: Template, slot: int) -> np.ndarray:
+    """The slots planned to be live at some moment of `slot`'s lifetime (instances of the step
+    before and after included), `slot` itself left out."""
+    starts = np.asarray(template.starts, dtype=np.int64)
+    ends = np.asarray(template.ends, dtype=np.int64)
+    low, high, length = starts[slot], ends[slot], template.length
+    meets = np.zeros(len(starts), bool)
+    for shift in (-length, 0, length):
+        meets |= (starts + shift < high) & (low < ends + shift)
+    meets[slot] = False
+    return np.nonzero(meets)[0]
+
+
 def cut(template: Template) -> int:
     """The slot where the step is cut: the fewest planned bytes live (blocks of the previous
     step included)."""
