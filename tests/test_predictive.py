@@ -660,15 +660,19 @@ def test_a_plan_may_move_crossing_blocks_where_pinning_them_costs_pages():
 
 @settings(max_examples=200, deadline=None)
 @given(spans=st.lists(st.tuples(st.integers(0, 200), st.integers(1, 40)), max_size=12),
-       low=st.integers(0, 150), width=st.integers(0, 100), size=st.integers(1, 60))
-def test_the_lowest_free_run_is_the_lowest_address_clear_of_every_busy_range(spans, low, width,
-                                                                              size):
-    from npumem.alloc.step_arena import _lowest_run, _union
-    busy = _union([start for start, _ in spans], [length for _, length in spans])
-    high = low + width
-    clear = [address for address in range(low, high - size + 1)
-             if all(end <= address or address + size <= start for start, end in busy)]
-    assert _lowest_run(busy, low, high, size) == (clear[0] if clear else None)
+       carved=st.lists(st.tuples(st.integers(0, 250), st.integers(0, 60)), max_size=5),
+       size=st.integers(1, 60))
+def test_a_block_placed_elsewhere_goes_in_the_lowest_carved_run_clear_of_every_span(spans, carved,
+                                                                                    size):
+    import numpy as np
+    from npumem.alloc.step_arena import _lowest_free_run, _union
+    ranges = _union([start for start, _ in carved], [length for _, length in carved])
+    clear = [address for low, high in ranges for address in range(low, high - size + 1)
+             if all(address + size <= start or start + length <= address
+                    for start, length in spans)]
+    starts = np.array([start for start, _ in spans], np.int64)
+    ends = np.array([start + length for start, length in spans], np.int64)
+    assert _lowest_free_run(starts, ends, ranges, size) == (min(clear) if clear else None)
 
 
 @settings(max_examples=100, deadline=None)
@@ -676,14 +680,13 @@ def test_the_lowest_free_run_is_the_lowest_address_clear_of_every_busy_range(spa
        slot=st.integers(0, 9))
 def test_live_together_finds_every_slot_that_meets_one_over_consecutive_steps(lifetimes, slot):
     """(Every lifetime is shorter than the step, as in a template.)"""
-    from npumem.alloc.step_learner import Template
+    import numpy as np
     length = 31
     slot %= len(lifetimes)
     starts = [start for start, _ in lifetimes]
     ends = [start + duration for start, duration in lifetimes]
-    template = Template(requested=[1] * len(starts), sizes=[1] * len(starts), starts=starts,
-                        ends=ends, length=length, cursor=0)
     moments = lambda i: {t + step * length for step in range(5) for t in range(starts[i], ends[i])}
     mine = {t + 2 * length for t in range(starts[slot], ends[slot])}       # in the middle step
     expected = [i for i in range(len(starts)) if i != slot and moments(i) & mine]
-    assert step_plan.live_together(template, slot).tolist() == expected
+    together = step_plan.live_together(np.array(starts), np.array(ends), length, slot)
+    assert together.tolist() == expected

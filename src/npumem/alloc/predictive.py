@@ -131,7 +131,10 @@ class Predictor:
             self.step_hits += 1
             self.last_offset = template.offsets[slot]
             return None
-        block = self.arena.place(slot) or self.arena.place_elsewhere(slot)
+        block = self.arena.place(slot)
+        if block is None and self.step_misses <= self.template.step_slots // 100:
+            # its place is still held: another (a search, so only while the step follows)
+            block = self.arena.place_elsewhere(slot)
         if block is None:
             return self._miss(size, stream)
         self.hits += 1

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 
+import numpy as np
+
+from ..planning.placement import lowest_gap
 from .block import Block
 from .expandable import _runs
 from .step_plan import PAGE, StepLayout, live_together
 
 WALL = 512          # line bytes between two segments, held: no planned block spans two
+_BEYOND = 1 << 62    # past every address
 
 
 def _carved_rest(block: Block, size: int) -> Block:
@@ -56,6 +60,7 @@ class StepArena:
         self.live_ends: list[int] = []
         self.awaited: set[int] = set()        # pool blocks whose frees the arena waits for
         self.slot_ready = [False] * len(self.blocks)   # pages known to be mapped
+        self.lifetimes = self.spans = None     # for place_elsewhere
 
     def place(self, slot: int) -> Block | None:
         """Slot `slot`'s block, if no live planned block overlaps it and its memory is there."""
@@ -204,23 +209,27 @@ class PoolRangeArena(StepArena):
         (a block that outlived its plan, or a pinned pool block): the lowest free run that no
         block planned to live at the same time as this one uses, so the rest of the step still
         finds its places. None if there is no such run."""
-        size = self.layout.template.sizes[slot]
-        spans = [(self.blocks[j].start, self.blocks[j].end)
-                 for j in live_together(self.layout.template, slot)]
-        spans += list(zip(self.live_starts, self.live_ends)) + self.unclaimed
-        busy = _union([start for start, _ in spans], [end - start for start, end in spans])
-        for carved in sorted(self.carved, key=lambda block: block.start):
-            address = _lowest_run(busy, carved.start, carved.end, size)
-            if address is None:
-                continue
-            block = Block(address, size, self.blocks[slot].segment)
-            if not self.ensure_mapped(block):
-                return None
-            at = bisect_left(self.live_starts, address)
-            self.live_starts.insert(at, address)
-            self.live_ends.insert(at, address + size)
-            return block
-        return None
+        if self.lifetimes is None:             # made once, on the first block freed late
+            template = self.layout.template
+            self.lifetimes = (np.asarray(template.starts, np.int64),
+                              np.asarray(template.ends, np.int64), template.length)
+            self.spans = np.array([(block.start, block.end) for block in self.blocks],
+                                  np.int64).reshape(-1, 2)
+        together = self.spans[live_together(*self.lifetimes, slot)]
+        carved = _union([block.start for block in self.carved], [block.size for block in self.carved])
+        size = self.blocks[slot].size
+        address = _lowest_free_run(
+            np.concatenate([together[:, 0], np.asarray(self.live_starts, np.int64)]),
+            np.concatenate([together[:, 1], np.asarray(self.live_ends, np.int64)]), carved, size)
+        if address is None:
+            return None
+        block = Block(address, size, self.blocks[slot].segment)
+        if not self.ensure_mapped(block):
+            return None
+        at = bisect_left(self.live_starts, address)
+        self.live_starts.insert(at, address)
+        self.live_ends.insert(at, address + size)
+        return block
 
     def ensure_mapped(self, block: Block) -> bool:
         range_, shift = self.range, self.strategy.shift
@@ -307,15 +316,17 @@ def _blocks_from(block: Block, low: int, high: int):
         block = block.next
 
 
-def _lowest_run(busy: list[tuple[int, int]], low: int, high: int, size: int) -> int | None:
-    """The lowest address in [low, high) with `size` bytes free of the `busy` (start, end)
-    ranges (disjoint, in address order), or None."""
-    position = low
-    for start, end in busy[max(bisect_left(busy, (low,)) - 1, 0):]:
-        if start >= high or start - position >= size:
-            break
-        position = max(position, end)
-    return position if high - position >= size else None
+def _lowest_free_run(starts, ends, carved: list[tuple[int, int]], size: int) -> int | None:
+    """The lowest address inside the `carved` (start, end) ranges (merged, in address order)
+    with `size` bytes clear of every [starts, ends) span; None if there is none."""
+    if not carved:
+        return None
+    outside = np.array(carved, np.int64)         # the space between carved ranges is not ours
+    edges_start = np.concatenate([[0], outside[:, 1]])
+    edges_end = np.concatenate([outside[:, 0], [_BEYOND]])
+    address = lowest_gap(np.concatenate([starts, edges_start]),
+                         np.concatenate([ends, edges_end]), size)
+    return address if address < _BEYOND else None
 
 
 def _union(addresses: list[int], sizes: list[int]) -> list[tuple[int, int]]:
