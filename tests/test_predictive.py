@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from bisect import bisect_right
 from pathlib import Path
 
 import pytest
@@ -49,10 +50,17 @@ def run_step(pool, step=STEP, check=None) -> None:
 
 
 def assert_no_overlap(pool) -> None:
-    """Every live block (pool or arena) owns its bytes alone."""
+    """Every live block (pool or arena) owns its bytes alone, inside one segment (segment
+    pools: segments may touch, but each is a device allocation of its own)."""
     blocks = sorted((block.start, block.start + block.size) for block in pool._allocated.values())
     for (_, end), (start, _) in zip(blocks, blocks[1:]):
         assert end <= start, "two live blocks overlap"
+    if not pool._strategy.expandable:
+        segments = sorted((segment.start, segment.start + segment.size)
+                          for segment in pool._strategy.segments.values())
+        for start, end in blocks:
+            inside = segments[bisect_right(segments, (start, float("inf"))) - 1]
+            assert inside[0] <= start and end <= inside[1], "a block spans two segments"
 
 
 POOL_KINDS = pytest.mark.parametrize("expandable", [True, False],

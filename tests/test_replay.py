@@ -108,6 +108,27 @@ def test_cli_errors(tmp_path):
     assert CliRunner().invoke(main, ["replay", str(tmp_path / "missing.jsonl")]).exit_code == 2
 
 
+def test_cli_replays_the_pool_with_the_programs_settings_under_set(tmp_path, monkeypatch):
+    """NPUMEM_ALLOC_CONF is what the program ran with: the pool replays with it, and --set goes
+    on top; a bad value in it is an error that names it."""
+    path = _write_jsonl(tmp_path / "t.jsonl", EVENTS)
+
+    def pool_settings(*extra):
+        result = CliRunner().invoke(main, ["replay", str(path), "--allocator", "pool", "--json",
+                                           *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)[0]["settings"]
+
+    assert pool_settings() == "defaults"
+    monkeypatch.setenv("NPUMEM_ALLOC_CONF", "max_split_size_mb:64")
+    assert "max_split_size_mb" in pool_settings()
+    assert "max_split_size_mb" in pool_settings("--set", "predictive=True")
+    assert "predictive" in pool_settings("--set", "predictive=True")
+    monkeypatch.setenv("NPUMEM_ALLOC_CONF", "max_split_size_mb:lots")
+    result = CliRunner().invoke(main, ["replay", str(path), "--allocator", "pool"])
+    assert result.exit_code == 2 and "NPUMEM_ALLOC_CONF" in result.output
+
+
 @needs_shared
 def test_real_traces_pool_beats_torch_emulation():
     for name in ("resnet_train.jsonl.gz", "opt_generate.jsonl.gz"):

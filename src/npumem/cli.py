@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -138,7 +139,8 @@ def _run_replays(label: str, quiet: bool, work):
               help="Comma-separated: pool (npumem), torch (PyTorch's caching allocator, CUDA or "
                    "the recording's own flavour), torch_npu (torch_npu's), device (no cache).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="An allocator setting, repeatable: NPUMEM_ALLOC_CONF keys for pool, "
+              help="An allocator setting, repeatable: NPUMEM_ALLOC_CONF keys for pool (on top "
+                   "of $NPUMEM_ALLOC_CONF, if set), "
                    "PYTORCH_CUDA_ALLOC_CONF / PYTORCH_NPU_ALLOC_CONF keys for torch (on top of "
                    "what the recording used).")
 @click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2",
@@ -229,6 +231,14 @@ def _settings_for(name: str, settings, sweeps) -> list[str]:
 
     base = ",".join(item.replace("=", ":", 1) for item in settings)
     if name == "pool":
+        # the program's own settings, as it would run with them; --set goes on top
+        program = os.environ.get("NPUMEM_ALLOC_CONF", "").strip()
+        try:
+            parse_settings(program)
+        except InvalidParamError as exc:
+            raise click.UsageError(f"the environment's NPUMEM_ALLOC_CONF={program!r}, which the "
+                                   f"pool replays with: {exc.message}") from None
+        base = ",".join(filter(None, [program, base]))
         validate, label = parse_settings, "pool (NPUMEM_ALLOC_CONF)"
     else:
         flavour = "npu" if name == "torch_npu" else "cuda"

@@ -60,7 +60,6 @@ class StepArena:
         self.live_ends: list[int] = []
         self.awaited: set[int] = set()        # pool blocks whose frees the arena waits for
         self.slot_ready = [False] * len(self.blocks)   # pages known to be mapped
-        self.lifetimes = self.spans = None     # for place_elsewhere
 
     def place(self, slot: int) -> Block | None:
         """Slot `slot`'s block, if no live planned block overlaps it and its memory is there."""
@@ -128,6 +127,7 @@ class PoolRangeArena(StepArena):
         self.carved_ids: set[int] = set()
         self.size = 0
         self.unclaimed = _union(addresses, layout.template.sizes)   # byte ranges not carved yet
+        self.lifetimes = self.spans = None     # for place_elsewhere, made when first needed
         self.awaited = {pointer for pointer in pinned if pointer in pool._allocated}
         self.claim()
 
@@ -209,14 +209,14 @@ class PoolRangeArena(StepArena):
         (a block that outlived its plan, or a pinned pool block): the lowest free run that no
         block planned to live at the same time as this one uses, so the rest of the step still
         finds its places. None if there is no such run."""
-        if self.lifetimes is None:             # made once, on the first block freed late
+        if self.lifetimes is None:
             template = self.layout.template
             self.lifetimes = (np.asarray(template.starts, np.int64),
                               np.asarray(template.ends, np.int64), template.length)
             self.spans = np.array([(block.start, block.end) for block in self.blocks],
                                   np.int64).reshape(-1, 2)
         together = self.spans[live_together(*self.lifetimes, slot)]
-        carved = _union([block.start for block in self.carved], [block.size for block in self.carved])
+        carved = self._carved_ranges()
         size = self.blocks[slot].size
         address = _lowest_free_run(
             np.concatenate([together[:, 0], np.asarray(self.live_starts, np.int64)]),
@@ -230,6 +230,17 @@ class PoolRangeArena(StepArena):
         self.live_starts.insert(at, address)
         self.live_ends.insert(at, address + size)
         return block
+
+    def _carved_ranges(self) -> list[tuple[int, int]]:
+        """The carved byte ranges in address order, merged where they touch inside one segment
+        (segments may touch, but a block must not span two)."""
+        merged: list[list] = []
+        for block in sorted(self.carved, key=lambda block: block.start):
+            if merged and merged[-1][1] == block.start and merged[-1][2] is block.segment:
+                merged[-1][1] = block.end
+            else:
+                merged.append([block.start, block.end, block.segment])
+        return [(start, end) for start, end, _ in merged]
 
     def ensure_mapped(self, block: Block) -> bool:
         range_, shift = self.range, self.strategy.shift
