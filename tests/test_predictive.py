@@ -189,6 +189,42 @@ def test_a_block_freed_late_does_not_push_the_next_one_at_its_place_out_of_the_a
     pool.close()
 
 
+@pytest.mark.parametrize("marked", [True, False], ids=["marked steps", "found steps"])
+def test_a_side_stream_that_allocates_first_does_not_hide_the_compute_stream(marked):
+    """A prefetch stream allocates the next batch before the step's first request and keeps
+    three batches in flight: the predictor follows the stream that asks for the most bytes,
+    leaves the side stream's requests out of the step's judgement, and serves the step."""
+    pool, default = make_pool(), make_pool(False)
+    side = 7
+    for target in (pool, default):
+        batches = []
+        for _ in range(10):
+            due: dict[int, list[int]] = {}
+            for index, (size, lifetime) in enumerate(STEP):
+                for pointer in due.pop(index, []):
+                    target.deallocate(pointer)
+                if index % 4 == 0:
+                    batches.append(target.allocate(MiB + 4096, side))
+                    if len(batches) > 3:
+                        target.deallocate(batches.pop(0))
+                due.setdefault(index + lifetime, []).append(target.allocate(size))
+                assert_no_overlap(target)
+            for pointers in due.values():
+                for pointer in pointers:
+                    target.deallocate(pointer)
+            if marked:
+                target.mark_step()
+        for pointer in batches:
+            target.deallocate(pointer)
+    stats = pool.memory_stats()
+    assert pool.predictor.settled, pool.predictor.note
+    assert stats["prediction.hit_rate"] == 1.0 and stats["prediction.hits"] >= 4 * len(STEP)
+    assert stats["reserved_bytes.all.peak"] <= default.memory_stats()["reserved_bytes.all.peak"]
+    assert stats["allocated_bytes.all.current"] == 0
+    pool.close()
+    default.close()
+
+
 def test_prediction_never_raises_peak_reserved_on_a_repeated_step():
     events, clock = [], 0
     for repeat in range(5):
@@ -215,8 +251,8 @@ def test_prediction_never_raises_peak_reserved_on_a_repeated_step():
        hold=st.lists(st.integers(0, 40), min_size=1, max_size=30), seed=st.integers(0, 3))
 def test_leaving_the_learned_step_at_any_point_stays_correct(diverge_at, sizes, hold, seed, expandable):
     """Learn a step, then run requests that follow it up to `diverge_at` and then go their own
-    way (other sizes, blocks kept longer than planned): no two live blocks ever overlap, and
-    the pool's counts match what is live."""
+    way (other sizes, blocks kept longer than planned; with an odd `seed`, every other one on a
+    second stream): no two live blocks ever overlap, and the pool's counts match what is live."""
     pool = make_pool(expandable=expandable)
     for _ in range(2):
         run_step(pool)
@@ -228,7 +264,8 @@ def test_leaving_the_learned_step_at_any_point_stays_correct(diverge_at, sizes, 
         live.sort(key=lambda item: item[1])
         while live and live[0][1] <= number:
             pool.deallocate(live.pop(0)[0])
-        pointer = pool.allocate(size)
+        aside = seed % 2 and diverge_at <= number < diverge_at + len(sizes) and number % 2
+        pointer = pool.allocate(size, 7 if aside else None)
         live.append((pointer, number + 1 + hold[(number + seed) % len(hold)]))
         assert_no_overlap(pool)
         if number % 23 == seed:

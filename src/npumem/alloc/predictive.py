@@ -54,7 +54,8 @@ class Predictor:
     def __init__(self, pool, background: bool = True, time_limit: float = 2.0):
         self.pool = pool
         self.background, self.time_limit = background, time_limit
-        self.stream = _NOT_YET              # the stream learned: the first one that allocates
+        self.stream = _NOT_YET              # the stream followed (see _choose_stream)
+        self.stream_bytes: dict = {}        # bytes asked per stream, while it is chosen
         self.learner: StepLearner | None = StepLearner()
         self.template: Template | None = None      # the step being followed
         self.layout: StepLayout | None = None      # its layout, once its arena serves
@@ -89,10 +90,10 @@ class Predictor:
         """The planned block for this request (`nbytes` asked, `size` once rounded), or None
         (the pool serves it)."""
         self.requests += 1
+        if self.template is None and self.learner is not None:
+            self._choose_stream(stream, size)
         if stream is not self.stream and stream != self.stream:
-            if self.stream is not _NOT_YET:
-                return self._miss(size, stream)
-            self.stream = stream
+            return self._other_stream(size, stream)
         template = self.template
         if template is None:
             return None
@@ -140,6 +141,27 @@ class Predictor:
         self.hits += 1
         self.step_hits += 1
         return block
+
+    def _choose_stream(self, stream, size: int) -> None:
+        """Until a step is found, follow the stream that has asked for the most bytes (twice
+        the followed one's, so two alike never take turns): a side stream (data prefetch,
+        collectives) may allocate first, and the compute stream's activations are the memory
+        worth planning."""
+        asked = self.stream_bytes
+        asked[stream] = asked.get(stream, 0) + size
+        if stream is self.stream or stream == self.stream:
+            return
+        if self.stream is _NOT_YET or asked[stream] > 2 * asked.get(self.stream, 0):
+            if self.stream is not _NOT_YET:
+                self.learner = StepLearner(strict=self.refusals > 1, mid_step=True)
+            self.stream = stream
+
+    def _other_stream(self, size: int, stream) -> None:
+        """A request on a stream not followed: the pool serves it, and the step's judgement
+        leaves it out; while a plan serves, it must not take memory past the peak either."""
+        if self.serving:
+            self._keep_under_peak(size, stream)
+        return None
 
     def _counted(self, template: Template) -> int | None:
         """The request's offset in `template`, counted, while the learner's confirmed period is
@@ -483,27 +505,35 @@ class Predictor:
         self.places = {key: slot for key, slot in seen.items() if slot > 0}
 
     def _miss(self, size: int, stream, foreseen: bool = False) -> None:
-        """A request the step did not foresee, or the plan could not serve: the pool serves it.
-        If it needs new memory above the peak (its cache has no block for it), the arena's
-        idle pages go back first: the pool's holes and the arena's must not add up. A
-        `foreseen` one (a template extra) counts as followed in the step's judgement."""
+        """A request the step did not foresee, or the plan could not serve: the pool serves it
+        (`_keep_under_peak`). A `foreseen` one (a template extra) counts as followed in the
+        step's judgement."""
         if foreseen:
             self.step_hits += 1
         if not self.serving:
             self.step_misses += not foreseen
         else:
-            pool = self.pool
-            if pool.stats.current("reserved_bytes") + size > self.peak_before \
-                    and not pool._strategy.serves_from_cache(size, stream):
-                self.arena.unmap_idle_pages()
-                if pool.stats.current("reserved_bytes") + size > self.peak_before:
-                    self._give_up()
-                    return None
             self.misses += 1
+            if not self._keep_under_peak(size, stream):
+                return None
             self.step_misses += not foreseen
             if self.step_misses > 2 * len(self.template.requested):     # lost for good
                 self._step_began(self.cursor)
         return None
+
+    def _keep_under_peak(self, size: int, stream) -> bool:
+        """Before the pool serves a request beside the plan: if it needs new memory above the
+        peak (its cache has no block for it), the arena's idle pages go back first, since the
+        pool's holes and the arena's must not add up; if that is not enough, the plan is given
+        up (False)."""
+        pool = self.pool
+        if pool.stats.current("reserved_bytes") + size > self.peak_before \
+                and not pool._strategy.serves_from_cache(size, stream):
+            self.arena.unmap_idle_pages()
+            if pool.stats.current("reserved_bytes") + size > self.peak_before:
+                self._give_up()
+                return False
+        return True
 
     def _step_began(self, boundary: int) -> None:
         """A step boundary (at slot `boundary`): judge the last step; give idle pool pages back;
@@ -532,6 +562,7 @@ class Predictor:
             requests = self.step_hits + self.step_misses
             rate = self.step_hits / requests if requests else 1.0
             if self.pool.stats.peak("reserved_bytes") > self.peak_before:
+                self.misses += 1                   # this request: the pool serves it
                 self._give_up()
                 return
             if rate < STALE:
@@ -602,7 +633,6 @@ class Predictor:
         step, between its temporaries): with the arena, reserved memory would pass the peak. A
         layout cut in mid-step, from half a followed step, may be the template's fault: a
         refusal."""
-        self.misses += 1
         if self.layout is not None and self.layout.provisional:
             self._refused(f"the layout cut in mid-step would raise peak reserved memory above "
                           f"{self.peak_before} bytes")
@@ -617,7 +647,7 @@ class Predictor:
         self.template = self.layout = self.ready = None
         self.step_hits = self.step_misses = 0
         self.note = why
-        self.learner = StepLearner(strict=self.refusals > 1)
+        self.learner = StepLearner(strict=self.refusals > 1, mid_step=True)
 
     # --- the pool's other needs -----------------------------------------------------------
 

@@ -90,10 +90,11 @@ class StepLearner:
     """Records a stream's allocations (requested bytes, pool bytes, event time, free time).
     A `strict` learner (after two templates were refused) confirms a period only once a whole
     period has repeated: gradient accumulation's micro-batches repeat for a while at
-    distances that are not the step."""
+    distances that are not the step. One made `mid_step` (after a refusal, or to follow
+    another stream) takes its first mark (`npumem.memory.step()`) as a step's start only."""
 
-    def __init__(self, strict: bool = False):
-        self.strict = strict
+    def __init__(self, strict: bool = False, mid_step: bool = False):
+        self.strict, self.mid_step = strict, mid_step
         self.requested: list[int] = []
         self.sizes: list[int] = []
         self.times: list[int] = []
@@ -188,6 +189,9 @@ class StepLearner:
         n = len(self.requested)
         begin = self.marks[-1] if self.marks else 0
         self.marks, self.period = [n], 0
+        if self.mid_step:                   # [begin, n) is the end of a step only
+            self.mid_step = False
+            return None
         waiting = self.pending
         self.pending = None
         if n > begin:
