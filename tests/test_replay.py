@@ -119,11 +119,13 @@ def test_cli_replays_the_pool_with_the_programs_settings_under_set(tmp_path, mon
         assert result.exit_code == 0, result.output
         return json.loads(result.output)[0]["settings"]
 
+    monkeypatch.delenv("NPUMEM_ALLOC_CONF", raising=False)
     assert pool_settings() == "defaults"
     monkeypatch.setenv("NPUMEM_ALLOC_CONF", "max_split_size_mb:64")
-    assert "max_split_size_mb" in pool_settings()
-    assert "max_split_size_mb" in pool_settings("--set", "predictive=True")
-    assert "predictive" in pool_settings("--set", "predictive=True")
+    assert "max_split_size_mb:64" in pool_settings()
+    both = pool_settings("--set", "predictive=True")
+    assert "max_split_size_mb:64" in both and "predictive" in both
+    assert "max_split_size_mb:128" in pool_settings("--set", "max_split_size_mb=128")
     monkeypatch.setenv("NPUMEM_ALLOC_CONF", "max_split_size_mb:lots")
     result = CliRunner().invoke(main, ["replay", str(path), "--allocator", "pool"])
     assert result.exit_code == 2 and "NPUMEM_ALLOC_CONF" in result.output
