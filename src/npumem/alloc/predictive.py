@@ -14,10 +14,12 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
    of its bytes are live) serves until the next cut, where the step is planned again, cut
    there, around the first arena's live blocks, and hands over. The pool asks
    `Predictor.take` first. The request the plan expects next (same size, within `LOOKAHEAD`
-   slots of where the step is) gets its slot's block: no search, no split or merge. Anything
-   else — another size, a slot whose bytes are still held by a block that lives longer than
-   planned, another stream — is a miss, served by the normal pool. Memory is correct whatever
-   the program does: a planned block is handed out only when no live block overlaps it.
+   slots of where the step is) gets its slot's block: no search, no split or merge. If a block
+   that lives longer than planned still holds those bytes, it gets a free run of the arena no
+   block planned for the same time uses (`place_elsewhere`). Anything else — another size, no
+   such run — is a miss, served by the normal pool; another stream's requests are the pool's
+   (the stream followed is the one asking for the most bytes). Memory is correct whatever the
+   program does: a planned block is handed out only when no live block overlaps it.
 5. **Give back.** Pages are mapped as planned blocks first need them, under that peak; idle
    pool pages go back as each step begins; a retired plan returns its unused ranges at once.
 6. **Re-learn or stop.** A step in which fewer than half the requests hit drops the plan. A
@@ -31,7 +33,7 @@ from __future__ import annotations
 import threading
 import warnings
 from bisect import bisect_left
-from collections import deque
+from collections import Counter, deque
 
 from ..planning import PlanError
 from .block import Block
@@ -76,9 +78,7 @@ class Predictor:
         self.step_hits = self.step_misses = 0
         self.planning_seconds = 0.0
         self.peak_before = 0                        # peak reserved when the arena took over
-        self.refusals = 0                           # templates refused since a proven step
-        self.min_period = 0                         # after a refusal: about the step's length
-        self.refused_periods: set[int] = set()      # their periods
+        self.refused_periods: Counter[int] = Counter()   # times refused, since a proven step
         self.took_over_at: int | None = None       # requests seen when an arena first served
         self.boundary_live: int | None = None      # live bytes at the last step boundary seen
         self.between_cuts = True                    # a plan may take over between cuts
@@ -187,6 +187,18 @@ class Predictor:
     def learn_free(self, pointer: int) -> None:
         """Record a free while learning."""
         self.learner.on_free(pointer)
+
+    @property
+    def refusals(self) -> int:
+        """Templates refused since a proven step."""
+        return sum(self.refused_periods.values())
+
+    @property
+    def min_period(self) -> int:
+        """The shortest period offered after refusals: about the step, not one of its layers,
+        and longer than a period refused twice (part of the step: a micro-batch)."""
+        return max((period + 1 if times > 1 else period // 2
+                    for period, times in self.refused_periods.items()), default=0)
 
     @property
     def settled(self) -> bool:
@@ -444,12 +456,7 @@ class Predictor:
         under the peak). It may come from a first step that differed (optimizer state made in
         it): learn the step again from the steps since, a few times. A period refused twice
         is part of the step (a micro-batch of gradient accumulation): a longer one is."""
-        self.refusals += 1
-        period = self.template.period
-        # the step, not one of its layers
-        self.min_period = max(self.min_period,
-                              period + 1 if period in self.refused_periods else period // 2)
-        self.refused_periods.add(period)
+        self.refused_periods[self.template.period] += 1
         if self.refusals >= MAX_REFUSALS:
             self._drop(f"{why}; not taking over (tried {self.refusals} plans)")
             self.learner = None
@@ -572,7 +579,7 @@ class Predictor:
                 return
             proven = rate >= PROVEN and requests >= self.template.step_slots // 2
             if proven:                         # refusals count those in a row
-                self.refusals, self.min_period, self.refused_periods = 0, 0, set()
+                self.refused_periods.clear()
             counting = self.template.extras and self._counted(self.template) is not None
             if proven and not counting:
                 self.learner = None            # proven: stop paying for learning
@@ -591,8 +598,9 @@ class Predictor:
         """Between cuts, while no arena serves: whether a layout planned for this slot is ready,
         or the template is proven (half a step followed at 99%, live bytes not growing): then
         it need not wait for a cut (a recording of two steps ends before the next one)."""
-        if (self.arena is not None or self.planning or not self.between_cuts or self.refusals
-                or self.learner is None):       # (a program that strayed once is judged at cuts)
+        # (a program that strayed once is judged at cuts)
+        if (self.arena is not None or self.planning or not self.between_cuts
+                or self.refused_periods or self.learner is None):
             return False
         if self.ready is not None:
             return self.ready.boundary == slot

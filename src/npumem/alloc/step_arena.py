@@ -232,15 +232,14 @@ class PoolRangeArena(StepArena):
         return block
 
     def _carved_ranges(self) -> list[tuple[int, int]]:
-        """The carved byte ranges in address order, merged where they touch inside one segment
-        (segments may touch, but a block must not span two)."""
-        merged: list[list] = []
-        for block in sorted(self.carved, key=lambda block: block.start):
-            if merged and merged[-1][1] == block.start and merged[-1][2] is block.segment:
-                merged[-1][1] = block.end
-            else:
-                merged.append([block.start, block.end, block.segment])
-        return [(start, end) for start, end, _ in merged]
+        """The carved byte ranges in address order, merged inside each segment (segments may
+        touch, but a block must not span two)."""
+        by_segment: dict[int, list[Block]] = {}
+        for block in self.carved:
+            by_segment.setdefault(id(block.segment), []).append(block)
+        return sorted(span for blocks in by_segment.values()
+                      for span in _union([block.start for block in blocks],
+                                         [block.size for block in blocks]))
 
     def ensure_mapped(self, block: Block) -> bool:
         range_, shift = self.range, self.strategy.shift
