@@ -161,7 +161,7 @@ class CachingAllocator(MemoryResource):
                 for observer in OBSERVERS.active:
                     observer.on_memory(self, "alloc", self.device, start, block.size, nbytes, stream)
             if predictor is not None and predictor.learner is not None:
-                predictor.learn(start, nbytes, block.size, stream)
+                predictor.learn(start, nbytes, size, stream)
             return start
         finally:
             lock.release()

@@ -38,7 +38,7 @@ from collections import Counter, deque
 from ..planning import PlanError
 from .block import Block
 from .step_arena import PoolRangeArena, SegmentLine, SegmentsArena, StepArena
-from .step_learner import StepLearner, Template
+from .step_learner import COPIES, StepLearner, Template
 from .step_plan import StepLayout, crossing_slots, cuts, lay_out
 
 LOOKAHEAD = 32          # template slots a request may skip (requests the program left out)
@@ -79,6 +79,8 @@ class Predictor:
         self.planning_seconds = 0.0
         self.peak_before = 0                        # peak reserved when the arena took over
         self.refused_periods: Counter[int] = Counter()   # times refused, since a proven step
+        self.windows: list[int] | None = None      # step windows being watched (_watch_sizes)
+        self.watched = 0
         self.took_over_at: int | None = None       # requests seen when an arena first served
         self.boundary_live: int | None = None      # live bytes at the last step boundary seen
         self.between_cuts = True                    # a plan may take over between cuts
@@ -107,7 +109,7 @@ class Predictor:
                 if not self.serving:
                     self.last_offset = offset
                 return self._miss(size, stream, foreseen=True)      # a request the template leaves out
-        if template.requested[slot] != nbytes:
+        if template.requested[slot] != nbytes and not self._resized(template, slot, size):
             extra = template.extras.get((slot, nbytes))
             if extra is not None:                     # foreseen, but left to the pool
                 if not self.serving:
@@ -141,6 +143,33 @@ class Predictor:
         self.hits += 1
         self.step_hits += 1
         return block
+
+    def _resized(self, template: Template, slot: int, size: int) -> bool:
+        """Whether a request of another size is still the slot's: the slot's size changes from
+        step to step (`Template.varies`: another sequence length). Until a plan serves, the
+        slot grows to the largest size asked; a serving plan's block holds what fits in it,
+        and a larger request stops the plan for the rest of the step (`_outgrown`)."""
+        if slot not in template.varies:
+            return False
+        if not self.serving:
+            if size > template.sizes[slot] and not self.planning and self.ready is self.layout is None:
+                template.sizes[slot] = size
+            return True
+        if size > self.arena.blocks[slot].size:
+            self._outgrown(template, slot, size)
+        return True
+
+    def _outgrown(self, template: Template, slot: int, size: int) -> None:
+        """A request larger than its slot's planned block (a longer sequence than any seen):
+        the plan stops serving, its unused ranges go back to the pool, which serves the rest
+        of the step as it would without a plan, and the step is followed with the slot's new
+        size, to be planned again at the next boundary."""
+        self._retire_arena()
+        self.layout = None
+        self.template = template.widened([[size if index == slot else known
+                                           for index, known in enumerate(template.sizes)]])
+        self.note = (f"a request of {size} bytes outgrew its planned block of "
+                     f"{template.sizes[slot]}: planning the step again at the next boundary")
 
     def _choose_stream(self, stream, size: int) -> None:
         """Until a step is found, follow the stream that has asked for the most bytes (twice
@@ -353,6 +382,8 @@ class Predictor:
             return False
         if self.template is None:
             return template.holds_peak
+        if template.varies and not self.template.varies and self.template.period % template.period == 0:
+            return True                   # the step whose sizes vary, not a run of them
         followed = self.step_hits + self.step_misses
         if self.serving or (followed >= GRAM_CHECK and self.step_hits >= PROVEN * followed):
             return False                  # the template in use does well: a multiple of it
@@ -552,7 +583,8 @@ class Predictor:
             live, before = self._live_bytes_now_and_a_step_ago(template)
             if followed < template.step_slots // 2:
                 pass                                      # not a whole step seen yet
-            elif self.step_hits < PROVEN * followed:      # the program does not repeat it
+            elif self.step_hits < PROVEN * followed and not self._varies(boundary):
+                # the program does not repeat it
                 self._refused(f"the last step followed the template for only "
                               f"{self.step_hits / followed:.1%} of its requests")
                 return
@@ -580,8 +612,17 @@ class Predictor:
             proven = rate >= PROVEN and requests >= self.template.step_slots // 2
             if proven:                         # refusals count those in a row
                 self.refused_periods.clear()
+            elif rate < PROVEN and self.windows is None:
+                # the step may have changed only its sizes (a longer sequence): watch it, and
+                # the steps after it
+                if self.learner is None:
+                    self.learner = StepLearner(mid_step=True)
+                step = self.learner.allocations - self.template.offsets[boundary]
+                self.windows = [step - self.template.period]
+            if self.windows is not None:
+                self._watch_sizes(boundary)
             counting = self.template.extras and self._counted(self.template) is not None
-            if proven and not counting:
+            if proven and not counting and self.windows is None:
                 self.learner = None            # proven: stop paying for learning
             # (unless requests the template leaves out are told from others by counting)
             if self.layout.provisional and not self.planning:
@@ -593,6 +634,39 @@ class Predictor:
                     self._take_over(boundary)
             self.pool.release_idle_cache()
         self.step_hits = self.step_misses = 0
+
+    def _varies(self, boundary: int) -> bool:
+        """The step strayed from the template: if only in sizes (the same requests in the same
+        order, with another sequence length), follow the template made again with the slots
+        whose sizes vary (`StepLearner._widen`), once. Whether it did."""
+        if self.template.varies or self.learner is None:
+            return False
+        self._refresh(boundary)
+        if not self.template.varies:
+            return False
+        self.note = (f"the step's sizes vary in {len(self.template.varies)} of its "
+                     f"{len(self.template)} slots; following the largest")
+        return True
+
+    def _watch_sizes(self, boundary: int) -> None:
+        """After a served step hit under PROVEN: compare the template's windows since (each
+        from a step boundary, as the learner numbers allocations) with the template. One
+        that makes the same requests in the same order with other sizes widens it (a block
+        too small for a request then ends the plan, `_outgrown`); one that differs otherwise,
+        or COPIES alike, end the watch."""
+        template, learner = self.template, self.learner
+        self.windows.append(learner.allocations - template.offsets[boundary])
+        for start in [start for start in self.windows if start + template.period <= learner.allocations]:
+            self.windows.remove(start)
+            if start < learner.dropped:          # began before the watch
+                continue
+            sizes = learner.sizes_at(template, start)
+            self.watched += 1
+            if sizes is not None:
+                self.template = template.widened([sizes])
+            if sizes is None or self.template is not template or self.watched >= COPIES:
+                self.windows, self.watched = None, 0
+                return
 
     def _may_take_over_here(self, template: Template, slot: int) -> bool:
         """Between cuts, while no arena serves: whether a layout planned for this slot is ready,

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 GRAM = 16                 # request sizes that identify a position in the step
 VERIFY = 16               # requests that must repeat before a detected period is believed
 MIN_PERIOD = 4            # shorter periods are runs of one or two sizes, not steps
+SHAPE_FACTORS = 4        # factors by which sizes may change when tensor shapes do
+COPIES = 8               # copies of a step on either side that `_widen` compares
 MAX_ALLOCATIONS = 1 << 18  # history kept; a step with more allocations than half this is not learned
 
 
@@ -58,6 +60,7 @@ class Template:
     extras: dict = field(default_factory=dict)
     first: int = 0
     offsets: list[int] = field(default_factory=list)
+    varies: frozenset = frozenset()   # slots whose size changes from step to step (see _widen)
 
     def __len__(self) -> int:
         return len(self.requested)
@@ -72,6 +75,20 @@ class Template:
         slot = bisect_left(self.offsets, offset % self.period)
         return slot if slot < len(self.offsets) else 0
 
+    def widened(self, copies) -> "Template":
+        """This template with `copies` of it (the sizes at its slots in other steps; None: not
+        a copy) folded in: the slots whose sizes differ vary (`varies`), and take the largest
+        size seen, so that one plan holds every copy."""
+        sizes, varies = list(self.sizes), set(self.varies)
+        for copy in copies:
+            for slot, size in enumerate(copy or ()):
+                if size != sizes[slot]:
+                    varies.add(slot)
+                    sizes[slot] = max(sizes[slot], size)
+        if varies == self.varies and sizes == self.sizes:
+            return self
+        return replace(self, sizes=sizes, varies=frozenset(varies))
+
     def twice(self) -> "Template":
         """Two steps in one template, so that a block living into the next step (the batch a
         training loop replaces only once the next one is made) is planned with its own
@@ -83,7 +100,15 @@ class Template:
                        length=2 * length, period=2 * self.period, repeats=2,
                        extras={**self.extras, **{(slot + count, size): offset + self.period
                                                  for (slot, size), offset in self.extras.items()}},
-                       offsets=self.offsets + [offset + self.period for offset in self.offsets])
+                       offsets=self.offsets + [offset + self.period for offset in self.offsets],
+                       varies=self.varies | {slot + count for slot in self.varies})
+
+
+def _scaled(sizes: list[int], others: list[int]) -> bool:
+    """Whether `others` are `sizes` with other tensor shapes: the sizes that differ change by
+    a few factors (a sequence length, its square, the batch), not each by its own."""
+    factors = {round(other / size, 2) for size, other in zip(sizes, others) if other != size}
+    return len(factors) <= SHAPE_FACTORS
 
 
 class StepLearner:
@@ -179,7 +204,30 @@ class StepLearner:
         if self.awaited and n + 1 - end < GRAM + VERIFY:
             return None
         self.pending = None
-        return self._template(first, end, n + 1, marked=bool(self.marks))
+        if self.marks:
+            return self._template(first, end, n + 1, marked=True)
+        return self._folded(self._template(first, end, n + 1), n + 1)
+
+    def _folded(self, template: Template | None, following: int) -> Template | None:
+        """A detected period may be two or three steps whose sizes differ (sequence lengths
+        that came back in the same order): then the step is one part, whose sizes vary."""
+        if template is None:
+            return None
+        period = template.period // template.repeats
+        first = template.first - self.dropped
+        for parts in (2, 3):
+            part = period // parts
+            if period % parts or part < MIN_PERIOD:
+                continue
+            step = self._template(first, first + part, following)
+            if step is None or not step.varies:
+                continue
+            own = self.sizes_at(step, template.first)
+            copies = [self.sizes_at(step, template.first + k * part) for k in range(1, parts)]
+            if own is not None and all(copy is not None and _scaled(own, copy) for copy in copies):
+                step.holds_peak = template.holds_peak
+                return step
+        return template
 
     def mark(self) -> Template | None:
         """A step ended (npumem.memory.step()). Its template is made at an allocation of the
@@ -234,10 +282,41 @@ class StepLearner:
             return None
         template.extras = {(slot % len(template), size): offset
                            for (slot, size), offset in extras.items()}
+        template = self._widen(template, first, end)
         if outlives:
             template = template.twice()
         template.cursor = template.slot_at(following - first)
         return template
+
+    def _widen(self, template: Template, first: int, end: int) -> Template:
+        """Steps whose tensor shapes change (another sequence length or batch size) make the
+        same requests in the same order, with other sizes: `template` (allocations [first,
+        end)) widened to the copies of its window in the history that do (`sizes_at`)."""
+        period = end - first
+        copies = range(max(first % period, first - COPIES * period),
+                       min(len(self.requested) - period, first + COPIES * period) + 1, period)
+        return template.widened([self.sizes_at(template, copy + self.dropped)
+                                 for copy in copies if copy != first])
+
+    def sizes_at(self, template: Template, start: int) -> list[int] | None:
+        """The sizes of the allocations at `template`'s slots in the window of the history that
+        begins at allocation `start` (numbered as `allocations` counts), if that window makes
+        and frees them in the template's order (blocks still live not yet due); else None: a
+        window with any other difference (a first step that made optimizer state) is not a
+        copy of the step."""
+        first = start - self.dropped
+        if first < 0 or first + template.period > len(self.requested):
+            return None
+        times, frees, base = self.times, self.frees, self.times[first]
+        sizes = []
+        for offset, begin, end in zip(template.offsets, template.starts, template.ends):
+            index = first + offset
+            free = frees[index]
+            if times[index] - base != begin or (
+                    free - base != end if free is not None else base + end <= self.events):
+                return None
+            sizes.append(self.sizes[index])
+        return sizes
 
     def refreshed(self, template: Template) -> Template:
         """`template` made again from its window with the frees seen since: blocks that were

@@ -1,0 +1,150 @@
+"""Predictive pre-allocation for steps whose tensor shapes change (a sequence length drawn per
+batch): the same requests in the same order, with other sizes. One plan holds the largest size
+each varying slot has asked for; a longer sequence than any seen widens it."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from npumem.alloc.step_learner import StepLearner, Template, _scaled
+
+from .test_predictive import POOL_KINDS, STEP, assert_no_overlap, make_pool, run_step
+
+
+def shaped(length: int, step=STEP) -> list[tuple[int, int]]:
+    """`step` for a batch of sequence length `length` (4 is STEP itself): a third of its
+    requests are weights-sized (fixed), a third grow with the length, a third with its square
+    (attention scores)."""
+    return [(size if index % 3 == 2 else
+             size * length // 4 if index % 3 == 0 else size * length * length // 16, lifetime)
+            for index, (size, lifetime) in enumerate(step)]
+
+
+def run_lengths(pool, lengths, step=STEP, marked=True) -> list[float]:
+    """One step per length (marked with `mark_step` if `marked`); the hit rate of each step."""
+    rates, predictor = [], pool.predictor
+    for length in lengths:
+        before = (predictor.hits, predictor.misses) if predictor is not None else (0, 0)
+        run_step(pool, shaped(length, step), check=assert_no_overlap)
+        if marked:
+            pool.mark_step()
+        if predictor is not None:
+            hits, misses = predictor.hits - before[0], predictor.misses - before[1]
+            rates.append(hits / (hits + misses) if hits + misses else 0.0)
+    return rates
+
+
+def peak_reserved(lengths, expandable: bool, predictive: bool, step=STEP, marked=True) -> int:
+    pool = make_pool(predictive=predictive, expandable=expandable)
+    run_lengths(pool, lengths, step, marked)
+    peak = pool.memory_stats()["reserved_bytes.all.peak"]
+    pool.close()
+    return peak
+
+
+def random_lengths(count: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.choice([3, 4, 6]) for _ in range(count)]
+
+
+LENGTHS = random_lengths(16, 7)
+
+
+@POOL_KINDS
+def test_marked_steps_of_varying_length_are_served_from_one_plan(expandable):
+    pool = make_pool(expandable=expandable)
+    rates = run_lengths(pool, LENGTHS)
+    predictor = pool.predictor
+    assert predictor.took_over_at is not None, predictor.note
+    assert predictor.template.varies, "the slots that grow with the length vary"
+    assert set(predictor.template.varies) == {slot for slot in range(len(STEP)) if slot % 3 != 2}
+    assert min(rates[-8:]) == 1.0, rates
+    assert pool.memory_stats()["allocated_bytes.all.current"] == 0
+    pool.close()
+    assert peak_reserved(LENGTHS, expandable, True) <= peak_reserved(LENGTHS, expandable, False)
+
+
+def test_a_step_of_varying_length_is_found_without_marks():
+    """Without marks the period is found where two batches of one length follow each other;
+    the copies of the step before it, of other lengths, show which slots vary."""
+    step = STEP * 4                  # long enough for GRAM + VERIFY inside one step
+    lengths = random_lengths(20, 3)
+    pool = make_pool()
+    rates = run_lengths(pool, lengths, step, marked=False)
+    predictor = pool.predictor
+    assert predictor.took_over_at is not None, predictor.note
+    assert len(step) % len(predictor.template) == 0 and predictor.template.varies
+    assert min(rates[-6:]) == 1.0, rates
+    pool.close()
+    assert peak_reserved(lengths, True, True, step, False) <= peak_reserved(lengths, True, False, step, False)
+
+
+@POOL_KINDS
+def test_a_longer_sequence_than_any_seen_widens_the_plan(expandable):
+    """The plan serves lengths 3 and 4; the first batch of length 6 outgrows it: the pool
+    serves the rest of that step, and the plan is made again for 6 from then on."""
+    lengths = [3, 4] * 5 + [6] * 5 + [3, 4]
+    pool = make_pool(expandable=expandable)
+    rates = run_lengths(pool, lengths)
+    predictor = pool.predictor
+    assert predictor.plans >= 2, predictor.note
+    assert all(planned >= size for planned, (size, _) in zip(predictor.template.sizes, shaped(6)))
+    assert min(rates[-4:]) == 1.0, rates
+    assert pool.memory_stats()["allocated_bytes.all.current"] == 0
+    pool.close()
+    assert peak_reserved(lengths, expandable, True) <= peak_reserved(lengths, expandable, False)
+
+
+def test_the_learner_widens_a_template_to_its_copies_and_refuses_other_steps():
+    learner, pointer = StepLearner(), 0
+    for length in [4, 6, 3, 4]:
+        due: dict[int, list[int]] = {}
+        for index, (size, lifetime) in enumerate(shaped(length)):
+            for freed in due.pop(index, []):
+                learner.on_free(freed)
+            pointer += 1
+            learner.on_alloc(pointer, size, size)
+            due.setdefault(index + lifetime, []).append(pointer)
+        for freed in sorted(pointer for pointers in due.values() for pointer in pointers):
+            learner.on_free(freed)
+        learner.mark()
+    template = learner.refreshed(learner._template(len(STEP), 2 * len(STEP), 0, marked=True))
+    assert template.varies == {slot for slot in range(len(STEP)) if slot % 3 != 2}
+    assert template.sizes == [size for size, _ in shaped(6)]
+    assert [size for size, _ in shaped(6)] == learner.sizes_at(template, len(STEP))
+    # a window whose blocks live otherwise is not a copy
+    assert learner.sizes_at(template, len(STEP) + 1) is None
+
+
+def test_two_halves_with_unrelated_sizes_are_not_one_step_of_varying_shape():
+    assert _scaled([100, 200, 300, 7], [150, 300, 450, 7])          # one factor: a length
+    assert _scaled([100, 200, 7], [150, 450, 7])                    # a length and its square
+    assert not _scaled(list(range(1, 21)), list(range(21, 41)))     # each its own
+    widened = Template([10, 20], [10, 20], [0, 1], [1, 2], 2, 0, 2).widened([[10, 30], None])
+    assert widened.sizes == [10, 30] and widened.varies == {1}
+
+
+@POOL_KINDS
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(1, 8), min_size=4, max_size=14),
+       detours=st.lists(st.tuples(st.integers(0, 13), st.integers(0, 11), st.integers(1, 4 << 20)),
+                        max_size=4),
+       marked=st.booleans())
+def test_varying_lengths_and_detours_stay_correct(lengths, detours, marked, expandable):
+    """Steps of random lengths, some with an extra request at a random place: no two live
+    blocks ever overlap, and everything frees cleanly."""
+    step = STEP * 2
+    pool = make_pool(expandable=expandable)
+    for number, length in enumerate(lengths * 2):
+        body = shaped(length, step)
+        for at_step, index, size in detours:
+            if at_step == number:
+                body.insert(index, (size, 3))
+        run_step(pool, body, check=assert_no_overlap)
+        if marked:
+            pool.mark_step()
+    stats = pool.memory_stats()
+    assert stats["allocated_bytes.all.current"] == 0 and stats["allocation.all.current"] == 0
+    pool.close()
