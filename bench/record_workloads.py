@@ -19,6 +19,7 @@ import argparse
 import os
 import pathlib
 import pickle
+import random
 import tempfile
 
 import torch
@@ -146,6 +147,17 @@ def _classes(n: int, classes: int = 10):
     return torch.randint(0, classes, (n,))
 
 
+def _varying_lengths(batch: int, dim: int, lengths: list[int], seed: int = 0):
+    """Batches whose sequence length is drawn for each one (padding to the longest sequence of
+    the batch, as dynamic padding does), from a seeded generator."""
+    rng = random.Random(seed)
+
+    def make():
+        length = rng.choice(lengths)
+        return torch.randn(batch, length, dim), torch.randn(batch, length, dim)
+    return make
+
+
 def _workloads():
     """name -> a function building the workload's run() (built lazily: models take memory)."""
     cross_entropy = nn.CrossEntropyLoss()
@@ -171,6 +183,9 @@ def _workloads():
         "mlp_eval": lambda: training(nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 10)),
                                      lambda: (torch.randn(256, 784), _classes(256)), cross_entropy,
                                      steps=8, eval_every=2),
+        "encoder_varlen": lambda: training(
+            nn.TransformerEncoder(nn.TransformerEncoderLayer(128, 4, 512, batch_first=True), 2),
+            _varying_lengths(8, 128, [48, 64, 96]), F.mse_loss, steps=16),
         "lstm": lambda: training(nn.LSTM(128, 256, 2, batch_first=True),
                                  lambda: (torch.randn(16, 64, 128), None),
                                  lambda output, _: output[0].pow(2).mean()),

@@ -662,7 +662,8 @@ def test_any_repeated_step_is_served_correctly(step, into_next, kept_every, expa
 RECORDINGS = [Path(__file__).parent / "data" / "cpu_recordings" / "lstm.jsonl.gz",
               Path(__file__).parent / "data" / "cpu_recordings" / "cnn_accum.jsonl.gz",
               Path(__file__).parent / "data" / "cuda_snapshots" / "cnn_sgd.pickle.gz",
-              Path(__file__).parent / "data" / "cuda_snapshots" / "unet.pickle.gz"]
+              Path(__file__).parent / "data" / "cuda_snapshots" / "unet.pickle.gz",
+              Path(__file__).parent / "data" / "cpu_recordings" / "encoder_varlen.jsonl.gz"]
 
 
 @POOL_KINDS

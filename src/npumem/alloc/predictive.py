@@ -81,6 +81,7 @@ class Predictor:
         self.refused_periods: Counter[int] = Counter()   # times refused, since a proven step
         self.windows: list[int] | None = None      # step windows being watched (_watch_sizes)
         self.watched = 0
+        self.replanning = False                     # since a request outgrew the plan serving
         self.took_over_at: int | None = None       # requests seen when an arena first served
         self.boundary_live: int | None = None      # live bytes at the last step boundary seen
         self.between_cuts = True                    # a plan may take over between cuts
@@ -96,6 +97,7 @@ class Predictor:
             self._choose_stream(stream, size)
         if stream is not self.stream and stream != self.stream:
             return self._other_stream(size, stream)
+        self.misses += self.replanning      # a plan outgrown: the pool serves until the next
         template = self.template
         if template is None:
             return None
@@ -165,7 +167,7 @@ class Predictor:
         of the step as it would without a plan, and the step is followed with the slot's new
         size, to be planned again at the next boundary."""
         self._retire_arena()
-        self.layout = None
+        self.layout, self.replanning = None, True
         self.template = template.widened([[size if index == slot else known
                                            for index, known in enumerate(template.sizes)]])
         self.note = (f"a request of {size} bytes outgrew its planned block of "
@@ -434,7 +436,7 @@ class Predictor:
             pool.release_idle_cache()         # pages neither the plan nor a live block touches
         elif not self._take_over_segments(layout):
             return
-        self.ready, self.layout, self.serving = None, layout, True
+        self.ready, self.layout, self.serving, self.replanning = None, layout, True, False
         self.plans += 1
         self.step_hits = self.step_misses = 0
         if self.took_over_at is None:
@@ -465,6 +467,7 @@ class Predictor:
             if extension is None:
                 self.note = f"no device memory for a {extension_bytes}-byte segment; waiting"
                 return False
+            extension.free.add(extension.first)     # free, until the arena carves it
         self._retire_arena()
         self.arena = SegmentsArena(pool, layout, self.stream, self, line, extension, self.pinned)
         return True
@@ -728,6 +731,7 @@ class Predictor:
         self._retire_arena()
         self.template = self.layout = self.ready = None
         self.step_hits = self.step_misses = 0
+        self.replanning = False
         self.note = why
         self.learner = StepLearner(strict=self.refusals > 1, mid_step=True)
 

@@ -321,7 +321,8 @@ class StepLearner:
     def refreshed(self, template: Template) -> Template:
         """`template` made again from its window with the frees seen since: blocks that were
         still live when it was made have lifetimes now, and are slots (the cursor is not
-        set: the stream may not repeat with the window's length)."""
+        set: the stream may not repeat with the window's length). Slots keep the largest
+        size `template` knew."""
         first = template.first - self.dropped
         if first < 0:                           # the window was trimmed away: keep it
             return template
@@ -330,7 +331,8 @@ class StepLearner:
         if made is None:
             return template
         made.holds_peak = template.holds_peak
-        return made
+        known = dict(zip(template.offsets, template.sizes))    # sizes it has grown to since
+        return made.widened([[known.get(offset, size) for offset, size in zip(made.offsets, made.sizes)]])
 
     def live_allocations_ago(self, count: int) -> int | None:
         """The live bytes just before the allocation `count` allocations before the next one
