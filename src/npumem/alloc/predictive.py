@@ -81,7 +81,6 @@ class Predictor:
         self.refused_periods: Counter[int] = Counter()   # times refused, since a proven step
         self.windows: list[int] | None = None      # step windows being watched (_watch_sizes)
         self.watched = 0
-        self.replanning = False                     # since a request outgrew the plan serving
         self.took_over_at: int | None = None       # requests seen when an arena first served
         self.boundary_live: int | None = None      # live bytes at the last step boundary seen
         self.between_cuts = True                    # a plan may take over between cuts
@@ -97,7 +96,7 @@ class Predictor:
             self._choose_stream(stream, size)
         if stream is not self.stream and stream != self.stream:
             return self._other_stream(size, stream)
-        self.misses += self.replanning      # a plan outgrown: the pool serves until the next
+        self.misses += self.took_over_at is not None and not self.serving   # the pool's, now
         template = self.template
         if template is None:
             return None
@@ -119,7 +118,7 @@ class Predictor:
                 return self._miss(size, stream, foreseen=True)
             slot = self._find(nbytes, self.cursor)
             if slot < 0:
-                return self._miss(size, stream)
+                return self._miss(size, stream, unforeseen=True)
         elif slot in self.cuts or (not self.serving and self._may_take_over_here(template, slot)):
             if slot in self.cuts:      # a step's first request, where expected: a boundary
                 self._step_began(slot)
@@ -167,7 +166,7 @@ class Predictor:
         of the step as it would without a plan, and the step is followed with the slot's new
         size, to be planned again at the next boundary."""
         self._retire_arena()
-        self.layout, self.replanning = None, True
+        self.layout = None
         self.template = template.widened([[size if index == slot else known
                                            for index, known in enumerate(template.sizes)]])
         self.note = (f"a request of {size} bytes outgrew its planned block of "
@@ -436,7 +435,7 @@ class Predictor:
             pool.release_idle_cache()         # pages neither the plan nor a live block touches
         elif not self._take_over_segments(layout):
             return
-        self.ready, self.layout, self.serving, self.replanning = None, layout, True, False
+        self.ready, self.layout, self.serving = None, layout, True
         self.plans += 1
         self.step_hits = self.step_misses = 0
         if self.took_over_at is None:
@@ -545,34 +544,40 @@ class Predictor:
             seen[key] = -1 if key in seen else end + 1
         self.places = {key: slot for key, slot in seen.items() if slot > 0}
 
-    def _miss(self, size: int, stream, foreseen: bool = False) -> None:
-        """A request the step did not foresee, or the plan could not serve: the pool serves it
-        (`_keep_under_peak`). A `foreseen` one (a template extra) counts as followed in the
-        step's judgement."""
+    def _miss(self, size: int, stream, foreseen: bool = False, unforeseen: bool = False) -> None:
+        """A request the plan could not serve, or one the step did not foresee (`unforeseen`):
+        the pool serves it (`_keep_under_peak`). A `foreseen` one (a template extra) counts as
+        followed in the step's judgement."""
         if foreseen:
             self.step_hits += 1
         if not self.serving:
             self.step_misses += not foreseen
         else:
             self.misses += 1
-            if not self._keep_under_peak(size, stream):
+            if not self._keep_under_peak(size, stream, unforeseen):
                 return None
             self.step_misses += not foreseen
             if self.step_misses > 2 * len(self.template.requested):     # lost for good
                 self._step_began(self.cursor)
         return None
 
-    def _keep_under_peak(self, size: int, stream) -> bool:
+    def _keep_under_peak(self, size: int, stream, unforeseen: bool = False) -> bool:
         """Before the pool serves a request beside the plan: if it needs new memory above the
         peak (its cache has no block for it), the arena's idle pages go back first, since the
         pool's holes and the arena's must not add up; if that is not enough, the plan is given
-        up (False)."""
+        up (False). A request the step did not foresee (a batch of a length not seen, before
+        the sizes were known to vary) refuses the template, to be learned again, rather than
+        ending prediction."""
         pool = self.pool
         if pool.stats.current("reserved_bytes") + size > self.peak_before \
                 and not pool._strategy.serves_from_cache(size, stream):
             self.arena.unmap_idle_pages()
             if pool.stats.current("reserved_bytes") + size > self.peak_before:
-                self._give_up()
+                if unforeseen and not self.layout.provisional:
+                    self._refused(f"a request of {size} bytes the step did not foresee needs "
+                                  f"memory above the peak of {self.peak_before} bytes")
+                else:
+                    self._give_up()
                 return False
         return True
 
@@ -731,7 +736,6 @@ class Predictor:
         self._retire_arena()
         self.template = self.layout = self.ready = None
         self.step_hits = self.step_misses = 0
-        self.replanning = False
         self.note = why
         self.learner = StepLearner(strict=self.refusals > 1, mid_step=True)
 

@@ -291,12 +291,18 @@ class StepLearner:
     def _widen(self, template: Template, first: int, end: int) -> Template:
         """Steps whose tensor shapes change (another sequence length or batch size) make the
         same requests in the same order, with other sizes: `template` (allocations [first,
-        end)) widened to the copies of its window in the history that do (`sizes_at`)."""
+        end)) widened to the copies of its window in the history that do (`sizes_at`). It
+        holds the peak of live bytes if one of them does (the longest sequence's step)."""
         period = end - first
-        copies = range(max(first % period, first - COPIES * period),
+        starts = range(max(first % period, first - COPIES * period),
                        min(len(self.requested) - period, first + COPIES * period) + 1, period)
-        return template.widened([self.sizes_at(template, copy + self.dropped)
-                                 for copy in copies if copy != first])
+        copies = {start: self.sizes_at(template, start + self.dropped)
+                  for start in starts if start != first}
+        widened = template.widened(copies.values())
+        if widened is not template:
+            widened.holds_peak = template.holds_peak or any(
+                start <= self.peak_at < start + period for start, sizes in copies.items() if sizes)
+        return widened
 
     def sizes_at(self, template: Template, start: int) -> list[int] | None:
         """The sizes of the allocations at `template`'s slots in the window of the history that
