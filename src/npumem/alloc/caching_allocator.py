@@ -179,7 +179,7 @@ class CachingAllocator(MemoryResource):
             del self._allocated[pointer]
             predictor = self._predictor
             if predictor is not None and predictor.learner is not None:
-                predictor.learn_free(pointer)
+                predictor.learn_free(pointer, block.stream)
             log = self.stats.log
             log += (-block.size, -block.requested, block.small)
             if self._other_streams:

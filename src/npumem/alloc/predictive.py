@@ -153,7 +153,8 @@ class Predictor:
         if slot not in template.varies:
             return False
         if not self.serving:
-            if size > template.sizes[slot] and not self.planning and self.ready is self.layout is None:
+            if size > template.sizes[slot] and not self.planning and self.ready is None \
+                    and self.layout is None:        # no layout holds the template's sizes
                 template.sizes[slot] = size
             return True
         if size > self.arena.blocks[slot].size:
@@ -214,9 +215,10 @@ class Predictor:
             if template is not None:
                 self._consider(template)
 
-    def learn_free(self, pointer: int) -> None:
-        """Record a free while learning."""
-        self.learner.on_free(pointer)
+    def learn_free(self, pointer: int, stream) -> None:
+        """Record a free (of a block of `stream`) while learning."""
+        if stream is self.stream or stream == self.stream:
+            self.learner.on_free(pointer)
 
     @property
     def refusals(self) -> int:
@@ -573,6 +575,10 @@ class Predictor:
                 and not pool._strategy.serves_from_cache(size, stream):
             self.arena.unmap_idle_pages()
             if pool.stats.current("reserved_bytes") + size > self.peak_before:
+                if unforeseen and not self.layout.provisional and self._varies(self.cursor):
+                    self._retire_arena()    # sizes vary, more than the plan knew: plan again
+                    self.layout = None
+                    return True
                 if unforeseen and not self.layout.provisional:
                     self._refused(f"a request of {size} bytes the step did not foresee needs "
                                   f"memory above the peak of {self.peak_before} bytes")
@@ -591,11 +597,12 @@ class Predictor:
             live, before = self._live_bytes_now_and_a_step_ago(template)
             if followed < template.step_slots // 2:
                 pass                                      # not a whole step seen yet
-            elif self.step_hits < PROVEN * followed and not self._varies(boundary):
-                # the program does not repeat it
-                self._refused(f"the last step followed the template for only "
-                              f"{self.step_hits / followed:.1%} of its requests")
-                return
+            elif self.step_hits < PROVEN * followed:
+                if not self._varies(boundary):           # the program does not repeat it
+                    self._refused(f"the last step followed the template for only "
+                                  f"{self.step_hits / followed:.1%} of its requests")
+                    return
+                # (the sizes vary: follow a step with them before planning)
             elif live > before:
                 # memory kept from step to step (a list of losses, say): the pool would have
                 # to grow beside the plan, and the two would leave more holes than the pool alone
@@ -623,8 +630,9 @@ class Predictor:
             elif rate < PROVEN and self.windows is None:
                 # the step may have changed only its sizes (a longer sequence): watch it, and
                 # the steps after it
-                if self.learner is None:
+                if self.learner is None:      # one that numbers this request 0: so must the template
                     self.learner = StepLearner(mid_step=True)
+                    self.template.first = -self.template.offsets[boundary]
                 step = self.learner.allocations - self.template.offsets[boundary]
                 self.windows = [step - self.template.period]
             if self.windows is not None:
@@ -646,11 +654,12 @@ class Predictor:
     def _varies(self, boundary: int) -> bool:
         """The step strayed from the template: if only in sizes (the same requests in the same
         order, with another sequence length), follow the template made again with the slots
-        whose sizes vary (`StepLearner._widen`), once. Whether it did."""
-        if self.template.varies or self.learner is None:
+        whose sizes vary (`StepLearner._widen`), while more are found to. Whether it did."""
+        if self.learner is None:
             return False
+        known = self.template.varies
         self._refresh(boundary)
-        if not self.template.varies:
+        if not self.template.varies > known:
             return False
         self.note = (f"the step's sizes vary in {len(self.template.varies)} of its "
                      f"{len(self.template)} slots; following the largest")

@@ -107,7 +107,7 @@ class Template:
 def _scaled(sizes: list[int], others: list[int]) -> bool:
     """Whether `others` are `sizes` with other tensor shapes: the sizes that differ change by
     a few factors (a sequence length, its square, the batch), not each by its own."""
-    factors = {round(other / size, 2) for size, other in zip(sizes, others) if other != size}
+    factors = {round(other / max(size, 1), 2) for size, other in zip(sizes, others) if other != size}
     return len(factors) <= SHAPE_FACTORS
 
 
@@ -139,13 +139,14 @@ class StepLearner:
         self.matched = 0                        # requests that repeated under it so far
 
     def on_free(self, pointer: int) -> None:
-        if pointer in self.live:
-            index = self.live.pop(pointer)
-            self.events += 1
-            if index is not None:
-                self.frees[index] = self.events
-                self.live_bytes -= self.sizes[index]
-            self.awaited.discard(pointer)
+        """A block of the stream was freed. One made before the learner began is an event too,
+        so that a step's events are counted alike in every copy of it."""
+        self.events += 1
+        index = self.live.pop(pointer, None)
+        if index is not None:
+            self.frees[index] = self.events
+            self.live_bytes -= self.sizes[index]
+        self.awaited.discard(pointer)
 
     def on_alloc(self, pointer: int, requested: int, size: int) -> Template | None:
         """Record an allocation; returns a template when a detected period was just confirmed."""
@@ -295,7 +296,7 @@ class StepLearner:
         holds the peak of live bytes if one of them does (the longest sequence's step)."""
         period = end - first
         starts = range(max(first % period, first - COPIES * period),
-                       min(len(self.requested) - period, first + COPIES * period) + 1, period)
+                       min(len(self.requested) - 1, first + COPIES * period) + 1, period)
         copies = {start: self.sizes_at(template, start + self.dropped)
                   for start in starts if start != first}
         widened = template.widened(copies.values())
@@ -309,14 +310,18 @@ class StepLearner:
         begins at allocation `start` (numbered as `allocations` counts), if that window makes
         and frees them in the template's order (blocks still live not yet due); else None: a
         window with any other difference (a first step that made optimizer state) is not a
-        copy of the step."""
+        copy of the step. A window under way counts once half its slots are made (the
+        template's sizes stand for the rest)."""
         first = start - self.dropped
-        if first < 0 or first + template.period > len(self.requested):
+        made = len(self.requested) - first       # of the window's allocations
+        if first < 0 or made < template.period and bisect_left(template.offsets, made) < len(template) // 2:
             return None
         times, frees, base = self.times, self.frees, self.times[first]
         sizes = []
         for offset, begin, end in zip(template.offsets, template.starts, template.ends):
             index = first + offset
+            if index >= len(self.requested):
+                return sizes + template.sizes[len(sizes):]
             free = frees[index]
             if times[index] - base != begin or (
                     free - base != end if free is not None else base + end <= self.events):
@@ -330,8 +335,8 @@ class StepLearner:
         set: the stream may not repeat with the window's length). Slots keep the largest
         size `template` knew."""
         first = template.first - self.dropped
-        if first < 0:                           # the window was trimmed away: keep it
-            return template
+        if first < 0 or first + template.period // template.repeats > len(self.requested):
+            return template                     # the window is not (or no longer) all here
         made = self._template(first, first + template.period // template.repeats,
                               len(self.requested), template.marked)
         if made is None:
