@@ -577,7 +577,8 @@ class Predictor:
             if pool.stats.current("reserved_bytes") + size > self.peak_before:
                 if unforeseen and not self.layout.provisional and self._varies(self.cursor):
                     self._retire_arena()    # sizes vary, more than the plan knew: plan again
-                    self.layout = None
+                    self.layout = None      # (after a step followed with them)
+                    self.step_hits = self.step_misses = 0
                     return True
                 if unforeseen and not self.layout.provisional:
                     self._refused(f"a request of {size} bytes the step did not foresee needs "
