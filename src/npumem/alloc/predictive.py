@@ -442,8 +442,10 @@ class Predictor:
         self.step_hits = self.step_misses = 0
         if self.took_over_at is None:
             self.took_over_at = self.requests
-        self.note = (f"serving a step of {len(layout.template)} planned blocks "
-                     f"({layout.algorithm}, {layout.height} bytes high)")
+        varying = len(layout.template.varies)
+        self.note = (f"serving a step of {len(layout.template)} planned blocks"
+                     + (f", {varying} of them sized for the largest batch seen" if varying else "")
+                     + f" ({layout.algorithm}, {layout.height} bytes high)")
 
     def _take_over_segments(self, layout: StepLayout) -> bool:
         """Segment pools: carve the layout out of the stream's segments (`layout.line`) and a
