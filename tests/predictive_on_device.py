@@ -1,9 +1,11 @@
 """Run by tests/test_predictive_devices.py in a fresh interpreter, on the device named as the
 first argument: a training-style loop (a batch replaced only after the next is made, 40
-activations per step) with predictive pre-allocation on (or off, with a second argument
-`off`). Every block is filled with its own
-byte value and checked before it is freed, so two live blocks sharing bytes would show.
-Prints one JSON line: errors, hits, misses, hit rate, peak reserved, and the predictor's note."""
+activations per step) with predictive pre-allocation on (or off, with an argument `off`).
+With an argument `varying`, the batch and two thirds of the activations grow with a sequence
+length that changes from step to step (16 steps, marked with `memory.step()`). Every block is
+filled with its own byte value and checked before it is freed, so two live blocks sharing
+bytes would show. Prints one JSON line: errors, hits, misses, hit rate, peak reserved, and the
+predictor's note."""
 
 import json
 import os
@@ -11,7 +13,8 @@ import sys
 import time
 
 os.environ["NPUMEM_DEVICE"] = sys.argv[1]
-os.environ["NPUMEM_ALLOC_CONF"] = f"predictive:{sys.argv[2:3] != ['off']}"
+os.environ["NPUMEM_ALLOC_CONF"] = f"predictive:{'off' not in sys.argv[2:]}"
+VARYING = "varying" in sys.argv[2:]
 
 import numpy as np  # noqa: E402
 
@@ -43,16 +46,19 @@ def holds(pointer: int, nbytes: int, value: int) -> bool:
 
 
 sizes = [(i % 7 + 1) * 65536 + i * 512 for i in range(40)]
-batch, errors = None, 0
-for step in range(12):
-    new = memory.caching_allocator_alloc(1 << 20)
-    fill(new, 1 << 20, step % 251)
+lengths = [4, 6, 3, 6, 4, 3, 3, 6, 4, 6, 3, 4, 6, 4, 3, 6] if VARYING else [4] * 12
+batch, batch_bytes, errors = None, 0, 0
+for step, length in enumerate(lengths):
+    new_bytes = (1 << 18) * length
+    new = memory.caching_allocator_alloc(new_bytes)
+    fill(new, new_bytes, step % 251)
     if batch is not None:
-        errors += not holds(batch, 1 << 20, (step - 1) % 251)
+        errors += not holds(batch, batch_bytes, (step - 1) % 251)
         memory.caching_allocator_delete(batch)
-    batch = new
+    batch, batch_bytes = new, new_bytes
     blocks = []
-    for i, nbytes in enumerate(sizes):
+    for i, base in enumerate(sizes):
+        nbytes = base if i % 3 == 2 else base * length // 4
         pointer = memory.caching_allocator_alloc(nbytes)
         value = (step * 40 + i) % 253
         fill(pointer, nbytes, value)
@@ -64,6 +70,8 @@ for step in range(12):
     deadline = time.monotonic() + 10                 # here, wait for the planner thread
     while predictor is not None and predictor.planning and time.monotonic() < deadline:
         time.sleep(0.001)
+    if VARYING:
+        memory.step()
 memory.caching_allocator_delete(batch)
 stats = memory.memory_stats()
 predictor = memory.get_allocator().predictor

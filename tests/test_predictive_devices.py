@@ -38,3 +38,13 @@ def test_a_plan_serves_a_training_loop_and_keeps_every_blocks_bytes(device):
     assert result["errors"] == 0 and without["errors"] == 0
     assert result["hits"] >= 4 * 41 and result["hit_rate"] == 1.0, result["note"]
     assert result["peak_reserved"] <= without["peak_reserved"]
+
+
+@pytest.mark.parametrize("device", ["sim", "torch:cpu", "torch:cuda"])
+def test_a_plan_serves_batches_of_varying_length_and_keeps_every_blocks_bytes(device):
+    if not _available(device):
+        pytest.skip(f"{device} is not available here")
+    result, without = _run(device, "varying"), _run(device, "varying", "off")
+    assert result["errors"] == 0 and without["errors"] == 0
+    assert result["hits"] >= 6 * 41 and result["hit_rate"] >= 0.99, result["note"]
+    assert result["peak_reserved"] <= without["peak_reserved"]

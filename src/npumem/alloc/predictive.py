@@ -63,6 +63,7 @@ class Predictor:
         self.layout: StepLayout | None = None      # its layout, once its arena serves
         self.ready: StepLayout | None = None       # a layout waiting to take over
         self.planning = False
+        self.in_line = False        # plan the next layout in line: blocks moved into the last one
         self.cuts: tuple[int, ...] = (0,)          # the slots where steps are cut
         self.last_offset: int | None = None        # the template offset the request matched
         self.offset_pointers: dict[int, int] = {}  # offset -> the pool block it got last
@@ -342,10 +343,11 @@ class Predictor:
             self.pinned = set(pinned.values())
             taken = line.taken(self.pinned, self.refine)
             pinned = {slot: line.offset(pointer) for slot, pointer in pinned.items()}
-        if self.background:
+        if self.background and not self.in_line:
             threading.Thread(target=self._plan, name="npumem-step-planner", daemon=True,
                              args=(template, taken, pinned, boundary, line, provisional)).start()
         else:
+            self.in_line = False
             self._plan(template, taken, pinned, boundary, line, provisional)
 
     def _pinned(self, template: Template, boundary: int, containers) -> dict[int, int]:
@@ -423,6 +425,7 @@ class Predictor:
             if PoolRangeArena.blocked(blocks, [range_.base + offset for offset in layout.offsets],
                                       layout, self.pinned):
                 self.ready = None             # blocks moved in since it was planned: plan again
+                self.in_line = True
                 self.note = "pool blocks moved into the planned ranges; planning again"
                 return
             shift = pool._strategy.shift
@@ -456,6 +459,7 @@ class Predictor:
                 self.refine(block for segment in line.segments for block in segment.blocks()),
                 line.addresses(layout, None), layout, self.pinned):
             self.ready = None               # segments went back, or blocks moved in: plan again
+            self.in_line = True
             self.note = "the pool's segments changed since the plan was made; planning again"
             return False
         pool.release_idle_cache(keep=set(line.segments))
