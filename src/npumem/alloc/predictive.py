@@ -696,12 +696,12 @@ class Predictor:
         """Between cuts, while no arena serves: whether a layout planned for this slot is ready,
         or the template is proven (half a step followed at 99%, live bytes not growing): then
         it need not wait for a cut (a recording of two steps ends before the next one)."""
-        # (a program that strayed once is judged at cuts)
-        if (self.arena is not None or self.planning or not self.between_cuts
-                or self.refused_periods or self.learner is None):
+        if self.arena is not None or self.planning:
             return False
-        if self.ready is not None:
-            return self.ready.boundary == slot
+        if self.ready is not None:     # (made at a slot that is no cut once the template was
+            return self.ready.boundary == slot      # made again: it takes over there)
+        if not self.between_cuts or self.refused_periods or self.learner is None:
+            return False               # (a program that strayed once is judged at cuts)
         followed = self.step_hits + self.step_misses
         if followed < template.step_slots // 2 or self.step_hits < PROVEN * followed:
             return False
