@@ -111,12 +111,14 @@ class Predictor:
                 if not self.serving:
                     self.last_offset = offset
                 return self._miss(size, stream, foreseen=True)      # a request the template leaves out
-        if template.requested[slot] != nbytes and not self._resized(template, slot, size):
+        other_size = template.requested[slot] != nbytes
+        if other_size:
             extra = template.extras.get((slot, nbytes))
             if extra is not None:                     # foreseen, but left to the pool
                 if not self.serving:
                     self.last_offset = extra
                 return self._miss(size, stream, foreseen=True)
+        if other_size and not self._resized(template, slot, size):
             slot = self._find(nbytes, self.cursor)
             if slot < 0:
                 return self._miss(size, stream, unforeseen=True)
@@ -387,10 +389,12 @@ class Predictor:
             return False
         if self.template is None:
             return template.holds_peak
-        if template.varies and not self.template.varies and self.template.period % template.period == 0:
-            return True                   # the step whose sizes vary, not a run of them
         followed = self.step_hits + self.step_misses
-        if self.serving or (followed >= GRAM_CHECK and self.step_hits >= PROVEN * followed):
+        doing_well = self.serving or (followed >= GRAM_CHECK and self.step_hits >= PROVEN * followed)
+        if template.varies and not self.template.varies and (
+                not doing_well or self.template.period % template.period == 0):
+            return True                   # the step whose sizes vary, not a run of them
+        if doing_well:
             return False                  # the template in use does well: a multiple of it
         return template.period > self.template.period      # would only take longer to prove
 
