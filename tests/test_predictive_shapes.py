@@ -114,6 +114,17 @@ def test_a_longer_sequence_than_any_seen_widens_the_plan(expandable):
     assert peak_reserved(lengths, expandable, True) <= peak_reserved(lengths, expandable, False)
 
 
+@POOL_KINDS
+def test_runs_of_one_length_cost_steps_only_at_the_first_change(expandable):
+    """Batches bucketed by length come in runs. A plan proven on the first run is refused at
+    the second; the template learned again keeps the sizes of the one given up, so later
+    changes of length cost nothing."""
+    pool = make_pool(expandable=expandable)
+    rates = run_lengths(pool, [4] * 6 + [3] * 6 + [4, 3] * 3)
+    assert min(rates[1:6]) == 1.0 and min(rates[10:]) == 1.0, rates
+    pool.close()
+
+
 def test_the_learner_widens_a_template_to_its_copies_and_refuses_other_steps():
     learner, pointer = StepLearner(), 0
     for length in [4, 6, 3, 4]:

@@ -38,7 +38,7 @@ from collections import Counter, deque
 from ..planning import PlanError
 from .block import Block
 from .step_arena import PoolRangeArena, SegmentLine, SegmentsArena, StepArena
-from .step_learner import COPIES, StepLearner, Template
+from .step_learner import StepLearner, Template
 from .step_plan import StepLayout, crossing_slots, cuts, lay_out
 
 LOOKAHEAD = 32          # template slots a request may skip (requests the program left out)
@@ -60,6 +60,7 @@ class Predictor:
         self.stream_bytes: dict = {}        # bytes asked per stream, while it is chosen
         self.learner: StepLearner | None = StepLearner()
         self.template: Template | None = None      # the step being followed
+        self.dropped: Template | None = None       # the last one given up (its sizes count)
         self.layout: StepLayout | None = None      # its layout, once its arena serves
         self.ready: StepLayout | None = None       # a layout waiting to take over
         self.planning = False
@@ -80,8 +81,6 @@ class Predictor:
         self.planning_seconds = 0.0
         self.peak_before = 0                        # peak reserved when the arena took over
         self.refused_periods: Counter[int] = Counter()   # times refused, since a proven step
-        self.windows: list[int] | None = None      # step windows being watched (_watch_sizes)
-        self.watched = 0
         self.took_over_at: int | None = None       # requests seen when an arena first served
         self.boundary_live: int | None = None      # live bytes at the last step boundary seen
         self.between_cuts = True                    # a plan may take over between cuts
@@ -283,6 +282,9 @@ class Predictor:
                 self.learner.forget_period()
             return
         self._retire_arena()
+        known = self.dropped
+        if known is not None and (known.starts, known.ends) == (template.starts, template.ends):
+            template = template.widened([known.sizes])   # the step dropped, at another length
         self.template, self.layout, self.cursor = template, None, template.cursor
         # the blocks the stream holds, so that a plan made at the next cut can pin them
         self.pointer_offsets = self.learner.live_offsets(template)
@@ -638,18 +640,8 @@ class Predictor:
             proven = rate >= PROVEN and requests >= self.template.step_slots // 2
             if proven:                         # refusals count those in a row
                 self.refused_periods.clear()
-            elif rate < PROVEN and self.windows is None:
-                # the step may have changed only its sizes (a longer sequence): watch it, and
-                # the steps after it
-                if self.learner is None:      # one that numbers this request 0: so must the template
-                    self.learner = StepLearner(mid_step=True)
-                    self.template.first = -self.template.offsets[boundary]
-                step = self.learner.allocations - self.template.offsets[boundary]
-                self.windows = [step - self.template.period]
-            if self.windows is not None:
-                self._watch_sizes(boundary)
             counting = self.template.extras and self._counted(self.template) is not None
-            if proven and not counting and self.windows is None:
+            if proven and not counting:
                 self.learner = None            # proven: stop paying for learning
             # (unless requests the template leaves out are told from others by counting)
             if self.layout.provisional and not self.planning:
@@ -675,26 +667,6 @@ class Predictor:
         self.note = (f"the step's sizes vary in {len(self.template.varies)} of its "
                      f"{len(self.template)} slots; following the largest")
         return True
-
-    def _watch_sizes(self, boundary: int) -> None:
-        """After a served step hit under PROVEN: compare the template's windows since (each
-        from a step boundary, as the learner numbers allocations) with the template. One
-        that makes the same requests in the same order with other sizes widens it (a block
-        too small for a request then ends the plan, `_outgrown`); one that differs otherwise,
-        or COPIES alike, end the watch."""
-        template, learner = self.template, self.learner
-        self.windows.append(learner.allocations - template.offsets[boundary])
-        for start in [start for start in self.windows if start + template.period <= learner.allocations]:
-            self.windows.remove(start)
-            if start < learner.dropped:          # began before the watch
-                continue
-            sizes = learner.sizes_at(template, start)
-            self.watched += 1
-            if sizes is not None:
-                self.template = template.widened([sizes])
-            if sizes is None or self.template is not template or self.watched >= COPIES:
-                self.windows, self.watched = None, 0
-                return
 
     def _may_take_over_here(self, template: Template, slot: int) -> bool:
         """Between cuts, while no arena serves: whether a layout planned for this slot is ready,
@@ -754,6 +726,7 @@ class Predictor:
 
     def _drop(self, why: str) -> None:
         self._retire_arena()
+        self.dropped = self.template
         self.template = self.layout = self.ready = None
         self.step_hits = self.step_misses = 0
         self.note = why
