@@ -276,15 +276,20 @@ class Predictor:
     # --- learning and planning ------------------------------------------------------------
 
     def _consider(self, template: Template) -> None:
-        """A template from the learner: plan it if it is the step (see _is_the_step)."""
+        """A template from the learner: plan it if it is the step (see _is_the_step). One with
+        the lifetimes of the last template given up is that step at another length: it takes
+        its sizes (so holds the peak if it did)."""
+        known = self.dropped
+        if known is not None and (known.starts, known.ends) == (template.starts, template.ends):
+            widened = template.widened([known.sizes])
+            if widened is not template:
+                widened.holds_peak = template.holds_peak or known.holds_peak
+                template = widened
         if self.planning or not self._is_the_step(template):
             if self.template is None:       # nothing followed: offer the period again later
                 self.learner.forget_period()
             return
         self._retire_arena()
-        known = self.dropped
-        if known is not None and (known.starts, known.ends) == (template.starts, template.ends):
-            template = template.widened([known.sizes])   # the step dropped, at another length
         self.template, self.layout, self.cursor = template, None, template.cursor
         # the blocks the stream holds, so that a plan made at the next cut can pin them
         self.pointer_offsets = self.learner.live_offsets(template)
