@@ -14,7 +14,8 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
    of its bytes are live) serves until the next cut, where the step is planned again, cut
    there, around the first arena's live blocks, and hands over. The pool asks
    `Predictor.take` first. The request the plan expects next (same size, within `LOOKAHEAD`
-   slots of where the step is) gets its slot's block: no search, no split or merge. If a block
+   slots of where the step is; of any size at a slot whose size varies from step to step: a
+   sequence length) gets its slot's block: no search, no split or merge. If a block
    that lives longer than planned still holds those bytes, it gets a free run of the arena no
    block planned for the same time uses (`place_elsewhere`). Anything else — another size, no
    such run — is a miss, served by the normal pool; another stream's requests are the pool's
@@ -22,10 +23,13 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
    program does: a planned block is handed out only when no live block overlaps it.
 5. **Give back.** Pages are mapped as planned blocks first need them, under that peak; idle
    pool pages go back as each step begins; a retired plan returns its unused ranges at once.
-6. **Re-learn or stop.** A step in which fewer than half the requests hit drops the plan. A
-   step with at least 99% hits ends learning, which costs time on every request (unless
+6. **Re-learn or stop.** A request larger than its varying slot's block (a longer batch than
+   any seen) has the plan stand aside for the rest of the step, to be planned again. A step
+   in which fewer than half the requests hit drops the plan, and so does a request it did not
+   foresee that needs memory above the pre-plan peak (unless the sizes are found to vary).
+   A step with at least 99% hits ends learning, which costs time on every request (unless
    counting, `_counted`, is what tells requests the template leaves out from the others). A
-   step that took reserved memory above the pre-plan peak ends prediction for good.
+   step that took reserved memory above the pre-plan peak otherwise ends prediction for good.
 """
 
 from __future__ import annotations
@@ -168,12 +172,18 @@ class Predictor:
         the plan stops serving, its unused ranges go back to the pool, which serves the rest
         of the step as it would without a plan, and the step is followed with the slot's new
         size, to be planned again at the next boundary."""
-        self._retire_arena()
-        self.layout = None
-        self.template = template.widened([[size if index == slot else known
-                                           for index, known in enumerate(template.sizes)]])
+        self._stand_aside()
+        sizes = list(template.sizes)
+        sizes[slot] = size
+        self.template = template.widened([sizes])
         self.note = (f"a request of {size} bytes outgrew its planned block of "
                      f"{template.sizes[slot]}: planning the step again at the next boundary")
+
+    def _stand_aside(self) -> None:
+        """Stop serving, and follow the step again (its sizes changed): the pool serves, and
+        the step is planned again once judged."""
+        self._retire_arena()
+        self.layout = None
 
     def _choose_stream(self, stream, size: int) -> None:
         """Until a step is found, follow the stream that has asked for the most bytes (twice
@@ -592,16 +602,15 @@ class Predictor:
                 and not pool._strategy.serves_from_cache(size, stream):
             self.arena.unmap_idle_pages()
             if pool.stats.current("reserved_bytes") + size > self.peak_before:
-                if unforeseen and not self.layout.provisional and self._varies(self.cursor):
-                    self._retire_arena()    # sizes vary, more than the plan knew: plan again
-                    self.layout = None      # (after a step followed with them)
-                    self.step_hits = self.step_misses = 0
+                if not unforeseen or self.layout.provisional:
+                    self._give_up()
+                elif self._varies(self.cursor):     # more sizes vary than the plan knew
+                    self._stand_aside()
+                    self.step_hits = self.step_misses = 0    # judged after a step followed
                     return True
-                if unforeseen and not self.layout.provisional:
+                else:
                     self._refused(f"a request of {size} bytes the step did not foresee needs "
                                   f"memory above the peak of {self.peak_before} bytes")
-                else:
-                    self._give_up()
                 return False
         return True
 

@@ -15,7 +15,9 @@ A step is found in one of two ways:
   confirmed period is checked at every allocation; while it holds, only longer ones are tested.
 
 A block that lives into the next step (and not past it) makes the template two steps long
-(`Template.twice`); requests the template leaves to the pool are kept as `extras`.
+(`Template.twice`); requests the template leaves to the pool are kept as `extras`. Copies of
+the step elsewhere in the history that differ only in sizes (another sequence length) make
+those slots `varies`, at the largest size seen (`_widen`).
 
 Times are event numbers (allocations and frees of the stream), as in `planning.problem_from_trace`.
 """
