@@ -758,7 +758,8 @@ def test_a_layout_planned_in_the_background_takes_over_where_it_was_cut(monkeypa
     def plan_in_a_thread(self, *args):
         plan(self, *args)
         if self.thread:                    # ready only 100 requests on
-            self.held, self.held_at, self.ready, self.planning = self.ready, self.requests, None, True
+            self.held, self.held_at = self.ready, self.requests
+            self.ready, self.planning = None, True
 
     def take_when_done(self, *args):
         if getattr(self, "held", None) is not None and self.requests - self.held_at >= 100:
@@ -768,7 +769,7 @@ def test_a_layout_planned_in_the_background_takes_over_where_it_was_cut(monkeypa
     monkeypatch.setattr(predictive.Predictor, "_start_planning", start_planning)
     monkeypatch.setattr(predictive.Predictor, "_plan", plan_in_a_thread)
     monkeypatch.setattr(predictive.Predictor, "take", take_when_done)
-    events = list(read_trace(Path(__file__).parent / "data" / "cpu_recordings" / "mlp_12_steps.jsonl.gz"))
+    events = list(read_trace(RECORDINGS[0].with_name("mlp_12_steps.jsonl.gz")))
     result = replay(events, "pool", AllocatorSettings(predictive=True))
-    assert result.prediction_hit_rate is not None and result.prediction_hit_rate >= 0.99, result.notes
+    assert result.prediction_hit_rate and result.prediction_hit_rate >= 0.99, result.notes
     assert result.peak_reserved_bytes <= replay(events, "pool").peak_reserved_bytes

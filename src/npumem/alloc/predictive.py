@@ -407,7 +407,8 @@ class Predictor:
         if self.template is None:
             return template.holds_peak
         followed = self.step_hits + self.step_misses
-        doing_well = self.serving or (followed >= GRAM_CHECK and self.step_hits >= PROVEN * followed)
+        doing_well = self.serving or (
+            followed >= GRAM_CHECK and self.step_hits >= PROVEN * followed)
         if template.varies and not self.template.varies and (
                 not doing_well or self.template.period % template.period == 0):
             return True                   # the step whose sizes vary, not a run of them

@@ -109,7 +109,8 @@ class Template:
 def _scaled(sizes: list[int], others: list[int]) -> bool:
     """Whether `others` are `sizes` with other tensor shapes: the sizes that differ change by
     a few factors (a sequence length, its square, the batch), not each by its own."""
-    factors = {round(other / max(size, 1), 2) for size, other in zip(sizes, others) if other != size}
+    factors = {round(other / max(size, 1), 2)
+               for size, other in zip(sizes, others) if other != size}
     return len(factors) <= SHAPE_FACTORS
 
 
@@ -316,7 +317,8 @@ class StepLearner:
         template's sizes stand for the rest)."""
         first = start - self.dropped
         made = len(self.requested) - first       # of the window's allocations
-        if first < 0 or made < template.period and bisect_left(template.offsets, made) < len(template) // 2:
+        if first < 0 or (made < template.period
+                         and bisect_left(template.offsets, made) < len(template) // 2):
             return None
         times, frees, base = self.times, self.frees, self.times[first]
         sizes = []
@@ -345,7 +347,8 @@ class StepLearner:
             return template
         made.holds_peak = template.holds_peak
         known = dict(zip(template.offsets, template.sizes))    # sizes it has grown to since
-        return made.widened([[known.get(offset, size) for offset, size in zip(made.offsets, made.sizes)]])
+        return made.widened([[known.get(offset, size)
+                              for offset, size in zip(made.offsets, made.sizes)]])
 
     def live_allocations_ago(self, count: int) -> int | None:
         """The live bytes just before the allocation `count` allocations before the next one
