@@ -740,36 +740,15 @@ def test_live_together_finds_every_slot_that_meets_one_over_consecutive_steps(li
     assert together.tolist() == expected
 
 
-def test_a_layout_planned_in_the_background_takes_over_where_it_was_cut(monkeypatch):
+def test_a_layout_planned_in_the_background_takes_over_where_it_was_cut():
     """A program's planner thread hands its layout over some requests after it was asked for
-    (replays plan in line). mlp (bench/record_workloads.py, 12 steps) is proven where its
-    template, made again, turns two steps long, so its layout is cut at a slot that is no
-    cut of the new template: it used to wait for a cut forever, and the program got no plan."""
-    from npumem.alloc import predictive
+    (`planner_lag`; replays plan in line). mlp (bench/record_workloads.py, 12 steps) is proven
+    where its template, made again, turns two steps long, so its layout is cut at a slot that
+    is no cut of the new template: it used to wait for a cut forever, and the program got no
+    plan."""
     from npumem.trace import read_trace
 
-    start, plan, take = (predictive.Predictor._start_planning, predictive.Predictor._plan,
-                         predictive.Predictor.take)
-
-    def start_planning(self, *args, **kwargs):
-        self.thread = not self.in_line     # a plan made again after blocks moved in: in line
-        return start(self, *args, **kwargs)
-
-    def plan_in_a_thread(self, *args):
-        plan(self, *args)
-        if self.thread:                    # ready only 100 requests on
-            self.held, self.held_at = self.ready, self.requests
-            self.ready, self.planning = None, True
-
-    def take_when_done(self, *args):
-        if getattr(self, "held", None) is not None and self.requests - self.held_at >= 100:
-            self.ready, self.planning, self.held = self.held, False, None
-        return take(self, *args)
-
-    monkeypatch.setattr(predictive.Predictor, "_start_planning", start_planning)
-    monkeypatch.setattr(predictive.Predictor, "_plan", plan_in_a_thread)
-    monkeypatch.setattr(predictive.Predictor, "take", take_when_done)
     events = list(read_trace(RECORDINGS[0].with_name("mlp_12_steps.jsonl.gz")))
-    result = replay(events, "pool", AllocatorSettings(predictive=True))
+    result = replay(events, "pool", AllocatorSettings(predictive=True), planner_lag=100)
     assert result.prediction_hit_rate and result.prediction_hit_rate >= 0.99, result.notes
     assert result.peak_reserved_bytes <= replay(events, "pool").peak_reserved_bytes

@@ -131,6 +131,25 @@ def test_cli_replays_the_pool_with_the_programs_settings_under_set(tmp_path, mon
     assert result.exit_code == 2 and "NPUMEM_ALLOC_CONF" in result.output
 
 
+def test_cli_planner_lag_hands_plans_over_later(monkeypatch):
+    """--planner-lag N: a predictive plan is handed over N requests after it was asked for,
+    as a program's planner thread would; so it takes over later. A negative N is an error."""
+    monkeypatch.delenv("NPUMEM_ALLOC_CONF", raising=False)
+    path = str(pathlib.Path(__file__).parent / "data" / "cpu_recordings" / "mlp_12_steps.jsonl.gz")
+
+    def took_over_at(lag):
+        result = CliRunner().invoke(main, ["replay", path, "--allocator", "pool", "--json",
+                                           "--set", "predictive=True", "--planner-lag", lag])
+        assert result.exit_code == 0, result.output
+        row = json.loads(result.output)[0]
+        assert row["prediction_hit_rate"] == 1.0, row["notes"]
+        return int(row["notes"][0].split("took over at request ")[1].split(";")[0])
+
+    assert took_over_at("0") < took_over_at("250")
+    result = CliRunner().invoke(main, ["replay", path, "--planner-lag", "-1"])
+    assert result.exit_code == 2 and "--planner-lag" in result.output
+
+
 @needs_shared
 def test_real_traces_pool_beats_torch_emulation():
     for name in ("resnet_train.jsonl.gz", "opt_generate.jsonl.gz"):

@@ -153,9 +153,14 @@ def _run_replays(label: str, quiet: bool, work):
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write an SVG bar chart of peak reserved per trace and setting (FILE.svg).")
+@click.option("--planner-lag", default=0, show_default=True, type=click.IntRange(min=0),
+              metavar="REQUESTS",
+              help="With predictive:True, hand each plan over this many requests after it "
+                   "was asked for, as the program's planner thread would (a replay plans in "
+                   "line: 0 is the soonest it could).")
 @_scheduler_options
-def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_path, scheduler,
-           workers):
+def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_path, planner_lag,
+           scheduler, workers):
     """Replay allocation traces through allocators and compare what they reserve.
 
         npumem replay snapshot.pickle --allocator torch --set expandable_segments=True
@@ -185,7 +190,8 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
         raise click.BadParameter("--sweep varies allocator settings; add pool or torch to --allocator",
                                  param_hint="--sweep")
     combos = {name: _settings_for(name, settings, sweeps) for name in tunable}
-    jobs = [ReplayJob(path, name, chosen, device_memory) for path in traces for name in names
+    jobs = [ReplayJob(path, name, chosen, device_memory, planner_lag)
+            for path in traces for name in names
             for chosen in combos.get(name, [""])]
     results = _run_replays("replay", as_json, lambda update: run_jobs(jobs, scheduler, workers, update))
     if plot_path:

@@ -57,9 +57,12 @@ _NOT_YET = object()
 class Predictor:
     """The predictive part of one CachingAllocator (`pool`); called with the pool's lock held."""
 
-    def __init__(self, pool, background: bool = True, time_limit: float = 2.0):
+    def __init__(self, pool, background: bool = True, time_limit: float = 2.0, lag: int = 0):
         self.pool = pool
         self.background, self.time_limit = background, time_limit
+        # Planning in line (replays), a layout may still be handed over `lag` requests after
+        # it was asked for, as from the program's planner thread (`held` until then).
+        self.lag, self.held, self.held_at = lag, None, 0
         self.stream = _NOT_YET              # the stream followed (see _choose_stream)
         self.stream_bytes: dict = {}        # bytes asked per stream, while it is chosen
         self.learner: StepLearner | None = StepLearner()
@@ -96,6 +99,8 @@ class Predictor:
         """The planned block for this request (`nbytes` asked, `size` once rounded), or None
         (the pool serves it)."""
         self.requests += 1
+        if self.held is not None and self.requests - self.held_at > self.lag:
+            self.ready, self.held, self.planning = self.held, None, False
         if self.template is None and self.learner is not None:
             self._choose_stream(stream, size)
         if stream is not self.stream and stream != self.stream:
@@ -366,8 +371,11 @@ class Predictor:
             threading.Thread(target=self._plan, name="npumem-step-planner", daemon=True,
                              args=(template, taken, pinned, boundary, line, provisional)).start()
         else:
-            self.in_line = False
+            as_thread, self.in_line = self.lag and not self.in_line, False
             self._plan(template, taken, pinned, boundary, line, provisional)
+            if as_thread and self.ready is not None:     # handed over `lag` requests on
+                self.held, self.held_at = self.ready, self.requests
+                self.ready, self.planning = None, True
 
     def _pinned(self, template: Template, boundary: int, containers) -> dict[int, int]:
         """Crossing slots whose block from the step just ended is live in the pool, in one of

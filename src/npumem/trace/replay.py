@@ -90,10 +90,11 @@ def make_allocator(name: str, backend: SimBackend, settings: AllocatorSettings |
 
 def replay(events: Iterable[TraceEvent], allocator: str = "pool",
            settings: AllocatorSettings | None = None, trace_name: str = "",
-           memory: int = 64 * GiB, progress=None) -> ReplayResult:
+           memory: int = 64 * GiB, progress=None, planner_lag: int = 0) -> ReplayResult:
     """Run `events` through a fresh allocator; `progress(n)` is called every 10,000 events.
     (PyTorch's allocator starts empty here; `torch_replay.replay_file` starts a snapshot from
-    its recorded state.)"""
+    its recorded state.) With predictive pre-allocation, each layout is handed over
+    `planner_lag` requests after it was asked for, as the program's planner thread would."""
     if allocator in ("torch", "torch_npu"):
         from .recording import Recording
         from .torch_replay import replay_recording
@@ -106,8 +107,9 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
     predictor = getattr(resource, "predictor", None)
     if predictor is not None:
         # A replay runs far faster than the program did: plan in line, as the program's own
-        # step time would have covered it (planning_seconds says how long it took).
-        predictor.background = False
+        # step time would have covered it (planning_seconds says how long it took), and hand
+        # the layout over `planner_lag` requests on.
+        predictor.background, predictor.lag = False, planner_lag
     live: dict[int, tuple[int, int]] = {}      # trace addr -> (pointer, size)
     allocated = peak_allocated = peak_device = 0
     steady_live = steady_reserved = 0          # peaks while a plan cut at a step boundary serves

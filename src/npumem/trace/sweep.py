@@ -34,6 +34,7 @@ class ReplayJob:
     settings: str = ""             # NPUMEM_ALLOC_CONF text (pool), PyTorch's text (torch)
     memory: int | None = None      # device bytes; None: 64 GiB for the pool, and for PyTorch's
                                    # allocator what the recording shows it could use
+    planner_lag: int = 0           # requests before a predictive layout is handed over
 
     def run(self, progress: Callable[[int], None] | None = None) -> ReplayResult:
         """`progress(events)` every 10,000 events replayed."""
@@ -43,7 +44,8 @@ class ReplayJob:
             return ReplayResult.from_torch(result, self.allocator)
         settings = parse_settings(self.settings)
         return replay(read_trace(self.trace), self.allocator, settings, trace_name=self.trace,
-                      memory=self.memory or 64 * GiB, progress=progress)
+                      memory=self.memory or 64 * GiB, progress=progress,
+                      planner_lag=self.planner_lag)
 
 
 def run_job(job: ReplayJob) -> ReplayResult:
