@@ -250,12 +250,16 @@ def test_prediction_never_raises_peak_reserved_on_a_repeated_step():
 @POOL_KINDS
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(diverge_at=st.integers(0, 60), sizes=st.lists(st.integers(1, 8 * MiB), min_size=1, max_size=30),
-       hold=st.lists(st.integers(0, 40), min_size=1, max_size=30), seed=st.integers(0, 3))
-def test_leaving_the_learned_step_at_any_point_stays_correct(diverge_at, sizes, hold, seed, expandable):
+       hold=st.lists(st.integers(0, 40), min_size=1, max_size=30), seed=st.integers(0, 3),
+       lag=st.sampled_from([0, 0, 20]))
+def test_leaving_the_learned_step_at_any_point_stays_correct(diverge_at, sizes, hold, seed, lag,
+                                                           expandable):
     """Learn a step, then run requests that follow it up to `diverge_at` and then go their own
     way (other sizes, blocks kept longer than planned; with an odd `seed`, every other one on a
-    second stream): no two live blocks ever overlap, and the pool's counts match what is live."""
+    second stream), plans handed over at once or `lag` requests later: no two live blocks ever
+    overlap, and the pool's counts match what is live."""
     pool = make_pool(expandable=expandable)
+    pool.predictor.lag = lag
     for _ in range(2):
         run_step(pool)
         pool.mark_step()
