@@ -133,7 +133,8 @@ def test_cli_replays_the_pool_with_the_programs_settings_under_set(tmp_path, mon
 
 def test_cli_planner_lag_hands_plans_over_later(monkeypatch):
     """--planner-lag N: a predictive plan is handed over N requests after it was asked for,
-    as a program's planner thread would; so it takes over later. A negative N is an error."""
+    as a program's planner thread would; so it takes over later. A negative N, or a lag
+    with no predictive pool to apply to, is an error that says so."""
     monkeypatch.delenv("NPUMEM_ALLOC_CONF", raising=False)
     path = str(pathlib.Path(__file__).parent / "data" / "cpu_recordings" / "mlp_12_steps.jsonl.gz")
 
@@ -147,7 +148,9 @@ def test_cli_planner_lag_hands_plans_over_later(monkeypatch):
 
     assert took_over_at("0") < took_over_at("250")
     result = CliRunner().invoke(main, ["replay", path, "--planner-lag", "-1"])
-    assert result.exit_code == 2 and "--planner-lag" in result.output
+    assert result.exit_code == 2 and "0 or more" in result.output
+    result = CliRunner().invoke(main, ["replay", path, "--allocator", "pool", "--planner-lag", "9"])
+    assert result.exit_code == 2 and "predictive" in result.output
 
 
 @needs_shared

@@ -153,8 +153,7 @@ def _run_replays(label: str, quiet: bool, work):
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write an SVG bar chart of peak reserved per trace and setting (FILE.svg).")
-@click.option("--planner-lag", default=0, show_default=True, type=click.IntRange(min=0),
-              metavar="REQUESTS",
+@click.option("--planner-lag", default=0, show_default=True, type=int, metavar="REQUESTS",
               help="With predictive:True, hand each plan over this many requests after it "
                    "was asked for, as the program's planner thread would (a replay plans in "
                    "line: 0 is the soonest it could).")
@@ -190,6 +189,7 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
         raise click.BadParameter("--sweep varies allocator settings; add pool or torch to --allocator",
                                  param_hint="--sweep")
     combos = {name: _settings_for(name, settings, sweeps) for name in tunable}
+    _check_planner_lag(planner_lag, combos.get("pool", []))
     jobs = [ReplayJob(path, name, chosen, device_memory, planner_lag)
             for path in traces for name in names
             for chosen in combos.get(name, [""])]
@@ -205,6 +205,17 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     _print_replay_table(results)
     if plot_path:
         click.echo(f"wrote {plot_path}")
+
+
+def _check_planner_lag(lag: int, pool_settings: list[str]) -> None:
+    """--planner-lag is a count of requests, and only the predictive pool has plans to hand over."""
+    from .alloc.settings import parse_settings
+
+    if lag < 0:
+        raise click.BadParameter(f"{lag}: a number of requests, 0 or more", param_hint="--planner-lag")
+    if lag and not any(parse_settings(chosen).predictive for chosen in pool_settings):
+        raise click.BadParameter("only a pool with predictive:True has plans to hand over; add "
+                                 "--allocator pool --set predictive=True", param_hint="--planner-lag")
 
 
 def _check_paths(traces, plot_path) -> None:
