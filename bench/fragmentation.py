@@ -1,6 +1,6 @@
 """Peak reserved / peak live of npumem's pool against the PyTorch-policy emulation, per trace.
 
-    python bench/fragmentation.py [TRACE ...] [--json] [--jitter N]
+    python bench/fragmentation.py [TRACE ...] [--json] [--jitter N] [--planner-lag N]
 
 Defaults to every trace in ../shared/data/traces/ (`bench/record_workloads.py` records more).
 Each trace is replayed through `pool` (npumem, default settings), `pool` in segment mode, `torch`
@@ -9,7 +9,8 @@ bytes (1.0 is the lower bound). `pool (predictive)` is the pool with predictive:
 also give the hit rate after the plan took over, the steady ratio (peak reserved / peak live
 while a plan cut at a step boundary serves) and its floor (the steady live peak in whole 2 MiB
 pages, over that peak: no pool that maps pages reserves less), blank where no such plan served
-before the trace ended.
+before the trace ended. A replay plans in line; with --planner-lag N each plan is handed over N
+requests after it was asked for, as the program's planner thread would.
 
 With --jitter N the pool also replays each trace N more times with every distinct request size
 padded by a random 0-256 bytes (the same pad for every request of that size). Placement is
@@ -59,16 +60,20 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--jitter", type=int, default=0, metavar="N",
                         help="also replay the pool on N size-jittered copies of each trace")
+    parser.add_argument("--planner-lag", type=int, default=0, metavar="N",
+                        help="hand each predictive plan over N requests after it was asked for")
     args = parser.parse_args()
-    if args.jitter < 0:
-        parser.error(f"--jitter must be 0 or more, got {args.jitter}")
+    if args.jitter < 0 or args.planner_lag < 0:
+        parser.error(f"--jitter and --planner-lag must be 0 or more, got {args.jitter} and "
+                     f"{args.planner_lag}")
     paths = args.traces or traces()
     rows, spreads = [], {}
     for path in paths:
         events = list(read_trace(path))
         for label, settings in CONFIGS:
             start = time.perf_counter()
-            result = replay(events, label.split()[0], settings, trace_name=pathlib.Path(path).name)
+            result = replay(events, label.split()[0], settings, trace_name=pathlib.Path(path).name,
+                            planner_lag=args.planner_lag)
             rows.append({"trace": result.trace, "allocator": label, "events": result.events,
                          "peak_live_mib": result.peak_allocated_bytes / 2**20,
                          "peak_reserved_mib": result.peak_reserved_bytes / 2**20,
