@@ -154,8 +154,13 @@ def test_two_halves_with_unrelated_sizes_are_not_one_step_of_varying_shape():
     assert _scaled([100, 200, 300, 7], [150, 300, 450, 7])          # one factor: a length
     assert _scaled([100, 200, 7], [150, 450, 7])                    # a length and its square
     assert not _scaled(list(range(1, 21)), list(range(21, 41)))     # each its own
-    widened = Template([10, 20], [10, 20], [0, 1], [1, 2], 2, 0, 2).widened([[10, 30], None])
+
+
+def test_widening_marks_the_slots_that_differ_and_keeps_the_largest_size():
+    template = Template([10, 20], [10, 20], [0, 1], [1, 2], 2, 0, 2)
+    widened = template.widened([[10, 30], None, [10, 15]])           # None: not a copy
     assert widened.sizes == [10, 30] and widened.varies == {1}
+    assert template.widened([[10, 20]]) is template                  # nothing differs
 
 
 @POOL_KINDS
