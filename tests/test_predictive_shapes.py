@@ -189,3 +189,31 @@ def test_varying_lengths_and_detours_stay_correct(lengths, detours, marked, lag,
     stats = pool.memory_stats()
     assert stats["allocated_bytes.all.current"] == 0 and stats["allocation.all.current"] == 0
     pool.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(step=st.lists(st.tuples(st.integers(1, 1 << 20), st.integers(1, 12), st.booleans()),
+                     min_size=4, max_size=30),
+       factors=st.lists(st.integers(1, 5), min_size=2, max_size=5))
+def test_copies_of_a_step_vary_exactly_where_their_sizes_scale(step, factors):
+    """A random step (size, lifetime in requests, whether the size scales with the length)
+    repeated at random lengths and marked: the template made again from the history varies at
+    exactly the scaling slots whose sizes differed, and holds the largest size each had."""
+    learner, pointer, runs = StepLearner(), 0, []
+    for factor in factors:
+        run = [(size * factor if scales else size, lifetime) for size, lifetime, scales in step]
+        runs.append([size for size, _ in run])
+        due: dict[int, list[int]] = {}
+        for index, (size, lifetime) in enumerate(run):
+            for freed in due.pop(index, []):
+                learner.on_free(freed)
+            pointer += 1
+            learner.on_alloc(pointer, size, size)
+            due.setdefault(index + lifetime, []).append(pointer)
+        for freed in sorted(p for pointers in due.values() for p in pointers):
+            learner.on_free(freed)
+        learner.mark()
+    template = learner.refreshed(learner._template(0, len(step), 0, marked=True))
+    assert template.varies == {slot for slot in range(len(step))
+                               if len({run[slot] for run in runs}) > 1}
+    assert template.sizes == [max(run[slot] for run in runs) for slot in range(len(step))]
