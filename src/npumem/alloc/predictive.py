@@ -165,8 +165,8 @@ class Predictor:
             return False
         if not self.serving:
             if size > template.sizes[slot] and not self.planning and self.ready is None \
-                    and self.layout is None:        # no layout holds the template's sizes
-                template.sizes[slot] = size
+                    and self.layout is None:        # (a layout made is for the sizes it knew)
+                self.template = _grown(template, slot, size)
             return True
         if size > self.arena.blocks[slot].size:
             self._outgrown(template, slot, size)
@@ -178,9 +178,7 @@ class Predictor:
         of the step as it would without a plan, and the step is followed with the slot's new
         size, to be planned again at the next boundary."""
         self._stand_aside()
-        sizes = list(template.sizes)
-        sizes[slot] = size
-        self.template = template.widened([sizes])
+        self.template = _grown(template, slot, size)
         self.note = (f"a request of {size} bytes outgrew its planned block of "
                      f"{template.sizes[slot]}: planning the step again at the next boundary")
 
@@ -795,3 +793,10 @@ class Predictor:
                 "prediction.hit_rate": self.hits / served if served else 0.0,
                 "prediction.plans": self.plans,
                 "prediction.arena_bytes": sum(arena.size for arena in self.arenas())}
+
+
+def _grown(template: Template, slot: int, size: int) -> Template:
+    """`template` with slot `slot` grown to `size` bytes (a new template: a layout holds the old)."""
+    sizes = list(template.sizes)
+    sizes[slot] = size
+    return template.widened([sizes])
