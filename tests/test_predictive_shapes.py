@@ -15,7 +15,8 @@ from npumem.alloc.step_learner import StepLearner, Template, _scaled
 from npumem.trace import read_trace
 from npumem.trace.replay import replay
 
-from .test_predictive import POOL_KINDS, STEP, assert_no_overlap, make_pool, run_step
+from .test_predictive import (POOL_KINDS, STEP, assert_no_overlap, checked_with_lag, make_pool,
+                              run_step)
 
 
 def shaped(length: int, step=STEP) -> list[tuple[int, int]]:
@@ -129,11 +130,13 @@ def test_runs_of_one_length_cost_steps_only_at_the_first_change(expandable):
     pool.close()
 
 
-def test_the_learner_widens_a_template_to_its_copies_and_refuses_other_steps():
+def learned(steps) -> StepLearner:
+    """A learner that saw `steps` (each a list of (size, lifetime in requests), everything
+    freed at its end), each marked."""
     learner, pointer = StepLearner(), 0
-    for length in [4, 6, 3, 4]:
+    for step in steps:
         due: dict[int, list[int]] = {}
-        for index, (size, lifetime) in enumerate(shaped(length)):
+        for index, (size, lifetime) in enumerate(step):
             for freed in due.pop(index, []):
                 learner.on_free(freed)
             pointer += 1
@@ -142,6 +145,11 @@ def test_the_learner_widens_a_template_to_its_copies_and_refuses_other_steps():
         for freed in sorted(pointer for pointers in due.values() for pointer in pointers):
             learner.on_free(freed)
         learner.mark()
+    return learner
+
+
+def test_the_learner_widens_a_template_to_its_copies_and_refuses_other_steps():
+    learner = learned(shaped(length) for length in [4, 6, 3, 4])
     template = learner.refreshed(learner._template(len(STEP), 2 * len(STEP), 0, marked=True))
     assert template.varies == {slot for slot in range(len(STEP)) if slot % 3 != 2}
     assert template.sizes == [size for size, _ in shaped(6)]
@@ -183,7 +191,7 @@ def test_varying_lengths_and_detours_stay_correct(lengths, detours, marked, lag,
         for at_step, index, size in detours:
             if at_step == number:
                 body.insert(index, (size, 3))
-        run_step(pool, body, check=assert_no_overlap)
+        run_step(pool, body, check=checked_with_lag)
         if marked:
             pool.mark_step()
     stats = pool.memory_stats()
@@ -199,20 +207,10 @@ def test_copies_of_a_step_vary_exactly_where_their_sizes_scale(step, factors):
     """A random step (size, lifetime in requests, whether the size scales with the length)
     repeated at random lengths and marked: the template made again from the history varies at
     exactly the scaling slots whose sizes differed, and holds the largest size each had."""
-    learner, pointer, runs = StepLearner(), 0, []
-    for factor in factors:
-        run = [(size * factor if scales else size, lifetime) for size, lifetime, scales in step]
-        runs.append([size for size, _ in run])
-        due: dict[int, list[int]] = {}
-        for index, (size, lifetime) in enumerate(run):
-            for freed in due.pop(index, []):
-                learner.on_free(freed)
-            pointer += 1
-            learner.on_alloc(pointer, size, size)
-            due.setdefault(index + lifetime, []).append(pointer)
-        for freed in sorted(p for pointers in due.values() for p in pointers):
-            learner.on_free(freed)
-        learner.mark()
+    steps = [[(size * factor if scales else size, lifetime) for size, lifetime, scales in step]
+             for factor in factors]
+    runs = [[size for size, _ in run] for run in steps]
+    learner = learned(steps)
     template = learner.refreshed(learner._template(0, len(step), 0, marked=True))
     assert template.varies == {slot for slot in range(len(step))
                                if len({run[slot] for run in runs}) > 1}

@@ -212,10 +212,12 @@ def _check_planner_lag(lag: int, pool_settings: list[str]) -> None:
     from .alloc.settings import parse_settings
 
     if lag < 0:
-        raise click.BadParameter(f"{lag}: a number of requests, 0 or more", param_hint="--planner-lag")
+        raise click.BadParameter(f"{lag}: a number of requests, 0 or more",
+                                 param_hint="--planner-lag")
     if lag and not any(parse_settings(chosen).predictive for chosen in pool_settings):
         raise click.BadParameter("only a pool with predictive:True has plans to hand over; add "
-                                 "--allocator pool --set predictive=True", param_hint="--planner-lag")
+                                 "--allocator pool --set predictive=True",
+                                 param_hint="--planner-lag")
 
 
 def _check_paths(traces, plot_path) -> None:

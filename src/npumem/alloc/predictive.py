@@ -61,7 +61,8 @@ class Predictor:
         self.pool = pool
         self.background, self.time_limit = background, time_limit
         # Planning in line (replays), a layout may still be handed over `lag` requests after
-        # it was asked for, as from the program's planner thread (`held` until then).
+        # it was asked for, as from the program's planner thread (`held` until then: the
+        # replay calls `hand_over_held`, off the pool's allocate path).
         self.lag, self.held, self.held_at = lag, None, 0
         self.stream = _NOT_YET              # the stream followed (see _choose_stream)
         self.stream_bytes: dict = {}        # bytes asked per stream, while it is chosen
@@ -99,8 +100,6 @@ class Predictor:
         """The planned block for this request (`nbytes` asked, `size` once rounded), or None
         (the pool serves it)."""
         self.requests += 1
-        if self.held is not None and self.requests - self.held_at > self.lag:
-            self.ready, self.held, self.planning = self.held, None, False
         if self.template is None and self.learner is not None:
             self._choose_stream(stream, size)
         if stream is not self.stream and stream != self.stream:
@@ -155,6 +154,12 @@ class Predictor:
         self.hits += 1
         self.step_hits += 1
         return block
+
+    def hand_over_held(self) -> None:
+        """A replay with a planner lag, after each request: the layout held back is ready once
+        `lag` requests have passed since it was asked for, as from a planner thread."""
+        if self.held is not None and self.requests - self.held_at >= self.lag:
+            self.ready, self.held, self.planning = self.held, None, False
 
     def _resized(self, template: Template, slot: int, size: int) -> bool:
         """Whether a request of another size is still the slot's: the slot's size changes from

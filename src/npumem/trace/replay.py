@@ -110,6 +110,7 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
         # step time would have covered it (planning_seconds says how long it took), and hand
         # the layout over `planner_lag` requests on.
         predictor.background, predictor.lag = False, planner_lag
+    hand_over = predictor.hand_over_held if predictor is not None and planner_lag else None
     live: dict[int, tuple[int, int]] = {}      # trace addr -> (pointer, size)
     allocated = peak_allocated = peak_device = 0
     steady_live = steady_reserved = 0          # peaks while a plan cut at a step boundary serves
@@ -129,6 +130,8 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
             start = clock()
             pointer = resource.allocate(event.size, event.stream)
             alloc_seconds += clock() - start
+            if hand_over is not None:
+                hand_over()
             allocs += 1
             live[event.addr] = (pointer, event.size)
             allocated += event.size
