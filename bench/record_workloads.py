@@ -109,16 +109,19 @@ class TinyGPT(nn.Module):
 
 
 def training(model: nn.Module, batch, loss, steps: int = 5, optimizer: str = "adamw",
-             micro_batches: int = 1, eval_every: int = 0):
+             micro_batches: int = 1, eval_every: int = 0, state_first: bool = False):
     """`steps` optimizer steps on fresh batches: forward, backward (`micro_batches` of them,
     accumulating gradients), update; with `eval_every`, a forward pass without gradients after
-    every that many steps."""
+    every that many steps. The optimizer makes its state in the first step, between that step's
+    gradients; with `state_first` it is made before it, as loading a checkpoint does."""
     if optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), 1e-3)
     else:
         opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
 
     def run():
+        if state_first:
+            _make_state(opt)
         for step in range(1, steps + 1):
             opt.zero_grad(set_to_none=True)
             for _ in range(micro_batches):
@@ -129,6 +132,19 @@ def training(model: nn.Module, batch, loss, steps: int = 5, optimizer: str = "ad
                 with torch.no_grad():
                     model(batch()[0])
     return run
+
+
+def _make_state(opt: torch.optim.Optimizer) -> None:
+    """The state `opt` would make in its first step (zeros, and AdamW's step count on the host,
+    where it keeps it), made now, one parameter after another, as a checkpoint is loaded."""
+    for group in opt.param_groups:
+        for param in group["params"]:
+            if isinstance(opt, torch.optim.AdamW):
+                opt.state[param] = {"step": torch.tensor(0.0, device="cpu"),
+                                    "exp_avg": torch.zeros_like(param),
+                                    "exp_avg_sq": torch.zeros_like(param)}
+            else:
+                opt.state[param] = {"momentum_buffer": torch.zeros_like(param)}
 
 
 def generation(model: TinyGPT, batch: int = 4, prompt: int = 32, new_tokens: int = 64, runs: int = 3):
@@ -161,6 +177,9 @@ def _varying_lengths(batch: int, dim: int, lengths: list[int], seed: int = 0):
 def _workloads():
     """name -> a function building the workload's run() (built lazily: models take memory)."""
     cross_entropy = nn.CrossEntropyLoss()
+
+    def tokens():
+        return torch.randint(0, 2000, (8, 96)), _classes(8, 2000)
     return {
         "cnn_sgd": lambda: training(residual_cnn([16, 32, 64, 128], 2),
                                     lambda: (torch.randn(16, 3, 64, 64), _classes(16)),
@@ -174,8 +193,9 @@ def _workloads():
                                 lambda: (torch.randn(256, 784), _classes(256)), cross_entropy),
         "encoder": lambda: training(nn.TransformerEncoder(nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True), 4),
                                     lambda: (torch.randn(8, 128, 256), torch.randn(8, 128, 256)), F.mse_loss),
-        "gpt_train": lambda: training(TinyGPT(), lambda: (torch.randint(0, 2000, (8, 96)), _classes(8, 2000)),
-                                      cross_entropy),
+        "gpt_train": lambda: training(TinyGPT(), tokens, cross_entropy),
+        # the same, resumed: the optimizer's state exists before the first step
+        "gpt_resume": lambda: training(TinyGPT(), tokens, cross_entropy, state_first=True),
         "gpt_generate": lambda: generation(TinyGPT()),
         "cnn_accum": lambda: training(residual_cnn([16, 32, 64], 2),
                                       lambda: (torch.randn(8, 3, 48, 48), _classes(8)),

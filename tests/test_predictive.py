@@ -717,6 +717,21 @@ def test_a_plan_may_move_crossing_blocks_where_pinning_them_costs_pages():
     assert result.prediction_hit_rate >= 0.99
 
 
+def test_a_resumed_training_loop_is_planned_to_its_page_floor():
+    """bench/record_workloads.py's gpt_resume: gpt_train with the AdamW state made before the
+    first step, as loading a checkpoint does, so no step's blocks lie between the long-lived
+    ones. The plan reserves the steady live peak in whole pages (gpt_train, whose state lands
+    in the first step's holes, is held two pages above it: docs/predictive.md)."""
+    from npumem.trace import read_trace
+
+    events = list(read_trace(Path(__file__).parent / "data" / "cpu_recordings" / "gpt_resume.jsonl.gz"))
+    default = replay(events, "pool")
+    result = replay(events, "pool", AllocatorSettings(predictive=True))
+    assert result.prediction_hit_rate == 1.0, result.notes
+    assert result.steady_reserved_over_allocated == pytest.approx(result.steady_page_floor), result.notes
+    assert result.peak_reserved_bytes <= default.peak_reserved_bytes
+
+
 @settings(max_examples=200, deadline=None)
 @given(spans=st.lists(st.tuples(st.integers(0, 200), st.integers(1, 40)), max_size=12),
        carved=st.lists(st.tuples(st.integers(0, 250), st.integers(0, 60)), max_size=5),
