@@ -206,6 +206,25 @@ def test_tune_recommends_the_lowest_peak(tmp_path):
     assert json.loads(result.output)["predicted_peak_reserved_bytes"] == min(peaks)
 
 
+def test_tune_says_why_a_setting_that_ties_the_defaults_wins(tmp_path):
+    """Equal peaks: fewer device allocations decide, and the reason says so (it used to say
+    the defaults reserve the least, and name the defaults as the best alternative)."""
+    sizes = [("alloc", 1, 1_500_000), ("alloc", 2, 2_300_000), ("alloc", 3, 700_000),
+             ("alloc", 4, 700_000), ("free", 1, 1_500_000), ("alloc", 5, 1_100_000),
+             ("free", 5, 1_100_000), ("alloc", 6, 1_100_000)]
+    path = tmp_path / "t.jsonl"
+    write_trace([TraceEvent(float(i), action, addr << 12, size)
+                 for i, (action, addr, size) in enumerate(sizes)], path)
+    recommendation = tune(str(path), ("", "roundup_power2_divisions:4"), scheduler="serial")
+    default, rounded = recommendation.candidates
+    assert default.peak_reserved_bytes == rounded.peak_reserved_bytes
+    assert rounded.device_allocs < default.device_allocs
+    assert recommendation.settings == "roundup_power2_divisions:4"
+    assert recommendation.reason.startswith(
+        f"roundup_power2_divisions:4 reserves as little at peak as the defaults (6.00 MiB) with "
+        f"fewer device allocations ({rounded.device_allocs} vs {default.device_allocs})")
+
+
 def test_replay_cli_reports_bad_trace(tmp_path):
     bad = tmp_path / "bad.jsonl.gz"
     bad.write_bytes(gzip.compress(b'{"action": "alloc", "addr": 1, "size": 8}\n{"action": "grow"}\n'))

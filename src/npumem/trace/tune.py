@@ -67,6 +67,10 @@ def tune(trace: str, candidates=CANDIDATES, scheduler: str = "processes", worker
         why = (f"{settings_label(settings)} reserves {format_size(saved)} less at peak than the "
                f"defaults ({format_size(best.peak_reserved_bytes)} vs "
                f"{format_size(default.peak_reserved_bytes)})")
+    elif settings:              # as low a peak, with fewer device allocations (the tie-break)
+        why = (f"{settings_label(settings)} reserves as little at peak as the defaults "
+               f"({format_size(best.peak_reserved_bytes)}) with fewer device allocations "
+               f"({best.device_allocs} vs {default.device_allocs})")
     else:
         why = (f"the defaults already reserve the least ({format_size(best.peak_reserved_bytes)}); "
                f"the best alternative, {settings_label(ranked[1][1]) if len(ranked) > 1 else '-'}, "
