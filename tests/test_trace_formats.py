@@ -133,6 +133,13 @@ def test_convert_cli_every_direction(tmp_path):
     assert result.exit_code == 2 and "no such file" in result.output
 
 
+def test_reading_a_folder_as_a_trace_says_it_is_a_folder(tmp_path):
+    with pytest.raises(TraceFormatError, match="is a folder, not a file"):
+        read_trace(tmp_path)
+    with pytest.raises(TraceFormatError, match="no such file"):
+        read_trace(tmp_path / "missing.jsonl")
+
+
 def test_sweep_settings_product_and_validation():
     assert sweep_settings("", ["expandable_segments=True,False", "roundup_power2_divisions=0,4"]) == [
         "expandable_segments:True,roundup_power2_divisions:0",

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..trace.events import NO_SUCH_FILE, TraceEvent
+from ..trace.events import TraceEvent, not_a_file
 
 
 class ProblemFormatError(ValueError):
@@ -105,7 +105,7 @@ def read_problem(path: str | os.PathLike) -> PlanningProblem:
     """Read an `id,lower,upper,size` CSV file (a header line is required)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise ProblemFormatError(path, "", NO_SUCH_FILE)
+        raise ProblemFormatError(path, "", not_a_file(path))
     try:
         handle = open(path, newline="", encoding="utf-8", errors="strict")
     except OSError as exc:
@@ -176,7 +176,7 @@ def load_problem(path: str | os.PathLike) -> PlanningProblem:
     """A CSV problem, or the lifetimes of any trace file npumem reads (format auto-detected)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise ProblemFormatError(path, "", NO_SUCH_FILE)
+        raise ProblemFormatError(path, "", not_a_file(path))
     with open(path, "rb") as probe:
         head = probe.read(64)
     if head.lstrip().lower().startswith(b"id,lower,upper,size"):

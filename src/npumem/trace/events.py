@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 
@@ -17,6 +18,11 @@ class TraceEvent(NamedTuple):
 
 
 NO_SUCH_FILE = "no such file"        # one wording, wherever a file to read is missing
+
+
+def not_a_file(path: str) -> str:
+    """Why `path`, which is no file, cannot be read: missing, or a folder."""
+    return "is a folder, not a file" if os.path.isdir(path) else NO_SUCH_FILE
 
 
 class TraceFormatError(ValueError):

@@ -10,7 +10,7 @@ import os
 from typing import Iterable, Iterator
 
 from . import chrome, jsonl, msprof, rmm, snapshot
-from .events import NO_SUCH_FILE, TraceEvent, TraceFormatError
+from .events import TraceEvent, TraceFormatError, not_a_file
 from .textio import read_head
 
 # name -> module with sniff(head), read(path) and write(events, path); sniffed in this order.
@@ -66,7 +66,7 @@ def read_trace(path: str | os.PathLike, fmt: str | None = None) -> Iterator[Trac
     """The events of a trace file in time order, streamed where the format allows."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise TraceFormatError(path, "", NO_SUCH_FILE)
+        raise TraceFormatError(path, "", not_a_file(path))
     return FORMATS[fmt or detect_format(path)].read(path)
 
 

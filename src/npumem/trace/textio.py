@@ -11,7 +11,7 @@ import zlib
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
-from .events import NO_SUCH_FILE, TraceFormatError
+from .events import TraceFormatError, not_a_file
 
 
 def is_gzip(path: str) -> bool:
@@ -21,7 +21,7 @@ def is_gzip(path: str) -> bool:
 
 def open_binary(path: str):
     if not os.path.isfile(path):
-        raise TraceFormatError(path, "", NO_SUCH_FILE)
+        raise TraceFormatError(path, "", not_a_file(path))
     return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
 
 
