@@ -115,9 +115,16 @@ def main() -> None:
         made.append((layout, list(taken), dict(pinned or {})))
         return layout
 
-    predictive.lay_out = recording
+    predictive.lay_out = recording            # each layout, with what it was placed around
+    try:
+        report(args.traces, made, args.moments, milp)
+    finally:
+        predictive.lay_out = plain
+
+
+def report(traces, made, moments: int, milp) -> None:
     print(f"{'trace':<22} {'steady':>7} {'floor':>6}  {'layout':<58} {'pages':>5} {'least':>5}")
-    for path in args.traces:
+    for path in traces:
         made.clear()
         try:
             result = replay(read_trace(path), "pool", AllocatorSettings(predictive=True))
@@ -135,7 +142,7 @@ def main() -> None:
                 + [(o, o + s) for o, s in taken] \
                 + [(o, o + layout.template.sizes[s]) for s, o in pinned.items()]
             pages = len(pages_touched(ranges))
-            least = bound(layout, taken, pinned, args.moments, milp)
+            least = bound(layout, taken, pinned, moments, milp)
             print(f"{name:<22} {steady:>7} {floor:>6}  {layout.algorithm[:58]:<58} {pages:>5} "
                   f"{least:>5}", flush=True)
 

@@ -46,3 +46,17 @@ def test_the_bench_names_a_missing_trace(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         _module().main()
     assert "missing.jsonl.gz" in str(exit_.value)
+
+
+def test_the_resumed_loop_is_at_its_bound_and_the_planner_is_left_as_it_was(capsys, monkeypatch):
+    """gpt_resume (tests/data): no holes between long-lived blocks, so its layout's pages are
+    the least possible; the bench puts back the planner it wraps."""
+    from npumem.alloc import predictive, step_plan
+
+    trace = pathlib.Path(__file__).parent / "data" / "cpu_recordings" / "gpt_resume.jsonl.gz"
+    monkeypatch.setattr("sys.argv", ["steady_bound.py", str(trace), "--moments", "5"])
+    _module().main()
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[0] == "gpt_resume" and row[1] == row[2] == "1.015"
+    assert int(row[-2]) == int(row[-1]) == 44
+    assert predictive.lay_out is step_plan.lay_out
