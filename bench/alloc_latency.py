@@ -12,7 +12,9 @@ includes work amortized over many calls, such as the pool folding its statistics
 Targets: pool median <= 2x torch; statistics adaptor <= +30%.
 
 Predictive hits (predictive:True) are timed on a repeated step of those sizes, against the
-plain pool on the same steps, request by request in turn.
+plain pool on the same steps, request by request in turn. So is a program that never repeats
+(random sizes and lifetimes, twice predictive.QUIET requests): the pool with prediction learns
+for QUIET requests, finds no step, and pauses learning for as many more.
 
 The pool sanitizer (NPUMEM_SANITIZE=1) is global, so its cost is timed apart: rounds of the
 pool's pairs alternate with it off and on, and the ratio of the medians is printed.
@@ -30,6 +32,7 @@ import numpy as np
 
 from npumem.alloc.adaptors import StatisticsAdaptor, TrackingAdaptor
 from npumem.alloc.caching_allocator import CachingAllocator
+from npumem.alloc.predictive import QUIET
 from npumem.alloc.settings import AllocatorSettings
 from npumem.device import SimBackend, SimConfig
 from npumem.device.torch_backend import TorchBackend
@@ -104,6 +107,36 @@ def predictive_hits(backend, requests: list[int], rounds: int = 5) -> tuple[floa
             statistics.median(samples["predictive"]) / 1e3, share)
 
 
+def predictive_unrepeated(backend) -> tuple[float, float, float]:
+    """(median us per request: the plain pool, the pool with prediction while it learns, and
+    while it pauses) on a stream that never repeats: each request allocates a random size and
+    may free a random live block."""
+    rng = np.random.default_rng(1)
+    count = 2 * QUIET
+    requested = np.exp(rng.uniform(np.log(512), np.log(4 << 20), count)).astype(int).tolist()
+    picks = rng.random(count).tolist()
+    targets = {"pool": CachingAllocator(backend, 0),
+               "predictive": CachingAllocator(backend, 0, AllocatorSettings(predictive=True))}
+    live = {label: [] for label in targets}
+    samples = {"pool": [], "learning": [], "paused": []}
+    clock = time.perf_counter_ns
+    for index, (n, pick) in enumerate(zip(requested, picks)):
+        for label, target in targets.items():
+            blocks = live[label]
+            start = clock()
+            if len(blocks) > 48 or (blocks and pick < 0.5):
+                target.deallocate(blocks.pop(int(pick * 997) % len(blocks)))
+            blocks.append(target.allocate(n))
+            took = clock() - start
+            phase = label if label == "pool" else "learning" if index < QUIET else "paused"
+            samples[phase].append(took)
+    for label, target in targets.items():
+        for pointer in live[label]:
+            target.deallocate(pointer)
+        target.close()
+    return tuple(statistics.median(samples[label]) / 1e3 for label in ("pool", "learning", "paused"))
+
+
 def peers(device: str) -> dict:
     """{label: (allocate, free)} of the other allocators on `device` that are installed."""
     found = {}
@@ -156,6 +189,7 @@ def main() -> None:
     timed = interleaved_pairs(paths, sizes(args.pairs))
     plain, sanitized = sanitizer_cost(pool, sizes(args.pairs // 4))
     pool_hit, predictive_hit, predictive_share = predictive_hits(backend, sizes(args.pairs // 5))
+    unrepeated = predictive_unrepeated(backend)
     pool.close()
     segments.close()
 
@@ -169,6 +203,8 @@ def main() -> None:
     results["predictive_pool_hit_us"], results["predictive_hit_us"] = pool_hit, predictive_hit
     results["predictive_hit_share"] = predictive_share
     results["predictive_over_pool"] = predictive_hit / pool_hit
+    (results["unrepeated_pool_us"], results["unrepeated_learning_us"],
+     results["unrepeated_paused_us"]) = unrepeated
     if "torch_empty_del" in timed:
         results["pool_over_torch"] = results["pool_us"] / results["torch_empty_del_us"]
         results["pool_over_torch_mean"] = results["pool_mean_us"] / results["torch_empty_del_mean_us"]
@@ -188,6 +224,8 @@ def main() -> None:
           f"({results['sanitizer_overhead']:+.0%}; NPUMEM_SANITIZE=1)")
     print(f"  predictive hit: {predictive_hit:.2f} us per pair against the pool's {pool_hit:.2f} "
           f"({results['predictive_over_pool']:.2f}x; {predictive_share:.1%} of requests hit)")
+    print(f"  predictive, a stream that never repeats: {unrepeated[1]:.2f} us per request while "
+          f"learning, {unrepeated[2]:.2f} once paused, against the pool's {unrepeated[0]:.2f}")
     if "pool_over_torch" in results:
         print(f"  pool / torch: {results['pool_over_torch']:.2f}x median (target <= 2x), "
               f"{results['pool_over_torch_mean']:.2f}x mean")

@@ -91,6 +91,57 @@ def test_marked_steps_are_served_from_the_plan_from_the_second_step(expandable):
     pool.close()
 
 
+def never_repeating(pool, count: int, seed: int = 0) -> None:
+    """`count` requests of random sizes, each freed a random few requests later."""
+    import random
+    rng, live = random.Random(seed), []
+    for _ in range(count):
+        if len(live) > rng.randrange(1, 8):
+            pool.deallocate(live.pop(rng.randrange(len(live))))
+        live.append(pool.allocate(rng.randrange(1, 1 << 20)))
+    for pointer in live:
+        pool.deallocate(pointer)
+
+
+def test_a_program_that_never_repeats_pauses_learning_for_longer_each_time():
+    """Learning costs time on every request: with no step found in `quiet` requests it
+    pauses, for `pause` requests, twice as many each time, then learns from scratch; a
+    program that starts repeating is then served."""
+    pool = make_pool()
+    predictor = pool.predictor
+    predictor.quiet = predictor.pause = 300
+    never_repeating(pool, 301)
+    assert predictor.learner is None and predictor.wake_at == 600, predictor.note
+    assert predictor.note == "no repeated step found in 300 requests: learning again 300 requests on"
+    never_repeating(pool, 300, seed=1)
+    assert predictor.learner is not None and predictor.note == "learning"
+    never_repeating(pool, 300, seed=2)             # quiet again: paused twice as long
+    assert predictor.learner is None and predictor.wake_at == 900 + 600, predictor.note
+    never_repeating(pool, 600, seed=3)
+    for _ in range(8):
+        run_step(pool)
+    hits = predictor.hits
+    run_step(pool)
+    assert predictor.hits - hits == len(STEP), predictor.note
+    assert pool.memory_stats()["allocated_bytes.all.current"] == 0
+    pool.close()
+
+
+def test_marking_a_step_ends_a_pause():
+    pool = make_pool()
+    predictor = pool.predictor
+    predictor.quiet = predictor.pause = 300
+    never_repeating(pool, 301)
+    assert predictor.learner is None
+    pool.mark_step()                               # the program says where its steps end
+    assert predictor.learner is not None and predictor.wake_at is None
+    for _ in range(3):
+        run_step(pool)
+        pool.mark_step()
+    assert predictor.serving, predictor.note
+    pool.close()
+
+
 def test_a_repeated_step_is_found_without_marks():
     pool = make_pool()
     step = STEP * 4                  # long enough for GRAM + VERIFY inside one step

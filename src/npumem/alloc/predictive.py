@@ -30,6 +30,8 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
    A step with at least 99% hits ends learning, which costs time on every request (unless
    counting, `_counted`, is what tells requests the template leaves out from the others). A
    step that took reserved memory above the pre-plan peak otherwise ends prediction for good.
+   A program in which no step is found for `QUIET` requests pauses learning, for twice as
+   long each time (`_pause`): it would pay for it on every request and gain nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ KEPT = 0.8              # share of a detected step's requests that must be plann
 PROVEN, STALE = 0.99, 0.5   # step hit rates that end learning / drop the plan
 GRAM_CHECK = 32         # requests followed before a template's record counts
 MAX_REFUSALS = 5        # templates refused (strayed from, or too tall) before prediction stops
+QUIET = 1 << 18         # requests learned with no step found before learning pauses (as long,
+MAX_PAUSE = 16 * QUIET  # then twice as long each time, up to this)
 _NOT_YET = object()
 
 
@@ -92,6 +96,8 @@ class Predictor:
         self.took_over_at: int | None = None       # requests seen when an arena first served
         self.boundary_live: int | None = None      # live bytes at the last step boundary seen
         self.between_cuts = True                    # a plan may take over between cuts
+        self.quiet, self.quiet_since = QUIET, 0     # see _pause
+        self.pause, self.wake_at = QUIET, None      # while paused: the request that ends it
         self.note = "learning"
 
     # --- called by the pool ---------------------------------------------------------------
@@ -100,8 +106,14 @@ class Predictor:
         """The planned block for this request (`nbytes` asked, `size` once rounded), or None
         (the pool serves it)."""
         self.requests += 1
-        if self.template is None and self.learner is not None:
-            self._choose_stream(stream, size)
+        if self.template is None:
+            if self.learner is not None:
+                if self.requests - self.quiet_since >= self.quiet:
+                    self._pause()
+                else:
+                    self._choose_stream(stream, size)
+            elif self.wake_at is not None and self.requests >= self.wake_at:
+                self._wake()
         if stream is not self.stream and stream != self.stream:
             return self._other_stream(size, stream)
         self.misses += self.took_over_at is not None and not self.serving   # the pool's, now
@@ -286,6 +298,8 @@ class Predictor:
             step = template.step_slots          # the next step is the template's next one
             self.cursor = step if template.repeats > 1 and 0 < self.cursor <= step else 0
             self._step_began(self.cursor)
+        if self.wake_at is not None:            # the program says where its steps end
+            self._wake()
         if self.learner is not None:
             template = self.learner.mark()
             if template is not None:
@@ -293,10 +307,24 @@ class Predictor:
 
     # --- learning and planning ------------------------------------------------------------
 
+    def _pause(self) -> None:
+        """No step in `quiet` requests: the program does not repeat, or not yet. Learning
+        costs time on every request; pause it for `pause` requests, twice as many each time,
+        and then learn from scratch."""
+        self.learner, self.wake_at = None, self.requests + self.pause
+        self.note = (f"no repeated step found in {self.quiet} requests: learning again "
+                     f"{self.pause} requests on")
+        self.pause = min(2 * self.pause, MAX_PAUSE)
+
+    def _wake(self) -> None:
+        self.learner, self.wake_at = StepLearner(strict=self.refusals > 1, mid_step=True), None
+        self.quiet_since, self.note = self.requests, "learning"
+
     def _consider(self, template: Template) -> None:
         """A template from the learner: plan it if it is the step (see _is_the_step). One with
         the lifetimes of the last template given up is that step at another length: it takes
         its sizes (so holds the peak if it did)."""
+        self.quiet_since = self.requests        # a step was found: learning is worth it
         known = self.dropped
         if known is not None and (known.starts, known.ends) == (template.starts, template.ends):
             widened = template.widened([known.sizes])
@@ -757,6 +785,7 @@ class Predictor:
         self.step_hits = self.step_misses = 0
         self.note = why
         self.learner = StepLearner(strict=self.refusals > 1, mid_step=True)
+        self.quiet_since = self.requests
 
     # --- the pool's other needs -----------------------------------------------------------
 
