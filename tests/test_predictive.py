@@ -127,6 +127,28 @@ def test_a_program_that_never_repeats_pauses_learning_for_longer_each_time():
     pool.close()
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=st.lists(st.tuples(st.sampled_from(["step", "noise", "mark"]), st.integers(0, 99)),
+                      min_size=1, max_size=24),
+       quiet=st.integers(10, 120), expandable=st.booleans())
+def test_pauses_between_steps_and_noise_stay_correct(parts, quiet, expandable):
+    """Steps, stretches that repeat nothing and marks, in any order, with learning pausing
+    and waking early and often: no two live blocks overlap, and the counts match."""
+    pool = make_pool(expandable=expandable)
+    pool.predictor.quiet = pool.predictor.pause = quiet
+    for kind, seed in parts:
+        if kind == "step":
+            run_step(pool, check=assert_no_overlap)
+        elif kind == "noise":
+            never_repeating(pool, 20 + seed, seed)
+            assert_no_overlap(pool)
+        else:
+            pool.mark_step()
+    stats = pool.memory_stats()
+    assert stats["allocated_bytes.all.current"] == 0 and stats["allocation.all.current"] == 0
+    pool.close()
+
+
 def test_marking_a_step_ends_a_pause():
     pool = make_pool()
     predictor = pool.predictor
