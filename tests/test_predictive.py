@@ -112,7 +112,7 @@ def test_a_program_that_never_repeats_pauses_learning_for_longer_each_time():
     predictor.quiet = predictor.pause = 300
     never_repeating(pool, 301)
     assert predictor.learner is None and predictor.wake_at == 600, predictor.note
-    assert predictor.note == "no repeated step found in 300 requests: learning again 300 requests on"
+    assert predictor.note == "no repeated step found in 300 requests; learning paused for the next 300"
     never_repeating(pool, 300, seed=1)
     assert predictor.learner is not None and predictor.note == "learning"
     never_repeating(pool, 300, seed=2)             # quiet again: paused twice as long

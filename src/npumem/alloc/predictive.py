@@ -312,8 +312,8 @@ class Predictor:
         costs time on every request; pause it for `pause` requests, twice as many each time,
         and then learn from scratch."""
         self.learner, self.wake_at = None, self.requests + self.pause
-        self.note = (f"no repeated step found in {self.quiet} requests: learning again "
-                     f"{self.pause} requests on")
+        self.note = (f"no repeated step found in {self.quiet} requests; learning paused for "
+                     f"the next {self.pause}")
         self.pause = min(2 * self.pause, MAX_PAUSE)
 
     def _wake(self) -> None:
