@@ -134,6 +134,27 @@ def training(model: nn.Module, batch, loss, steps: int = 5, optimizer: str = "ad
     return run
 
 
+def mixed_precision_training(model: nn.Module, batch, loss, steps: int = 20):
+    """`steps` AdamW steps with torch.amp's recipe: the forward pass under autocast (bfloat16
+    on the CPU, float16 on a GPU) and a GradScaler, which makes its scale in the first step
+    and checks the gradients for inf and NaN in every step."""
+    device = next(model.parameters()).device.type
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    scaler = torch.amp.GradScaler(device)
+    dtype = torch.bfloat16 if device == "cpu" else torch.float16
+
+    def run():
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            inputs, target = batch()
+            with torch.autocast(device, dtype=dtype):
+                value = loss(model(inputs), target)
+            scaler.scale(value).backward()
+            scaler.step(opt)
+            scaler.update()
+    return run
+
+
 def _make_state(opt: torch.optim.Optimizer) -> None:
     """The state `opt` would make in its first step (zeros, and AdamW's step count on the host,
     where it keeps it), made now, one parameter after another, as a checkpoint is loaded."""
@@ -180,6 +201,13 @@ def _workloads():
 
     def tokens():
         return torch.randint(0, 2000, (8, 96)), _classes(8, 2000)
+
+    def mlp():
+        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                             nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10))
+
+    def digits():
+        return torch.randn(256, 784), _classes(256)
     return {
         "cnn_sgd": lambda: training(residual_cnn([16, 32, 64, 128], 2),
                                     lambda: (torch.randn(16, 3, 64, 64), _classes(16)),
@@ -188,9 +216,11 @@ def _workloads():
                                      lambda: (torch.randn(8, 3, 80, 80), _classes(8)), cross_entropy),
         "unet": lambda: training(UNet(16), lambda: (torch.randn(4, 3, 96, 96), torch.randn(4, 3, 96, 96)),
                                  F.mse_loss),
-        "mlp": lambda: training(nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024),
-                                              nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10)),
-                                lambda: (torch.randn(256, 784), _classes(256)), cross_entropy),
+        "mlp": lambda: training(mlp(), digits, cross_entropy),
+        "mlp_amp": lambda: mixed_precision_training(
+            nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(),
+                          nn.Linear(1024, 10)),
+            lambda: (torch.randn(128, 512), _classes(128)), cross_entropy),
         "encoder": lambda: training(nn.TransformerEncoder(nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True), 4),
                                     lambda: (torch.randn(8, 128, 256), torch.randn(8, 128, 256)), F.mse_loss),
         "gpt_train": lambda: training(TinyGPT(), tokens, cross_entropy),

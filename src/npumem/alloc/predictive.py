@@ -7,7 +7,9 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
    state differs). While live bytes grow from step boundary to step boundary (memory kept
    every step), it waits.
 3. **Plan.** Where it is proven, the template is made again with the lifetimes known by then
-   (`_refresh`), and `step_plan.lay_out` places its blocks around the pool's live blocks with
+   (`_refresh`; or, where the stream has since repeated exactly a step a little longer or
+   shorter, the template came from a first step that differed: that step is followed
+   instead, and planned at its own cut), and `step_plan.lay_out` places its blocks around the pool's live blocks with
    `npumem.planning`'s orders, in a background thread, cut where the stream is.
 4. **Serve.** The plan takes over there, if it still fits and stays under the peak reserved so
    far (`step_arena`). A layout cut between two cuts (the step's boundaries, where the fewest
@@ -336,6 +338,9 @@ class Predictor:
                 self.learner.forget_period()
             return
         self._retire_arena()
+        self._follow(template)
+
+    def _follow(self, template: Template) -> None:
         self.template, self.layout, self.cursor = template, None, template.cursor
         # the blocks the stream holds, so that a plan made at the next cut can pin them
         self.pointer_offsets = self.learner.live_offsets(template)
@@ -354,6 +359,12 @@ class Predictor:
         template = learner.refreshed(old) if learner is not None else old
         if template is old:
             return boundary
+        if template.period // template.repeats != old.period // old.repeats:
+            # the step the stream repeats exactly, not the first one's length: follow it, and
+            # plan it at its own cut
+            self._follow(template)
+            self.between_cuts = False
+            return None
         if learner.confirmed == old.period // old.repeats:
             # the stream has repeated the window exactly since: where it is, and which block
             # holds which place, follow from counting (a request of the same size as the one
@@ -743,6 +754,8 @@ class Predictor:
         are live with lifetimes still unknown; take over if the layout is ready (in line)."""
         if self.ready is None:
             boundary = self._refresh(boundary)
+            if boundary is None:
+                return
             if self.template.unknown:
                 # a plan that left them to the pool would need room beside it
                 self.note = (f"waiting a step for the lifetimes of {self.template.unknown} "

@@ -337,7 +337,11 @@ class StepLearner:
         """`template` made again from its window with the frees seen since: blocks that were
         still live when it was made have lifetimes now, and are slots (the cursor is not
         set: the stream may not repeat with the window's length). Slots keep the largest
-        size `template` knew."""
+        size `template` knew. Where the stream has since repeated a step of another length
+        exactly, that step instead (`_exact_step`)."""
+        exact = self._exact_step(template)
+        if exact is not None:
+            return exact
         first = template.first - self.dropped
         if first < 0 or first + template.period // template.repeats > len(self.requested):
             return template                     # the window is not (or no longer) all here
@@ -349,6 +353,24 @@ class StepLearner:
         known = dict(zip(template.offsets, template.sizes))    # sizes it has grown to since
         return made.widened([[known.get(offset, size)
                               for offset, size in zip(made.offsets, made.sizes)]])
+
+    def _exact_step(self, template: Template) -> Template | None:
+        """The step the stream has repeated exactly since `template` was made, if it is a
+        little longer or shorter (`template` came from a first step that differed: optimizer
+        or loss-scaler state made in it), made from a recent copy (tried an eighth of a step
+        apart, newest first) whose blocks are all freed or known to outlive two steps; else
+        None."""
+        period, step = self.confirmed, template.period // template.repeats
+        if not 0.8 * step <= period <= 1.25 * step or period == step or template.marked \
+                or template.varies:
+            return None
+        count = len(self.requested)
+        for first in range(count - period, max(count - 3 * period, -1), -max(1, period // 8)):
+            made = self._template(first, first + period, count)
+            if made is not None and made.unknown == 0:
+                made.holds_peak = template.holds_peak
+                return made
+        return None
 
     def live_allocations_ago(self, count: int) -> int | None:
         """The live bytes just before the allocation `count` allocations before the next one
