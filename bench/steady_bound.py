@@ -25,7 +25,7 @@ import numpy as np
 
 from npumem.alloc import predictive
 from npumem.alloc.settings import AllocatorSettings
-from npumem.alloc.step_plan import PAGE
+from npumem.alloc.step_plan import PAGE, rotated
 from npumem.trace import read_trace
 from npumem.trace.replay import replay
 
@@ -78,9 +78,7 @@ def least_pages(sizes: list[int], held: list[tuple[int, int]], milp) -> int:
 def bound(layout, taken, pinned, moments: int, milp) -> int:
     """The largest least_pages over the `moments` busiest moments of `layout`'s step."""
     template, length = layout.template, layout.template.length
-    starts, ends = np.asarray(template.starts), np.asarray(template.ends)
-    lower = (starts - starts[layout.boundary]) % length
-    upper = lower + (ends - starts)
+    lower, upper = rotated(template, layout.boundary)
     sizes = np.asarray(template.sizes)
     whole = [(offset, offset + size) for offset, size in taken]
     loads = []

@@ -9,8 +9,9 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
 3. **Plan.** Where it is proven, the template is made again with the lifetimes known by then
    (`_refresh`; or, where the stream has since repeated exactly a step a little longer or
    shorter, the template came from a first step that differed: that step is followed
-   instead, and planned at its own cut), and `step_plan.lay_out` places its blocks around the pool's live blocks with
-   `npumem.planning`'s orders, in a background thread, cut where the stream is.
+   instead, and planned at its own cut), and `step_plan.lay_out` places its blocks around
+   the pool's live blocks with `npumem.planning`'s orders, in a background thread, cut where
+   the stream is.
 4. **Serve.** The plan takes over there, if it still fits and stays under the peak reserved so
    far (`step_arena`). A layout cut between two cuts (the step's boundaries, where the fewest
    of its bytes are live) serves until the next cut, where the step is planned again, cut
@@ -63,13 +64,13 @@ _NOT_YET = object()
 class Predictor:
     """The predictive part of one CachingAllocator (`pool`); called with the pool's lock held."""
 
-    def __init__(self, pool, background: bool = True, time_limit: float = 2.0, lag: int = 0):
+    def __init__(self, pool, background: bool = True, time_limit: float = 2.0):
         self.pool = pool
         self.background, self.time_limit = background, time_limit
         # Planning in line (replays), a layout may still be handed over `lag` requests after
         # it was asked for, as from the program's planner thread (`held` until then: the
         # replay calls `hand_over_held`, off the pool's allocate path).
-        self.lag, self.held, self.held_at = lag, None, 0
+        self.lag, self.held, self.held_at = 0, None, 0
         self.stream = _NOT_YET              # the stream followed (see _choose_stream)
         self.stream_bytes: dict = {}        # bytes asked per stream, while it is chosen
         self.learner: StepLearner | None = StepLearner()
@@ -218,7 +219,7 @@ class Predictor:
             return
         if self.stream is _NOT_YET or asked[stream] > 2 * asked.get(self.stream, 0):
             if self.stream is not _NOT_YET:
-                self.learner = StepLearner(strict=self.refusals > 1, mid_step=True)
+                self._learn_afresh()
             self.stream = stream
 
     def _other_stream(self, size: int, stream) -> None:
@@ -319,8 +320,14 @@ class Predictor:
         self.pause = min(2 * self.pause, MAX_PAUSE)
 
     def _wake(self) -> None:
-        self.learner, self.wake_at = StepLearner(strict=self.refusals > 1, mid_step=True), None
-        self.quiet_since, self.note = self.requests, "learning"
+        self._learn_afresh()
+        self.wake_at, self.note = None, "learning"
+
+    def _learn_afresh(self) -> None:
+        """A new learner, from the middle of a step (strict after two refusals), with a new
+        stretch of `quiet` requests to find a step in."""
+        self.learner = StepLearner(strict=self.refusals > 1, mid_step=True)
+        self.quiet_since = self.requests
 
     def _consider(self, template: Template) -> None:
         """A template from the learner: plan it if it is the step (see _is_the_step). One with
@@ -797,8 +804,7 @@ class Predictor:
         self.template = self.layout = self.ready = None
         self.step_hits = self.step_misses = 0
         self.note = why
-        self.learner = StepLearner(strict=self.refusals > 1, mid_step=True)
-        self.quiet_since = self.requests
+        self._learn_afresh()
 
     # --- the pool's other needs -----------------------------------------------------------
 

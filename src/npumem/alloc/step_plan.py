@@ -54,12 +54,12 @@ def lay_out(template: Template, time_limit: float = 5.0, taken=(), pinned: dict[
     began = time.perf_counter()
     if boundary is None:
         boundary = cut(template)
-    lower, upper = _rotated(template, boundary)
+    lower, upper = rotated(template, boundary)
     return _lay_out_around(template, lower, upper, np.asarray(template.sizes, dtype=np.int64),
                            boundary, taken, pinned or {}, time_limit, began)
 
 
-def _rotated(template: Template, boundary: int) -> tuple[np.ndarray, np.ndarray]:
+def rotated(template: Template, boundary: int) -> tuple[np.ndarray, np.ndarray]:
     """Lifetimes counted from the cut: [lower, upper), upper past the step's length for a block
     that crosses it."""
     starts = np.asarray(template.starts, dtype=np.int64)
@@ -70,7 +70,7 @@ def _rotated(template: Template, boundary: int) -> tuple[np.ndarray, np.ndarray]
 
 def crossing_slots(template: Template, boundary: int) -> list[int]:
     """Slots whose block is live across the cut."""
-    _, upper = _rotated(template, boundary)
+    _, upper = rotated(template, boundary)
     return np.nonzero(upper > template.length)[0].tolist()
 
 
