@@ -27,9 +27,14 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
 5. **Give back.** Pages are mapped as planned blocks first need them, under that peak; idle
    pool pages go back as each step begins; a retired plan returns its unused ranges at once.
 6. **Re-learn or stop.** A request larger than its varying slot's block (a longer batch than
-   any seen) has the plan stand aside for the rest of the step, to be planned again. A step
-   in which fewer than half the requests hit drops the plan, and so does a request it did not
-   foresee that needs memory above the pre-plan peak (unless the sizes are found to vary).
+   any seen) has the plan stand aside for the rest of the step, to be planned again. In a
+   marked step, a request of another size at a slot's position since the mark is that slot's
+   (another length): its block serves it if it fits; if not and the pool needs new memory
+   for it, the plan stands aside; at the mark the template takes the new sizes
+   (`_resize_to_strays`). A step in which fewer than half the requests hit drops the plan, and
+   so does a request it did not foresee that needs memory above the pre-plan peak (unless the
+   sizes are found to vary; in an unmarked step the plan stands aside for it, and the step is
+   judged at its end).
    A step with at least 99% hits ends learning, which costs time on every request (unless
    counting, `_counted`, is what tells requests the template leaves out from the others). A
    step that took reserved memory above the pre-plan peak otherwise ends prediction for good.
@@ -47,7 +52,7 @@ from collections import Counter, deque
 from ..planning import PlanError
 from .block import Block
 from .step_arena import PoolRangeArena, SegmentLine, SegmentsArena, StepArena
-from .step_learner import StepLearner, Template
+from .step_learner import StepLearner, Template, _scaled
 from .step_plan import StepLayout, crossing_slots, cuts, lay_out
 
 LOOKAHEAD = 32          # template slots a request may skip (requests the program left out)
@@ -76,6 +81,10 @@ class Predictor:
         self.learner: StepLearner | None = StepLearner()
         self.template: Template | None = None      # the step being followed
         self.dropped: Template | None = None       # the last one given up (its sizes count)
+        # Marked steps: where the stream is since the last mark (its requests, counted), and
+        # the requests the template did not foresee there (position -> size): see _resize_to_strays
+        self.mark_at = self.others = 0             # (others: requests of other streams)
+        self.strays: dict[int, int] = {}
         self.layout: StepLayout | None = None      # its layout, once its arena serves
         self.ready: StepLayout | None = None       # a layout waiting to take over
         self.planning = False
@@ -141,9 +150,17 @@ class Predictor:
                     self.last_offset = extra
                 return self._miss(size, stream, foreseen=True)
         if other_size and not self._resized(template, slot, size):
-            slot = self._find(nbytes, self.cursor)
-            if slot < 0:
-                return self._miss(size, stream, unforeseen=True)
+            if template.marked and self._another_length(template, slot, size):
+                if self.serving and size > self.arena.blocks[slot].size:
+                    # the pool serves it; if it needs new memory, the plan stands aside
+                    self.cursor = slot + 1 if slot + 1 < len(template) else 0
+                    if not self.pool._strategy.serves_from_cache(size, stream):
+                        self._stand_aside_for(size)
+                    return self._miss(size, stream, unforeseen=True)
+            else:
+                slot = self._find(nbytes, self.cursor)
+                if slot < 0:
+                    return self._miss(size, stream, unforeseen=True)
         elif slot in self.cuts or (not self.serving and self._may_take_over_here(template, slot)):
             if slot in self.cuts:      # a step's first request, where expected: a boundary
                 self._step_began(slot)
@@ -225,6 +242,7 @@ class Predictor:
     def _other_stream(self, size: int, stream) -> None:
         """A request on a stream not followed: the pool serves it, and the step's judgement
         leaves it out; while a plan serves, it must not take memory past the peak either."""
+        self.others += 1
         if self.serving:
             self._keep_under_peak(size, stream)
         return None
@@ -298,9 +316,12 @@ class Predictor:
         """npumem.memory.step(): a step ended here."""
         template = self.template
         if template is not None and template.marked:
+            if self.strays and (self.learner is None or self.took_over_at is not None):
+                self._resize_to_strays()     # (before a plan served, the learner knows more)
             step = template.step_slots          # the next step is the template's next one
             self.cursor = step if template.repeats > 1 and 0 < self.cursor <= step else 0
             self._step_began(self.cursor)
+        self.mark_at, self.strays = self.requests - self.others, {}
         if self.wake_at is not None:            # the program says where its steps end
             self._wake()
         if self.learner is not None:
@@ -598,9 +619,19 @@ class Predictor:
 
     def _find(self, nbytes: int, slot: int) -> int:
         """The slot for a request the cursor did not expect: a few slots on (the program
-        skipped some), or where the last RESYNC requests say we are; -1 if neither."""
+        skipped some), or where the last RESYNC requests say we are; -1 if neither. In a marked
+        step, only a few slots on before the step's end, and never at its first request: the
+        mark says where the stream is."""
         requested = self.template.requested
         count = len(requested)
+        if self.template.marked:
+            if self._position() == 0:
+                return -1
+            step = self.template.step_slots
+            for candidate in range(slot + 1, min((slot // step + 1) * step, slot + LOOKAHEAD)):
+                if requested[candidate] == nbytes:
+                    return candidate
+            return -1
         # Never skip the step's first request (the cut): a request the template left out (a
         # block that outlives a step) must not carry the cursor past a step boundary.
         for skip in range(1, min(LOOKAHEAD, count) if slot not in self.cuts else 1):
@@ -637,6 +668,8 @@ class Predictor:
         followed in the step's judgement."""
         if foreseen:
             self.step_hits += 1
+        elif unforeseen and self.template.marked:
+            self.strays[self._position()] = size
         if not self.serving:
             self.step_misses += not foreseen
         else:
@@ -658,6 +691,9 @@ class Predictor:
         pool = self.pool
         if pool.stats.current("reserved_bytes") + size > self.peak_before \
                 and not pool._strategy.serves_from_cache(size, stream):
+            if unforeseen and not self.layout.provisional and not self.template.marked:
+                self._stand_aside_for(size)
+                return True
             self.arena.unmap_idle_pages()
             if pool.stats.current("reserved_bytes") + size > self.peak_before:
                 if not unforeseen or self.layout.provisional:
@@ -725,6 +761,57 @@ class Predictor:
                     self._take_over(boundary)
             self.pool.release_idle_cache()
         self.step_hits = self.step_misses = 0
+
+    def _position(self) -> int:
+        """The request under way's position in a marked step: the followed stream's requests
+        since the mark."""
+        return self.requests - self.others - self.mark_at - 1
+
+    def _another_length(self, template: Template, slot: int, size: int) -> bool:
+        """Whether a request of another size than marked step's `slot` expects is that slot's,
+        in a batch of another length: it comes at the slot's position since the mark, and is
+        the step's first or the step has strayed so already. Its size is kept (`strays`, see
+        _resize_to_strays)."""
+        position = self._position()
+        if template.offsets[slot] % (template.period // template.repeats) != position \
+                or not (self.strays or position == 0):
+            return False
+        self.strays[position] = size
+        return True
+
+    def _stand_aside_for(self, size: int) -> None:
+        """A request the step did not foresee needs new memory (a batch longer than the plan
+        knew, most likely): the pool serves the rest of the step as it would without a plan,
+        before its blocks and the plan's are mixed in the range (they would leave holes
+        neither can use). The step is judged at its end."""
+        self._stand_aside()
+        self.note = (f"a request of {size} bytes the step did not foresee needs new memory: the "
+                     "pool serves the rest of the step")
+
+    def _resize_to_strays(self) -> None:
+        """At a mark: if the step made as many requests as the template's, and those it did not
+        foresee (`strays`) are its slots' at their positions, their sizes changed by a few
+        factors (as `StepLearner` tells copies of a step), it was the step at another length.
+        The template takes those sizes and the step counts as followed; a plan whose blocks
+        are too small for them stands aside, to be planned again now."""
+        template, strays = self.template, self.strays
+        slots = {offset: slot for slot, offset in enumerate(template.offsets)}
+        if self.requests - self.others - self.mark_at != template.period // template.repeats \
+                or any(position not in slots for position in strays) \
+                or not _scaled([template.sizes[slots[position]] for position in strays],
+                               list(strays.values())):
+            return
+        sizes, step = list(template.sizes), template.period // template.repeats
+        for position, size in strays.items():
+            for offset in range(position, template.period, step):    # each step it holds
+                sizes[slots[offset]] = size
+        grown = template.widened([sizes])
+        if self.serving and grown.sizes != self.layout.template.sizes:
+            self._stand_aside()
+        self.template = grown
+        self.step_hits, self.step_misses = self.requests - self.others - self.mark_at, 0
+        self.note = (f"the step's sizes vary in {len(grown.varies)} of its {len(grown)} slots; "
+                     + ("its planned blocks hold them" if self.serving else "planning the largest"))
 
     def _varies(self, boundary: int) -> bool:
         """The step strayed from the template: if only in sizes (the same requests in the same
@@ -853,3 +940,4 @@ def _grown(template: Template, slot: int, size: int) -> Template:
     sizes = list(template.sizes)
     sizes[slot] = size
     return template.widened([sizes])
+

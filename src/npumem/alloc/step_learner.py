@@ -298,7 +298,8 @@ class StepLearner:
         end)) widened to the copies of its window in the history that do (`sizes_at`). It
         holds the peak of live bytes if one of them does (the longest sequence's step)."""
         period = end - first
-        starts = range(max(first % period, first - COPIES * period),
+        # (the earliest may have begun before the history: a learner made in mid-step)
+        starts = range(first - period * min(COPIES, first // period + 1),
                        min(len(self.requested) - 1, first + COPIES * period) + 1, period)
         copies = {start: self.sizes_at(template, start + self.dropped)
                   for start in starts if start != first}
@@ -313,25 +314,27 @@ class StepLearner:
         begins at allocation `start` (numbered as `allocations` counts), if that window makes
         and frees them in the template's order (blocks still live not yet due); else None: a
         window with any other difference (a first step that made optimizer state) is not a
-        copy of the step. A window under way counts once half its slots are made (the
-        template's sizes stand for the rest)."""
+        copy of the step. A window cut short, under way or begun before the history (a
+        learner made in mid-step, after a template was refused),
+        counts if it holds half the slots; the template's sizes stand for the rest."""
         first = start - self.dropped
-        made = len(self.requested) - first       # of the window's allocations
-        if first < 0 or (made < template.period
-                         and bisect_left(template.offsets, made) < len(template) // 2):
+        offsets, count = template.offsets, len(self.requested)
+        low = bisect_left(offsets, -first)               # slots made before the history
+        high = bisect_left(offsets, count - first)       # slots made so far
+        if (low or high < len(template)) and (high - low < len(template) // 2 or low >= high):
             return None
-        times, frees, base = self.times, self.frees, self.times[first]
-        sizes = []
-        for offset, begin, end in zip(template.offsets, template.starts, template.ends):
+        times, frees = self.times, self.frees
+        base = times[first + offsets[low]] - template.starts[low]   # the window's slot 0
+        sizes = template.sizes[:low]
+        for offset, begin, end in zip(offsets[low:high], template.starts[low:high],
+                                      template.ends[low:high]):
             index = first + offset
-            if index >= len(self.requested):
-                return sizes + template.sizes[len(sizes):]
             free = frees[index]
             if times[index] - base != begin or (
                     free - base != end if free is not None else base + end <= self.events):
                 return None
             sizes.append(self.sizes[index])
-        return sizes
+        return sizes + template.sizes[high:]
 
     def refreshed(self, template: Template) -> Template:
         """`template` made again from its window with the frees seen since: blocks that were
