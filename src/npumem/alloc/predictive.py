@@ -686,8 +686,10 @@ class Predictor:
         peak (its cache has no block for it), the arena's idle pages go back first, since the
         pool's holes and the arena's must not add up; if that is not enough, the plan is given
         up (False). A request the step did not foresee (a batch of a length not seen, before
-        the sizes were known to vary) refuses the template, to be learned again, rather than
-        ending prediction."""
+        the sizes were known to vary) has the plan stand aside for the rest of an unmarked
+        step, to be judged at its end, before the pool serves it beside the plan's blocks; in
+        a marked step (the step's other requests are placed by position: `_another_length`) it
+        refuses the template, to be learned again, rather than ending prediction."""
         pool = self.pool
         if pool.stats.current("reserved_bytes") + size > self.peak_before \
                 and not pool._strategy.serves_from_cache(size, stream):
