@@ -136,15 +136,6 @@ def test_a_marked_step_longer_than_the_plan_knew_is_the_pools_from_its_first_req
     assert peak_reserved(lengths, expandable, True) <= peak_reserved(lengths, expandable, False)
 
 
-def test_an_unmarked_step_that_needs_new_memory_has_the_plan_stand_aside():
-    """Unmarked steps, a longer batch after a plan made for shorter ones: its first request
-    needs memory the plan does not have, so the pool serves that step as it would without a
-    plan (sharing the range with the plan's blocks cost a page)."""
-    lengths = [1, 1, 1, 2]
-    assert peak_reserved(lengths, True, True, STEP * 2, marked=False) <= \
-        peak_reserved(lengths, True, False, STEP * 2, marked=False)
-
-
 @POOL_KINDS
 def test_a_marked_step_shorter_than_the_plan_knew_is_served_from_its_blocks(expandable):
     """Shorter batches than the plan was made for: each request at its slot's position since

@@ -33,8 +33,7 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
    for it, the plan stands aside; at the mark the template takes the new sizes
    (`_resize_to_strays`). A step in which fewer than half the requests hit drops the plan, and
    so does a request it did not foresee that needs memory above the pre-plan peak (unless the
-   sizes are found to vary; in an unmarked step the plan stands aside for it, and the step is
-   judged at its end).
+   sizes are found to vary).
    A step with at least 99% hits ends learning, which costs time on every request (unless
    counting, `_counted`, is what tells requests the template leaves out from the others). A
    step that took reserved memory above the pre-plan peak otherwise ends prediction for good.
@@ -686,16 +685,11 @@ class Predictor:
         peak (its cache has no block for it), the arena's idle pages go back first, since the
         pool's holes and the arena's must not add up; if that is not enough, the plan is given
         up (False). A request the step did not foresee (a batch of a length not seen, before
-        the sizes were known to vary) has the plan stand aside for the rest of an unmarked
-        step, to be judged at its end, before the pool serves it beside the plan's blocks; in
-        a marked step (the step's other requests are placed by position: `_another_length`) it
-        refuses the template, to be learned again, rather than ending prediction."""
+        the sizes were known to vary) refuses the template, to be learned again, rather than
+        ending prediction."""
         pool = self.pool
         if pool.stats.current("reserved_bytes") + size > self.peak_before \
                 and not pool._strategy.serves_from_cache(size, stream):
-            if unforeseen and not self.layout.provisional and not self.template.marked:
-                self._stand_aside_for(size)
-                return True
             self.arena.unmap_idle_pages()
             if pool.stats.current("reserved_bytes") + size > self.peak_before:
                 if not unforeseen or self.layout.provisional:
@@ -782,13 +776,13 @@ class Predictor:
         return True
 
     def _stand_aside_for(self, size: int) -> None:
-        """A request the step did not foresee needs new memory (a batch longer than the plan
-        knew, most likely): the pool serves the rest of the step as it would without a plan,
-        before its blocks and the plan's are mixed in the range (they would leave holes
-        neither can use). The step is judged at its end."""
+        """A request of a marked step larger than its slot's block needs new memory (a batch
+        longer than the plan knew): the pool serves the rest of the step as it would without a
+        plan, before its blocks and the plan's are mixed in the range (they would leave holes
+        neither can use). The step is judged at the mark."""
         self._stand_aside()
-        self.note = (f"a request of {size} bytes the step did not foresee needs new memory: the "
-                     "pool serves the rest of the step")
+        self.note = (f"a request of {size} bytes, larger than the block the step planned there, "
+                     "needs new memory: the pool serves the rest of the step")
 
     def _resize_to_strays(self) -> None:
         """At a mark: if the step made as many requests as the template's, and those it did not
