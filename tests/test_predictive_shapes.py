@@ -207,9 +207,10 @@ def test_a_copy_begun_before_the_learner_counts_where_it_was_seen():
     under way, a batch of another length: a copy of the step, with its sizes where it saw them,
     if it saw half the step's slots."""
     longer, first = [size for size, _ in shaped(6)], len(STEP) - 3
+    shorter = [size for size, _ in shaped(4)]
     learner = learned([shaped(6), shaped(4), shaped(4)], skip=3)
     template = learner._template(first, first + len(STEP), 0, marked=True)
-    assert learner.sizes_at(template, first - len(STEP)) == [size for size, _ in shaped(4)][:3] + longer[3:]
+    assert learner.sizes_at(template, first - len(STEP)) == shorter[:3] + longer[3:]
     assert template.sizes[3:] == longer[3:] and min(template.varies) == 3
     learner = learned([shaped(6), shaped(4), shaped(4)], skip=len(STEP) - 3)
     late = learner._template(3, 3 + len(STEP), 0, marked=True)

@@ -764,10 +764,10 @@ class Predictor:
         return self.requests - self.others - self.mark_at - 1
 
     def _another_length(self, template: Template, slot: int, size: int) -> bool:
-        """Whether a request of another size than marked step's `slot` expects is that slot's,
-        in a batch of another length: it comes at the slot's position since the mark, and is
-        the step's first or the step has strayed so already. Its size is kept (`strays`, see
-        _resize_to_strays)."""
+        """Whether a request of another size than the marked step's `slot` expects is that
+        slot's, in a batch of another length: it comes at the slot's position since the mark,
+        and is the step's first or the step has strayed so already. Its size is kept
+        (`strays`, see _resize_to_strays)."""
         position = self._position()
         if template.offsets[slot] % (template.period // template.repeats) != position \
                 or not (self.strays or position == 0):
@@ -792,7 +792,8 @@ class Predictor:
         are too small for them stands aside, to be planned again now."""
         template, strays = self.template, self.strays
         slots = {offset: slot for slot, offset in enumerate(template.offsets)}
-        if self.requests - self.others - self.mark_at != template.period // template.repeats \
+        made = self._position() + 1                  # requests since the mark
+        if made != template.period // template.repeats \
                 or any(position not in slots for position in strays) \
                 or not _scaled([template.sizes[slots[position]] for position in strays],
                                list(strays.values())):
@@ -805,7 +806,7 @@ class Predictor:
         if self.serving and grown.sizes != self.layout.template.sizes:
             self._stand_aside()
         self.template = grown
-        self.step_hits, self.step_misses = self.requests - self.others - self.mark_at, 0
+        self.step_hits, self.step_misses = made, 0
         self.note = (f"the step's sizes vary in {len(grown.varies)} of its {len(grown)} slots; "
                      + ("its planned blocks hold them" if self.serving else "planning the largest"))
 
