@@ -84,6 +84,7 @@ class Predictor:
         # the requests the template did not foresee there (position -> size): see _resize_to_strays
         self.mark_at = self.others = 0             # (others: requests of other streams)
         self.strays: dict[int, int] = {}
+        self.fallback: Template | None = None      # served before a longer batch: see _fall_back
         self.layout: StepLayout | None = None      # its layout, once its arena serves
         self.ready: StepLayout | None = None       # a layout waiting to take over
         self.planning = False
@@ -539,7 +540,7 @@ class Predictor:
             pool.release_idle_cache()         # pages neither the plan nor a live block touches
         elif not self._take_over_segments(layout):
             return
-        self.ready, self.layout, self.serving = None, layout, True
+        self.ready, self.layout, self.serving, self.fallback = None, layout, True, None
         self.plans += 1
         self.step_hits = self.step_misses = 0
         if self.took_over_at is None:
@@ -582,7 +583,10 @@ class Predictor:
         """The ready layout does not fit under the peak. One cut between cuts (or the hand-over
         from one) is not a refusal of the template: it waits for a cut, or serves on."""
         if not (layout.provisional or self.serving):
-            self._refused(why)
+            if self.fallback is not None and layout.template is not self.fallback:
+                self._fall_back(layout.boundary, why)
+            else:
+                self._refused(why)
             return
         self.ready = None
         if self.serving:
@@ -590,6 +594,14 @@ class Predictor:
         else:
             self.between_cuts = False
         self.note = f"{why}; {'serving on' if self.serving else 'waiting for a cut'}"
+
+    def _fall_back(self, boundary: int, why: str) -> None:
+        """The template grown to a longer batch's sizes (`_resize_to_strays`) has no plan that
+        fits under the peak: plan again the one that served the shorter batches, and leave
+        longer ones to the pool when they come."""
+        self.template, self.fallback, self.ready = self.fallback, None, None
+        self._plan_and_take_over(boundary)
+        self.note = f"{why}; {self.note} (a longer batch goes to the pool)"
 
     def _refused(self, why: str) -> None:
         """The template cannot take over (the program strays from it, or its plan does not fit
@@ -780,6 +792,7 @@ class Predictor:
         longer than the plan knew): the pool serves the rest of the step as it would without a
         plan, before its blocks and the plan's are mixed in the range (they would leave holes
         neither can use). The step is judged at the mark."""
+        self.fallback = self.template
         self._stand_aside()
         self.note = (f"a request of {size} bytes, larger than the block the step planned there, "
                      "needs new memory: the pool serves the rest of the step")
@@ -804,6 +817,7 @@ class Predictor:
                 sizes[slots[offset]] = size
         grown = template.widened([sizes])
         if self.serving and grown.sizes != self.layout.template.sizes:
+            self.fallback = template
             self._stand_aside()
         self.template = grown
         self.step_hits, self.step_misses = made, 0
@@ -884,7 +898,7 @@ class Predictor:
 
     def _drop(self, why: str) -> None:
         self._retire_arena()
-        self.dropped = self.template
+        self.dropped, self.fallback = self.template, None
         self.template = self.layout = self.ready = None
         self.step_hits = self.step_misses = 0
         self.note = why
