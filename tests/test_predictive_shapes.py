@@ -150,33 +150,49 @@ def test_a_marked_step_shorter_than_the_plan_knew_is_served_from_its_blocks(expa
     pool.close()
 
 
-def test_a_longer_batch_whose_plan_does_not_fit_leaves_the_shorter_ones_theirs():
-    """Marked steps whose batch outlives its step (made before the last one is freed), five of
-    4 units, one of 6, then 4s and 3s: the plan for the 6's sizes, placed around the batch the
-    pool holds, needs a page more than the pool's peak; the plan that served the 4s is made
-    again, and serves every step after the 6 (it was refused, and learned again, before)."""
+def crossing_batch_loop(lengths, predictive: bool, lag: int = 0) -> tuple[list[int], int]:
+    """A marked loop whose batch outlives its step (made before the last one is freed), with
+    40 activations, two thirds of them growing with the length; a plan is handed over `lag`
+    requests after it was asked for. The requests served from the plan in each step, and the
+    peak reserved."""
     activations = [(i % 7 + 1) * 65536 + i * 512 for i in range(40)]
+    pool, batch, served = make_pool(predictive=predictive), None, []
+    if predictive:
+        pool.predictor.lag = lag
+    for length in lengths:
+        hits = pool.predictor.hits if predictive else 0
+        new = pool.allocate((1 << 18) * length)
+        if batch is not None:
+            pool.deallocate(batch)
+        batch, blocks = new, []
+        for i, size in enumerate(activations):
+            blocks.append(pool.allocate(size if i % 3 == 2 else size * length // 4))
+            if predictive:
+                pool.predictor.hand_over_held()
+        for pointer in reversed(blocks):
+            pool.deallocate(pointer)
+        pool.mark_step()
+        served.append(pool.predictor.hits - hits if predictive else 0)
+    pool.deallocate(batch)
+    peak = pool.memory_stats()["reserved_bytes.all.peak"]
+    pool.close()
+    return served, peak
+
+
+def test_a_longer_batch_whose_plan_does_not_fit_leaves_the_shorter_ones_theirs():
+    """Five steps of 4 units, one of 6, then 4s and 3s: the plan for the 6's sizes, placed
+    around the batch the pool holds, needs a page more than the pool's peak; the plan that
+    served the 4s is made again, and serves every step after the 6 (it was refused, and
+    learned again, before). Handed over 30 requests late, as from a planner thread, a plan
+    serves again by the end (none did: each shorter batch made the template anew, and the
+    layout waiting for it was thrown away though its blocks were the same)."""
     lengths = [4] * 5 + [6] + [4] * 3 + [3] * 3
-    peaks, served = [], []
-    for predictive in (True, False):
-        pool, batch = make_pool(predictive=predictive), None
-        for length in lengths:
-            hits = pool.predictor.hits if predictive else 0
-            new = pool.allocate((1 << 18) * length)
-            if batch is not None:
-                pool.deallocate(batch)
-            batch = new
-            blocks = [pool.allocate(size if i % 3 == 2 else size * length // 4)
-                      for i, size in enumerate(activations)]
-            for pointer in reversed(blocks):
-                pool.deallocate(pointer)
-            pool.mark_step()
-            served.append(pool.predictor.hits - hits if predictive else None)
-        pool.deallocate(batch)
-        peaks.append(pool.memory_stats()["reserved_bytes.all.peak"])
-        pool.close()
-    assert served[6:len(lengths)] == [41] * 6, served
-    assert peaks[0] <= peaks[1]
+    served, peak = crossing_batch_loop(lengths, True)
+    assert served[6:] == [41] * 6, served
+    assert peak <= crossing_batch_loop(lengths, False)[1]
+    served, peak = crossing_batch_loop(lengths, True, lag=30)
+    assert served[-1] == 41, served
+    assert peak <= crossing_batch_loop(lengths, False)[1]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

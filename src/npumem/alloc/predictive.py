@@ -514,8 +514,10 @@ class Predictor:
         that fits under the peak reached so far."""
         layout, pool = self.ready, self.pool
         if layout.template is not self.template:      # replaced while it was planned
-            self.ready = None
-            return
+            if not _same_blocks(layout.template, self.template):
+                self.ready = None
+                return
+            layout.template = self.template   # (only which slots vary changed: a shorter batch)
         if layout.boundary != boundary:     # planned for the template's other step: wait for it
             return
         self.peak_before = pool.stats.peak("reserved_bytes")
@@ -952,3 +954,9 @@ def _grown(template: Template, slot: int, size: int) -> Template:
     sizes[slot] = size
     return template.widened([sizes])
 
+
+def _same_blocks(template: Template, other: Template) -> bool:
+    """Whether a layout of `template` places `other`'s blocks too (the same sizes, lifetimes
+    and step)."""
+    return (template.sizes, template.starts, template.ends, template.length) == \
+        (other.sizes, other.starts, other.ends, other.length)
