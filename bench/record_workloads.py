@@ -201,13 +201,6 @@ def _workloads():
 
     def tokens():
         return torch.randint(0, 2000, (8, 96)), _classes(8, 2000)
-
-    def mlp():
-        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                             nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10))
-
-    def digits():
-        return torch.randn(256, 784), _classes(256)
     return {
         "cnn_sgd": lambda: training(residual_cnn([16, 32, 64, 128], 2),
                                     lambda: (torch.randn(16, 3, 64, 64), _classes(16)),
@@ -216,7 +209,9 @@ def _workloads():
                                      lambda: (torch.randn(8, 3, 80, 80), _classes(8)), cross_entropy),
         "unet": lambda: training(UNet(16), lambda: (torch.randn(4, 3, 96, 96), torch.randn(4, 3, 96, 96)),
                                  F.mse_loss),
-        "mlp": lambda: training(mlp(), digits, cross_entropy),
+        "mlp": lambda: training(nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024),
+                                              nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10)),
+                                lambda: (torch.randn(256, 784), _classes(256)), cross_entropy),
         "mlp_amp": lambda: mixed_precision_training(
             nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(),
                           nn.Linear(1024, 10)),

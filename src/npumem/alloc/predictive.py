@@ -150,7 +150,8 @@ class Predictor:
                     self.last_offset = extra
                 return self._miss(size, stream, foreseen=True)
         if other_size and not self._resized(template, slot, size):
-            if template.marked and self._another_length(template, slot, size):
+            if template.marked and self._at_its_position(template, slot):
+                self.strays[self._position()] = size   # the slot's, at another length
                 if self.serving and size > self.arena.blocks[slot].size:
                     # the pool serves it; if it needs new memory, the plan stands aside
                     self.cursor = slot + 1 if slot + 1 < len(template) else 0
@@ -253,7 +254,7 @@ class Predictor:
         alone cannot tell a request the template leaves out from the expected one of the same
         size."""
         learner = self.learner
-        if learner is None or template.marked or learner.confirmed != template.period // template.repeats:
+        if learner is None or template.marked or learner.confirmed != template.step_period:
             return None
         return (learner.allocations - template.first) % template.period
 
@@ -376,7 +377,7 @@ class Predictor:
         self.cuts, self.places, self.boundary_live = cuts(template), {}, None
         self.step_hits = self.step_misses = 0
         self.between_cuts = True
-        self.note = (f"found a step of {template.period // template.repeats} allocations; "
+        self.note = (f"found a step of {template.step_period} allocations; "
                      "planning once it is proven")
 
     def _refresh(self, boundary: int) -> int:
@@ -387,13 +388,13 @@ class Predictor:
         template = learner.refreshed(old) if learner is not None else old
         if template is old:
             return boundary
-        if template.period // template.repeats != old.period // old.repeats:
+        if template.step_period != old.step_period:
             # the step the stream repeats exactly, not the first one's length: follow it, and
             # plan it at its own cut
             self._follow(template)
             self.between_cuts = False
             return None
-        if learner.confirmed == old.period // old.repeats:
+        if learner.confirmed == old.step_period:
             # the stream has repeated the window exactly since: where it is, and which block
             # holds which place, follow from counting (a request of the same size as the one
             # expected may have been one the template leaves out)
@@ -419,7 +420,7 @@ class Predictor:
         """Plan `template`, cut at slot `boundary` (where the stream is), around the blocks
         live now in the stream's range (expandable pools) or segments (`SegmentLine`), in
         the background."""
-        self.note = f"planning a step of {template.period // template.repeats} allocations"
+        self.note = f"planning a step of {template.step_period} allocations"
         self.planning = True
         range_, line = self._range(), None
         if range_ is not None:
@@ -777,24 +778,20 @@ class Predictor:
         since the mark."""
         return self.requests - self.others - self.mark_at - 1
 
-    def _another_length(self, template: Template, slot: int, size: int) -> bool:
+    def _at_its_position(self, template: Template, slot: int) -> bool:
         """Whether a request of another size than the marked step's `slot` expects is that
         slot's, in a batch of another length: it comes at the slot's position since the mark,
-        and is the step's first or the step has strayed so already. Its size is kept
-        (`strays`, see _resize_to_strays)."""
+        and is the step's first or the step has strayed so already (`strays`, see
+        _resize_to_strays)."""
         position = self._position()
-        if template.offsets[slot] % (template.period // template.repeats) != position \
-                or not (self.strays or position == 0):
-            return False
-        self.strays[position] = size
-        return True
+        return template.offsets[slot] % template.step_period == position \
+            and bool(self.strays or position == 0)
 
     def _stand_aside_for(self, size: int) -> None:
         """A request of a marked step larger than its slot's block needs new memory (a batch
         longer than the plan knew): the pool serves the rest of the step as it would without a
         plan, before its blocks and the plan's are mixed in the range (they would leave holes
         neither can use). The step is judged at the mark."""
-        self.fallback = self.template
         self._stand_aside()
         self.note = (f"a request of {size} bytes, larger than the block the step planned there, "
                      "needs new memory: the pool serves the rest of the step")
@@ -808,19 +805,20 @@ class Predictor:
         template, strays = self.template, self.strays
         slots = {offset: slot for slot, offset in enumerate(template.offsets)}
         made = self._position() + 1                  # requests since the mark
-        if made != template.period // template.repeats \
+        if made != template.step_period \
                 or any(position not in slots for position in strays) \
                 or not _scaled([template.sizes[slots[position]] for position in strays],
                                list(strays.values())):
             return
-        sizes, step = list(template.sizes), template.period // template.repeats
+        sizes = list(template.sizes)
         for position, size in strays.items():
-            for offset in range(position, template.period, step):    # each step it holds
+            for offset in range(position, template.period, made):    # each step it holds
                 sizes[slots[offset]] = size
         grown = template.widened([sizes])
-        if self.serving and grown.sizes != self.layout.template.sizes:
+        if grown.sizes != template.sizes:       # a longer batch: planned again if it fits
             self.fallback = template
-            self._stand_aside()
+            if self.serving:
+                self._stand_aside()
         self.template = grown
         self.step_hits, self.step_misses = made, 0
         self.note = (f"the step's sizes vary in {len(grown.varies)} of its {len(grown)} slots; "
@@ -853,7 +851,7 @@ class Predictor:
         followed = self.step_hits + self.step_misses
         if followed < template.step_slots // 2 or self.step_hits < PROVEN * followed:
             return False
-        before = self.learner.live_allocations_ago(template.period // template.repeats)
+        before = self.learner.live_allocations_ago(template.step_period)
         return before is None or self.learner.live_bytes <= before
 
     def _plan_and_take_over(self, boundary: int, provisional: bool = False) -> None:
@@ -880,7 +878,7 @@ class Predictor:
             return 0, 0
         live, before = learner.live_bytes, self.boundary_live
         if before is None:
-            before = learner.live_allocations_ago(template.period // template.repeats)
+            before = learner.live_allocations_ago(template.step_period)
         self.boundary_live = live
         return live, live if before is None else before
 

@@ -72,6 +72,11 @@ class Template:
         """Slots in one step (the template may hold two)."""
         return len(self.requested) // self.repeats
 
+    @property
+    def step_period(self) -> int:
+        """Allocations in one step, those left out included."""
+        return self.period // self.repeats
+
     def slot_at(self, offset: int) -> int:
         """The first slot at or after allocation `offset` of the template (wrapping)."""
         slot = bisect_left(self.offsets, offset % self.period)
@@ -217,7 +222,7 @@ class StepLearner:
         that came back in the same order): then the step is one part, whose sizes vary."""
         if template is None:
             return None
-        period = template.period // template.repeats
+        period = template.step_period
         first = template.first - self.dropped
         for parts in (2, 3):
             part = period // parts
@@ -315,8 +320,8 @@ class StepLearner:
         and frees them in the template's order (blocks still live not yet due); else None: a
         window with any other difference (a first step that made optimizer state) is not a
         copy of the step. A window cut short, under way or begun before the history (a
-        learner made in mid-step, after a template was refused),
-        counts if it holds half the slots; the template's sizes stand for the rest."""
+        learner made in mid-step, after a template was refused), counts if it holds half the
+        slots; the template's sizes stand for the rest."""
         first = start - self.dropped
         offsets, count = template.offsets, len(self.requested)
         low = bisect_left(offsets, -first)               # slots made before the history
@@ -346,9 +351,9 @@ class StepLearner:
         if exact is not None:
             return exact
         first = template.first - self.dropped
-        if first < 0 or first + template.period // template.repeats > len(self.requested):
+        if first < 0 or first + template.step_period > len(self.requested):
             return template                     # the window is not (or no longer) all here
-        made = self._template(first, first + template.period // template.repeats,
+        made = self._template(first, first + template.step_period,
                               len(self.requested), template.marked)
         if made is None:
             return template
@@ -363,7 +368,7 @@ class StepLearner:
         or loss-scaler state made in it), made from a recent copy (tried an eighth of a step
         apart, newest first) whose blocks are all freed or known to outlive two steps; else
         None."""
-        period, step = self.confirmed, template.period // template.repeats
+        period, step = self.confirmed, template.step_period
         if not 0.8 * step <= period <= 1.25 * step or period == step or template.marked \
                 or template.varies:
             return None
