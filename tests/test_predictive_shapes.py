@@ -278,23 +278,24 @@ def test_widening_marks_the_slots_that_differ_and_keeps_the_largest_size():
 @POOL_KINDS
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.integers(1, 8), min_size=4, max_size=14),
-       detours=st.lists(st.tuples(st.integers(0, 13), st.integers(0, 11), st.integers(1, 4 << 20)),
-                        max_size=4),
+       detours=st.lists(st.tuples(st.integers(0, 13), st.integers(0, 11), st.integers(1, 4 << 20),
+                                  st.integers(1, 30)), max_size=4),
        marked=st.booleans(), lag=st.sampled_from([0, 0, 30]))
 @example(lengths=[1, 2, 6, 3], detours=[], marked=True, lag=0)
 def test_varying_lengths_and_detours_stay_correct(lengths, detours, marked, lag, expandable):
-    """Steps of random lengths, some with an extra request at a random place, plans handed
-    over at once or `lag` requests later (as from a planner thread): no two live blocks ever
-    overlap, and everything frees cleanly. (The example is the first plan that needed a new
-    segment beside the stream's: its block was carved before it was free.)"""
+    """Steps of random lengths, some with an extra request at a random place, kept for a few
+    requests or past the planned blocks after it (a block the arena lent it then holds
+    theirs), plans handed over at once or `lag` requests later (as from a planner thread): no
+    two live blocks ever overlap, and everything frees cleanly. (The example is the first plan
+    that needed a new segment beside the stream's: its block was carved before it was free.)"""
     step = STEP * 2
     pool = make_pool(expandable=expandable)
     pool.predictor.lag = lag
     for number, length in enumerate(lengths * 2):
         body = shaped(length, step)
-        for at_step, index, size in detours:
+        for at_step, index, size, lifetime in detours:
             if at_step == number:
-                body.insert(index, (size, 3))
+                body.insert(index, (size, lifetime))
         run_step(pool, body, check=checked_with_lag)
         if marked:
             pool.mark_step()

@@ -22,8 +22,12 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
    that lives longer than planned still holds those bytes, it gets a free run of the arena no
    block planned for the same time uses (`place_elsewhere`). Anything else — another size, no
    such run — is a miss, served by the normal pool; another stream's requests are the pool's
-   (the stream followed is the one asking for the most bytes). Memory is correct whatever the
-   program does: a planned block is handed out only when no live block overlaps it.
+   (the stream followed is the one asking for the most bytes). In a marked step, a request
+   the plan did not foresee that would need new memory above the peak (a one-off temporary)
+   gets the free run of the arena that stays clear longest of the planned blocks to come
+   (`StepArena.lend`); a planned request whose block it then holds goes elsewhere, or is
+   judged as the one lent would have been. Memory is correct whatever the program does: a
+   planned block is handed out only when no live block overlaps it.
 5. **Give back.** Pages are mapped as planned blocks first need them, under that peak; idle
    pool pages go back as each step begins; a retired plan returns its unused ranges at once.
 6. **Re-learn or stop.** A request larger than its varying slot's block (a longer batch than
@@ -179,11 +183,14 @@ class Predictor:
             self.last_offset = template.offsets[slot]
             return None
         block = self.arena.place(slot)
-        if block is None and self.step_misses <= self.template.step_slots // 100:
-            # its place is still held: another (a search, so only while the step follows)
-            block = self.arena.place_elsewhere(slot)
         if block is None:
-            return self._miss(size, stream)
+            # its place is still held: another (a search, so only while the step follows, or
+            # where a block lent to a request it did not foresee holds it)
+            displaced = bool(self.arena.lent) and self.arena.lent_over(slot)
+            if displaced or self.step_misses <= self.template.step_slots // 100:
+                block = self.arena.place_elsewhere(slot)
+            if block is None:
+                return self._miss(size, stream, displaced=displaced)
         self.hits += 1
         self.step_hits += 1
         return block
@@ -676,46 +683,62 @@ class Predictor:
             seen[key] = -1 if key in seen else end + 1
         self.places = {key: slot for key, slot in seen.items() if slot > 0}
 
-    def _miss(self, size: int, stream, foreseen: bool = False, unforeseen: bool = False) -> None:
+    def _miss(self, size: int, stream, foreseen: bool = False, unforeseen: bool = False,
+              displaced: bool = False) -> Block | None:
         """A request the plan could not serve, or one the step did not foresee (`unforeseen`):
-        the pool serves it (`_keep_under_peak`). A `foreseen` one (a template extra) counts as
-        followed in the step's judgement."""
+        the pool serves it (`_keep_under_peak`), unless that needs new memory above the peak and
+        a free run of the arena holds it (`StepArena.lend`: the block returned). A `foreseen`
+        one (a template extra, which outlives steps) is the pool's and counts as followed in
+        the step's judgement. A `displaced` one (its block lent to an unforeseen request) is
+        judged as that request would have been."""
         if foreseen:
             self.step_hits += 1
         elif unforeseen and self.template.marked:
             self.strays[self._position()] = size
+        lent = None
         if not self.serving:
             self.step_misses += not foreseen
         else:
             self.misses += 1
-            if not self._keep_under_peak(size, stream, unforeseen):
+            if not foreseen and self.template.marked and self._above_peak(size, stream):
+                lent = self.arena.lend(size, self.cursor)
+            unforeseen_by = ("the step did not foresee" if unforeseen else
+                             "whose block was lent to one the step did not foresee" if displaced
+                             else None)
+            if lent is None and not self._keep_under_peak(size, stream, unforeseen_by):
                 return None
             self.step_misses += not foreseen
             if self.step_misses > 2 * len(self.template.requested):     # lost for good
                 self._step_began(self.cursor)
-        return None
+        return lent
 
-    def _keep_under_peak(self, size: int, stream, unforeseen: bool = False) -> bool:
-        """Before the pool serves a request beside the plan: if it needs new memory above the
-        peak (its cache has no block for it), the arena's idle pages go back first, since the
-        pool's holes and the arena's must not add up; if that is not enough, the plan is given
-        up (False). A request the step did not foresee (a batch of a length not seen, before
-        the sizes were known to vary) refuses the template, to be learned again, rather than
-        ending prediction."""
+    def _above_peak(self, size: int, stream) -> bool:
+        """Whether the pool would need new memory above the peak for this request (its cache
+        has no block for it)."""
         pool = self.pool
-        if pool.stats.current("reserved_bytes") + size > self.peak_before \
-                and not pool._strategy.serves_from_cache(size, stream):
+        return pool.stats.current("reserved_bytes") + size > self.peak_before \
+            and not pool._strategy.serves_from_cache(size, stream)
+
+    def _keep_under_peak(self, size: int, stream, unforeseen_by: str | None = None) -> bool:
+        """Before the pool serves a request beside the plan: if it needs new memory above the
+        peak, the arena's idle pages go back first, since the pool's holes and the arena's must
+        not add up; if that is not enough, the plan is given up (False). A request the step did
+        not foresee (`unforeseen_by` says how: a batch of a length not seen, before the sizes
+        were known to vary) refuses the template, to be learned again, rather than ending
+        prediction."""
+        pool = self.pool
+        if self._above_peak(size, stream):
             self.arena.unmap_idle_pages()
             if pool.stats.current("reserved_bytes") + size > self.peak_before:
-                if not unforeseen or self.layout.provisional:
+                if unforeseen_by is None or self.layout.provisional:
                     self._give_up()
                 elif self._varies(self.cursor):     # more sizes vary than the plan knew
                     self._stand_aside()
                     self.step_hits = self.step_misses = 0    # judged after a step followed
                     return True
                 else:
-                    self._refused(f"a request of {size} bytes the step did not foresee needs "
-                                  f"memory above the peak of {self.peak_before} bytes")
+                    self._refused(f"a request of {size} bytes {unforeseen_by} needs memory "
+                                  f"above the peak of {self.peak_before} bytes")
                 return False
         return True
 

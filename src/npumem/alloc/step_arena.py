@@ -13,7 +13,8 @@
   only if it fits under that peak. Its ranges are carved out as in `PoolRangeArena`.
 
 Either way a planned block is handed out only if no live planned block overlaps it (one may
-outlive its plan), so memory stays correct whatever the program does.
+outlive its plan), so memory stays correct whatever the program does. A free run may also be
+lent to a request the step did not foresee (`lend`), under the same rule.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class StepArena:
         self.live_ends: list[int] = []
         self.awaited: set[int] = set()        # pool blocks whose frees the arena waits for
         self.slot_ready = [False] * len(self.blocks)   # pages known to be mapped
+        self.lent: dict[int, int] = {}        # start -> end of the live blocks lent (see lend)
 
     def place(self, slot: int) -> Block | None:
         """Slot `slot`'s block, if no live planned block overlaps it and its memory is there."""
@@ -80,6 +82,13 @@ class StepArena:
     def remove(self, block: Block) -> None:
         at = bisect_left(self.live_starts, block.start)
         del self.live_starts[at], self.live_ends[at]
+        if self.lent:
+            self.lent.pop(block.start, None)
+
+    def lent_over(self, slot: int) -> bool:
+        """Whether a block lent to a request the step did not foresee holds bytes of `slot`'s."""
+        block = self.blocks[slot]
+        return any(start < block.end and block.start < end for start, end in self.lent.items())
 
     def ensure_mapped(self, block: Block) -> bool:
         return True
@@ -209,21 +218,54 @@ class PoolRangeArena(StepArena):
         (a block that outlived its plan, or a pinned pool block): the lowest free run that no
         block planned to live at the same time as this one uses, so the rest of the step still
         finds its places. None if there is no such run."""
+        self._index_lifetimes()
+        together = self.spans[live_together(*self.lifetimes, slot)]
+        return self._hand_out(self._free_run(together, self.blocks[slot].size),
+                              self.blocks[slot].size)
+
+    def lend(self, size: int, slot: int) -> Block | None:
+        """A block of `size` bytes for a request the step did not foresee, made just before
+        `slot`'s (a one-off temporary): the lowest free run that stays clear the longest of
+        the planned blocks to come, so that the pool needs no new memory beside the plan. None
+        if no free run is clear of the next slot's block."""
+        self._index_lifetimes()
+        starts, _, length = self.lifetimes
+        soonest = np.argsort((starts - starts[slot]) % length, kind="stable")
+        # the most slots, in the order they come, whose blocks a free run can stay clear of
+        low, high, address = 1, len(soonest), None
+        while low <= high:
+            middle = (low + high) // 2
+            found = self._free_run(self.spans[soonest[:middle]], size)
+            if found is None:
+                high = middle - 1
+            else:
+                low, address = middle + 1, found
+        block = self._hand_out(address, size)
+        if block is not None:
+            self.lent[block.start] = block.end
+        return block
+
+    def _index_lifetimes(self) -> None:
         if self.lifetimes is None:
             template = self.layout.template
             self.lifetimes = (np.asarray(template.starts, np.int64),
                               np.asarray(template.ends, np.int64), template.length)
             self.spans = np.array([(block.start, block.end) for block in self.blocks],
                                   np.int64).reshape(-1, 2)
-        together = self.spans[live_together(*self.lifetimes, slot)]
-        carved = self._carved_ranges()
-        size = self.blocks[slot].size
-        address = _lowest_free_run(
-            np.concatenate([together[:, 0], np.asarray(self.live_starts, np.int64)]),
-            np.concatenate([together[:, 1], np.asarray(self.live_ends, np.int64)]), carved, size)
+
+    def _free_run(self, spans: np.ndarray, size: int) -> int | None:
+        """The lowest address of the carved ranges with `size` bytes clear of the live blocks
+        and of `spans` (start, end)."""
+        return _lowest_free_run(
+            np.concatenate([spans[:, 0], np.asarray(self.live_starts, np.int64)]),
+            np.concatenate([spans[:, 1], np.asarray(self.live_ends, np.int64)]),
+            self._carved_ranges(), size)
+
+    def _hand_out(self, address: int | None, size: int) -> Block | None:
+        """A live block of the arena at `address` (None: none), once its pages are mapped."""
         if address is None:
             return None
-        block = Block(address, size, self.blocks[slot].segment)
+        block = Block(address, size, self.blocks[0].segment)
         if not self.ensure_mapped(block):
             return None
         at = bisect_left(self.live_starts, address)
