@@ -646,6 +646,38 @@ def test_a_request_left_out_of_the_template_does_not_lose_the_place_in_the_step(
     assert stats["prediction.hits"] >= 2 * len(STEP) * 4
 
 
+def loop_leaving_out(predictive: bool, index: int) -> tuple[list[int], int]:
+    """Ten unmarked steps; the seventh leaves out its request at `index`. The requests served
+    from the plan in each step, and the peak reserved."""
+    pool, served = make_pool(predictive=predictive), []
+    for number in range(10):
+        body = STEP * 2
+        if number == 6:
+            body = body[:index] + body[index + 1:]
+        hits = pool.predictor.hits if predictive else 0
+        run_step(pool, body, check=assert_no_overlap)
+        served.append(pool.predictor.hits - hits if predictive else 0)
+    peak = pool.memory_stats()["reserved_bytes.all.peak"]
+    pool.close()
+    return served, peak
+
+
+def test_a_found_step_that_leaves_out_its_first_request_keeps_its_plan():
+    """The step is found (12 allocations, STEP twice a step) and cut where the fewest bytes
+    are live; one step leaves out the request at the cut. The next request is the slot after
+    it and hits, and the plan serves on. (Before, the place was lost until RESYNC requests
+    found it again; the pool served those with the arena's idle pages, and the plan, its
+    pages gone, gave up for good, a page above the default pool's peak.)"""
+    pool = make_pool()
+    run_step(pool, STEP * 2)
+    run_step(pool, STEP * 2)
+    cut = pool.predictor.cuts[0]
+    pool.close()
+    served, peak = loop_leaving_out(True, cut)
+    assert served[6] == 2 * len(STEP) - 1 and served[7:] == [2 * len(STEP)] * 3, served
+    assert peak <= loop_leaving_out(False, cut)[1]
+
+
 def test_a_first_step_that_differs_does_not_hide_the_true_period():
     """Step 1 also makes optimizer state (kept for good) at its end, so its start comes back
     one step and the state later: the learner confirms that longer period first. When the

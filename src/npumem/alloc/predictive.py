@@ -186,7 +186,7 @@ class Predictor:
         if block is None:
             # its place is still held: another (a search, so only while the step follows, or
             # where a block lent to a request it did not foresee holds it)
-            displaced = bool(self.arena.lent) and self.arena.lent_over(slot)
+            displaced = self.arena.lent_over(slot)
             if displaced or self.step_misses <= self.template.step_slots // 100:
                 block = self.arena.place_elsewhere(slot)
             if block is None:
@@ -653,9 +653,13 @@ class Predictor:
                 if requested[candidate] == nbytes:
                     return candidate
             return -1
-        # Never skip the step's first request (the cut): a request the template left out (a
-        # block that outlives a step) must not carry the cursor past a step boundary.
-        for skip in range(1, min(LOOKAHEAD, count) if slot not in self.cuts else 1):
+        # Skip no more than the step's first request (the cut): a request the template left
+        # out (a block that outlives a step) must not carry the cursor far past a step
+        # boundary. Skipping just that one (the program left it out this step) is safe; the
+        # boundary is then judged at the next cut. (Refusing it too lost the place for
+        # RESYNC requests, which the pool served with the arena's idle pages; the plan then
+        # found its pages gone and gave up for good.)
+        for skip in range(1, min(LOOKAHEAD, count) if slot not in self.cuts else 2):
             candidate = slot + skip
             if candidate >= count:
                 candidate -= count
