@@ -61,7 +61,9 @@ class StepArena:
         self.live_ends: list[int] = []
         self.awaited: set[int] = set()        # pool blocks whose frees the arena waits for
         self.slot_ready = [False] * len(self.blocks)   # pages known to be mapped
-        self.lent: dict[int, int] = {}        # start -> end of the live blocks lent (see lend)
+        # live blocks handed out off their slot's place (place_elsewhere, lend), by start
+        self.elsewhere: dict[int, Block] = {}
+        self.lent: set[int] = set()           # the starts of those lent (see lend)
 
     def place(self, slot: int) -> Block | None:
         """Slot `slot`'s block, if no live planned block overlaps it and its memory is there."""
@@ -82,13 +84,15 @@ class StepArena:
     def remove(self, block: Block) -> None:
         at = bisect_left(self.live_starts, block.start)
         del self.live_starts[at], self.live_ends[at]
-        if self.lent:
-            self.lent.pop(block.start, None)
+        if self.elsewhere:
+            self.elsewhere.pop(block.start, None)
+            self.lent.discard(block.start)
 
     def lent_over(self, slot: int) -> bool:
         """Whether a block lent to a request the step did not foresee holds bytes of `slot`'s."""
         block = self.blocks[slot]
-        return any(start < block.end and block.start < end for start, end in self.lent.items())
+        return any(start < block.end and block.start < self.elsewhere[start].end
+                   for start in self.lent)
 
     def ensure_mapped(self, block: Block) -> bool:
         return True
@@ -113,8 +117,10 @@ class StepArena:
             yield position, high
 
     def pieces_in(self, low: int, high: int, free_segment) -> list[Block]:
-        """The live planned blocks and the free runs in [low, high), in address order."""
+        """The live blocks (at their slots' places or elsewhere) and the free runs in [low, high),
+        in address order."""
         live = {block.start: block for block in self.blocks if block.allocated}
+        live.update(self.elsewhere)
         pieces = [Block(start, end - start, free_segment)
                   for start, end in self._free_runs_in(low, high)]
         pieces += [live[start] for start in self.live_starts if low <= start < high and start in live]
@@ -242,7 +248,7 @@ class PoolRangeArena(StepArena):
                 low, address = middle + 1, found
         block = self._hand_out(address, size)
         if block is not None:
-            self.lent[block.start] = block.end
+            self.lent.add(block.start)
         return block
 
     def _index_lifetimes(self) -> None:
@@ -271,6 +277,7 @@ class PoolRangeArena(StepArena):
         at = bisect_left(self.live_starts, address)
         self.live_starts.insert(at, address)
         self.live_ends.insert(at, address + size)
+        self.elsewhere[address] = block
         return block
 
     def _carved_ranges(self) -> list[tuple[int, int]]:
