@@ -157,9 +157,15 @@ def _run_replays(label: str, quiet: bool, work):
               help="With predictive:True, hand each plan over this many requests after it "
                    "was asked for, as the program's planner thread would (a replay plans in "
                    "line: 0 is the soonest it could).")
+@click.option("--steps", "steps", default=None, metavar="ANNOTATION",
+              help="With predictive:True, mark a step where each START annotation of a snapshot "
+                   "with this name (or NAME#N) begins, as npumem.memory.step() does: "
+                   "ProfilerStep for torch.profiler's steps, or a torch.profiler."
+                   "record_function name. Without it, a snapshot's npumem.memory.step() marks "
+                   "are used.")
 @_scheduler_options
 def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_path, planner_lag,
-           scheduler, workers):
+           steps, scheduler, workers):
     """Replay allocation traces through allocators and compare what they reserve.
 
         npumem replay snapshot.pickle --allocator torch --set expandable_segments=True
@@ -190,7 +196,8 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
                                  param_hint="--sweep")
     combos = {name: _settings_for(name, settings, sweeps) for name in tunable}
     _check_planner_lag(planner_lag, combos.get("pool", []))
-    jobs = [ReplayJob(path, name, chosen, device_memory, planner_lag)
+    _check_steps(steps, traces, combos.get("pool", []))
+    jobs = [ReplayJob(path, name, chosen, device_memory, planner_lag, steps)
             for path in traces for name in names
             for chosen in combos.get(name, [""])]
     results = _run_replays("replay", as_json, lambda update: run_jobs(jobs, scheduler, workers, update))
@@ -205,6 +212,25 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     _print_replay_table(results)
     if plot_path:
         click.echo(f"wrote {plot_path}")
+
+
+def _check_steps(name: str | None, traces, pool_settings: list[str]) -> None:
+    """--steps names annotations, which only snapshots carry, for the predictive pool."""
+    from .alloc.settings import parse_settings
+    from .trace.formats import detect_format, holds_snapshot
+
+    if name is None:
+        return
+    if not name.strip():
+        raise click.BadParameter("an annotation name, e.g. ProfilerStep", param_hint="--steps")
+    if not any(parse_settings(chosen).predictive for chosen in pool_settings):
+        raise click.BadParameter("only a pool with predictive:True follows marked steps; add "
+                                 "--allocator pool --set predictive=True", param_hint="--steps")
+    for path in traces:
+        if not holds_snapshot(path):
+            raise click.BadParameter(f"{path} is a {detect_format(path)} trace; only memory "
+                                     "snapshots (.pickle, or JSONL written from one) carry "
+                                     "annotations", param_hint="--steps")
 
 
 def _check_planner_lag(lag: int, pool_settings: list[str]) -> None:

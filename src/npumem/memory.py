@@ -14,6 +14,7 @@ Pools are released with their device (reset_device / finalize); blocks still liv
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 
 from .alloc.caching_allocator import CachingAllocator, OutOfMemoryError
@@ -24,10 +25,12 @@ from .bridges.torch_allocator import torch_memory_stats, torch_memory_summary
 from .device.sanitizer import SANITIZER
 from .constants import MemAttr
 from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError, integer_argument
+from .observe import OBSERVERS
 from .profile.snapshot import build_snapshot
 from .profile.tracker import Tracker
 from .runtime.state import RUNTIME
 from .runtime.stream import Event, Stream
+from .trace.step_marks import NPUMEM_STEP
 
 __all__ = [
     "OutOfMemoryError", "caching_allocator_alloc", "caching_allocator_delete", "empty_cache",
@@ -146,8 +149,16 @@ def caching_allocator_delete(pointer: int) -> None:
 def step(device: int | None = None) -> None:
     """Mark the end of a training or serving step. With NPUMEM_ALLOC_CONF=predictive:True the
     pool plans the requests of one step and serves the next ones from the plan (without marks
-    it finds the repeated step itself, a step later); otherwise this does nothing."""
-    get_allocator(device).mark_step()
+    it finds the repeated step itself, a step later). Running trackers (and
+    `record_memory_history`) note it: `memory_snapshot()` has it in "external_annotations",
+    so that `npumem replay` marks the step where the program did."""
+    pool = get_allocator(device)
+    pool.mark_step()
+    if OBSERVERS.active:
+        now = time.perf_counter_ns()
+        for observer in OBSERVERS.active:
+            if isinstance(observer, Tracker):
+                observer.annotate("step", NPUMEM_STEP, now, now, pool.device)
 
 
 def record_stream(pointer: int, stream) -> None:

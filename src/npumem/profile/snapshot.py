@@ -8,8 +8,10 @@ writes, and `npumem report` reads what PyTorch writes.
 from __future__ import annotations
 
 import pickle
+from bisect import bisect_left
 from typing import Iterable
 
+from ..trace.step_marks import NPUMEM_STEP
 from .tracker import MemoryEvent, Tracker
 
 
@@ -33,9 +35,12 @@ def trace_entry(event: MemoryEvent, action: str, tracker: Tracker) -> dict:
     return entry
 
 
-def device_traces(tracker: Tracker | None, devices: int = 0) -> list[list[dict]]:
-    """The tracker's events as PyTorch trace entries, one list per device index."""
-    events = tracker.events() if tracker is not None else []
+def device_traces(tracker: Tracker | None, devices: int = 0,
+                  events: list[MemoryEvent] | None = None) -> list[list[dict]]:
+    """The tracker's events (or those of it given) as PyTorch trace entries, one list per
+    device index."""
+    if events is None:
+        events = tracker.events() if tracker is not None else []
     count = max([devices, *(event.device + 1 for event in events)])
     traces: list[list[dict]] = [[] for _ in range(count)]
     for event in events:
@@ -43,6 +48,22 @@ def device_traces(tracker: Tracker | None, devices: int = 0) -> list[list[dict]]
         for action in actions:
             traces[event.device].append(trace_entry(event, action, tracker))
     return traces
+
+
+def step_annotations(tracker: Tracker | None, events: list[MemoryEvent]) -> list[dict]:
+    """Each `npumem.memory.step()` the tracker saw, as PyTorch's external annotations (a START
+    of "npumem.memory.step" on the pool's device), with the index of the device's trace entry
+    it came before (`npumem_entry`), which a replay marks the step at (trace.step_marks)."""
+    if tracker is None:
+        return []
+    entry_times: dict[int, list[int]] = {}        # device -> each trace entry's time_ns
+    for event in events:
+        entry_times.setdefault(event.device, []).extend(
+            [event.time_ns] * (2 if event.action == "free" else 1))
+    return [{"device": mark.device, "name": NPUMEM_STEP, "stage": "START",
+             "time_us": int(tracker.wall_us(mark.start_ns)),
+             "npumem_entry": bisect_left(entry_times.get(mark.device, []), mark.start_ns)}
+            for mark in tracker.annotations() if mark.kind == "step"]
 
 
 def pool_segments(pool, live_by_address: dict) -> list[dict]:
@@ -82,7 +103,12 @@ def build_snapshot(pools: Iterable, tracker: Tracker | None = None, devices: int
         segments += pool_segments(pool, by_address)
     segments += driver_segments(live)
     segments.sort(key=lambda s: (s["device"], s["address"]))
-    return {"segments": segments, "device_traces": device_traces(tracker, devices)}
+    events = tracker.events() if tracker is not None else []
+    snapshot = {"segments": segments, "device_traces": device_traces(tracker, devices, events)}
+    annotations = step_annotations(tracker, events)
+    if annotations:
+        snapshot["external_annotations"] = annotations
+    return snapshot
 
 
 def save_snapshot(snapshot: dict, path) -> None:

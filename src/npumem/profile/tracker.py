@@ -239,10 +239,11 @@ class Tracker:
         with self.lock:
             return list(self._kernels)
 
-    def annotate(self, kind: str, name: str, start_ns: int, end_ns: int) -> None:
+    def annotate(self, kind: str, name: str, start_ns: int, end_ns: int,
+                 device: int = -1) -> None:
         with self.lock:
             self._annotations.append(Annotation(kind, name, start_ns, end_ns,
-                                                threading.get_ident(), -1))
+                                                threading.get_ident(), device))
 
     # --- reading ---------------------------------------------------------------------------
 

@@ -68,6 +68,7 @@ class Recording:
     settings: dict | None                # the snapshot's allocator_settings, if recorded
     segments: list[dict]                 # this device's segments at the dump
     entries: list[dict]                  # this device's trace entries
+    annotations: list[dict] = field(default_factory=list)   # its external_annotations
 
     @property
     def free_action(self) -> str:
@@ -141,8 +142,11 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
     entries = traces[device] if device < len(traces) and isinstance(traces[device], list) else []
     mine = [s for s in segments if s.get("device", 0) == device]
     settings = data.get("allocator_settings")
+    annotations = data.get("external_annotations")
+    annotations = [a for a in annotations if isinstance(a, dict) and a.get("device", device) == device] \
+        if isinstance(annotations, list) else []
     return Recording(path, device, flavour or _guess_flavour(data, mine, entries),
-                     settings if isinstance(settings, dict) else None, mine, entries)
+                     settings if isinstance(settings, dict) else None, mine, entries, annotations)
 
 
 # --- rebuilding the state at the first entry ---------------------------------------------------

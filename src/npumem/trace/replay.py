@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..alloc.caching_allocator import CachingAllocator
 from ..alloc.resource import DeviceResource
@@ -90,11 +90,14 @@ def make_allocator(name: str, backend: SimBackend, settings: AllocatorSettings |
 
 def replay(events: Iterable[TraceEvent], allocator: str = "pool",
            settings: AllocatorSettings | None = None, trace_name: str = "",
-           memory: int = 64 * GiB, progress=None, planner_lag: int = 0) -> ReplayResult:
+           memory: int = 64 * GiB, progress=None, planner_lag: int = 0,
+           steps: Sequence[int] = ()) -> ReplayResult:
     """Run `events` through a fresh allocator; `progress(n)` is called every 10,000 events.
     (PyTorch's allocator starts empty here; `torch_replay.replay_file` starts a snapshot from
     its recorded state.) With predictive pre-allocation, each layout is handed over
-    `planner_lag` requests after it was asked for, as the program's planner thread would."""
+    `planner_lag` requests after it was asked for, as the program's planner thread would, and
+    a step is marked (`mark_step`, as `npumem.memory.step()`) before each event whose
+    position is in `steps` (in order; `snapshot.read_with_steps` finds them)."""
     if allocator in ("torch", "torch_npu"):
         from .recording import Recording
         from .torch_replay import replay_recording
@@ -111,6 +114,8 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
         # the layout over `planner_lag` requests on.
         predictor.background, predictor.lag = False, planner_lag
     hand_over = predictor.hand_over_held if predictor is not None and planner_lag else None
+    marks = iter(steps if predictor is not None else ())
+    next_mark = next(marks, -1)
     live: dict[int, tuple[int, int]] = {}      # trace addr -> (pointer, size)
     allocated = peak_allocated = peak_device = 0
     steady_live = steady_reserved = 0          # peaks while a plan cut at a step boundary serves
@@ -119,6 +124,11 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
     clock = time.perf_counter
     is_device = allocator == "device"
     for event in events:
+        while count == next_mark:
+            start = clock()                   # timed: the plan may be made here
+            resource.mark_step()
+            alloc_seconds += clock() - start
+            next_mark = next(marks, -1)
         count += 1
         if progress is not None and count % 10000 == 0:
             progress(count)

@@ -13,6 +13,7 @@ from typing import Iterable, Iterator
 
 from .events import TraceEvent, TraceFormatError
 from .recording import load_recording
+from .step_marks import hint, step_entries
 from .textio import open_for_writing
 
 
@@ -24,21 +25,47 @@ def read(path: str, device: int | None = None) -> Iterator[TraceEvent]:
     """Events of one device (default: the first with any). Blocks that were live when the trace
     began come first, as allocations at its first time stamp, so what was in use before the
     recording counts in every replay and conversion."""
-    recording = load_recording(path, device)
+    for _, event in _numbered_events(load_recording(path, device)):
+        yield event
+
+
+def read_with_steps(path: str, name: str | None = None) -> tuple[list[TraceEvent], list[int],
+                                                                  str | None]:
+    """The events of `read` (first device), the positions in them before which a step begins
+    (`step_marks.step_entries`: annotations named `name`, or npumem's own step marks), and a
+    note for a replay when there are none but the profiler's steps could be."""
+    recording = load_recording(path)
+    marked = step_entries(recording, name)
+    events: list[TraceEvent] = []
+    marks: list[int] = []
+    for index, event in _numbered_events(recording):
+        while marked and marked[0] <= index:
+            marked.pop(0)
+            if not marks or marks[-1] != len(events):
+                marks.append(len(events))
+        events.append(event)
+    if marked and (not marks or marks[-1] != len(events)):
+        marks.append(len(events))                 # after the last event
+    return events, marks, hint(recording) if not marks else None
+
+
+def _numbered_events(recording) -> Iterator[tuple[int, TraceEvent]]:
+    """(index of the trace entry, event); -1 for the blocks live when the trace began."""
     if not recording.entries:
-        raise TraceFormatError(path, "device_traces", "the snapshot has no trace entries to "
-                               "replay (record with torch.cuda.memory._record_memory_history())")
+        raise TraceFormatError(recording.path, "device_traces", "the snapshot has no trace "
+                               "entries to replay (record with "
+                               "torch.cuda.memory._record_memory_history())")
     free_action = recording.free_action
     first_time = float(recording.entries[0].get("time_us", 0) or 0)
     for block in recording.start_state().live.values():
-        yield TraceEvent(first_time, "alloc", block.addr, block.requested, 0)
-    for entry in recording.entries:
+        yield -1, TraceEvent(first_time, "alloc", block.addr, block.requested, 0)
+    for index, entry in enumerate(recording.entries):
         action = entry["action"]
         if action in ("alloc", free_action):
-            yield TraceEvent(float(entry.get("time_us", 0) or 0),
-                             "alloc" if action == "alloc" else "free",
-                             entry.get("addr", 0), entry.get("size", 0),
-                             int(entry.get("stream", 0) or 0))
+            yield index, TraceEvent(float(entry.get("time_us", 0) or 0),
+                                    "alloc" if action == "alloc" else "free",
+                                    entry.get("addr", 0), entry.get("size", 0),
+                                    int(entry.get("stream", 0) or 0))
 
 
 def from_events(events: Iterable[TraceEvent]) -> dict:

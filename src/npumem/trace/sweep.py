@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 from ..alloc.settings import describe_changes, parse_settings
 from ..errors import InvalidParamError
 from ..units import GiB
-from .formats import read_trace
+from . import snapshot
+from .formats import holds_snapshot, read_trace
 from .replay import ReplayResult, replay
 from .torch_replay import replay_file
 
@@ -35,6 +36,7 @@ class ReplayJob:
     memory: int | None = None      # device bytes; None: 64 GiB for the pool, and for PyTorch's
                                    # allocator what the recording shows it could use
     planner_lag: int = 0           # requests before a predictive layout is handed over
+    steps: str | None = None       # the snapshot annotation that begins a step (see step_marks)
 
     def run(self, progress: Callable[[int], None] | None = None) -> ReplayResult:
         """`progress(events)` every 10,000 events replayed."""
@@ -43,9 +45,19 @@ class ReplayJob:
                                  progress=progress)
             return ReplayResult.from_torch(result, self.allocator)
         settings = parse_settings(self.settings)
-        return replay(read_trace(self.trace), self.allocator, settings, trace_name=self.trace,
-                      memory=self.memory or 64 * GiB, progress=progress,
-                      planner_lag=self.planner_lag)
+        events, marks, note = read_trace(self.trace), (), None
+        if settings.predictive and holds_snapshot(self.trace):
+            # the program's step marks, as it made them (npumem.memory.step, or annotations)
+            events, marks, note = snapshot.read_with_steps(self.trace, self.steps)
+        result = replay(events, self.allocator, settings, trace_name=self.trace,
+                        memory=self.memory or 64 * GiB, progress=progress,
+                        planner_lag=self.planner_lag, steps=marks)
+        if marks:
+            how = f"{self.steps!r} annotations" if self.steps else "npumem.memory.step() marks"
+            result.notes.insert(0, f"{len(marks)} steps marked by the snapshot's {how}")
+        elif note:
+            result.notes.append(note)
+        return result
 
 
 def run_job(job: ReplayJob) -> ReplayResult:
