@@ -5,6 +5,7 @@ each step where the program did."""
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
@@ -16,7 +17,8 @@ from npumem.trace import TraceFormatError
 from npumem.trace.events import TraceEvent
 from npumem.trace.recording import recording_from_data
 from npumem.trace.snapshot import from_events, read_with_steps
-from npumem.trace.step_marks import step_entries
+from npumem.trace.formats import read_with_steps as read_any_with_steps
+from npumem.trace.step_marks import step_positions
 from npumem.trace.sweep import ReplayJob
 
 from .test_predictive import STEP
@@ -66,7 +68,7 @@ def test_a_predictive_replay_marks_the_steps_where_the_program_did(rt, tmp_path)
     results = {path.name: ReplayJob(str(path), "pool", "predictive:True").run()
                for path in (marked, plain)}
     # marked: the whole step between two marks is the template; found: the repeat of STEP
-    assert results["marked.pickle"].notes[0] == f"{STEPS} steps marked by the snapshot's " \
+    assert results["marked.pickle"].notes[0] == f"{STEPS} steps marked by the trace's " \
                                                 "npumem.memory.step() marks"
     assert f"serving a step of {PER_STEP} planned blocks" in results["marked.pickle"].notes[1]
     assert f"serving a step of {PER_STEP // 2} planned blocks" in results["plain.pickle"].notes[0]
@@ -96,27 +98,58 @@ def profiler_snapshot(steps: int = 4, per_step: int = 3) -> dict:
     return data
 
 
+def snapshot_positions(data: dict, name: str | None) -> list[int]:
+    recording = recording_from_data(data)
+    times = [entry["time_us"] for entry in recording.entries]
+    return step_positions("<snapshot>", recording.annotations, name, times)
+
+
 def test_profiler_steps_mark_the_entry_after_their_start():
     data = profiler_snapshot()
-    recording = recording_from_data(data)
-    entries = step_entries(recording, "ProfilerStep")
     per_step = 3 * 3          # alloc; free_requested and free_completed per block
-    assert entries == [step * per_step for step in range(4)]
-    assert step_entries(recording, "forward") == entries
-    assert step_entries(recording, None) == []          # npumem's own marks: none
+    assert snapshot_positions(data, "ProfilerStep") == [step * per_step for step in range(4)]
+    assert snapshot_positions(data, "forward") == [step * per_step for step in range(4)]
+    assert snapshot_positions(data, None) == []          # npumem's own marks: none
 
 
-def test_annotations_that_cannot_mark_steps_say_what_the_snapshot_has(tmp_path):
+def test_annotations_that_cannot_mark_steps_say_what_the_snapshot_has():
     data = profiler_snapshot()
     with pytest.raises(TraceFormatError, match=r"no START annotation named 'train'.*"
                                                r"'ProfilerStep' \(4\), 'forward' \(4\)"):
-        step_entries(recording_from_data(data), "train")
+        snapshot_positions(data, "train")
     data["external_annotations"][0]["time_us"] = "soon"
     with pytest.raises(TraceFormatError, match="'ProfilerStep#0' has no time_us number"):
-        step_entries(recording_from_data(data), "ProfilerStep")
+        snapshot_positions(data, "ProfilerStep")
     bare = from_events([TraceEvent(1, "alloc", 16, 512)])
     with pytest.raises(TraceFormatError, match="no annotations"):
-        step_entries(recording_from_data(bare), "ProfilerStep")
+        snapshot_positions(bare, "ProfilerStep")
+
+
+def test_a_chrome_traces_profiler_steps_mark_the_event_after_their_start(tmp_path):
+    """The profiler's Chrome trace: ProfilerStep#N spans ("X", user_annotation) and [memory]
+    events, written out of time order as the profiler does."""
+    trace, events, time = [], [], 0
+    for step in range(3):
+        trace.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}",
+                      "ts": time + 1, "dur": 50})
+        for block in range(2):
+            time += 10
+            trace.append({"ph": "i", "name": "[memory]", "ts": time,
+                          "args": {"Addr": 64 * (block + 1), "Bytes": 512}})
+            events.append(time)
+        for block in range(2):
+            time += 10
+            trace.append({"ph": "i", "name": "[memory]", "ts": time,
+                          "args": {"Addr": 64 * (block + 1), "Bytes": -512}})
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"traceEvents": trace[::-1]}))
+    events, marks, note = read_any_with_steps(path, "ProfilerStep")
+    assert marks == [0, 4, 8] and note is None
+    assert [event.action for event in events[4:8]] == ["alloc", "alloc", "free", "free"]
+    assert read_any_with_steps(path)[1:] == ([], "the trace has 3 torch.profiler steps "
+                                                 "(ProfilerStep#N annotations); --steps "
+                                                 "ProfilerStep marks a step at each, as "
+                                                 "npumem.memory.step() would")
 
 
 def test_npumem_replay_steps_option(tmp_path):
@@ -130,7 +163,7 @@ def test_npumem_replay_steps_option(tmp_path):
     assert "--steps ProfilerStep marks a step at each" in hinted.output
     marked = runner.invoke(main, base + ["--steps", "ProfilerStep"])
     assert marked.exit_code == 0, marked.output
-    assert "6 steps marked by the snapshot's 'ProfilerStep' annotations" in marked.output
+    assert "6 steps marked by the trace's 'ProfilerStep' annotations" in marked.output
     wrong_name = runner.invoke(main, base + ["--steps", "train"])
     assert wrong_name.exit_code == 2 and "no START annotation named 'train'" in wrong_name.output
     not_predictive = runner.invoke(main, base[:4] + ["--steps", "ProfilerStep"])
@@ -142,3 +175,29 @@ def test_npumem_replay_steps_option(tmp_path):
     assert not_a_snapshot.exit_code == 2 and "only memory snapshots" in not_a_snapshot.output
     for result in (wrong_name, not_predictive, not_a_snapshot):
         assert "Traceback" not in result.output
+
+
+def test_a_real_profiler_trace_replays_with_its_steps_marked(tmp_path):
+    """torch.profiler on the CPU, with a schedule (what gives ProfilerStep#N spans), exporting
+    a Chrome trace with memory events: `npumem replay --steps ProfilerStep` marks each."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    path = tmp_path / "profile.json"
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                 schedule=schedule(wait=0, warmup=1, active=6, repeat=1),
+                 on_trace_ready=lambda done: done.export_chrome_trace(str(path))) as profiler:
+        for _ in range(8):
+            model(torch.randn(32, 64)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            profiler.step()
+    spans = [event for event in json.loads(path.read_text())["traceEvents"]
+             if str(event.get("name", "")).startswith("ProfilerStep#")]
+    assert len(spans) >= 2
+    result = CliRunner().invoke(main, ["replay", str(path), "--allocator", "pool", "--set",
+                                       "predictive=True", "--steps", "ProfilerStep"])
+    assert result.exit_code == 0, result.output
+    assert f"{len(spans)} steps marked by the trace's 'ProfilerStep' annotations" in result.output

@@ -158,11 +158,11 @@ def _run_replays(label: str, quiet: bool, work):
                    "was asked for, as the program's planner thread would (a replay plans in "
                    "line: 0 is the soonest it could).")
 @click.option("--steps", "steps", default=None, metavar="ANNOTATION",
-              help="With predictive:True, mark a step where each START annotation of a snapshot "
-                   "with this name (or NAME#N) begins, as npumem.memory.step() does: "
-                   "ProfilerStep for torch.profiler's steps, or a torch.profiler."
-                   "record_function name. Without it, a snapshot's npumem.memory.step() marks "
-                   "are used.")
+              help="With predictive:True, mark a step where each annotation with this name "
+                   "(or NAME#...) begins, in a memory snapshot or a profiler Chrome trace, as "
+                   "npumem.memory.step() does: ProfilerStep for torch.profiler's steps, or a "
+                   "torch.profiler.record_function name. Without it, a snapshot's "
+                   "npumem.memory.step() marks are used.")
 @_scheduler_options
 def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_path, planner_lag,
            steps, scheduler, workers):
@@ -215,9 +215,10 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
 
 
 def _check_steps(name: str | None, traces, pool_settings: list[str]) -> None:
-    """--steps names annotations, which only snapshots carry, for the predictive pool."""
+    """--steps names annotations, which snapshots and Chrome traces carry, for the predictive
+    pool."""
     from .alloc.settings import parse_settings
-    from .trace.formats import detect_format, holds_snapshot
+    from .trace.formats import carries_annotations, detect_format
 
     if name is None:
         return
@@ -227,10 +228,11 @@ def _check_steps(name: str | None, traces, pool_settings: list[str]) -> None:
         raise click.BadParameter("only a pool with predictive:True follows marked steps; add "
                                  "--allocator pool --set predictive=True", param_hint="--steps")
     for path in traces:
-        if not holds_snapshot(path):
+        if not carries_annotations(path):
             raise click.BadParameter(f"{path} is a {detect_format(path)} trace; only memory "
-                                     "snapshots (.pickle, or JSONL written from one) carry "
-                                     "annotations", param_hint="--steps")
+                                     "snapshots (.pickle, or JSONL written from one) and "
+                                     "profiler Chrome traces carry annotations",
+                                     param_hint="--steps")
 
 
 def _check_planner_lag(lag: int, pool_settings: list[str]) -> None:

@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .events import TraceEvent, TraceFormatError, checked_event
+from .step_marks import hint, marks_before, step_positions
 from .textio import json_refusal, open_for_writing, reading
 
 CHUNK = 1 << 20
@@ -82,11 +83,37 @@ def _items(path: str, handle) -> Iterator[tuple[int, dict]]:
 
 
 def read(path: str) -> Iterator[TraceEvent]:
+    yield from _sorted(_scan(path))
+
+
+def read_with_steps(path: str, name: str | None = None) -> tuple[list[TraceEvent], list[int],
+                                                                  str | None]:
+    """The events of `read`, the positions in them before which a step begins (START of each
+    user annotation span named `name` or `name#...`: ProfilerStep for the profiler's steps,
+    or a record_function name; none without a name), and a note for a replay when there are
+    none but the profiler's steps could be."""
+    annotations: list[dict] = []
+    events = list(_sorted(_scan(path, annotations)))
+    positions = step_positions(path, annotations, name, [event.t_us for event in events])
+    events, marks = marks_before(positions, enumerate(events))
+    return events, marks, None if marks else hint(annotations)
+
+
+def _scan(path: str, annotations: list[dict] | None = None) -> tuple:
+    """The [memory] events, as arrays (times, addresses, sizes, streams, frees), in file
+    order; with `annotations`, each user annotation span's start is added to it (as a
+    snapshot's START annotations: name, stage, time_us)."""
     times, addrs, sizes, streams = array("d"), array("Q"), array("Q"), array("Q")
     frees = bytearray()
     with reading(path) as handle:
         for offset, event in _items(path, handle):
-            if not isinstance(event, dict) or event.get("name") != "[memory]":
+            if not isinstance(event, dict):
+                continue
+            if event.get("name") != "[memory]":
+                if annotations is not None and event.get("cat") == "user_annotation" \
+                        and event.get("ph") in ("X", "B"):
+                    annotations.append({"name": event.get("name"), "stage": "START",
+                                        "time_us": event.get("ts")})
                 continue
             where = f"char {offset}"
             args = event.get("args")
@@ -107,6 +134,12 @@ def read(path: str) -> Iterator[TraceEvent]:
     if not times:
         raise TraceFormatError(path, "traceEvents", "no [memory] events; record the trace with "
                                "torch.profiler.profile(profile_memory=True)")
+    return times, addrs, sizes, streams, frees
+
+
+def _sorted(arrays: tuple) -> Iterator[TraceEvent]:
+    """The events in time order (the profiler does not write them in order)."""
+    times, addrs, sizes, streams, frees = arrays
     order = np.argsort(np.frombuffer(times, dtype=np.float64), kind="stable")
     for k in order.tolist():
         yield TraceEvent(times[k], "free" if frees[k] else "alloc", addrs[k], sizes[k],

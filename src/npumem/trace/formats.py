@@ -1,6 +1,7 @@
 """Every trace format npumem reads and writes, detected from the file's first bytes.
 
     read_trace(path)            -> iterator of TraceEvent, in time order
+    read_with_steps(path, name) -> those events, where steps begin, a note (step_marks)
     write_trace(events, path)   -> number of events written (format from the name or `fmt`)
 """
 
@@ -68,6 +69,29 @@ def read_trace(path: str | os.PathLike, fmt: str | None = None) -> Iterator[Trac
     if not os.path.isfile(path):
         raise TraceFormatError(path, "", not_a_file(path))
     return FORMATS[fmt or detect_format(path)].read(path)
+
+
+def carries_annotations(path: str | os.PathLike) -> bool:
+    """Whether the trace's format can say where steps begin (`read_with_steps`)."""
+    return holds_snapshot(path) or detect_format(path) == "chrome"
+
+
+def read_with_steps(path: str | os.PathLike, name: str | None = None) -> tuple[
+        Iterable[TraceEvent], list[int], str | None]:
+    """The events of `read_trace`, the positions in them before which a step begins, from
+    the trace's annotations (`step_marks`: a snapshot's or a Chrome trace's; named `name`, or
+    npumem.memory.step() calls), and a note when a replay could mark steps but does not."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise TraceFormatError(path, "", not_a_file(path))
+    if holds_snapshot(path):
+        return snapshot.read_with_steps(path, name)
+    if detect_format(path) == "chrome":
+        return chrome.read_with_steps(path, name)
+    if name:
+        raise TraceFormatError(path, "", f"a {detect_format(path)} trace has no annotations to "
+                               "mark steps by (memory snapshots and profiler Chrome traces do)")
+    return read_trace(path), [], None
 
 
 def format_for_output(path: str) -> str:

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 
 from .events import TraceEvent, TraceFormatError
 from .recording import load_recording
-from .step_marks import hint, step_entries
+from .step_marks import hint, marks_before, step_positions
 from .textio import open_for_writing
 
 
@@ -32,21 +32,13 @@ def read(path: str, device: int | None = None) -> Iterator[TraceEvent]:
 def read_with_steps(path: str, name: str | None = None) -> tuple[list[TraceEvent], list[int],
                                                                   str | None]:
     """The events of `read` (first device), the positions in them before which a step begins
-    (`step_marks.step_entries`: annotations named `name`, or npumem's own step marks), and a
-    note for a replay when there are none but the profiler's steps could be."""
+    (`step_marks`: annotations named `name`, or npumem's own step marks), and a note for a
+    replay when there are none but the profiler's steps could be."""
     recording = load_recording(path)
-    marked = step_entries(recording, name)
-    events: list[TraceEvent] = []
-    marks: list[int] = []
-    for index, event in _numbered_events(recording):
-        while marked and marked[0] <= index:
-            marked.pop(0)
-            if not marks or marks[-1] != len(events):
-                marks.append(len(events))
-        events.append(event)
-    if marked and (not marks or marks[-1] != len(events)):
-        marks.append(len(events))                 # after the last event
-    return events, marks, hint(recording) if not marks else None
+    times = [float(entry.get("time_us", 0) or 0) for entry in recording.entries]
+    positions = step_positions(path, recording.annotations, name, times)
+    events, marks = marks_before(positions, _numbered_events(recording))
+    return events, marks, None if marks else hint(recording.annotations)
 
 
 def _numbered_events(recording) -> Iterator[tuple[int, TraceEvent]]:

@@ -1,11 +1,13 @@
-"""Where a recorded program's steps begin, read from its memory snapshot, so that a replay with
-predictive pre-allocation marks them as `npumem.memory.step()` did in the program.
+"""Where a recorded program's steps begin, read from its trace, so that a replay with predictive
+pre-allocation marks them as `npumem.memory.step()` did in the program.
 
-A snapshot's "external_annotations" hold {"name", "stage": "START" or "END", "device",
-"time_us"}. PyTorch (2.5 and later) records `torch.profiler.record_function` scopes there
-while memory history is on, and the profiler's `ProfilerStep#N` around each `prof.step()`;
-npumem records each `npumem.memory.step()` as a START of "npumem.memory.step", with the index
-of the trace entry it came before (`npumem_entry`: exact where time stamps in whole µs tie).
+- A memory snapshot's "external_annotations" hold {"name", "stage": "START" or "END",
+  "device", "time_us"}. PyTorch (2.5 and later) records `torch.profiler.record_function`
+  scopes there while memory history is on, and the profiler's `ProfilerStep#N` around each
+  `prof.step()`; npumem records each `npumem.memory.step()` as a START of
+  "npumem.memory.step", with the index of the trace entry it came before (`npumem_entry`:
+  exact where time stamps in whole µs tie).
+- A profiler Chrome trace holds the same scopes as "user_annotation" spans (`chrome`).
 """
 
 from __future__ import annotations
@@ -20,25 +22,25 @@ PROFILER_STEP = "ProfilerStep"          # torch.profiler's step scopes: Profiler
 
 
 def named(annotation: dict) -> str:
-    """An annotation's name without a `#N` count (ProfilerStep#12 -> ProfilerStep)."""
+    """An annotation's name without a `#...` suffix (ProfilerStep#12 -> ProfilerStep)."""
     return str(annotation.get("name", "")).partition("#")[0]
 
 
-def starts_named(recording, name: str) -> list[dict]:
-    return [annotation for annotation in recording.annotations
+def starts_named(annotations: list[dict], name: str) -> list[dict]:
+    return [annotation for annotation in annotations
             if annotation.get("stage") == "START" and named(annotation) == name]
 
 
-def step_entries(recording, name: str | None) -> list[int]:
-    """Indices into the recording's trace entries before which a step begins: where START
-    annotations named `name` (or `name#N`) begin, or, with no name, where
-    `npumem.memory.step()` was called (none if it never was). TraceFormatError says which
-    annotations the snapshot has when `name` matches none."""
-    starts = starts_named(recording, name or NPUMEM_STEP)
+def step_positions(path: str, annotations: list[dict], name: str | None,
+                   times: list[float]) -> list[int]:
+    """Positions in a trace's entries (`times`: their time stamps, in order) before which a
+    step begins: where START annotations named `name` (or `name#...`) begin, or, with no name,
+    where `npumem.memory.step()` was called (none if it never was). TraceFormatError says
+    which annotations the trace has when `name` matches none."""
+    starts = starts_named(annotations, name or NPUMEM_STEP)
     if name and not starts:
-        raise TraceFormatError(recording.path, "external_annotations",
-                               f"no START annotation named {name!r}; {_what_there_is(recording)}")
-    times = None
+        raise TraceFormatError(path, "annotations", f"no START annotation named {name!r}; "
+                                                    f"{_what_there_is(annotations)}")
     at = []
     for annotation in starts:
         entry = annotation.get("npumem_entry")
@@ -47,29 +49,42 @@ def step_entries(recording, name: str | None) -> list[int]:
             continue
         when = annotation.get("time_us")
         if not isinstance(when, (int, float)) or isinstance(when, bool):
-            raise TraceFormatError(recording.path, "external_annotations",
-                                   f"a START of {annotation.get('name')!r} has no time_us "
-                                   f"number (got {when!r})")
-        if times is None:
-            times = [float(entry.get("time_us", 0) or 0) for entry in recording.entries]
+            raise TraceFormatError(path, "annotations", f"a START of {annotation.get('name')!r} "
+                                                        f"has no time_us number (got {when!r})")
         at.append(bisect_left(times, when))        # before the first entry at or after it
     return sorted(at)
 
 
-def _what_there_is(recording) -> str:
-    names = Counter(named(annotation) for annotation in recording.annotations
+def marks_before(positions: list[int], numbered) -> tuple[list, list[int]]:
+    """The events of `numbered` ((entry position, event) pairs; -1: before every entry) and
+    where in them a step is marked: before the first event at or after each position, once."""
+    events, marks, pending = [], [], list(positions)
+    for position, event in numbered:
+        while pending and pending[0] <= position:
+            pending.pop(0)
+            if not marks or marks[-1] != len(events):
+                marks.append(len(events))
+        events.append(event)
+    if pending and (not marks or marks[-1] != len(events)):
+        marks.append(len(events))                 # after the last event
+    return events, marks
+
+
+def _what_there_is(annotations: list[dict]) -> str:
+    names = Counter(named(annotation) for annotation in annotations
                     if annotation.get("stage") == "START")
     if not names:
-        return ("the snapshot has no annotations (PyTorch records them from 2.5 on, "
-                "for torch.profiler.record_function scopes, while memory history is on)")
+        return ("the trace has no annotations (PyTorch records them for "
+                "torch.profiler.record_function scopes: in a memory snapshot from 2.5 on, "
+                "while memory history is on)")
     common = ", ".join(f"{name!r} ({count})" for name, count in names.most_common(5))
     return f"its START annotations: {common}" + (", ..." if len(names) > 5 else "")
 
 
-def hint(recording) -> str | None:
-    """A note for a replay without marks of a snapshot whose profiler steps could mark them."""
-    count = len(starts_named(recording, PROFILER_STEP))
+def hint(annotations: list[dict]) -> str | None:
+    """A note for a replay without marks of a trace whose profiler steps could mark them."""
+    count = len(starts_named(annotations, PROFILER_STEP))
     if count < 2:
         return None
-    return (f"the snapshot has {count} torch.profiler steps ({PROFILER_STEP}#N annotations); "
+    return (f"the trace has {count} torch.profiler steps ({PROFILER_STEP}#N annotations); "
             f"--steps {PROFILER_STEP} marks a step at each, as npumem.memory.step() would")

@@ -20,8 +20,7 @@ from typing import Callable, Sequence
 from ..alloc.settings import describe_changes, parse_settings
 from ..errors import InvalidParamError
 from ..units import GiB
-from . import snapshot
-from .formats import holds_snapshot, read_trace
+from .formats import read_trace, read_with_steps
 from .replay import ReplayResult, replay
 from .torch_replay import replay_file
 
@@ -46,15 +45,14 @@ class ReplayJob:
             return ReplayResult.from_torch(result, self.allocator)
         settings = parse_settings(self.settings)
         events, marks, note = read_trace(self.trace), (), None
-        if settings.predictive and holds_snapshot(self.trace):
-            # the program's step marks, as it made them (npumem.memory.step, or annotations)
-            events, marks, note = snapshot.read_with_steps(self.trace, self.steps)
+        if settings.predictive:      # the program's step marks, where the trace has them
+            events, marks, note = read_with_steps(self.trace, self.steps)
         result = replay(events, self.allocator, settings, trace_name=self.trace,
                         memory=self.memory or 64 * GiB, progress=progress,
                         planner_lag=self.planner_lag, steps=marks)
         if marks:
             how = f"{self.steps!r} annotations" if self.steps else "npumem.memory.step() marks"
-            result.notes.insert(0, f"{len(marks)} steps marked by the snapshot's {how}")
+            result.notes.insert(0, f"{len(marks)} steps marked by the trace's {how}")
         elif note:
             result.notes.append(note)
         return result
