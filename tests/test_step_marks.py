@@ -117,9 +117,10 @@ def test_annotations_that_cannot_mark_steps_say_what_the_snapshot_has():
     with pytest.raises(TraceFormatError, match=r"no START annotation named 'train'.*"
                                                r"'ProfilerStep' \(4\), 'forward' \(4\)"):
         snapshot_positions(data, "train")
-    data["external_annotations"][0]["time_us"] = "soon"
-    with pytest.raises(TraceFormatError, match="'ProfilerStep#0' has no time_us number"):
-        snapshot_positions(data, "ProfilerStep")
+    for when in ("soon", float("nan"), None):
+        data["external_annotations"][0]["time_us"] = when
+        with pytest.raises(TraceFormatError, match="'ProfilerStep#0' has no time_us number"):
+            snapshot_positions(data, "ProfilerStep")
     bare = from_events([TraceEvent(1, "alloc", 16, 512)])
     with pytest.raises(TraceFormatError, match="no annotations"):
         snapshot_positions(bare, "ProfilerStep")

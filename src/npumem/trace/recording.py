@@ -143,8 +143,10 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
     mine = [s for s in segments if s.get("device", 0) == device]
     settings = data.get("allocator_settings")
     annotations = data.get("external_annotations")
-    annotations = [a for a in annotations if isinstance(a, dict) and a.get("device", device) == device] \
-        if isinstance(annotations, list) else []
+    if not isinstance(annotations, list):
+        annotations = []
+    annotations = [annotation for annotation in annotations
+                   if isinstance(annotation, dict) and annotation.get("device", device) == device]
     return Recording(path, device, flavour or _guess_flavour(data, mine, entries),
                      settings if isinstance(settings, dict) else None, mine, entries, annotations)
 

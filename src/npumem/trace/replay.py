@@ -97,7 +97,7 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
     its recorded state.) With predictive pre-allocation, each layout is handed over
     `planner_lag` requests after it was asked for, as the program's planner thread would, and
     a step is marked (`mark_step`, as `npumem.memory.step()`) before each event whose
-    position is in `steps` (in order; `snapshot.read_with_steps` finds them)."""
+    position is in `steps` (in order; `formats.read_with_steps` finds them)."""
     if allocator in ("torch", "torch_npu"):
         from .recording import Recording
         from .torch_replay import replay_recording

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
+from math import isfinite
 
 from .events import TraceFormatError
 
@@ -48,7 +49,7 @@ def step_positions(path: str, annotations: list[dict], name: str | None,
             at.append(entry)
             continue
         when = annotation.get("time_us")
-        if not isinstance(when, (int, float)) or isinstance(when, bool):
+        if not isinstance(when, (int, float)) or isinstance(when, bool) or not isfinite(when):
             raise TraceFormatError(path, "annotations", f"a START of {annotation.get('name')!r} "
                                                         f"has no time_us number (got {when!r})")
         at.append(bisect_left(times, when))        # before the first entry at or after it
@@ -58,14 +59,14 @@ def step_positions(path: str, annotations: list[dict], name: str | None,
 def marks_before(positions: list[int], numbered) -> tuple[list, list[int]]:
     """The events of `numbered` ((entry position, event) pairs; -1: before every entry) and
     where in them a step is marked: before the first event at or after each position, once."""
-    events, marks, pending = [], [], list(positions)
+    events, marks, next_position = [], [], 0
     for position, event in numbered:
-        while pending and pending[0] <= position:
-            pending.pop(0)
+        while next_position < len(positions) and positions[next_position] <= position:
+            next_position += 1
             if not marks or marks[-1] != len(events):
                 marks.append(len(events))
         events.append(event)
-    if pending and (not marks or marks[-1] != len(events)):
+    if next_position < len(positions) and (not marks or marks[-1] != len(events)):
         marks.append(len(events))                 # after the last event
     return events, marks
 
