@@ -107,6 +107,26 @@ def chrome_seed() -> bytes:
     return json.dumps({"schemaVersion": 1, "traceEvents": events}).encode()
 
 
+def chrome_steps_seed() -> bytes:
+    """The Chrome seed with torch.profiler's step spans around its events."""
+    data = json.loads(chrome_seed())
+    data["traceEvents"] += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}",
+                             "pid": 1, "tid": 1, "ts": t, "dur": 1} for n, t in enumerate([0, 3, 6])]
+    return json.dumps(data).encode()
+
+
+def snapshot_steps_seed() -> dict:
+    """The snapshot seed with profiler steps and npumem's marks in external_annotations."""
+    data = snapshot_seed()
+    times = [entry.get("time_us", 0) for entry in data["device_traces"][0]]
+    data["external_annotations"] = [
+        {"device": 0, "name": f"ProfilerStep#{n}", "stage": stage, "time_us": t}
+        for n, t in enumerate(times[::3]) for stage in ("START", "END")] + [
+        {"device": 0, "name": "npumem.memory.step", "stage": "START", "time_us": times[-1],
+         "npumem_entry": len(times) - 1}]
+    return data
+
+
 def _csv(rows: list[list]) -> bytes:
     out = io.StringIO()
     csv.writer(out).writerows(rows)
@@ -183,6 +203,14 @@ def read_for_replay(path: str) -> None:
     replay_file(path, check=True)
 
 
+def read_with_marked_steps(path: str) -> None:
+    """`npumem replay FILE --steps ProfilerStep`: the events and where steps begin."""
+    from npumem.trace.formats import read_with_steps
+
+    events, marks, _ = read_with_steps(path, "ProfilerStep")
+    assert marks == sorted(set(marks)) and all(0 <= mark <= len(list(events)) for mark in marks)
+
+
 def read_usage_curve(path: str) -> None:
     from npumem.trace.msprof import usage_summary
     usage_summary(path)
@@ -209,6 +237,8 @@ TARGETS: dict[str, tuple[Callable[[], bytes], Callable[[str], None], str]] = {
     "chrome": (chrome_seed, read_for_report, "json"),
     "pickle": (lambda: _pickled(snapshot_seed()), read_for_report, "pickle"),
     "pickle-replay": (lambda: _pickled(snapshot_seed()), read_for_replay, "pickle"),
+    "pickle-steps": (lambda: _pickled(snapshot_steps_seed()), read_with_marked_steps, "pickle"),
+    "chrome-steps": (chrome_steps_seed, read_with_marked_steps, "json"),
     "rmm": (rmm_seed, read_for_report, "csv"),
     "msprof": (msprof_seed, read_for_report, "csv"),
     "memory-record": (memory_record_seed, read_usage_curve, "csv"),

@@ -48,12 +48,20 @@ def step_positions(path: str, annotations: list[dict], name: str | None,
         if isinstance(entry, int) and not isinstance(entry, bool) and entry >= 0:
             at.append(entry)
             continue
-        when = annotation.get("time_us")
-        if not isinstance(when, (int, float)) or isinstance(when, bool) or not isfinite(when):
-            raise TraceFormatError(path, "annotations", f"a START of {annotation.get('name')!r} "
-                                                        f"has no time_us number (got {when!r})")
-        at.append(bisect_left(times, when))        # before the first entry at or after it
+        # before the first entry at or after it
+        at.append(bisect_left(times, _time_us(path, annotation)))
     return sorted(at)
+
+
+def _time_us(path: str, annotation: dict) -> float:
+    when = annotation.get("time_us")
+    try:
+        if isinstance(when, (int, float)) and not isinstance(when, bool) and isfinite(when):
+            return float(when)
+    except OverflowError:                   # an int past float's range
+        pass
+    raise TraceFormatError(path, "annotations", f"a START of {annotation.get('name')!r:.60} has "
+                                                f"no time_us number (got {when!r:.40})")
 
 
 def marks_before(positions: list[int], numbered) -> tuple[list, list[int]]:
