@@ -8,6 +8,7 @@ import textwrap
 import numpy as np
 
 import npumem
+import npumem.memory as mem
 from npumem import profile
 
 LEAKY = textwrap.dedent('''
@@ -61,6 +62,23 @@ def test_growth_is_seen_while_the_program_runs_and_one_time_memory_is_not():
     assert len(found) == 1 and found[0].unit == "step"
     assert found[0].last_bytes - found[0].first_bytes == 6 * 1024     # six odd steps, 1 KiB each
     assert found[0].per_unit > 0 and "per step" in found[0].describe()
+
+
+def test_step_marks_are_the_checkpoints_of_growth(rt):
+    """memory.step() ends each step: growth is measured per step without any range."""
+    kept = []
+    with profile.track(stacks=True) as tracker:
+        for step in range(10):
+            scratch = mem.caching_allocator_alloc(4096)
+            if step % 2:
+                kept.append(mem.caching_allocator_alloc(512))
+            mem.caching_allocator_delete(scratch)
+            mem.step()
+    found = tracker.growth()
+    assert len(found) == 1 and found[0].unit == "step" and found[0].intervals == 9
+    assert found[0].last_bytes - found[0].first_bytes == 5 * 512      # steps 1, 3, 5, 7, 9
+    for pointer in kept:
+        mem.caching_allocator_delete(pointer)
 
 
 def test_without_ranges_the_run_is_cut_into_intervals():

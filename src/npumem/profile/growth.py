@@ -2,8 +2,8 @@
 
 A leak into a global list does not wait for the end of the run to show: its site's live bytes
 climb step after step. The tracker's events are replayed to each checkpoint: the ends of the
-program's steps (its most frequent `profile.range`), or, without ranges, evenly spaced moments
-of the run. A site grows when its live bytes never fall between checkpoints, end higher than
+program's steps (its `npumem.memory.step()` calls, else its most frequent `profile.range`), or,
+without either, evenly spaced moments of the run. A site grows when its live bytes never fall between checkpoints, end higher than
 they began and rose more than once; memory a run allocates once and keeps (weights, caches)
 rises once, so it is not reported.
 
@@ -50,8 +50,12 @@ class Growth:
 
 
 def checkpoints(events: list, annotations: list) -> tuple[list[int], str]:
-    """(times in ns, unit): the ends of the most frequent range if it ran at least three times,
-    else evenly spaced moments over the events."""
+    """(times in ns, unit): the step marks if there are at least three, else the ends of the
+    most frequent range if it ran at least three times, else evenly spaced moments over the
+    events."""
+    marks = sorted(note.start_ns for note in annotations if note.kind == "step")
+    if len(marks) >= 3:
+        return marks, "step (npumem.memory.step)"
     ends = collections.defaultdict(list)
     for note in annotations:
         if note.kind == "range":
