@@ -150,6 +150,18 @@ def test_a_marked_step_shorter_than_the_plan_knew_is_served_from_its_blocks(expa
     pool.close()
 
 
+def test_an_unmarked_longer_batch_that_takes_the_arenas_pages_does_not_end_prediction():
+    """Unmarked steps of 2 units, then 7 and 6: the 7's first requests, which the step did not
+    foresee, need memory above the peak, so the arena's idle pages go back for the pool to
+    serve them, and the plan's next request finds its pages gone. That used to end prediction
+    for good; it now refuses the template, as the unforeseen request would have, and the
+    steps after are served from a plan sized for the largest batch."""
+    pool = make_pool()
+    rates = run_lengths(pool, [2, 2, 2, 2, 7, 6, 2] * 2, STEP * 2, marked=False)
+    assert rates[-5:] == [1.0] * 5, (rates, pool.predictor.note)
+    pool.close()
+
+
 def crossing_batch_loop(lengths, predictive: bool, lag: int = 0) -> tuple[list[int], int]:
     """A marked loop whose batch outlives its step (made before the last one is freed), with
     40 activations, two thirds of them growing with the length; a plan is handed over `lag`

@@ -37,7 +37,7 @@ program repeats and serves it from a plan (docs/predictive.md has the whole stor
    for it, the plan stands aside; at the mark the template takes the new sizes
    (`_resize_to_strays`). A step in which fewer than half the requests hit drops the plan, and
    so does a request it did not foresee that needs memory above the pre-plan peak (unless the
-   sizes are found to vary).
+   sizes are found to vary), or a planned one whose place or pages such a request took.
    A step with at least 99% hits ends learning, which costs time on every request (unless
    counting, `_counted`, is what tells requests the template leaves out from the others). A
    step that took reserved memory above the pre-plan peak otherwise ends prediction for good.
@@ -89,6 +89,7 @@ class Predictor:
         self.mark_at = self.others = 0             # (others: requests of other streams)
         self.strays: dict[int, int] = {}
         self.fallback: Template | None = None      # served before a longer batch: see _fall_back
+        self.pages_given = False    # idle arena pages went back this step for an unforeseen request
         self.layout: StepLayout | None = None      # its layout, once its arena serves
         self.ready: StepLayout | None = None       # a layout waiting to take over
         self.planning = False
@@ -184,9 +185,10 @@ class Predictor:
             return None
         block = self.arena.place(slot)
         if block is None:
-            # its place is still held: another (a search, so only while the step follows, or
-            # where a block lent to a request it did not foresee holds it)
-            displaced = self.arena.lent_over(slot)
+            # its place is still held, or its pages are not there: another (a search, so only
+            # while the step follows, or where a request it did not foresee took them: a block
+            # lent holds the place, or the arena's idle pages went back for the pool to serve it)
+            displaced = self.arena.lent_over(slot) or self.pages_given
             if displaced or self.step_misses <= self.template.step_slots // 100:
                 block = self.arena.place_elsewhere(slot)
             if block is None:
@@ -693,8 +695,8 @@ class Predictor:
         the pool serves it (`_keep_under_peak`), unless that needs new memory above the peak and
         a free run of the arena holds it (`StepArena.lend`: the block returned). A `foreseen`
         one (a template extra, which outlives steps) is the pool's and counts as followed in
-        the step's judgement. A `displaced` one (its block lent to an unforeseen request) is
-        judged as that request would have been."""
+        the step's judgement. A `displaced` one (its place lent to an unforeseen request, or its
+        pages given back for the pool to serve one) is judged as that request would have been."""
         if foreseen:
             self.step_hits += 1
         elif unforeseen and self.template.marked:
@@ -707,7 +709,7 @@ class Predictor:
             if not foreseen and self.template.marked and self._above_peak(size, stream):
                 lent = self.arena.lend(size, self.cursor)
             unforeseen_by = ("the step did not foresee" if unforeseen else
-                             "whose block was lent to one the step did not foresee" if displaced
+                             "whose place went to one the step did not foresee" if displaced
                              else None)
             if lent is None and not self._keep_under_peak(size, stream, unforeseen_by):
                 return None
@@ -733,6 +735,7 @@ class Predictor:
         pool = self.pool
         if self._above_peak(size, stream):
             self.arena.unmap_idle_pages()
+            self.pages_given = self.pages_given or unforeseen_by is not None
             if pool.stats.current("reserved_bytes") + size > self.peak_before:
                 if unforeseen_by is None or self.layout.provisional:
                     self._give_up()
@@ -751,6 +754,7 @@ class Predictor:
         a ready layout takes over here, where the fewest of the step's blocks are live in the
         pool."""
         template = self.template
+        self.pages_given = False
         if self.arena is None and template is not None and not self.planning:
             followed = self.step_hits + self.step_misses
             live, before = self._live_bytes_now_and_a_step_ago(template)
