@@ -657,10 +657,8 @@ class Predictor:
             return -1
         # Skip no more than the step's first request (the cut): a request the template left
         # out (a block that outlives a step) must not carry the cursor far past a step
-        # boundary. Skipping just that one (the program left it out this step) is safe; the
-        # boundary is then judged at the next cut. (Refusing it too lost the place for
-        # RESYNC requests, which the pool served with the arena's idle pages; the plan then
-        # found its pages gone and gave up for good.)
+        # boundary. A step that left out just that one is followed from its second request;
+        # its boundary is judged at the next cut.
         for skip in range(1, min(LOOKAHEAD, count) if slot not in self.cuts else 2):
             candidate = slot + skip
             if candidate >= count:
