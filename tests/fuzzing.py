@@ -208,7 +208,8 @@ def read_with_marked_steps(path: str) -> None:
     from npumem.trace.formats import read_with_steps
 
     events, marks, _ = read_with_steps(path, "ProfilerStep")
-    assert marks == sorted(set(marks)) and all(0 <= mark <= len(list(events)) for mark in marks)
+    count = len(list(events))
+    assert marks == sorted(set(marks)) and all(0 <= mark <= count for mark in marks)
 
 
 def read_usage_curve(path: str) -> None:

@@ -145,6 +145,7 @@ def test_a_chrome_traces_profiler_steps_mark_the_event_after_their_start(tmp_pat
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"traceEvents": trace[::-1]}))
     events, marks, note = read_any_with_steps(path, "ProfilerStep")
+    events = list(events)
     assert marks == [0, 4, 8] and note is None
     assert [event.action for event in events[4:8]] == ["alloc", "alloc", "free", "free"]
     assert read_any_with_steps(path)[1:] == ([], "the trace has 3 torch.profiler steps "

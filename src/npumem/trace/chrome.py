@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .events import TraceEvent, TraceFormatError, checked_event
-from .step_marks import hint, marks_before, step_positions
+from .step_marks import hint, step_positions
 from .textio import json_refusal, open_for_writing, reading
 
 CHUNK = 1 << 20
@@ -86,17 +86,19 @@ def read(path: str) -> Iterator[TraceEvent]:
     yield from _sorted(_scan(path))
 
 
-def read_with_steps(path: str, name: str | None = None) -> tuple[list[TraceEvent], list[int],
-                                                                  str | None]:
+def read_with_steps(path: str, name: str | None = None) -> tuple[Iterator[TraceEvent],
+                                                                  list[int], str | None]:
     """The events of `read`, the positions in them before which a step begins (START of each
     user annotation span named `name` or `name#...`: ProfilerStep for the profiler's steps,
     or a record_function name; none without a name), and a note for a replay when there are
     none but the profiler's steps could be."""
     annotations: list[dict] = []
-    events = list(_sorted(_scan(path, annotations)))
-    positions = step_positions(path, annotations, name, [event.t_us for event in events])
-    events, marks = marks_before(positions, enumerate(events))
-    return events, marks, None if marks else hint(annotations)
+    arrays = _scan(path, annotations)
+    times = np.sort(np.frombuffer(arrays[0], dtype=np.float64))
+    # positions in the time-ordered events are where the marks go (the events stream)
+    marks = sorted({min(position, len(times))
+                    for position in step_positions(path, annotations, name, times)})
+    return _sorted(arrays), marks, None if marks else hint(annotations)
 
 
 def _scan(path: str, annotations: list[dict] | None = None) -> tuple:
