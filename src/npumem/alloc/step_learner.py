@@ -139,7 +139,6 @@ class StepLearner:
         self.live_bytes = self.peak_bytes = 0
         self.live_before: list[int] = []        # live bytes just before each allocation
         self.peak_at = 0                        # allocation number at which live bytes peaked
-        self.last_at_peak = 0                   # the latest at which they were as high
         self.grams: dict[tuple, int] = {}       # GRAM sizes -> allocation number they last ended at
         self.marks: list[int] = []              # allocation numbers where step() was called
         self.pending: tuple[int, int] | None = None   # a marked step waiting for its frees:
@@ -173,8 +172,6 @@ class StepLearner:
         self.live_bytes += size
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes, self.peak_at = self.live_bytes, n
-        if self.live_bytes >= self.peak_bytes:
-            self.last_at_peak = n
         if self.marks:                          # steps are marked: no guessing
             return self._made(n)
         confirmed = self.confirmed
@@ -328,9 +325,9 @@ class StepLearner:
         it exactly, copy after copy (RECENT at least). A layer's period fails: the rest of
         its step is not copies of it, and a layer keeps or frees its neighbours' outputs."""
         period, settled = end - first, len(self.requested) // 4
-        live = self.live_before
-        if self.last_at_peak >= settled or first - RECENT * period < settled \
-                or end >= len(live) or live[end] != live[first]:
+        live, sizes = self.live_before, self.sizes
+        if first - RECENT * period < settled or end >= len(live) or live[end] != live[first] \
+                or max(live[i] + sizes[i] for i in range(settled, len(live))) >= self.peak_bytes:
             return False
         return all(self.sizes_at(template, start + self.dropped) == template.sizes
                    for start in range(first - period, settled - 1, -period))
@@ -430,5 +427,4 @@ class StepLearner:
         self.marks = [max(mark - drop, 0) for mark in self.marks]
         self.pending = None                     # its window may have been cut: wait for a mark
         self.peak_at -= drop
-        self.last_at_peak -= drop
         self.period = 0
