@@ -81,6 +81,23 @@ def checked_with_lag(pool) -> None:
     pool.predictor.hand_over_held()
 
 
+def served_with_one_odd_step(predictive: bool, steps: int, odd: int, odd_body, marked=False,
+                             check=assert_no_overlap) -> tuple[list[int], int]:
+    """`steps` steps of STEP twice (ended with mark_step if `marked`), step `odd` making
+    `odd_body` instead (expandable segments): the requests served from the plan in each step,
+    and the peak reserved."""
+    pool, served = make_pool(predictive=predictive), []
+    for number in range(steps):
+        hits = pool.predictor.hits if predictive else 0
+        run_step(pool, odd_body if number == odd else STEP * 2, check=check)
+        if marked:
+            pool.mark_step()
+        served.append(pool.predictor.hits - hits if predictive else 0)
+    peak = pool.memory_stats()["reserved_bytes.all.peak"]
+    pool.close()
+    return served, peak
+
+
 POOL_KINDS = pytest.mark.parametrize("expandable", [True, False],
                                      ids=["in the pool's range", "in the stream's segments"])
 
@@ -340,20 +357,11 @@ def test_prediction_never_raises_peak_reserved_on_a_repeated_step():
 
 def one_off_loop(predictive: bool) -> tuple[list[int], int]:
     """Twelve marked steps; the ninth makes two temporaries the others do not (3.6 and 2.6
-    MiB, each freed two requests later). The requests served from the plan in each step, and
-    the peak reserved (expandable segments)."""
-    pool, served = make_pool(predictive=predictive), []
-    for number in range(12):
-        body = STEP * 2
-        if number == 8:
-            body = body[:3] + [(3816503, 2)] + body[3:10] + [(2686313, 2)] + body[10:]
-        hits = pool.predictor.hits if predictive else 0
-        run_step(pool, body, check=assert_snapshot_whole if number == 8 else None)
-        pool.mark_step()
-        served.append(pool.predictor.hits - hits if predictive else 0)
-    peak = pool.memory_stats()["reserved_bytes.all.peak"]
-    pool.close()
-    return served, peak
+    MiB, each freed two requests later), the snapshot checked after every request."""
+    body = STEP * 2
+    body = body[:3] + [(3816503, 2)] + body[3:10] + [(2686313, 2)] + body[10:]
+    return served_with_one_odd_step(predictive, 12, 8, body, marked=True,
+                                    check=assert_snapshot_whole)
 
 
 def test_a_one_off_request_in_a_marked_step_borrows_the_plans_free_bytes():
@@ -658,19 +666,9 @@ def test_a_request_left_out_of_the_template_does_not_lose_the_place_in_the_step(
 
 
 def loop_leaving_out(predictive: bool, index: int) -> tuple[list[int], int]:
-    """Ten unmarked steps; the seventh leaves out its request at `index`. The requests served
-    from the plan in each step, and the peak reserved."""
-    pool, served = make_pool(predictive=predictive), []
-    for number in range(10):
-        body = STEP * 2
-        if number == 6:
-            body = body[:index] + body[index + 1:]
-        hits = pool.predictor.hits if predictive else 0
-        run_step(pool, body, check=assert_no_overlap)
-        served.append(pool.predictor.hits - hits if predictive else 0)
-    peak = pool.memory_stats()["reserved_bytes.all.peak"]
-    pool.close()
-    return served, peak
+    """Ten unmarked steps; the seventh leaves out its request at `index`."""
+    body = STEP * 2
+    return served_with_one_odd_step(predictive, 10, 6, body[:index] + body[index + 1:])
 
 
 def test_a_found_step_that_leaves_out_its_first_request_keeps_its_plan():
@@ -695,22 +693,11 @@ def test_a_first_step_far_above_the_rest_does_not_keep_the_step_from_being_plann
     the peak (a layer of a step does not) for as long as the program ran. A template whose
     window the newer three quarters of the history repeat exactly, copy after copy, where the
     all-time peak is older than that, is the step."""
-    def loop(predictive: bool) -> tuple[list[int], int]:
-        pool, served = make_pool(predictive=predictive), []
-        for number in range(12):
-            body = STEP * 2
-            if number == 0:
-                body = body[:5] + [(64 * MiB, 1)] + body[5:]
-            hits = pool.predictor.hits if predictive else 0
-            run_step(pool, body, check=assert_no_overlap)
-            served.append(pool.predictor.hits - hits if predictive else 0)
-        peak = pool.memory_stats()["reserved_bytes.all.peak"]
-        pool.close()
-        return served, peak
-
-    served, peak = loop(True)
+    body = STEP * 2
+    body = body[:5] + [(64 * MiB, 1)] + body[5:]
+    served, peak = served_with_one_odd_step(True, 12, 0, body)
     assert served[-4:] == [2 * len(STEP)] * 4, served
-    assert peak <= loop(False)[1]
+    assert peak <= served_with_one_odd_step(False, 12, 0, body)[1]
 
 
 def test_a_first_step_that_differs_does_not_hide_the_true_period():
