@@ -214,19 +214,25 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
         click.echo(f"wrote {plot_path}")
 
 
+def _needs_prediction(option: str, what: str, pool_settings: list[str]) -> None:
+    """`option` only means something to a pool with predictive:True (`what` it does there)."""
+    from .alloc.settings import parse_settings
+
+    if not any(parse_settings(chosen).predictive for chosen in pool_settings):
+        raise click.BadParameter(f"only a pool with predictive:True {what}; add --allocator "
+                                 "pool --set predictive=True", param_hint=option)
+
+
 def _check_steps(name: str | None, traces, pool_settings: list[str]) -> None:
     """--steps names annotations, which snapshots and Chrome traces carry, for the predictive
     pool."""
-    from .alloc.settings import parse_settings
     from .trace.formats import carries_annotations, detect_format
 
     if name is None:
         return
     if not name.strip():
         raise click.BadParameter("an annotation name, e.g. ProfilerStep", param_hint="--steps")
-    if not any(parse_settings(chosen).predictive for chosen in pool_settings):
-        raise click.BadParameter("only a pool with predictive:True follows marked steps; add "
-                                 "--allocator pool --set predictive=True", param_hint="--steps")
+    _needs_prediction("--steps", "follows marked steps", pool_settings)
     for path in traces:
         if not carries_annotations(path):
             raise click.BadParameter(f"{path} is a {detect_format(path)} trace; only memory "
@@ -237,15 +243,11 @@ def _check_steps(name: str | None, traces, pool_settings: list[str]) -> None:
 
 def _check_planner_lag(lag: int, pool_settings: list[str]) -> None:
     """--planner-lag is a count of requests, and only the predictive pool has plans to hand over."""
-    from .alloc.settings import parse_settings
-
     if lag < 0:
         raise click.BadParameter(f"{lag}: a number of requests, 0 or more",
                                  param_hint="--planner-lag")
-    if lag and not any(parse_settings(chosen).predictive for chosen in pool_settings):
-        raise click.BadParameter("only a pool with predictive:True has plans to hand over; add "
-                                 "--allocator pool --set predictive=True",
-                                 param_hint="--planner-lag")
+    if lag:
+        _needs_prediction("--planner-lag", "has plans to hand over", pool_settings)
 
 
 def _check_paths(traces, plot_path) -> None:
