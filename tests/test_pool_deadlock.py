@@ -19,11 +19,15 @@ def _run(code: str, memory: str) -> subprocess.CompletedProcess:
 
 def test_the_out_of_memory_retry_with_tensors_dying_on_the_stream():
     done = _run("""
+        import time
         import numpy as np, npumem, npumem.memory as mem
         from npumem import aclnn
         npumem.init(); npumem.set_device(0)
         s = npumem.create_stream()
         for _ in range(40):        # 32 MiB: every few steps the pool must release its cache
+            # A slow kernel first, so the stream always lags: the tensors below die on its
+            # worker, and the host runs out of memory while they are still queued.
+            s.enqueue(lambda: time.sleep(0.02), "slow kernel")
             a = npumem.from_numpy(np.ones((1024, 1024), np.float32), s)
             out = npumem.empty((1024, 1024), stream=s)
             aclnn.run_with_pool_workspace(aclnn.mul, aclnn.mul_get_workspace_size(a, a, out), s)
