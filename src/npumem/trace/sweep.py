@@ -44,9 +44,10 @@ class ReplayJob:
                                  progress=progress)
             return ReplayResult.from_torch(result, self.allocator)
         settings = parse_settings(self.settings)
-        events, marks, note = read_trace(self.trace), (), None
         if settings.predictive:      # the program's step marks, where the trace has them
             events, marks, note = read_with_steps(self.trace, self.steps)
+        else:
+            events, marks, note = read_trace(self.trace), (), None
         result = replay(events, self.allocator, settings, trace_name=self.trace,
                         memory=self.memory or 64 * GiB, progress=progress,
                         planner_lag=self.planner_lag, steps=marks)
