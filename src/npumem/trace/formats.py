@@ -65,10 +65,16 @@ def convert(source: str, target: str, fmt: str) -> int:
 
 def read_trace(path: str | os.PathLike, fmt: str | None = None) -> Iterator[TraceEvent]:
     """The events of a trace file in time order, streamed where the format allows."""
+    path = _existing(path)
+    return FORMATS[fmt or detect_format(path)].read(path)
+
+
+def _existing(path: str | os.PathLike) -> str:
+    """`path` as a string, if it names a file (TraceFormatError says why not)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise TraceFormatError(path, "", not_a_file(path))
-    return FORMATS[fmt or detect_format(path)].read(path)
+    return path
 
 
 def carries_annotations(path: str | os.PathLike) -> bool:
@@ -81,17 +87,16 @@ def read_with_steps(path: str | os.PathLike, name: str | None = None) -> tuple[
     """The events of `read_trace`, the positions in them before which a step begins, from
     the trace's annotations (`step_marks`: a snapshot's or a Chrome trace's; named `name`, or
     npumem.memory.step() calls), and a note when a replay could mark steps but does not."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise TraceFormatError(path, "", not_a_file(path))
+    path = _existing(path)
     if holds_snapshot(path):
         return snapshot.read_with_steps(path, name)
-    if detect_format(path) == "chrome":
+    fmt = detect_format(path)
+    if fmt == "chrome":
         return chrome.read_with_steps(path, name)
     if name:
-        raise TraceFormatError(path, "", f"a {detect_format(path)} trace has no annotations to "
-                               "mark steps by (memory snapshots and profiler Chrome traces do)")
-    return read_trace(path), [], None
+        raise TraceFormatError(path, "", f"a {fmt} trace has no annotations to mark steps by "
+                               "(memory snapshots and profiler Chrome traces do)")
+    return read_trace(path, fmt), [], None
 
 
 def format_for_output(path: str) -> str:
