@@ -44,10 +44,14 @@ def device_traces(tracker: Tracker | None, devices: int = 0,
     count = max([devices, *(event.device + 1 for event in events)])
     traces: list[list[dict]] = [[] for _ in range(count)]
     for event in events:
-        actions = ("free_requested", "free_completed") if event.action == "free" else (event.action,)
-        for action in actions:
+        for action in _entry_actions(event):
             traces[event.device].append(trace_entry(event, action, tracker))
     return traces
+
+
+def _entry_actions(event: MemoryEvent) -> tuple[str, ...]:
+    """The trace entries an event becomes: a free is requested, then completed, as PyTorch's."""
+    return ("free_requested", "free_completed") if event.action == "free" else (event.action,)
 
 
 def step_annotations(tracker: Tracker | None, events: list[MemoryEvent]) -> list[dict]:
@@ -59,7 +63,7 @@ def step_annotations(tracker: Tracker | None, events: list[MemoryEvent]) -> list
     entry_times: dict[int, list[int]] = {}        # device -> each trace entry's time_ns
     for event in events:
         entry_times.setdefault(event.device, []).extend(
-            [event.time_ns] * (2 if event.action == "free" else 1))
+            [event.time_ns] * len(_entry_actions(event)))
     return [{"device": mark.device, "name": NPUMEM_STEP, "stage": "START",
              "time_us": int(tracker.wall_us(mark.start_ns)),
              "npumem_entry": bisect_left(entry_times.get(mark.device, []), mark.start_ns)}
