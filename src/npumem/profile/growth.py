@@ -3,9 +3,9 @@
 A leak into a global list does not wait for the end of the run to show: its site's live bytes
 climb step after step. The tracker's events are replayed to each checkpoint: the ends of the
 program's steps (its `npumem.memory.step()` calls, else its most frequent `profile.range`), or,
-without either, evenly spaced moments of the run. A site grows when its live bytes never fall between checkpoints, end higher than
-they began and rose more than once; memory a run allocates once and keeps (weights, caches)
-rises once, so it is not reported.
+without either, evenly spaced moments of the run. A site grows when its live bytes never fall
+between checkpoints, end higher than they began and rose more than once; memory a run allocates
+once and keeps (weights, caches) rises once, so it is not reported.
 
     for probable in tracker.growth():      # any time, also while the program runs
         print(probable.describe())
