@@ -39,6 +39,8 @@ def record(workload, settings: str = "", capacity: int | None = None, keep: int 
         except ModelOutOfMemory:
             for event in model.stats.events[before:]:
                 add(event.action, event.addr, event.size, event.stream)
+            oom = entries[-1]             # as c10 writes it: the driver's free bytes, no addr
+            oom["device_free"] = oom.pop("addr")
             continue
         for event in model.stats.events[before:]:
             add(event.action, event.addr, event.size, event.stream)

@@ -396,8 +396,12 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
 @click.option("--memory", default=None, help="Replay on a device of this size (e.g. 16GiB) and "
               "list the settings that finish: which settings would have avoided an OOM.")
 @click.option("--json", "as_json", is_flag=True, help="Print the recommendation as JSON.")
+@click.option("--steps", "steps", default=3, show_default=True, type=click.IntRange(min=0),
+              help="For a recording that ends in an out-of-memory: periods of what it repeats "
+                   "to play on past the failed request, to judge each setting on the rest of "
+                   "the run (0: judge on the recorded part only).")
 @_scheduler_options
-def tune(trace, allocator, memory, as_json, scheduler, workers):
+def tune(trace, allocator, memory, as_json, steps, scheduler, workers):
     """Recommend allocator settings for a recorded trace: replays every candidate and picks the
     one with the lowest peak reserved memory.
 
@@ -416,58 +420,59 @@ def tune(trace, allocator, memory, as_json, scheduler, workers):
         sys.exit(2)
     device_memory = _size_option(memory, "--memory") if memory else None
     if allocator in ("torch", "torch_npu") or (allocator is None and snapshot):
-        _tune_torch(trace, allocator, device_memory, as_json)
+        _tune_torch(trace, allocator, device_memory, as_json, steps)
     else:
         _tune_pool(trace, as_json, scheduler, workers)
 
 
-def _tune_torch(trace, allocator, memory, as_json) -> None:
+def _tune_torch(trace, allocator, memory, as_json, steps) -> None:
     import json
 
-    from .trace import TraceFormatError, read_trace
-    from .trace.replay import replay
+    from .profile.oom import oom_lines
+    from .progress import ProgressBar
+    from .trace import TraceFormatError
     from .trace.torch_replay import load_for_model
     from .trace.torch_tune import tune_recording
     from .units import format_size
 
+    bar = ProgressBar(None, "tune", "settings", enabled=not as_json)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done, force=True)
+
     try:
         recording = load_for_model(trace, "npu" if allocator == "torch_npu" else None)
-        result = tune_recording(recording, memory)
-        pool = replay(read_trace(trace), "pool", trace_name=trace,
-                      memory=memory or 64 * (1 << 30))
+        result = tune_recording(recording, memory, steps=steps, progress=update)
     except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    result.pool_peak_reserved_bytes = pool.peak_reserved_bytes if pool.oom is None else None
+    finally:
+        bar.close()
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
-    click.echo(f"{'settings':<58} {'peak reserved':>13} {'dev allocs':>10}  finishes")
-    for c in sorted(result.candidates, key=lambda c: (not c.finishes, c.result.peak_reserved_bytes)):
-        click.echo(f"{c.config.describe() or '(as recorded)':<58} "
-                   f"{format_size(c.result.peak_reserved_bytes):>13} {c.result.device_allocs:>10}  "
-                   f"{'yes' if c.finishes else 'OOM at entry ' + str(c.result.oom['index'])}")
+    for line in oom_lines(recording, result.recorded.result):
+        click.echo(line)
+    click.echo(f"{'settings':<52} {'peak reserved':>13} {'headroom':>10}  verdict")
+    for c in sorted(result.candidates, key=lambda c: (not c.finishes, c.decisive.peak_reserved_bytes)):
+        headroom = format_size(c.headroom) if c.headroom is not None else "-"
+        click.echo(f"{c.config.describe() or '(as recorded)':<52} "
+                   f"{format_size(c.decisive.peak_reserved_bytes):>13} {headroom:>10}  {c.verdict()}")
     click.echo("")
-    if result.best is None:
-        click.echo("recommended: none of the settings finishes on this device")
-    else:
-        click.echo(f"recommended: {result.best.line}")
+    if result.best is not None:
         real = (f"the recording really reserved {format_size(result.recorded_peak_reserved_bytes)}"
                 if result.recorded_peak_reserved_bytes is not None else
                 "the recording has no caching-allocator segments to compare with (a CPU or "
                 "plain alloc/free trace)")
-        click.echo(f"  predicted peak reserved "
-                   f"{format_size(result.best.result.peak_reserved_bytes)}; {real}")
-    for reason in result.reasons:
-        click.echo(f"  why: {reason}")
-    if result.pool_peak_reserved_bytes is not None:
-        click.echo(f"  npumem's own pool would reserve {format_size(result.pool_peak_reserved_bytes)} "
-                   f"(npumem replay {trace} --allocator pool); to use it, run the allocations through "
-                   f"npumem on the torch backend (NPUMEM_DEVICE=torch:cuda) and hand tensors to "
-                   f"PyTorch by DLPack: docs/hardware.md")
+        click.echo(f"recommended: {result.best.line}: predicted peak reserved "
+                   f"{format_size(result.best.decisive.peak_reserved_bytes)}; {real}")
+    for line in result.answer_lines()[:-1]:
+        click.echo(f"  {line}")
     if result.best is not None and result.best.config.describe():
         click.echo(f"use: export {result.best.config.env_name}="
                    f"\"{result.best.config.describe()}\"")
+    click.echo(result.answer())
 
 
 def _tune_pool(trace, as_json, scheduler, workers) -> None:

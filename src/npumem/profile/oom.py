@@ -1,55 +1,82 @@
 """An out-of-memory, explained: for a snapshot whose trace holds PyTorch's `oom` entry (taken
-by an OOM observer, see docs/pytorch.md), what was asked, what was free, what was reserved but
-unallocated, the largest cached block, and which settings would have avoided it.
+by an OOM observer, see docs/pytorch.md), what was asked, what the driver had free, what was
+reserved but unallocated, the largest cached block, where in the program it happened, and
+which settings would have avoided it.
+
+Every command that reads a snapshot says this much (`oom_lines`); `npumem report` adds the
+settings (`explain_oom`).
 """
 
 from __future__ import annotations
 
+from ..trace.snapshot_schema import oom_device_free
 from ..units import format_size
+from .analysis import NO_STACK, callers, site_name, user_frame
+
+
+def first_oom(entries) -> int | None:
+    """The index of the first `oom` entry of a device trace, None without one."""
+    return next((i for i, e in enumerate(entries or [])
+                 if isinstance(e, dict) and e.get("action") == "oom"), None)
+
+
+def oom_lines(recording, replayed=None) -> list[str]:
+    """What the recording's first out-of-memory asked and what PyTorch held then; [] without
+    one. `replayed`: the recording's replay under its own settings, if already made."""
+    from ..trace.torch_replay import replay_recording
+
+    index = first_oom(recording.entries)
+    if index is None:
+        return []
+    entry = recording.entries[index]
+    later = sum(1 for e in recording.entries[index + 1:] if e.get("action") == "oom")
+    lines = [f"out of memory at trace entry {index} of {len(recording.entries)}: PyTorch asked "
+             f"for {format_size(entry.get('size', 0))} on stream {entry.get('stream', 0)}, and "
+             f"the driver reported {format_size(oom_device_free(entry))} free on the device"
+             + (f" ({later} more OOM entr{'y' if later == 1 else 'ies'} follow)" if later else "")]
+    replayed = replayed if replayed is not None else replay_recording(recording)
+    oom = replayed.oom
+    if oom is not None and oom["index"] == index:
+        lines.append(f"  PyTorch held {format_size(oom['reserved_bytes'])}: "
+                     f"{format_size(oom['allocated_bytes'])} allocated, "
+                     f"{format_size(oom['reserved_bytes'] - oom['allocated_bytes'])} reserved but "
+                     f"unallocated; the largest cached free block was "
+                     f"{format_size(oom['largest_free_bytes'])}, and the request needed a "
+                     f"{format_size(oom['alloc_bytes'])} segment")
+    frames = entry.get("frames") or []
+    site = site_name(entry)
+    if site != NO_STACK:
+        lines.append(f"  at {site}")
+        lines += [f"    called from {caller}" for caller in
+                  callers(frames, user_frame(frames), limit=4)]
+    else:
+        lines.append("  no stack: record with torch.cuda.memory._record_memory_history("
+                     "stacks='python') to see which line asked")
+    return lines
 
 
 def explain_oom(snapshot: dict, path: str = "<snapshot>") -> list[str]:
-    """Lines for the report; [] when no device trace has an OOM."""
+    """Lines for the report, one block per device that ran out; [] when none did."""
     from ..trace.recording import recording_from_data
     from ..trace.torch_replay import replay_recording
     from ..trace.torch_tune import tune_recording
 
     lines = []
     for device, entries in enumerate(snapshot.get("device_traces") or []):
-        ooms = [i for i, e in enumerate(entries or []) if isinstance(e, dict) and e.get("action") == "oom"]
-        if not ooms:
+        index = first_oom(entries)
+        if index is None:
             continue
         try:
             recording = recording_from_data(snapshot, path, device)
             replayed = replay_recording(recording)
         except (ValueError, KeyError, TypeError) as exc:     # TraceFormatError included
-            lines.append(f"device {device}: an out-of-memory at entry {ooms[0]}, but the trace "
+            lines.append(f"device {device}: an out-of-memory at entry {index}, but the trace "
                          f"cannot be replayed ({exc})")
             continue
-        entry = entries[ooms[0]]
-        capacity = replayed.capacity
-        lines.append(f"device {device}: out of memory at trace entry {ooms[0]}: PyTorch asked "
-                     f"for {format_size(entry.get('size', 0))} on stream {entry.get('stream', 0)} "
-                     f"and the device had {format_size(entry.get('addr', 0))} free")
-        oom = replayed.oom
-        if oom is not None:
-            lines.append(f"  at that moment PyTorch held {format_size(oom['reserved_bytes'])}: "
-                         f"{format_size(oom['allocated_bytes'])} allocated, "
-                         f"{format_size(oom['reserved_bytes'] - oom['allocated_bytes'])} reserved "
-                         f"but unallocated; the largest cached free block was "
-                         f"{format_size(oom['largest_free_bytes'])}, and the request needed a "
-                         f"{format_size(oom['alloc_bytes'])} segment")
-        if capacity is None:
+        described = oom_lines(recording, replayed)
+        lines += [f"device {device}: {described[0]}", *described[1:]]
+        if replayed.capacity is None:
             continue
-        tuning = tune_recording(recording, capacity)
-        fixes = [c for c in tuning.candidates if c.finishes and c is not tuning.recorded]
-        if fixes:
-            best = tuning.best
-            lines.append(f"  with the {format_size(capacity)} PyTorch could use, the recording "
-                         f"finishes under: " + "; ".join(c.config.describe() for c in fixes))
-            lines.append(f"  set {best.line} (peak reserved "
-                         f"{format_size(best.result.peak_reserved_bytes)})")
-        else:
-            lines.append(f"  no allocator setting avoids it on {format_size(capacity)}: the "
-                         f"live tensors need the memory; free them earlier or shrink the batch")
+        tuning = tune_recording(recording)
+        lines += ["  " + line for line in tuning.answer_lines()]
     return lines

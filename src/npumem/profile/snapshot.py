@@ -24,12 +24,13 @@ def _frames(event: MemoryEvent | None) -> list[dict]:
 
 
 def trace_entry(event: MemoryEvent, action: str, tracker: Tracker) -> dict:
-    entry = {"action": action, "addr": event.address, "size": event.size, "stream": event.stream,
+    # npumem's oom event carries the device's free bytes as its address; PyTorch's oom entry
+    # has them as device_free, in place of addr
+    where = "device_free" if action == "oom" else "addr"
+    entry = {"action": action, where: event.address, "size": event.size, "stream": event.stream,
              "time_us": int(tracker.wall_us(event.time_ns)), "frames": _frames(event)}
     if action == "alloc":
         entry["requested_size"] = event.requested
-    if action == "oom":            # npumem's oom event carries the device's free bytes as address
-        entry.update(addr=0, device_free=event.address)
     if event.tag:
         entry["user_metadata"] = event.tag
     return entry

@@ -69,6 +69,8 @@ class Recording:
     segments: list[dict]                 # this device's segments at the dump
     entries: list[dict]                  # this device's trace entries
     annotations: list[dict] = field(default_factory=list)   # its external_annotations
+    # A recording made up from another (a run played on past its end): it starts as that did
+    continues: "Recording | None" = None
 
     @property
     def free_action(self) -> str:
@@ -81,6 +83,8 @@ class Recording:
         return [e for e in self.entries if e.get("action") in SEGMENT_ADD + SEGMENT_REMOVE]
 
     def start_state(self, config: TorchAllocatorConfig | None = None) -> StartState:
+        if self.continues is not None:
+            return self.continues.start_state(config)
         return rebuild_start(self, config or TorchAllocatorConfig(self.flavour))
 
     @classmethod

@@ -11,6 +11,10 @@ from __future__ import annotations
 from .events import ADDRESS_LIMIT, TraceFormatError, finite_number, natural, shown
 
 MAX_DEVICES = 1024
+# Every trace entry action c10's allocator records (TraceEntry::Action), by the names
+# `torch.cuda.memory._snapshot()` gives them.
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+           "segment_map", "segment_unmap", "oom", "snapshot")
 
 
 class _Checker:
@@ -74,7 +78,14 @@ class _Checker:
     def entry(self, entry, where: str) -> None:
         if not isinstance(entry, dict) or not isinstance(entry.get("action"), str):
             self.fail(where, f"a trace entry must be a dict with an action, got {shown(entry)}")
-        self.fields(entry, where, ("addr", "size"), ("stream", "device_free", "requested_size"))
+        action = entry["action"]
+        if action not in ACTIONS:
+            self.fail(f"{where}.action", f"unknown action {shown(action)}; PyTorch writes "
+                      f"{', '.join(ACTIONS)}")
+        # PyTorch's oom entry carries the driver's free bytes in place of an address
+        # (older npumem files wrote both, hand-made ones an address)
+        address = "device_free" if action == "oom" and "addr" not in entry else "addr"
+        self.fields(entry, where, (address, "size"), ("stream", "device_free", "requested_size"))
         when = entry.get("time_us", 0)
         if not finite_number(when):
             self.fail(f"{where}.time_us", f"must be a finite number, got {shown(when)}")
@@ -120,3 +131,9 @@ def check_snapshot(data, path: str) -> dict:
         for index, entry in enumerate(trace):
             checker.entry(entry, f"device_traces[{device}][{index}]")
     return data
+
+
+def oom_device_free(entry: dict) -> int:
+    """The free device bytes an `oom` entry reports (PyTorch: `device_free`; older npumem and
+    hand-made files: `addr`)."""
+    return entry.get("device_free", entry.get("addr", 0)) or 0

@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass, field
 from ..alloc.torch_model import (DeviceMemory, ModelOutOfMemory, TorchAllocatorConfig,
                                  TorchAllocatorModel)
 from ..units import format_size
+from ..alloc.torch_model.allocator import round_size
 from .recording import SEGMENT_ADD, SEGMENT_REMOVE, Recording
+from .snapshot_schema import oom_device_free
 
 
 @dataclass
@@ -77,7 +79,7 @@ def _describe(entry: dict) -> str:
 
 
 def _event_text(action: str, addr: int, size: int) -> str:
-    if action == "oom":
+    if action == "oom":                 # addr: the free bytes (the model's and PyTorch's)
         return f"oom ({format_size(addr)} free)"
     return f"{action} 0x{addr:x} {format_size(size)} ({size} bytes)"
 
@@ -124,37 +126,81 @@ def plan_calls(recording: Recording):
     return calls, recorded
 
 
-def infer_capacity(recording: Recording, start_reserved: int) -> int | None:
-    """The device bytes the allocator could use, where the recording says so: an OOM entry
-    carries the free bytes the driver reported, so reserved + free is that limit. None when the
-    trace never ran out (a retry's frees are replayed as recorded; they need no limit)."""
-    reserved, limits = start_reserved, []
+UNLIMITED = -1          # replay_recording's capacity: no limit, even where the recording ran out
+
+
+@dataclass
+class CapacityBounds:
+    """What a recording that ran out of memory says of the device bytes PyTorch could use:
+    every segment it got fitted, the segment it asked for at the OOM did not. `low` is the
+    most it ever held, `high` the most consistent with the failure. When the driver's free bytes
+    (`device_free`) were too few for the segment, the device was full and the limit is exact;
+    otherwise a cap such as set_per_process_memory_fraction stopped it, somewhere in
+    [low, high]."""
+
+    low: int
+    high: int
+    device_full: bool
+
+    @property
+    def exact(self) -> bool:
+        return self.low == self.high
+
+
+def capacity_bounds(recording: Recording, start_reserved: int) -> CapacityBounds | None:
+    """None when the trace never ran out (a retry's frees are replayed as recorded; they need
+    no limit)."""
+    from ..alloc.torch_model import from_snapshot
+
+    sizer = TorchAllocatorModel(from_snapshot(recording.settings, recording.flavour))
+    reserved = most = start_reserved
+    low, highs, full = 0, [], False
     for entry in recording.entries:
         action = entry["action"]
         if action in SEGMENT_ADD:
             reserved += entry.get("size", 0)
+            most = max(most, reserved)
         elif action in SEGMENT_REMOVE:
             reserved -= entry.get("size", 0)
         elif action == "oom":
-            limits.append(reserved + entry.get("addr", 0))
-    return min(limits) if limits else None
+            low = max(low, most)
+            free = oom_device_free(entry)
+            wanted = sizer.segment_size(round_size(entry.get("size", 0), sizer.config))
+            if free < wanted:                   # the device itself was full
+                highs.append(reserved + free)
+                full = True
+            else:                               # a cap below the device stopped it
+                highs.append(reserved + wanted - 1)
+    if not highs:
+        return None
+    high = min(highs)
+    if full and high >= low:
+        return CapacityBounds(high, high, True)
+    return CapacityBounds(min(low, high), high, False)
 
 
 def replay_recording(recording: Recording, config: TorchAllocatorConfig | None = None,
                      capacity: int | None = None, check: bool = False,
                      progress=None) -> TorchReplay:
     """Run the recording through the model. `capacity` None: inferred where the recording hit
-    the device's limit, else unlimited. `check` stops at the first divergence from the
-    recorded segment events."""
+    the device's limit, else unlimited; UNLIMITED: no limit whatever the recording shows.
+    `check` stops at the first divergence from the recorded segment events."""
     config = config or TorchAllocatorConfig(recording.flavour)
     started = time.perf_counter()
     start = recording.start_state(config)
     notes = []
-    if capacity is None:
-        capacity = infer_capacity(recording, start.reserved)
-        if capacity is not None:
+    if capacity == UNLIMITED:
+        capacity = None
+    elif capacity is None:
+        bounds = capacity_bounds(recording, start.reserved)
+        if bounds is not None:
+            capacity = bounds.low
             notes.append(f"the recording ran out of memory; replayed with the "
-                         f"{format_size(capacity)} it could use")
+                         f"{format_size(capacity)} it could use" + (
+                             "" if bounds.exact else
+                             f" (the most it held: a cap such as set_per_process_memory_"
+                             f"fraction stopped it somewhere up to {format_size(bounds.high)}; "
+                             f"--memory sets it)"))
     recorded_addresses = [e.get("addr", 0) for e in recording.entries] + \
         [s["address"] for s in recording.segments]
     fresh = max(recorded_addresses + [0]) + (1 << 40)
@@ -300,7 +346,8 @@ def _compare(recording, recorded, model_events, upto: int, compared: int):
 def _divergence(recording, recorded, model_events, index) -> Divergence:
     return Divergence(
         index, _describe(recording.entries[index]),
-        [_event_text(e["action"], e.get("addr", 0), e.get("size", 0)) for i, e in recorded if i == index],
+        [_event_text(e["action"], oom_device_free(e) if e["action"] == "oom" else e.get("addr", 0),
+                     e.get("size", 0)) for i, e in recorded if i == index],
         [_event_text(e.action, e.addr, e.size) for i, e in model_events if i == index])
 
 

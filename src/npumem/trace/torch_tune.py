@@ -6,6 +6,11 @@ Every candidate is PyTorch's own setting replayed through the faithful model of 
 from the recording's start state (memory allocated before the trace stays where it was: it was
 placed under the settings the run used). The winner finishes (no out-of-memory) with the lowest
 peak reserved; fewer segment allocations, then the shorter line, break ties.
+
+A recording that ends in an out-of-memory holds the run only up to the request that failed.
+There each candidate is judged twice: on the recording (does it get past the failed request,
+with how much headroom) and on the run played on from what the recording repeats (`extend`).
+Only a setting that survives both is recommended, and each verdict says which it rests on.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from dataclasses import dataclass, field
 
 from ..alloc.torch_model import TorchAllocatorConfig, from_snapshot, parse_config
 from ..units import format_size
+from .extend import STEPS, Extension, extend
 from .recording import Recording
-from .torch_replay import TorchReplay, replay_recording
+from .torch_replay import UNLIMITED, CapacityBounds, TorchReplay, capacity_bounds, replay_recording
 
 # PyTorch's knobs that change placement (garbage_collection_threshold acts only under
 # set_per_process_memory_fraction, so it is tried only where that is in force).
@@ -33,12 +39,18 @@ CANDIDATES = (
     "max_split_size_mb:128,roundup_power2_divisions:4",
 )
 GC_CANDIDATES = ("garbage_collection_threshold:0.6", "garbage_collection_threshold:0.8")
+BATCH_PROBES = 7            # replays that narrow down the batch that fits
+NEED_PROBES = 6             # replays that narrow down the memory a setting needs
+MiB = 1 << 20
 
 
 @dataclass
 class Candidate:
     config: TorchAllocatorConfig
-    result: TorchReplay
+    result: TorchReplay                   # the recording (up to its end)
+    extended: TorchReplay | None = None   # the run played on past a failed request
+    needed: int | None = None             # peak reserved with no limit, where it did not fit
+    capacity: int | None = None
 
     @property
     def line(self) -> str:
@@ -46,60 +58,245 @@ class Candidate:
         return f"{self.config.env_name}={text}" if text else f"{self.config.env_name} unset"
 
     @property
+    def decisive(self) -> TorchReplay:
+        """The replay the verdict rests on: the played-on run where there is one."""
+        return self.extended if self.extended is not None else self.result
+
+    @property
+    def basis(self) -> str:
+        return "extended" if self.extended is not None else "recorded"
+
+    @property
     def finishes(self) -> bool:
-        return self.result.oom is None
+        return self.result.oom is None and self.decisive.oom is None
+
+    @property
+    def headroom(self) -> int | None:
+        if self.capacity is None or not self.finishes:
+            return None
+        return self.capacity - self.decisive.peak_reserved_bytes
+
+    @property
+    def short_by(self) -> int | None:
+        if self.capacity is None or self.needed is None:
+            return None
+        return max(0, self.needed - self.capacity)
+
+    def verdict(self) -> str:
+        if self.finishes:
+            return f"fits ({self.basis})"
+        where = "the recorded part" if self.result.oom is not None else "the played-on run"
+        oom = self.result.oom or self.decisive.oom
+        short = f", {format_size(self.short_by)} short" if self.short_by else ""
+        return f"OOM at entry {oom['index']} of {where}{short} ({self.basis})"
+
+
+@dataclass
+class BatchEstimate:
+    scale: float                  # the largest factor on step-local allocations that fits
+    settings: Candidate
+
+    def describe(self) -> str:
+        change = (f"{(1 - self.scale):.0%} smaller" if self.scale < 1 else
+                  f"{(self.scale - 1):.0%} larger")
+        setting = self.settings.config.describe() or "the settings the run used"
+        return (f"a batch about {change} would fit under {setting}, extrapolating the "
+                f"recorded step (allocations that live less than one step scale with the batch)")
 
 
 @dataclass
 class TorchTuning:
     trace: str
     flavour: str
-    memory: int | None
+    memory: int | None                    # the device bytes judged against
     recorded: Candidate                   # the settings the recording ran with
     best: Candidate | None                # None: nothing finishes on that memory
     candidates: list[Candidate]
     recorded_peak_reserved_bytes: int | None    # None: no allocator segments were recorded
-    pool_peak_reserved_bytes: int | None = None
+    bounds: CapacityBounds | None = None  # what the recording's OOM says of the limit
+    memory_given: bool = False            # --memory, rather than the limit the OOM implies
+    extension: Extension | None = None
+    died_at: int | None = None            # the trace entry of the recording's first OOM
+    batch: BatchEstimate | None = None
     reasons: list[str] = field(default_factory=list)
+
+    def answer(self) -> str:
+        """One line: the setting to use, or how much memory the run needs."""
+        where = f" on {format_size(self.memory)}" if self.memory else ""
+        if self.best is not None:
+            if not self.best.config.describe():
+                return f"answer: keep the settings the run used{where}"
+            return f"answer: set {self.best.line}"
+        needed = [c for c in self.candidates if c.needed is not None]
+        if not needed:
+            return f"answer: none fits{where}"
+        least = min(needed, key=lambda c: c.needed)
+        live = max(c.decisive.peak_allocated_bytes for c in self.candidates)
+        return (f"answer: none fits{where}: the run needs about {format_size(least.needed)} "
+                f"(under {least.config.describe() or 'the settings it used'}), and at least "
+                f"{format_size(live)} for its live tensors alone")
+
+    def answer_lines(self) -> list[str]:
+        """What the recording says, what else would fit, and the answer last."""
+        lines = []
+        if self.died_at is not None:
+            lines.append(f"the run died at trace entry {self.died_at}: the rest of it was not "
+                         f"recorded")
+            passed = [c for c in self.candidates if c.result.oom is None]
+            lines.append(f"{len(passed)} of {len(self.candidates)} settings get past the "
+                         f"request that failed" + (f" on {format_size(self.memory)}"
+                                                   if self.memory else ""))
+            if self.extension is not None:
+                lines.append(self.extension.describe() + f"; {sum(c.finishes for c in self.candidates)}"
+                             f" of {len(self.candidates)} survive it")
+            else:
+                lines.append("the recording does not repeat itself before the failure, so the "
+                             "run could not be played on: verdicts rest on the recorded part only")
+        if self.bounds is not None and not self.memory_given and not self.bounds.exact:
+            lines.append(f"the limit was a cap below the device (set_per_process_memory_fraction"
+                         f"?): judged on {format_size(self.bounds.low)}, the most the run held; it "
+                         f"lay between that and {format_size(self.bounds.high)} (--memory sets it)")
+        lines += [f"why: {reason}" for reason in self.reasons]
+        if self.batch is not None:
+            lines.append(self.batch.describe())
+        lines.append(self.answer())
+        return lines
 
     def as_dict(self) -> dict:
         def row(c: Candidate) -> dict:
             return {"settings": c.config.describe(), "env": c.line, "finishes": c.finishes,
-                    "peak_reserved_bytes": c.result.peak_reserved_bytes,
-                    "device_allocs": c.result.device_allocs, "oom": c.result.oom}
+                    "verdict": c.basis, "passes_failed_request": c.result.oom is None,
+                    "peak_reserved_bytes": c.decisive.peak_reserved_bytes,
+                    "recorded_part_peak_reserved_bytes": c.result.peak_reserved_bytes,
+                    "headroom_bytes": c.headroom, "short_by_bytes": c.short_by,
+                    "needed_bytes": c.needed, "device_allocs": c.decisive.device_allocs,
+                    "oom": c.result.oom or c.decisive.oom}
         return {"trace": self.trace, "flavour": self.flavour, "memory_bytes": self.memory,
+                "died_at_entry": self.died_at,
+                "extension": None if self.extension is None else {
+                    "period_events": self.extension.period, "steps": self.extension.steps,
+                    "repetitions": self.extension.repetitions, "exact": self.extension.exact},
                 "recommended": row(self.best) if self.best else None,
                 "recommended_env": self.best.line if self.best else None,
-                "predicted_peak_reserved_bytes": self.best.result.peak_reserved_bytes if self.best else None,
+                "predicted_peak_reserved_bytes":
+                    self.best.decisive.peak_reserved_bytes if self.best else None,
                 "recorded_peak_reserved_bytes": self.recorded_peak_reserved_bytes,
                 "as_recorded": row(self.recorded),
-                "npumem_pool_peak_reserved_bytes": self.pool_peak_reserved_bytes,
-                "reasons": self.reasons, "candidates": [row(c) for c in self.candidates]}
+                "batch_scale": self.batch.scale if self.batch else None,
+                "answer": self.answer(), "reasons": self.reasons,
+                "candidates": [row(c) for c in self.candidates]}
 
 
 def tune_recording(recording: Recording, memory: int | None = None,
-                   candidates=CANDIDATES, progress=None) -> TorchTuning:
-    """Replay each candidate on `recording`; `memory` replays on a device of that size."""
+                   candidates=CANDIDATES, steps: int = STEPS, progress=None) -> TorchTuning:
+    """Replay each candidate on `recording`; `memory` replays on a device of that size (else
+    on the limit the recording's out-of-memory implies, if it has one)."""
     base = from_snapshot(recording.settings, recording.flavour)
+    bounds = capacity_bounds(recording, recording.start_state(base).reserved)
+    capacity = memory or (bounds.low if bounds is not None else None)
     texts = list(candidates)
-    if base.per_process_memory_fraction is not None and memory:
+    if bounds is not None and not bounds.device_full and not memory:
+        base = base.replace(per_process_memory_fraction=1.0)     # a cap was in force
+    if base.per_process_memory_fraction is not None and capacity:
         texts += GC_CANDIDATES
+    died_at = next((i for i, e in enumerate(recording.entries) if e["action"] == "oom"), None)
+    extension = extend(recording, steps) if died_at is not None else None
     results = []
     for done, text in enumerate(texts):
         config = parse_config(text, base=base) if text else base
-        results.append(Candidate(config, replay_recording(recording, config, capacity=memory)))
+        results.append(_judge(recording, extension, config, capacity))
         if progress is not None:
             progress(done + 1, len(texts))
     recorded = results[0]
-    recorded_peak = recorded.result.recorded_peak_reserved_bytes
     finishing = [c for c in results if c.finishes]
-    ranked = sorted(finishing, key=lambda c: (c.result.peak_reserved_bytes,
-                                              c.result.device_allocs, len(c.config.describe())))
+    ranked = sorted(finishing, key=lambda c: (c.decisive.peak_reserved_bytes,
+                                              c.decisive.device_allocs, len(c.config.describe())))
     best = ranked[0] if ranked else None
-    tuning = TorchTuning(recording.path, recording.flavour, memory, recorded, best, results,
-                         recorded_peak)
+    tuning = TorchTuning(recording.path, recording.flavour, capacity, recorded, best, results,
+                         recorded.result.recorded_peak_reserved_bytes, bounds,
+                         memory_given=bool(memory), extension=extension, died_at=died_at)
+    if extension is not None and capacity:
+        tuning.batch = _batch_that_fits(extension, best or min(
+            results, key=lambda c: c.needed if c.needed is not None else 1 << 64), capacity)
     tuning.reasons = _reasons(tuning)
     return tuning
+
+
+def _judge(recording: Recording, extension: Extension | None, config: TorchAllocatorConfig,
+           capacity: int | None) -> Candidate:
+    result = replay_recording(recording, config, capacity=capacity)
+    candidate = Candidate(config, result, capacity=capacity)
+    if extension is not None:
+        candidate.extended = replay_recording(extension.recording, config, capacity=capacity)
+    if capacity is not None and not candidate.finishes:
+        candidate.needed = _least_that_fits(extension.recording if extension else recording,
+                                            config, capacity)
+    return candidate
+
+
+def _least_that_fits(recording: Recording, config: TorchAllocatorConfig, capacity: int) -> int:
+    """About the fewest device bytes on which the run fits under `config`: between `capacity`
+    (too few) and the peak it reserves with no limit (enough), to within 1/2**NEED_PROBES of
+    the gap. A limit makes the allocator free its cache and retry, so the run can fit on less
+    than it reserves when nothing stops it."""
+    low = capacity
+    high = replay_recording(recording, config, capacity=UNLIMITED).peak_reserved_bytes
+    for _ in range(NEED_PROBES):
+        if high - low <= 2 * MiB:
+            break
+        middle = (low + high) // 2
+        if replay_recording(recording, config, capacity=middle).oom is None:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _scaled(extension: Extension, scale: float) -> Recording:
+    """The played-on recording with every allocation that lives less than one period scaled
+    (one still live at the end: as the allocation a period before it)."""
+    from dataclasses import replace
+
+    entries = extension.recording.entries
+    free_action = extension.recording.free_action
+    allocs: dict[int, int] = {}            # event position of an allocation -> its entry
+    born: dict[int, int] = {}              # address -> its allocation's event position
+    short: set[int] = set()                # event positions of short-lived allocations
+    position = 0
+    for index, entry in enumerate(entries):
+        if entry["action"] == "alloc":
+            born[entry["addr"]] = position
+            allocs[position] = index
+        elif entry["action"] == free_action and entry.get("addr") in born:
+            start = born.pop(entry["addr"])
+            if position - start <= extension.period:
+                short.add(start)
+        else:
+            continue
+        position += 1
+    for start in sorted(born.values()):
+        if start - extension.period in short:
+            short.add(start)
+    indexes = {allocs[position] for position in short}
+    scaled = [dict(entry, size=max(1, int(entry["size"] * scale))) if index in indexes else entry
+              for index, entry in enumerate(entries)]
+    return replace(extension.recording, entries=scaled)
+
+
+def _batch_that_fits(extension: Extension, candidate: Candidate, capacity: int) -> BatchEstimate | None:
+    """The largest scale of the step's short-lived allocations (the batch) that fits under the
+    candidate's settings: above 1 where it fits now (up to twice), below 1 where it does not."""
+    def fits(scale: float) -> bool:
+        replay = replay_recording(_scaled(extension, scale), candidate.config, capacity=capacity)
+        return replay.oom is None
+
+    low, high = (1.0, 2.0) if candidate.finishes else (0.0, 1.0)
+    if candidate.finishes and fits(high):
+        return BatchEstimate(high, candidate)
+    for _ in range(BATCH_PROBES):
+        middle = (low + high) / 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return BatchEstimate(low, candidate) if low > 0 else None
 
 
 def _reasons(tuning: TorchTuning) -> list[str]:
@@ -108,29 +305,34 @@ def _reasons(tuning: TorchTuning) -> list[str]:
     if tuning.memory is not None:
         fits = [c for c in tuning.candidates if c.finishes]
         out.append(f"on a device with {format_size(tuning.memory)} for PyTorch, "
-                   f"{len(fits)} of {len(tuning.candidates)} settings finish the recording")
-        if not recorded.finishes:
-            oom = recorded.result.oom
+                   f"{len(fits)} of {len(tuning.candidates)} settings finish the "
+                   + ("played-on run" if tuning.extension is not None else "recording"))
+        oom = recorded.result.oom or recorded.decisive.oom
+        if oom is not None:
             out.append(f"as recorded it runs out of memory at trace entry {oom['index']} "
                        f"(asks {format_size(oom['alloc_bytes'])} with "
                        f"{format_size(oom['reserved_bytes'] - oom['allocated_bytes'])} reserved "
                        f"but unallocated, largest cached block "
                        f"{format_size(oom['largest_free_bytes'])})")
     if best is None:
-        live = max(c.result.peak_allocated_bytes for c in tuning.candidates)
-        out.append(f"none of the candidates finishes; the live tensors reach "
-                   f"{format_size(live)} before the first OOM, with "
-                   f"{format_size(tuning.recorded.result.start_allocated_bytes)} of them live "
-                   f"before the trace began")
+        shorts = sorted((c.short_by, c.config.describe() or "as recorded")
+                        for c in tuning.candidates if c.short_by is not None)
+        if shorts:
+            out.append("short by: " + "; ".join(f"{name} {format_size(short)}"
+                                                 for short, name in shorts[:5]))
         return out
-    saved = recorded.result.peak_reserved_bytes - best.result.peak_reserved_bytes
-    live = best.result.peak_allocated_bytes
+    saved = recorded.decisive.peak_reserved_bytes - best.decisive.peak_reserved_bytes
+    live = best.decisive.peak_allocated_bytes
     if best is recorded:
         out.append("the settings the run used already reserve the least among the candidates")
-    elif saved > 0:
-        out.append(f"{best.config.describe()} reserves {format_size(saved)} less at peak than "
-                   f"the recorded settings ({format_size(best.result.peak_reserved_bytes)} vs "
-                   f"{format_size(recorded.result.peak_reserved_bytes)})")
+    elif saved > 0 or not recorded.finishes:
+        out.append(f"{best.config.describe()} reserves "
+                   + (f"{format_size(saved)} less at peak than the recorded settings "
+                      f"({format_size(best.decisive.peak_reserved_bytes)} vs "
+                      f"{format_size(recorded.decisive.peak_reserved_bytes)})" if saved > 0 else
+                      f"{format_size(best.decisive.peak_reserved_bytes)} at peak and finishes")
+                   + (f", leaving {format_size(best.headroom)} of headroom"
+                      if best.headroom is not None else ""))
         if best.config.expandable_segments and not recorded.config.expandable_segments:
             out.append("expandable segments grow one address range per stream instead of "
                        "caching whole segments, so freed space is not stranded in segments "
@@ -143,5 +345,5 @@ def _reasons(tuning: TorchTuning) -> list[str]:
                        "blocks fit later requests")
     if live:
         out.append(f"peak live tensors: {format_size(live)}; the recommendation reserves "
-                   f"{best.result.peak_reserved_bytes / live:.3f}x that")
+                   f"{best.decisive.peak_reserved_bytes / live:.3f}x that")
     return out

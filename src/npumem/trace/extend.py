@@ -1,0 +1,156 @@
+"""The rest of a run that died, played on from what it repeated.
+
+A recording that ends in an out-of-memory holds the run only up to the request that failed. A
+setting that gets past that request may still run out later in the run. Training loops repeat
+a step; serving and generation loops repeat a pattern of requests. Where the recording's
+allocations and frees repeat, the run is played on from there:
+
+- The period is the shortest one that repeats over the longest stretch of the recording's end
+  (two periods or more). An event's shape is its action, its stream, and for a free how many
+  events back its allocation was. Sizes are left out of the shape, so one layer repeating
+  inside a step is not taken for the step.
+- Each played-on event copies the one a period earlier. A free releases the block allocated one
+  period after the block its model released.
+- A position whose size varies between repetitions (another sequence length, another batch of
+  requests) is played at the largest size the recording shows there: the largest mix.
+
+The played-on run is an estimate, and every verdict drawn from it says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .recording import SEGMENT_REMOVE, Recording
+
+STEPS = 3                   # periods played on past the failed request
+MIN_EVENTS = 4              # a shorter period is a run of one or two requests, not a step
+_PRE = -1                   # a free of a block allocated before the trace began
+
+
+@dataclass
+class Extension:
+    recording: Recording        # the recording up to the failed request, then played on
+    period: int                 # events (allocations and frees) in one repetition
+    repetitions: int            # whole periods the recording's end repeats
+    steps: int                  # periods played on
+    exact: bool                 # whether the sizes repeat exactly (else played at the largest)
+    failed_at: int              # the trace entry of the failed request
+
+    def describe(self) -> str:
+        sizes = "the same sizes" if self.exact else "the largest size each request had"
+        return (f"the run was played on for {self.steps} more periods of {self.period} "
+                f"events (the recording repeats its last {self.repetitions} periods; "
+                f"played at {sizes})")
+
+
+@dataclass
+class _Event:
+    entry: dict
+    alloc: bool
+    size: int
+    stream: int
+    back: int            # for a free: events since its allocation (_PRE: before the trace)
+
+
+def _events(recording: Recording, cut: int) -> list[_Event]:
+    """The allocations and frees before entry `cut`, then the request that failed there."""
+    free_action = recording.free_action
+    events: list[_Event] = []
+    allocated_at: dict[int, int] = {}
+    for entry in recording.entries[:cut]:
+        action = entry["action"]
+        stream = int(entry.get("stream") or 0)
+        if action == "alloc":
+            allocated_at[entry["addr"]] = len(events)
+            events.append(_Event(entry, True, entry.get("size", 0), stream, 0))
+        elif action == free_action:
+            at = allocated_at.pop(entry.get("addr"), None)
+            back = _PRE if at is None else len(events) - at
+            events.append(_Event(entry, False, entry.get("size", 0), stream, back))
+    failed = recording.entries[cut]
+    events.append(_Event(failed, True, failed.get("size", 0), int(failed.get("stream") or 0), 0))
+    return events
+
+
+def _shape(event: _Event) -> tuple:
+    return event.alloc, event.stream, event.back
+
+
+def _periodic(shapes: list[tuple], period: int, length: int) -> bool:
+    """Whether the last `length` shapes repeat with `period`."""
+    end = len(shapes)
+    return all(shapes[i] == shapes[i - period] for i in range(end - length + period, end))
+
+
+def find_period(shapes: list[tuple]) -> tuple[int, int] | None:
+    """(period, whole periods the end repeats) of the shortest period that repeats over the
+    longest stretch that ends the sequence; None when its end does not repeat twice."""
+    n = len(shapes)
+    longest = None
+    for period in range(n // 2, MIN_EVENTS - 1, -1):
+        if shapes[n - 1 - period] == shapes[n - 1] and _periodic(shapes, period, 2 * period):
+            longest = period
+            break
+    if longest is None:
+        return None
+    stretch = 2 * longest
+    for divisor in range(MIN_EVENTS, longest + 1):
+        if longest % divisor == 0 and _periodic(shapes, divisor, stretch):
+            longest = divisor
+            break
+    repetitions = 2
+    while (repetitions + 1) * longest <= n and _periodic(shapes, longest, (repetitions + 1) * longest):
+        repetitions += 1
+    return longest, repetitions
+
+
+def extend(recording: Recording, steps: int = STEPS) -> Extension | None:
+    """The recording played on past its first out-of-memory; None when it has none, or when
+    its end does not repeat."""
+    cut = next((i for i, e in enumerate(recording.entries) if e["action"] == "oom"), None)
+    if cut is None or steps < 1:
+        return None
+    events = _events(recording, cut)
+    shapes = [_shape(event) for event in events]
+    found = find_period(shapes)
+    if found is None:
+        return None
+    period, repetitions = found
+    n = len(events)
+    sizes = [max(events[n - period + p - k * period].size for k in range(repetitions))
+             for p in range(period)]
+    exact = all(events[n - period + p - k * period].size == sizes[p]
+                for p in range(period) for k in range(repetitions))
+    free_action = recording.free_action
+    base = max([e.get("addr", 0) for e in recording.entries] + [0]) + (1 << 40)
+    addresses = [e.entry.get("addr") for e in events]
+    addresses[-1] = base                      # the failed request never got an address
+    freed = {i - e.back for i, e in enumerate(events) if not e.alloc and e.back != _PRE}
+    time_us = float(events[-1].entry.get("time_us", 0) or 0)
+    played: list[dict] = []
+    for i in range(n, n + steps * period):
+        alloc, stream, back = shapes[n - period + (i - n) % period]
+        size = sizes[(i - n) % period]
+        if alloc:
+            addresses.append(base + 512 * (i - n + 1))
+            played.append({"action": "alloc", "addr": addresses[i], "size": size,
+                           "stream": stream, "time_us": time_us})
+            continue
+        addresses.append(None)
+        owner = i - back if back != _PRE else -1
+        if owner < 0 or owner in freed or (owner < n and not events[owner].alloc):
+            continue                  # allocated before the trace, or not one to free now
+        freed.add(owner)
+        played.append({"action": free_action, "addr": addresses[owner], "size": size,
+                       "stream": stream, "time_us": time_us})
+    prefix = list(recording.entries[:cut])
+    while prefix and prefix[-1]["action"] in SEGMENT_REMOVE:   # the failed request's retry
+        prefix.pop()
+    failed = recording.entries[cut]
+    prefix.append({"action": "alloc", "addr": base, "size": failed.get("size", 0),
+                   "stream": int(failed.get("stream") or 0), "time_us": time_us})
+    extended = Recording(recording.path, recording.device, recording.flavour, recording.settings,
+                         recording.segments, prefix + played, recording.annotations,
+                         continues=recording)
+    return Extension(extended, period, repetitions, steps, exact, cut)
