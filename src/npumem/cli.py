@@ -210,6 +210,7 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
         click.echo(json.dumps([r.as_dict() for r in results], indent=2))
         return
     _print_replay_table(results)
+    _echo_recorded_ooms(traces)
     if plot_path:
         click.echo(f"wrote {plot_path}")
 
@@ -531,6 +532,7 @@ def convert(source, target, fmt):
         click.echo(f"error: cannot write {target}: {exc.strerror}", err=True)
         sys.exit(2)
     click.echo(f"{source} ({source_format}) -> {target} ({fmt}): {count} events")
+    _echo_recorded_ooms([source])
 
 
 @main.command()
@@ -822,3 +824,22 @@ def diff_command(before, after, top):
         return os.path.join(path, "snapshot.pickle") if os.path.isdir(path) else path
 
     click.echo(diff(_load(resolve(before)), _load(resolve(after)), top))
+    _echo_recorded_ooms([resolve(before), resolve(after)])
+
+
+def _echo_recorded_ooms(paths) -> None:
+    """Each snapshot among `paths` whose run died: what it asked, had and held, and where."""
+    from .profile.oom import first_oom, oom_lines
+    from .trace import TraceFormatError
+    from .trace.formats import holds_snapshot
+    from .trace.recording import load_recording
+
+    for path in paths:
+        try:
+            if not holds_snapshot(path):
+                continue
+            recording = load_recording(path)
+        except TraceFormatError:
+            continue                          # the command itself has said what is wrong
+        if first_oom(recording.entries) is not None:
+            click.echo(f"{path}: " + "\n".join(oom_lines(recording)))

@@ -267,6 +267,10 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
     recorded_peak, recorded_allocs, recorded_frees = _recorded_totals(recording, start.reserved)
     if not recording.segments and not recording.recorded_segment_events():
         recorded_peak = recorded_allocs = recorded_frees = None     # not a PyTorch recording
+    if start.reserved and recording.continues is None:
+        notes.append(f"the trace begins mid-run: {format_size(start.reserved)} was reserved and "
+                     f"{format_size(start.allocated)} live before its first entry (the ring buffer "
+                     f"keeps the last entries only); peaks count them, what came before is unseen")
     if start.unplaced:
         notes.append(f"{start.unplaced} block(s) live at the start lie outside every segment")
     if start.inconsistent:

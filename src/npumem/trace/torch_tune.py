@@ -118,6 +118,7 @@ class TorchTuning:
     extension: Extension | None = None
     died_at: int | None = None            # the trace entry of the recording's first OOM
     batch: BatchEstimate | None = None
+    worth_trying: Candidate | None = None  # gets past the failed request; the rest is unknown
     reasons: list[str] = field(default_factory=list)
 
     def answer(self) -> str:
@@ -127,6 +128,10 @@ class TorchTuning:
             if not self.best.config.describe():
                 return f"answer: keep the settings the run used{where}"
             return f"answer: set {self.best.line}"
+        if self.worth_trying is not None:
+            return (f"answer: none certain{where}; try {self.worth_trying.line}: it gets past "
+                    f"the failed request with {format_size(self.worth_trying.headroom or 0)} to "
+                    f"spare, but the run died before it repeated a step, so the rest is unknown")
         needed = [c for c in self.candidates if c.needed is not None]
         if not needed:
             return f"answer: none fits{where}"
@@ -178,6 +183,7 @@ class TorchTuning:
                     "repetitions": self.extension.repetitions, "exact": self.extension.exact},
                 "recommended": row(self.best) if self.best else None,
                 "recommended_env": self.best.line if self.best else None,
+                "worth_trying_env": self.worth_trying.line if self.worth_trying else None,
                 "predicted_peak_reserved_bytes":
                     self.best.decisive.peak_reserved_bytes if self.best else None,
                 "recorded_peak_reserved_bytes": self.recorded_peak_reserved_bytes,
@@ -211,10 +217,14 @@ def tune_recording(recording: Recording, memory: int | None = None,
     finishing = [c for c in results if c.finishes]
     ranked = sorted(finishing, key=lambda c: (c.decisive.peak_reserved_bytes,
                                               c.decisive.device_allocs, len(c.config.describe())))
-    best = ranked[0] if ranked else None
+    # a run that died before it repeated anything: what comes after the failed request is
+    # unknown, so a setting that gets past it is only worth trying, not recommended
+    certain = died_at is None or extension is not None
+    best = ranked[0] if ranked and certain else None
     tuning = TorchTuning(recording.path, recording.flavour, capacity, recorded, best, results,
                          recorded.result.recorded_peak_reserved_bytes, bounds,
-                         memory_given=bool(memory), extension=extension, died_at=died_at)
+                         memory_given=bool(memory), extension=extension, died_at=died_at,
+                         worth_trying=None if certain or not ranked else ranked[0])
     if extension is not None and capacity:
         tuning.batch = _batch_that_fits(extension, best or min(
             results, key=lambda c: c.needed if c.needed is not None else 1 << 64), capacity)

@@ -1,0 +1,195 @@
+"""Snapshots of runs that died: every command reads PyTorch's `oom` entry, the device's limit is
+inferred from it, and tune judges each setting on the recorded part and on the run played on
+from what the recording repeats, recommending only what survives."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from click.testing import CliRunner
+
+from npumem.cli import main
+from npumem.trace.extend import extend
+from npumem.trace.recording import load_recording, recording_from_data
+from npumem.trace.torch_replay import capacity_bounds, replay_file, replay_recording
+from npumem.trace.torch_tune import tune_recording
+
+from .capped_recordings import capped, truth
+from .torch_recorder import record
+
+MiB = 1 << 20
+STACK = [{"filename": "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py",
+          "line": 125, "name": "forward"},
+         {"filename": "/home/user/train.py", "line": 42, "name": "train_step"},
+         {"filename": "/home/user/train.py", "line": 90, "name": "<module>"}]
+
+
+def _stranded(tmp_path):
+    """Freed space stranded in a partly used segment: 10 MiB asked with 14 MiB cached."""
+    steps = [("alloc", 0, 6 * MiB), ("alloc", 1, 6 * MiB), ("alloc", 2, 6 * MiB), ("free", 0),
+             ("free", 2), ("alloc", 3, 12 * MiB), ("alloc", 4, 10 * MiB)]
+    snapshot = record(steps, capacity=40 * MiB)
+    oom = snapshot["device_traces"][0][-1]
+    assert oom["action"] == "oom" and "addr" not in oom and oom["device_free"] == 8 * MiB
+    oom["frames"] = STACK
+    path = tmp_path / "oom.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    return path
+
+
+def _loop(steps: int, temporary, capacity: int, settings: str = "") -> dict:
+    """A training loop: 40 MiB of weights, four activations and a temporary per step."""
+    workload, key = [("alloc", "weights", 40 * MiB)], 0
+    for step in range(steps):
+        keys = []
+        for layer in range(4):
+            workload.append(("alloc", key, (3 + layer) * MiB))
+            keys.append(key)
+            key += 1
+        workload += [("alloc", "tmp", temporary(step)), ("free", "tmp")]
+        workload += [("free", k) for k in reversed(keys)]
+    return record(workload, settings, capacity=capacity)
+
+
+def _until_oom(snapshot: dict) -> dict:
+    """What an OOM observer dumps: the trace ends at the oom entry."""
+    trace = snapshot["device_traces"][0]
+    cut = next(i for i, e in enumerate(trace) if e["action"] == "oom")
+    return dict(snapshot, device_traces=[trace[:cut + 1]])
+
+
+@pytest.mark.parametrize("args", [["report"], ["replay"], ["replay", "--allocator", "torch"],
+                                  ["tune"], ["tune", "--json"], ["replay", "--check"]])
+def test_every_verb_reads_a_real_oom_entry_and_shows_it(tmp_path, args):
+    path = _stranded(tmp_path)
+    result = CliRunner().invoke(main, [*args, str(path)])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    if "--json" not in args and args != ["replay"]:
+        assert "out of memory at" in result.output
+    if args[0] in ("report", "tune") and "--json" not in args:
+        assert "asked for 10.00 MiB" in result.output and "8.00 MiB free" in result.output
+        assert "14.00 MiB reserved but unallocated" in result.output
+        assert "largest cached free block was 8.00 MiB" in result.output
+        assert "at /home/user/train.py:42 in train_step" in result.output
+
+
+def test_convert_and_diff_read_an_oom_snapshot(tmp_path):
+    path = _stranded(tmp_path)
+    for target in ("copy.pickle", "copy.jsonl", "events.jsonl.gz", "log.csv"):
+        converted = CliRunner().invoke(main, ["convert", str(path), str(tmp_path / target)])
+        assert converted.exit_code == 0, converted.output
+        assert "out of memory at trace entry 10" in converted.output
+    copy = tmp_path / "copy.pickle"
+    assert pickle.loads(copy.read_bytes()) == pickle.loads(path.read_bytes())
+    diffed = CliRunner().invoke(main, ["diff", str(path), str(copy)])
+    assert diffed.exit_code == 0 and "out of memory at trace entry 10" in diffed.output
+
+
+def test_a_full_device_gives_the_exact_limit():
+    snapshot = record([("alloc", 0, 30 * MiB), ("alloc", 1, 30 * MiB)], capacity=50 * MiB)
+    recording = recording_from_data(snapshot)
+    bounds = capacity_bounds(recording, 0)
+    assert bounds.device_full and bounds.exact and bounds.low == 50 * MiB
+
+
+@pytest.mark.parametrize("name", ["mlp", "lstm"])
+def test_a_memory_fraction_gives_a_range_and_the_run_reproduces(name):
+    path = f"tests/data/cuda_snapshots/{name}.pickle.gz"
+    full = replay_file(path)
+    cap = (full.peak_allocated_bytes + full.peak_reserved_bytes) // 2
+    recording = recording_from_data(capped(path, cap, "fraction"), path)
+    bounds = capacity_bounds(recording, recording.start_state().reserved)
+    assert not bounds.device_full and bounds.low <= cap <= bounds.high
+    replayed = replay_recording(recording, check=True)
+    assert replayed.oom is not None and replayed.divergence is None
+    assert replayed.oom["index"] == len(recording.entries) - 1
+
+
+def test_a_loop_that_dies_is_played_on_and_only_a_survivor_is_recommended(tmp_path):
+    # each step's temporary grows with its step until a cached segment cannot serve it
+    def temporary(step):
+        return (25 + 15 * step) * MiB
+
+    died = _until_oom(_loop(6, temporary, 150 * MiB))
+    recording = recording_from_data(died, "loop")
+    extension = extend(recording)
+    assert extension is not None and extension.period == 10 and not extension.exact
+    tuning = tune_recording(recording)
+    assert tuning.memory == 150 * MiB and tuning.died_at == len(recording.entries) - 1
+    assert all(c.basis == "extended" for c in tuning.candidates)
+    assert not tuning.recorded.finishes
+    for candidate in tuning.candidates:      # what the played-on run says holds for the run
+        whole = _loop(6, temporary, 150 * MiB, candidate.config.describe())
+        dies = any(e["action"] == "oom" for e in whole["device_traces"][0])
+        if candidate.finishes:
+            assert not dies, candidate.config.describe()
+    assert tuning.answer().startswith(("answer: set", "answer: none fits"))
+    if tuning.best is None:
+        assert "needs about" in tuning.answer() and tuning.batch is not None
+        assert tuning.batch.scale < 1
+
+
+def test_where_no_setting_fits_tune_says_by_how_much(tmp_path):
+    died = _until_oom(_loop(5, lambda step: 60 * MiB if step == 4 else 20 * MiB, 100 * MiB))
+    path = tmp_path / "died.pickle"
+    path.write_bytes(pickle.dumps(died))
+    result = CliRunner().invoke(main, ["tune", str(path)])
+    assert result.exit_code == 0, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("answer: none fits on 100.00 MiB: the run needs about"), last
+    assert "short by:" in result.output and "recommended:" not in result.output
+    assert "played on for 3 more periods" in result.output
+
+
+def test_a_run_that_died_before_repeating_is_not_recommended_blindly(tmp_path):
+    path = _stranded(tmp_path)
+    tuning = tune_recording(load_recording(str(path)))
+    assert tuning.extension is None and tuning.best is None
+    assert tuning.worth_trying is not None and tuning.worth_trying.config.expandable_segments
+    assert tuning.answer().startswith("answer: none certain on 40.00 MiB; try "
+                                      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+@pytest.mark.parametrize("name", ["mlp", "lstm", "unet"])
+def test_tune_on_a_capped_real_recording_agrees_with_the_whole_run(name):
+    path = f"tests/data/cuda_snapshots/{name}.pickle.gz"
+    full = replay_file(path)
+    cap = (full.peak_allocated_bytes + full.peak_reserved_bytes) // 2 // MiB * MiB
+    snapshot = capped(path, cap)
+    if snapshot is None:
+        pytest.skip("fits")
+    tuning = tune_recording(recording_from_data(snapshot, path))
+    truths = {c.config.describe(): truth(path, cap, c.config.describe()) for c in tuning.candidates}
+    if tuning.best is not None:
+        assert truths[tuning.best.config.describe()]          # the advice holds
+    elif tuning.extension is not None:
+        assert not any(truths.values())                       # none named: none fits
+    wrong = [c.config.describe() for c in tuning.candidates
+             if c.basis == "extended" and c.finishes != truths[c.config.describe()]]
+    assert len(wrong) <= len(tuning.candidates) // 10, wrong
+
+
+def test_unknown_actions_and_truncated_files_get_one_line_errors(tmp_path):
+    snapshot = record([("alloc", 0, 5000)])
+    snapshot["device_traces"][0].append({"action": "segment_teleport", "addr": 1, "size": 2})
+    path = tmp_path / "odd.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    for verb in ("report", "replay", "tune", "convert"):
+        args = [verb, str(path)] + ([str(tmp_path / "out.jsonl")] if verb == "convert" else [])
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert "device_traces[0][2].action: unknown action 'segment_teleport'" in result.output
+    whole = pickle.dumps(_until_oom(_loop(3, lambda step: 5 * MiB, 60 * MiB)))
+    cut = tmp_path / "cut.pickle"
+    cut.write_bytes(whole[: len(whole) // 2])
+    for verb in ("report", "replay", "tune"):
+        result = CliRunner().invoke(main, [verb, str(cut)])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1 and str(cut) in result.output
+
+
+def test_a_trace_that_begins_mid_run_says_so():
+    result = replay_file("tests/data/cuda_snapshots/mlp.pickle.gz")
+    assert any("begins mid-run" in note for note in result.notes)
