@@ -11,7 +11,8 @@ tune infers the limit as the most the run held, unless --memory gives it).
     python bench/oom_agreement.py [--steps 3]
 
 Prints, per recording and cap, verdicts that agree out of all, and whether the recommendation
-finishes the whole run; then the totals.
+finishes the whole run (where the run died before it repeated a step, tune names a setting
+only to try: whether that one finishes too); then the totals.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from npumem.trace.recording import load_recording, recording_from_data  # noqa: 
 from npumem.trace.torch_replay import replay_recording  # noqa: E402
 from npumem.trace.torch_tune import tune_recording  # noqa: E402
 
-LEVELS = (0.25, 0.5, 0.75)      # caps between the peak live and the peak reserved
+LEVELS = (0.25, 0.5, 0.75, 0.9)  # caps between the peak live and the peak reserved
 
 
 def caps(path: str) -> list[int]:
@@ -52,7 +53,9 @@ def judge(path: str, capacity: int, cap: str, known: bool, steps: int):
     best = tuning.best
     held = None if best is None else truth(path, capacity, best.config.describe(), cap)
     any_fits = any(truth(path, capacity, c.config.describe(), cap) for c in tuning.candidates)
-    return agree, len(tuning.candidates), held, any_fits, tuning.extension is not None
+    tried = tuning.worth_trying
+    trial = None if tried is None else truth(path, capacity, tried.config.describe(), cap)
+    return agree, len(tuning.candidates), held, any_fits, tuning.extension is not None, trial
 
 
 def main() -> None:
@@ -69,11 +72,12 @@ def main() -> None:
                 result = judge(path, capacity, cap, known, args.steps)
                 if result is None:
                     continue
-                agree, total, held, any_fits, extended = result
+                agree, total, held, any_fits, extended, trial = result
                 kind = cap + (" + --memory" if known else "")
-                advice = ("none, and none fits" if held is None and not any_fits else
-                          "none, but one fits" if held is None else
-                          "finishes" if held else "FAILS")
+                advice = ("finishes" if held else "FAILS" if held is False else
+                          "none; one fits" if any_fits else "none, and none fits")
+                if trial is not None:
+                    advice += f"; 'try' {'finishes' if trial else 'fails'}"
                 print(f"{name:<24} {capacity / (1 << 20):>7.0f} MiB {kind:<18} "
                       f"{agree:>3}/{total:<3}  {'yes' if extended else 'no':<8}  {advice}")
                 row = totals.setdefault(kind, [0, 0, 0, 0, 0])

@@ -72,6 +72,11 @@ _MACHINERY = ("torch::unwind", "CapturedTraceback", "gather_with_cpp", "CachingA
 _LIBRARIES = ("site-packages", "dist-packages", "torchinductor_", "/lib/python3", "<frozen")
 
 
+def is_library(filename: str) -> bool:
+    """A file of PyTorch, npumem or an installed library: not the user's own code."""
+    return _framework(filename) or any(mark in filename for mark in _LIBRARIES)
+
+
 def _framework(name: str) -> bool:
     return (is_internal_file(name) or "/torch/" in name or "/torch_npu/" in name
             or name.startswith(("torch/", "torch_npu/")))      # the profiler's short paths
@@ -83,8 +88,7 @@ def user_frame(frames: list[dict]) -> dict | None:
     PyTorch's unwinder or allocator."""
     python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
     for frame in python:
-        name = frame["filename"]
-        if not _framework(name) and not any(mark in name for mark in _LIBRARIES):
+        if not is_library(frame["filename"]):
             return frame
     for frame in python:
         if not _framework(frame["filename"]):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..trace.snapshot_schema import oom_device_free
 from ..units import format_size
-from .analysis import NO_STACK, callers, site_name, user_frame
+from .analysis import NO_STACK, callers, is_library, site_name, user_frame
 
 
 def first_oom(entries) -> int | None:
@@ -47,8 +47,9 @@ def oom_lines(recording, replayed=None) -> list[str]:
     site = site_name(entry)
     if site != NO_STACK:
         lines.append(f"  at {site}")
+        mine = [frame for frame in frames if not is_library(str(frame.get("filename", "")))]
         lines += [f"    called from {caller}" for caller in
-                  callers(frames, user_frame(frames), limit=4)]
+                  callers(mine, user_frame(mine), limit=4)]
     else:
         lines.append("  no stack: record with torch.cuda.memory._record_memory_history("
                      "stacks='python') to see which line asked")

@@ -12,9 +12,10 @@ from .events import ADDRESS_LIMIT, TraceFormatError, finite_number, natural, sho
 
 MAX_DEVICES = 1024
 # Every trace entry action c10's allocator records (TraceEntry::Action), by the names
-# `torch.cuda.memory._snapshot()` gives them.
+# `torch.cuda.memory._snapshot()` gives them: `annotate` since 2.14, `workspace_snapshot` from
+# torch_npu (its workspace allocator's blocks); neither changes the caching allocator's state.
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-           "segment_map", "segment_unmap", "oom", "snapshot")
+           "segment_map", "segment_unmap", "oom", "snapshot", "annotate", "workspace_snapshot")
 
 
 class _Checker:

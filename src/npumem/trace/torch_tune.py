@@ -49,8 +49,9 @@ class Candidate:
     config: TorchAllocatorConfig
     result: TorchReplay                   # the recording (up to its end)
     extended: TorchReplay | None = None   # the run played on past a failed request
-    needed: int | None = None             # peak reserved with no limit, where it did not fit
+    needed: int | None = None             # about the least memory it fits in, where it did not
     capacity: int | None = None
+    replayed_as: TorchAllocatorConfig | None = None   # with the cap the run was under, if any
 
     @property
     def line(self) -> str:
@@ -201,16 +202,17 @@ def tune_recording(recording: Recording, memory: int | None = None,
     bounds = capacity_bounds(recording, recording.start_state(base).reserved)
     capacity = memory or (bounds.low if bounds is not None else None)
     texts = list(candidates)
-    if bounds is not None and not bounds.device_full and not memory:
-        base = base.replace(per_process_memory_fraction=1.0)     # a cap was in force
-    if base.per_process_memory_fraction is not None and capacity:
+    # a cap such as set_per_process_memory_fraction stopped the run: the model applies it as
+    # the whole of `capacity` (garbage collection acts under it), the advice does not name it
+    capped = bounds is not None and not bounds.device_full and not memory
+    if (capped or base.per_process_memory_fraction is not None) and capacity:
         texts += GC_CANDIDATES
     died_at = next((i for i, e in enumerate(recording.entries) if e["action"] == "oom"), None)
     extension = extend(recording, steps) if died_at is not None else None
     results = []
     for done, text in enumerate(texts):
         config = parse_config(text, base=base) if text else base
-        results.append(_judge(recording, extension, config, capacity))
+        results.append(_judge(recording, extension, config, capacity, capped))
         if progress is not None:
             progress(done + 1, len(texts))
     recorded = results[0]
@@ -233,14 +235,15 @@ def tune_recording(recording: Recording, memory: int | None = None,
 
 
 def _judge(recording: Recording, extension: Extension | None, config: TorchAllocatorConfig,
-           capacity: int | None) -> Candidate:
-    result = replay_recording(recording, config, capacity=capacity)
-    candidate = Candidate(config, result, capacity=capacity)
+           capacity: int | None, capped: bool) -> Candidate:
+    model = config.replace(per_process_memory_fraction=1.0) if capped else config
+    result = replay_recording(recording, model, capacity=capacity)
+    candidate = Candidate(config, result, capacity=capacity, replayed_as=model)
     if extension is not None:
-        candidate.extended = replay_recording(extension.recording, config, capacity=capacity)
+        candidate.extended = replay_recording(extension.recording, model, capacity=capacity)
     if capacity is not None and not candidate.finishes:
         candidate.needed = _least_that_fits(extension.recording if extension else recording,
-                                            config, capacity)
+                                            model, capacity)
     return candidate
 
 
@@ -297,7 +300,8 @@ def _batch_that_fits(extension: Extension, candidate: Candidate, capacity: int) 
     """The largest scale of the step's short-lived allocations (the batch) that fits under the
     candidate's settings: above 1 where it fits now (up to twice), below 1 where it does not."""
     def fits(scale: float) -> bool:
-        replay = replay_recording(_scaled(extension, scale), candidate.config, capacity=capacity)
+        replay = replay_recording(_scaled(extension, scale), candidate.replayed_as or candidate.config,
+                                  capacity=capacity)
         return replay.oom is None
 
     low, high = (1.0, 2.0) if candidate.finishes else (0.0, 1.0)
