@@ -193,3 +193,16 @@ def test_unknown_actions_and_truncated_files_get_one_line_errors(tmp_path):
 def test_a_trace_that_begins_mid_run_says_so():
     result = replay_file("tests/data/cuda_snapshots/mlp.pickle.gz")
     assert any("begins mid-run" in note for note in result.notes)
+
+
+def test_candidates_replayed_in_worker_processes_give_the_same_verdicts(monkeypatch):
+    from npumem.trace import torch_tune
+
+    path = "tests/data/cuda_snapshots/mlp.pickle.gz"
+    full = replay_file(path)
+    cap = (full.peak_allocated_bytes + full.peak_reserved_bytes) // 2 // MiB * MiB
+    recording = recording_from_data(capped(path, cap), path)
+    serial = tune_recording(recording, workers=1)
+    monkeypatch.setattr(torch_tune, "PARALLEL_ENTRIES", 0)
+    forked = tune_recording(recording, workers=2)
+    assert forked.as_dict() == serial.as_dict()

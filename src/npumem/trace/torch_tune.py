@@ -195,9 +195,11 @@ class TorchTuning:
 
 
 def tune_recording(recording: Recording, memory: int | None = None,
-                   candidates=CANDIDATES, steps: int = STEPS, progress=None) -> TorchTuning:
+                   candidates=CANDIDATES, steps: int = STEPS, progress=None,
+                   workers: int | None = None) -> TorchTuning:
     """Replay each candidate on `recording`; `memory` replays on a device of that size (else
-    on the limit the recording's out-of-memory implies, if it has one)."""
+    on the limit the recording's out-of-memory implies, if it has one). Large recordings
+    replay their candidates in `workers` processes (default: one per core)."""
     base = from_snapshot(recording.settings, recording.flavour)
     bounds = capacity_bounds(recording, recording.start_state(base).reserved)
     capacity = memory or (bounds.low if bounds is not None else None)
@@ -209,12 +211,9 @@ def tune_recording(recording: Recording, memory: int | None = None,
         texts += GC_CANDIDATES
     died_at = next((i for i, e in enumerate(recording.entries) if e["action"] == "oom"), None)
     extension = extend(recording, steps) if died_at is not None else None
-    results = []
-    for done, text in enumerate(texts):
-        config = parse_config(text, base=base) if text else base
-        results.append(_judge(recording, extension, config, capacity, capped))
-        if progress is not None:
-            progress(done + 1, len(texts))
+    configs = [parse_config(text, base=base) if text else base for text in texts]
+    work = _Work(recording, extension, capacity, capped)
+    results = _each(work.judge, configs, workers, len(recording.entries), progress)
     recorded = results[0]
     finishing = [c for c in results if c.finishes]
     ranked = sorted(finishing, key=lambda c: (c.decisive.peak_reserved_bytes,
@@ -227,24 +226,78 @@ def tune_recording(recording: Recording, memory: int | None = None,
                          recorded.result.recorded_peak_reserved_bytes, bounds,
                          memory_given=bool(memory), extension=extension, died_at=died_at,
                          worth_trying=None if certain or not ranked else ranked[0])
+    if best is None and tuning.worth_trying is None and capacity is not None:
+        failing = [c for c in results if not c.finishes]
+        for candidate, needed in zip(failing, _each(work.needed, [c.replayed_as for c in failing],
+                                                    workers, len(recording.entries))):
+            candidate.needed = needed
     if extension is not None and capacity:
-        tuning.batch = _batch_that_fits(extension, best or min(
-            results, key=lambda c: c.needed if c.needed is not None else 1 << 64), capacity)
+        chosen = best or min(results, key=lambda c: c.needed if c.needed is not None else 1 << 64)
+        tuning.batch = _batch_that_fits(extension, chosen, capacity)
     tuning.reasons = _reasons(tuning)
     return tuning
 
 
-def _judge(recording: Recording, extension: Extension | None, config: TorchAllocatorConfig,
-           capacity: int | None, capped: bool) -> Candidate:
-    model = config.replace(per_process_memory_fraction=1.0) if capped else config
-    result = replay_recording(recording, model, capacity=capacity)
-    candidate = Candidate(config, result, capacity=capacity, replayed_as=model)
-    if extension is not None:
-        candidate.extended = replay_recording(extension.recording, model, capacity=capacity)
-    if capacity is not None and not candidate.finishes:
-        candidate.needed = _least_that_fits(extension.recording if extension else recording,
-                                            model, capacity)
-    return candidate
+PARALLEL_ENTRIES = 50_000   # below this, starting processes costs more than the replays
+
+
+@dataclass
+class _Work:
+    """What every candidate's replays share (handed to worker processes once, by fork)."""
+
+    recording: Recording
+    extension: Extension | None
+    capacity: int | None
+    capped: bool
+
+    def judge(self, config: TorchAllocatorConfig) -> Candidate:
+        model = config.replace(per_process_memory_fraction=1.0) if self.capped else config
+        result = replay_recording(self.recording, model, capacity=self.capacity)
+        candidate = Candidate(config, result, capacity=self.capacity, replayed_as=model)
+        if self.extension is not None:
+            candidate.extended = replay_recording(self.extension.recording, model,
+                                                  capacity=self.capacity)
+        return candidate
+
+    def needed(self, model: TorchAllocatorConfig) -> int:
+        run = self.extension.recording if self.extension is not None else self.recording
+        return _least_that_fits(run, model, self.capacity)
+
+
+_WORK = None                    # the bound method a forked worker calls
+
+
+def _call(item):
+    return _WORK(item)
+
+
+def _each(function, items: list, workers: int | None, entries: int, progress=None) -> list:
+    """`function` over `items`, in processes forked with the work when the recording is large
+    (results in order); `progress(done, total)` after each."""
+    import multiprocessing
+    import os
+
+    global _WORK
+    workers = min(workers or os.cpu_count() or 1, len(items))
+    parallel = (workers > 1 and entries >= PARALLEL_ENTRIES
+                and "fork" in multiprocessing.get_all_start_methods())
+    results = []
+    if not parallel:
+        for item in items:
+            results.append(function(item))
+            if progress is not None:
+                progress(len(results), len(items))
+        return results
+    _WORK = function
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            for result in pool.imap(_call, items):
+                results.append(result)
+                if progress is not None:
+                    progress(len(results), len(items))
+    finally:
+        _WORK = None
+    return results
 
 
 def _least_that_fits(recording: Recording, config: TorchAllocatorConfig, capacity: int) -> int:
