@@ -206,3 +206,45 @@ def test_candidates_replayed_in_worker_processes_give_the_same_verdicts(monkeypa
     monkeypatch.setattr(torch_tune, "PARALLEL_ENTRIES", 0)
     forked = tune_recording(recording, workers=2)
     assert forked.as_dict() == serial.as_dict()
+
+
+def test_the_limit_an_oom_observer_was_told_makes_the_cap_exact(tmp_path):
+    path = "tests/data/cuda_snapshots/lstm.pickle.gz"
+    full = replay_file(path)
+    cap = (full.peak_allocated_bytes + full.peak_reserved_bytes) // 2 // MiB * MiB
+    snapshot = capped(path, cap, "fraction")
+    guessed = tune_recording(recording_from_data(snapshot, path))
+    snapshot["npumem_oom"] = {"device": 0, "alloc_size": 2 * MiB, "allowed": cap,
+                              "device_free": 70 << 30, "device_total": 80 << 30}
+    told = tune_recording(recording_from_data(snapshot, path))
+    assert told.memory == cap and told.bounds.exact and guessed.memory <= cap
+    judged = [c for c in told.candidates if c.basis == "extended"]
+    assert [c.finishes for c in judged] == [
+        truth(path, cap, c.config.describe(), "fraction") for c in judged]
+    snapshot["npumem_oom"] = dict(snapshot["npumem_oom"], allowed="lots")
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(pickle.dumps(snapshot))
+    result = CliRunner().invoke(main, ["tune", str(bad)])
+    assert result.exit_code == 2 and "npumem_oom.allowed: must be an integer" in result.output
+
+
+def test_dump_snapshot_on_oom_keeps_what_the_observer_was_told(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from npumem.profile.torch_memory import dump_snapshot_on_oom
+
+    observers = []
+    monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", observers.append,
+                        raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: type("Props", (), {"total_memory": 80 << 30}))
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot",
+                        lambda: record([("alloc", 0, 30 * MiB), ("alloc", 1, 30 * MiB)],
+                                       capacity=50 * MiB))
+    path = tmp_path / "oom_snapshot.pickle"
+    dump_snapshot_on_oom(str(path))
+    observers[0](0, 20 * MiB, 48 << 30, 31 << 30)          # as c10 calls it: a fraction's limit
+    observers[0](0, 20 * MiB, 48 << 30, 31 << 30)          # a second OOM keeps the first dump
+    kept = pickle.loads(path.read_bytes())
+    assert kept["npumem_oom"] == {"device": 0, "alloc_size": 20 * MiB, "allowed": 48 << 30,
+                                  "device_free": 31 << 30, "device_total": 80 << 30}
+    assert load_recording(str(path)).limits["allowed"] == 48 << 30

@@ -30,12 +30,13 @@ from .leaks import LeakReport, settle
 from .sampler import Sample, Sampler
 from .snapshot import SnapshotError, build_snapshot, load_snapshot, save_snapshot
 from .stacks import Frame
+from .torch_memory import dump_snapshot_on_oom
 from .tracker import Annotation, MemoryEvent, Tracker
 
 __all__ = [
     "Annotation", "Frame", "LeakError", "LeakReport", "MemoryEvent", "Sample", "Sampler",
     "SnapshotError", "Tracker", "analyze_fragmentation", "analyze_snapshot", "build_snapshot",
-    "check_leaks", "diff", "format_fragmentation", "load_snapshot", "mark", "range",
+    "check_leaks", "diff", "dump_snapshot_on_oom", "format_fragmentation", "load_snapshot", "mark", "range",
     "save_snapshot", "settle", "track",
 ]
 

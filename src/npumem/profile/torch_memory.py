@@ -48,6 +48,7 @@ class TorchMemory:
         self._hook: _AfterImport | None = None
         self._profiler = None
         self._snapshot: dict | None = None
+        self._out_of_memory: dict | None = None   # what c10 told its OOM observers, first time
 
     def start(self) -> "TorchMemory":
         with self._lock:
@@ -99,8 +100,14 @@ class TorchMemory:
                     with_stack=True)
                 self._profiler.__enter__()
             self.device, self._recording = accelerator or "cpu", True
+            if accelerator == "cuda":
+                watch_out_of_memory(torch, self._saw_out_of_memory)
         except Exception as exc:            # noqa: BLE001 - profile the rest all the same
             self.error = f"could not record PyTorch's memory: {type(exc).__name__}: {exc}"
+
+    def _saw_out_of_memory(self, limits: dict) -> None:
+        if self._recording and self._out_of_memory is None:
+            self._out_of_memory = limits
 
     def _end(self) -> dict | None:
         if not self._recording:
@@ -116,7 +123,51 @@ class TorchMemory:
                 snapshot = module.memory._snapshot()
             finally:
                 module.memory._record_memory_history(enabled=None)
+        if self._out_of_memory is not None:
+            from ..trace.snapshot_schema import OOM_KEY
+            snapshot[OOM_KEY] = self._out_of_memory
         return snapshot if any(snapshot.get("device_traces") or []) else None   # no tensor made
+
+
+# --- out of memory: the limit PyTorch was under, which the snapshot itself does not hold ---------
+
+def watch_out_of_memory(torch, callback) -> None:
+    """Call `callback(limits)` at each CUDA out-of-memory, `limits` being what c10 hands its
+    observers: the device, the segment size it could not get, the memory PyTorch was allowed
+    (set_per_process_memory_fraction's limit where one is set, else the device's total) and
+    the driver's free bytes, with the device's total beside them."""
+    def observer(device, alloc, allowed, device_free):
+        total = torch.cuda.get_device_properties(device).total_memory
+        callback({"device": int(device), "alloc_size": int(alloc), "allowed": int(allowed),
+                  "device_free": int(device_free), "device_total": int(total)})
+
+    torch._C._cuda_attach_out_of_memory_observer(observer)
+
+
+def dump_snapshot_on_oom(path: str = "oom_snapshot.pickle") -> None:
+    """At PyTorch's first CUDA out-of-memory, write the caching allocator's snapshot to `path`
+    (what torch.cuda.memory._dump_snapshot writes) with the memory PyTorch was allowed, which
+    `npumem tune` then judges every setting on. Call it after
+    torch.cuda.memory._record_memory_history()."""
+    import pickle
+
+    import torch
+
+    from ..output_files import written_whole
+    from ..trace.snapshot_schema import OOM_KEY
+
+    dumped = []
+
+    def dump(limits: dict) -> None:
+        if dumped:
+            return
+        dumped.append(path)
+        snapshot = torch.cuda.memory._snapshot()
+        snapshot[OOM_KEY] = limits
+        with written_whole(path) as partial, open(partial, "wb") as out:
+            pickle.dump(snapshot, out)
+
+    watch_out_of_memory(torch, dump)
 
 
 def _accelerator(torch) -> str | None:

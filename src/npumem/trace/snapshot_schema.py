@@ -11,6 +11,11 @@ from __future__ import annotations
 from .events import ADDRESS_LIMIT, TraceFormatError, finite_number, natural, shown
 
 MAX_DEVICES = 1024
+# npumem's key for what c10 told its OOM observers (profile.torch_memory writes it): the memory
+# PyTorch was allowed, which a snapshot does not otherwise hold. PyTorch's tools ignore it.
+OOM_KEY = "npumem_oom"
+OOM_FIELDS = ("device", "alloc_size", "allowed", "device_free", "device_total")
+
 # Every trace entry action c10's allocator records (TraceEntry::Action), by the names
 # `torch.cuda.memory._snapshot()` gives them: `annotate` since 2.14, `workspace_snapshot` from
 # torch_npu (its workspace allocator's blocks); neither changes the caching allocator's state.
@@ -124,6 +129,11 @@ def check_snapshot(data, path: str) -> dict:
     settings = data.get("allocator_settings")
     if settings is not None and not isinstance(settings, dict):
         checker.fail("allocator_settings", f"must be a dict, got {shown(settings)}")
+    limits = data.get(OOM_KEY)
+    if limits is not None:
+        if not isinstance(limits, dict):
+            checker.fail(OOM_KEY, f"must be a dict, got {shown(limits)}")
+        checker.fields(limits, OOM_KEY, OOM_FIELDS)
     for index, segment in enumerate(segments):
         checker.segment(segment, f"segments[{index}]")
     for device, trace in enumerate(traces):
