@@ -135,14 +135,16 @@ def _run_replays(label: str, quiet: bool, work):
 
 @main.command()
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--allocator", "allocators", default="pool,torch,device", show_default=True,
+@click.option("--allocator", "allocators", default=None,
               help="Comma-separated: pool (npumem), torch (PyTorch's caching allocator, CUDA or "
-                   "the recording's own flavour), torch_npu (torch_npu's), device (no cache).")
+                   "the recording's own flavour), torch_npu (torch_npu's), device (no cache). "
+                   "Default: torch for a PyTorch memory snapshot, else pool,torch,device.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="An allocator setting, repeatable: NPUMEM_ALLOC_CONF keys for pool (on top "
-                   "of $NPUMEM_ALLOC_CONF, if set), "
+              help="An allocator setting, repeatable; each allocator takes the keys it has: "
+                   "NPUMEM_ALLOC_CONF keys for pool (on top of $NPUMEM_ALLOC_CONF, if set), "
                    "PYTORCH_CUDA_ALLOC_CONF / PYTORCH_NPU_ALLOC_CONF keys for torch (on top of "
-                   "what the recording used).")
+                   "what a snapshot recorded, or of $PYTORCH_CUDA_ALLOC_CONF / "
+                   "$PYTORCH_ALLOC_CONF for other traces, read in PyTorch's order).")
 @click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2",
               help="Replay once per value (repeatable: every combination).")
 @click.option("--memory", default=None, help="Device memory, e.g. 16GiB. Default: 64GiB for "
@@ -177,10 +179,11 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     """
     import json
 
+    from .trace.formats import holds_snapshot
     from .trace.replay import ALLOCATORS
     from .trace.sweep import ReplayJob, run_jobs
 
-    names = [name.strip() for name in allocators.split(",") if name.strip()]
+    names = [name.strip() for name in (allocators or "pool,torch,device").split(",") if name.strip()]
     unknown = [name for name in names if name not in ALLOCATORS]
     if unknown or not names:
         raise click.BadParameter(f"unknown allocator(s) {unknown}; choose from {', '.join(ALLOCATORS)}",
@@ -190,15 +193,27 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     if check:
         _replay_check(traces, names, settings, device_memory, as_json)
         return
-    tunable = [name for name in names if name != "device"]
+    snapshots = {path for path in traces if holds_snapshot(path)}
+    # a snapshot is PyTorch's own recording: its question is what PyTorch's allocator would do
+    per_trace = {path: ["torch"] if path in snapshots and not allocators else names
+                 for path in traces}
+    used = list(dict.fromkeys(name for path in traces for name in per_trace[path]))
+    notes = [(path, "torch", "a PyTorch memory snapshot replays through the torch model only; "
+              "--allocator torch,pool,device adds npumem's pool and the device")
+             for path in traces if per_trace[path] != names]
+    tunable = [name for name in used if name != "device"]
     if sweeps and not tunable:
         raise click.BadParameter("--sweep varies allocator settings; add pool or torch to --allocator",
                                  param_hint="--sweep")
-    combos = {name: _settings_for(name, settings, sweeps) for name in tunable}
+    combos, ignored = _settings_for(tunable, settings, sweeps)
+    notes += ignored
     _check_planner_lag(planner_lag, combos.get("pool", []))
     _check_steps(steps, traces, combos.get("pool", []))
-    jobs = [ReplayJob(path, name, chosen, device_memory, planner_lag, steps)
-            for path in traces for name in names
+    environment, env_notes = _torch_environment(used, traces, snapshots, combos)
+    notes += env_notes
+    jobs = [ReplayJob(path, name, ",".join(filter(None, [environment.get((path, name)), chosen])),
+                      device_memory, planner_lag, steps)
+            for path in traces for name in per_trace[path]
             for chosen in combos.get(name, [""])]
     results = _run_replays("replay", as_json, lambda update: run_jobs(jobs, scheduler, workers, update))
     if plot_path:
@@ -207,9 +222,14 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
         with written_whole(plot_path) as partial, open(partial, "w", encoding="utf-8") as out:
             out.write(sweep_svg(results))
     if as_json:
+        for r in results:              # each row carries the notes that concern it
+            r.notes[:0] = [text for trace, name, text in notes
+                           if trace in (None, r.trace) and name in (None, r.allocator)]
         click.echo(json.dumps([r.as_dict() for r in results], indent=2))
         return
     _print_replay_table(results)
+    for text in dict.fromkeys(text for _, _, text in notes):
+        click.echo(f"note: {text}")
     _echo_recorded_ooms(traces)
     if plot_path:
         click.echo(f"wrote {plot_path}")
@@ -272,32 +292,82 @@ def _check_paths(traces, plot_path) -> None:
             raise click.BadParameter(str(exc), param_hint="--plot") from None
 
 
-def _settings_for(name: str, settings, sweeps) -> list[str]:
-    """The settings strings to replay `name` with; bad keys fail naming the keys it has."""
+def _settings_for(names, settings, sweeps) -> tuple[dict[str, list[str]], list[tuple]]:
+    """The settings strings to replay each of `names` with: the --set items and --sweep axes
+    whose keys it has, every combination checked before any replay runs; and notes
+    (trace, allocator, text) naming the keys an allocator went without. A key no allocator
+    has, or a value one refuses, is an error that says which keys there are or what is wrong."""
     from .alloc.settings import parse_settings
-    from .alloc.torch_model import parse_config
+    from .alloc.torch_model.config import parse_config
     from .errors import InvalidParamError
-    from .trace.sweep import sweep_settings
+    from .trace.sweep import split_for, sweep_settings
 
-    base = ",".join(item.replace("=", ":", 1) for item in settings)
-    if name == "pool":
-        # the program's own settings, as it would run with them; --set goes on top
-        program = os.environ.get("NPUMEM_ALLOC_CONF", "").strip()
-        try:
-            parse_settings(program)
-        except InvalidParamError as exc:
-            raise click.UsageError(f"the environment's NPUMEM_ALLOC_CONF={program!r}, which the "
-                                   f"pool replays with: {exc.message}") from None
-        base = ",".join(filter(None, [program, base]))
-        validate, label = parse_settings, "pool (NPUMEM_ALLOC_CONF)"
-    else:
-        flavour = "npu" if name == "torch_npu" else "cuda"
-        validate, label = (lambda text: parse_config(text, flavour)), name
+    hint = "--sweep" if sweeps else "--set"
     try:
-        return sweep_settings(base, sweeps, validate)
+        texts, axes, ignored = split_for(names, settings, sweeps)
     except InvalidParamError as exc:
-        raise click.BadParameter(f"{label}: {exc.message}",
-                                 param_hint="--sweep" if sweeps else "--set") from None
+        raise click.BadParameter(exc.message, param_hint=hint) from None
+    combos = {}
+    for name in names:
+        base = texts[name]
+        if name == "pool":
+            # the program's own settings, as it would run with them; --set goes on top
+            program = os.environ.get("NPUMEM_ALLOC_CONF", "").strip()
+            try:
+                parse_settings(program)
+            except InvalidParamError as exc:
+                raise click.UsageError(f"the environment's NPUMEM_ALLOC_CONF={program!r}, which "
+                                       f"the pool replays with: {exc.message}") from None
+            base = ",".join(filter(None, [program, base]))
+            validate, label = parse_settings, "pool (NPUMEM_ALLOC_CONF)"
+        else:
+            flavour = "npu" if name == "torch_npu" else "cuda"
+            validate, label = (lambda text, flavour=flavour: parse_config(text, flavour)), name
+        try:
+            combos[name] = sweep_settings(base, axes[name], validate)
+        except InvalidParamError as exc:
+            raise click.BadParameter(f"{label}: {exc.message}", param_hint=hint) from None
+    return combos, [(None, name, text) for name, text in ignored]
+
+
+def _torch_environment(names, traces, snapshots, combos) -> tuple[dict, list[tuple]]:
+    """PyTorch's settings from the environment ({(trace, allocator): text}), which the torch
+    model replays traces other than snapshots with, as the program ran (a snapshot records its
+    own), read in PyTorch's order of variables and checked with each combination; and notes."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .alloc.torch_model.config import env_names, parse_config, read_env
+    from .errors import InvalidParamError
+
+    try:
+        installed = version("torch")        # which variable wins depends on the version
+    except PackageNotFoundError:
+        installed = None
+    environment, notes = {}, []
+    for name in [name for name in names if name in ("torch", "torch_npu")]:
+        flavour = "npu" if name == "torch_npu" else "cuda"
+        variable = next((v for v in env_names(flavour, installed) if v in os.environ), "")
+        if not variable:
+            continue
+        notes += [(path, name, f"{variable} from the environment is not applied to {path}: a "
+                   "snapshot replays with the settings it recorded (--set tries others)")
+                  for path in traces if path in snapshots]
+        others = [path for path in traces if path not in snapshots]
+        if not others:
+            continue
+        try:
+            variable, text, shadowed = read_env(flavour, torch_version=installed)
+            for combo in combos.get(name, [""]):
+                parse_config(",".join(filter(None, [text, combo])), flavour,
+                             source=f"{variable}={text!r} with --set/--sweep")
+        except InvalidParamError as exc:
+            raise click.UsageError(f"{exc.message} (the torch model replays traces with the "
+                                   "environment's settings, as PyTorch runs with them)") from None
+        environment.update({(path, name): text for path in others})
+        notes += [(path, name, f"{name} replays with {variable}={text!r} from the environment, "
+                   "as the program ran; --set goes on top") for path in others]
+        notes += [(None, name, text) for text in shadowed]
+    return environment, notes
 
 
 def _print_replay_table(results) -> None:
@@ -315,6 +385,7 @@ def _print_replay_table(results) -> None:
             click.echo(f"{r.trace}: {format_size(r.start_reserved_bytes)} was reserved before the "
                        f"trace began (counted in peak reserved)")
             break
+    shown = set()
     for r in results:
         if r.recorded_peak_reserved_bytes is not None and r.allocator.startswith("torch") and \
                 r.settings == "defaults":
@@ -324,7 +395,10 @@ def _print_replay_table(results) -> None:
             click.echo(f"{r.trace} [{r.allocator} {r.settings}]: out of memory at entry "
                        f"{r.oom['index']}: {r.oom['message']}")
         for note in r.notes:
-            click.echo(f"{r.trace} [{r.allocator}]: {note}")
+            line = f"{r.trace} [{r.allocator}]: {note}"
+            if line not in shown:            # sweep rows share most of their notes
+                shown.add(line)
+                click.echo(line)
 
 
 def _replay_check(traces, names, settings, memory, as_json) -> None:
@@ -334,7 +408,7 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
     from .errors import InvalidParamError
     from .trace import TraceFormatError, detect_format
     from .trace.formats import DESCRIPTIONS, holds_snapshot
-    from .trace.torch_replay import replay_file
+    from .trace.sweep import replay_torch
     from .units import format_size
 
     for path in traces:
@@ -348,7 +422,7 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
     reports = []
     for path in traces:
         try:
-            result = replay_file(path, allocator, text, memory, check=True)
+            result = replay_torch(path, allocator, text, memory, check=True)
         except TraceFormatError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)

@@ -65,6 +65,8 @@ class AllocatorSettings:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(AllocatorSettings)}
+KEYS = tuple(_FIELDS)
+_SEGMENT_MODE_ONLY = ("max_split_size_mb", "garbage_collection_threshold", "segment_size_mb")
 
 
 def describe_changes(settings: AllocatorSettings) -> str:
@@ -78,6 +80,10 @@ def describe_changes(settings: AllocatorSettings) -> str:
 def _convert(key: str, text: str):
     kind = _FIELDS[key].type
     text = text.strip()
+    if key == "roundup_power2_divisions" and text.startswith("["):
+        raise InvalidParamError(f"allocator settings: roundup_power2_divisions={text} gives each "
+                                "size range its own count, which is PyTorch's form; the pool "
+                                "takes one count for every size (0 or a power of two up to 64)")
     try:
         if "bool" in kind:
             if text.lower() not in ("true", "false", "1", "0"):
@@ -93,24 +99,55 @@ def _convert(key: str, text: str):
         raise InvalidParamError(f"allocator settings: {key}={text!r} is not a valid {kind}{hint}") from None
 
 
+def split_items(text: str) -> list[str]:
+    """The comma-separated items of `text`, split only on the commas outside `[ ]`, so that
+    PyTorch's list values (`[256:1,>:4]`) stay whole; blank items dropped."""
+    items, depth, start = [], 0, 0
+    for index, char in enumerate(text + ","):
+        depth += (char == "[") - (char == "]")
+        if char == "," and depth <= 0:
+            items.append(text[start:index].strip())
+            start = index + 1
+    return [item for item in items if item]
+
+
+def split_pairs(text: str) -> list[tuple[str, str]]:
+    """The (key, value) items of "key:value,key=value,..." (`split_items`)."""
+    pairs = []
+    for item in split_items(text):
+        cut = min((i for i in (item.find(":"), item.find("=")) if i >= 0), default=-1)
+        if cut < 0:
+            raise InvalidParamError(f"allocator settings: {item!r} is not key:value")
+        pairs.append((item[:cut].strip(), item[cut + 1:].strip()))
+    return pairs
+
+
 def parse_settings(text: str | None, base: AllocatorSettings | None = None) -> AllocatorSettings:
     """Settings from "key:value,key:value" (also "key=value"), on top of `base`."""
     base = base or AllocatorSettings()
     if not text or not text.strip():
         return base
     changes = {}
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.replace("=", ":", 1).partition(":")
-        key = key.strip()
-        if not sep:
-            raise InvalidParamError(f"allocator settings: {item!r} is not key:value")
+    for key, value in split_pairs(text):
         if key not in _FIELDS:
             raise InvalidParamError(f"allocator settings: unknown key {key!r}; known keys: "
                                     f"{', '.join(sorted(_FIELDS))}")
         changes[key] = _convert(key, value)
     return base.replace(**changes)
+
+
+def settings_warnings(settings: AllocatorSettings) -> list[str]:
+    """Settings that have no effect in the mode the pool is in."""
+    if not settings.expandable_segments:
+        return []
+    default = AllocatorSettings()
+    idle = [key for key in _SEGMENT_MODE_ONLY if getattr(settings, key) != getattr(default, key)]
+    if not idle:
+        return []
+    one = len(idle) == 1
+    return [f"{' and '.join(idle)} {'has' if one else 'have'} no effect with "
+            f"expandable_segments:True (the pool's default): {'it acts' if one else 'they act'} "
+            "on cached segments; add expandable_segments:False"]
 
 
 def settings_from_env() -> AllocatorSettings:

@@ -11,18 +11,21 @@ nothing large crosses process boundaries. Schedulers:
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..alloc.settings import describe_changes, parse_settings
+from ..alloc.settings import KEYS as POOL_KEYS
+from ..alloc.settings import (describe_changes, parse_settings, settings_warnings, split_items,
+                              split_pairs)
+from ..alloc.torch_model.config import KEYS as TORCH_KEYS
 from ..errors import InvalidParamError
 from ..units import GiB
 from .formats import read_trace, read_with_steps
 from .replay import ReplayResult, replay
-from .torch_replay import replay_file
 
 TORCH_ALLOCATORS = ("torch", "torch_npu")
 
@@ -40,8 +43,8 @@ class ReplayJob:
     def run(self, progress: Callable[[int], None] | None = None) -> ReplayResult:
         """`progress(events)` every 10,000 events replayed."""
         if self.allocator in TORCH_ALLOCATORS:
-            result = replay_file(self.trace, self.allocator, self.settings, self.memory,
-                                 progress=progress)
+            result = replay_torch(self.trace, self.allocator, self.settings, self.memory,
+                                  progress=progress)
             return ReplayResult.from_torch(result, self.allocator)
         settings = parse_settings(self.settings)
         if settings.predictive:      # the program's step marks, where the trace has them
@@ -56,7 +59,91 @@ class ReplayJob:
             result.notes.insert(0, f"{len(marks)} steps marked by the trace's {how}")
         elif note:
             result.notes.append(note)
+        result.notes += settings_warnings(settings)
         return result
+
+
+def replay_torch(path: str, allocator: str = "torch", settings: str = "",
+                 memory: int | None = None, check: bool = False, progress=None):
+    """`torch_replay.replay_file`, with notes first on how the settings read (the recorded
+    ones included) and on combinations that do nothing or that torch_npu refuses."""
+    from ..alloc.torch_model.config import config_warnings, from_snapshot, parse_config
+    from .torch_replay import load_for_model, replay_recording
+
+    recording = load_for_model(path, "npu" if allocator == "torch_npu" else None)
+    base = from_snapshot(recording.settings, recording.flavour)
+    config = parse_config(settings, base=base) if settings else base
+    result = replay_recording(recording, config, capacity=memory, check=check, progress=progress)
+    result.notes[:0] = config_warnings(config)
+    return result
+
+
+def setting_keys(allocator: str) -> tuple[str, ...]:
+    """The setting keys an allocator of ReplayJob has (none for `device`)."""
+    if allocator == "pool":
+        return POOL_KEYS
+    if allocator in TORCH_ALLOCATORS:
+        return TORCH_KEYS["npu" if allocator == "torch_npu" else "cuda"]
+    return ()
+
+
+def _takes(allocator: str, key: str, value: str) -> bool:
+    if key not in setting_keys(allocator):
+        return False
+    # the pool has one rounding count for every size, so PyTorch's per-size list is not for it
+    return not (allocator == "pool" and key == "roundup_power2_divisions"
+                and any(item.startswith("[") for item in split_items(value)))
+
+
+def split_for(allocators: Sequence[str], settings: Sequence[str], sweeps: Sequence[str]):
+    """Each allocator's share of `--set` items ("key=value", or several "k:v,..."), and of
+    `--sweep` axes ("key=v1,v2"): the keys it has. Returns ({allocator: "k:v,..."},
+    {allocator: [sweep, ...]}, [(allocator, note)]); a note names each key an allocator goes
+    without. A key none of them has raises InvalidParamError naming the keys each one has."""
+    items = [pair for text in settings for pair in split_pairs(text)]
+    items += [_axis(sweep) for sweep in sweeps]
+    shares = {name: [] for name in allocators}
+    notes = []
+    for index, (key, value) in enumerate(items):
+        takers = [name for name in allocators if _takes(name, key, value)]
+        if not takers:
+            raise InvalidParamError(_nobody_takes(allocators, key, value))
+        for name in allocators:
+            if name in takers:
+                shares[name].append(index)
+            elif setting_keys(name):
+                notes.append((name, f"{name} ignores {key}={value}: {_why_not(name, key)}"))
+    cut = len(items) - len(sweeps)
+    texts = {name: ",".join(f"{items[i][0]}:{items[i][1]}" for i in chosen if i < cut)
+             for name, chosen in shares.items()}
+    axes = {name: [sweeps[i - cut] for i in chosen if i >= cut] for name, chosen in shares.items()}
+    return texts, axes, list(dict.fromkeys(notes))
+
+
+def _why_not(allocator: str, key: str) -> str:
+    if key in setting_keys(allocator):
+        return "it has one rounding count for every size, not PyTorch's per-size list"
+    return "not one of its settings" if allocator == "pool" else "not one of PyTorch's settings"
+
+
+def _nobody_takes(allocators: Sequence[str], key: str, value: str) -> str:
+    tunable = [name for name in allocators if setting_keys(name)]
+    if not tunable:
+        return "--set and --sweep change allocator settings; add pool or torch to --allocator"
+    elsewhere = [name for name in ("pool", "torch", "torch_npu") if name not in allocators
+                 and _takes(name, key, value)]
+    where = f"{key}={value} is for {' and '.join(elsewhere)}: add {elsewhere[0]} to --allocator" \
+        if elsewhere else ""
+    refused = [f"{name} takes {key}, but {_why_not(name, key)}" for name in tunable
+               if key in setting_keys(name)]
+    if refused or where:
+        return "; ".join(refused + ([where] if where else []))
+    close = difflib.get_close_matches(key, [k for n in tunable for k in setting_keys(n)], 1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    torch = " (PyTorch stops at startup on a key it does not recognise)" \
+        if any(name in TORCH_ALLOCATORS for name in tunable) else ""
+    known = "; ".join(f"{name}'s keys: {', '.join(sorted(setting_keys(name)))}" for name in tunable)
+    return f"unknown key {key!r}{hint}{torch}; {known}"
 
 
 def run_job(job: ReplayJob) -> ReplayResult:
@@ -70,15 +157,20 @@ def sweep_settings(base: str, sweeps: Sequence[str], validate=parse_settings) ->
     Each string is checked with `validate` here, so a typo fails before any replay starts."""
     axes = []
     for sweep in sweeps:
-        key, sep, values = sweep.replace(":", "=", 1).partition("=")
-        choices = [value.strip() for value in values.split(",") if value.strip()]
-        if not sep or not choices:
-            raise InvalidParamError(f"sweep {sweep!r}: expected key=value1,value2,...")
-        axes.append([f"{key.strip()}:{value}" for value in choices])
+        key, values = _axis(sweep)
+        axes.append([f"{key}:{value}" for value in split_items(values)])
     combos = [",".join(filter(None, [base, *combo])) for combo in itertools.product(*axes)]
     for combo in combos:
         validate(combo)
     return combos
+
+
+def _axis(sweep: str) -> tuple[str, str]:
+    """("key", "v1,v2") of "key=v1,v2" (or "key:v1,v2"); PyTorch's [ ] lists stay whole."""
+    cut = min((i for i in (sweep.find(":"), sweep.find("=")) if i >= 0), default=-1)
+    if cut < 0 or not split_items(sweep[cut + 1:]):
+        raise InvalidParamError(f"sweep {sweep!r}: expected key=value1,value2,...")
+    return sweep[:cut].strip(), sweep[cut + 1:].strip()
 
 
 def settings_label(settings: str) -> str:

@@ -3,14 +3,20 @@ of PyTorch's caching allocator uses them.
 
 The text is read the way c10's AllocatorConfig lexes it (`key:value` pairs separated by commas,
 `[ ... ]` lists for `roundup_power2_divisions`), with its checks and its defaults, so a setting
-means here what it means in PyTorch. A snapshot records the settings it ran with
-(`allocator_settings`); `from_snapshot` reads them back.
+means here what it means in PyTorch: what PyTorch or torch_npu stop on at startup (an unknown
+key, a bad value, torch_npu's refused pairs) raises, and `config_warnings` lists what they only
+warn about or document to do nothing. `read_env` reads the environment in PyTorch's order of
+variables. A snapshot records the settings it ran with (`allocator_settings`); `from_snapshot`
+reads them back.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
 
 from ...errors import InvalidParamError
 
@@ -19,21 +25,35 @@ NO_LIMIT = (1 << 64) - 1            # SIZE_MAX: max_split_size when unset
 LARGE_BUFFER = 20 * MiB             # kLargeBuffer
 INTERVALS = 16                      # roundup_power2_divisions: 1 MiB .. 32 GiB, one per power of 2
 
-# Keys each flavour accepts. The pinned-memory keys act on host memory only: accepted, no effect.
+# Keys each flavour accepts: c10's AcceleratorAllocatorConfig and CUDAAllocatorConfig as of
+# PyTorch 2.13, torch_npu's NPUAllocatorConfig. Both stop at startup on any other key. The
+# pinned-memory, locking and OOM-reporting keys act on host memory or threads: checked, no effect
+# on placement.
 _COMMON = ("max_split_size_mb", "max_non_split_rounding_mb", "garbage_collection_threshold",
-           "roundup_power2_divisions", "expandable_segments", "pinned_num_register_threads",
-           "pinned_use_background_threads", "backend")
+           "roundup_power2_divisions", "expandable_segments", "large_segment_size_mb",
+           "pinned_use_background_threads", "per_process_memory_fraction",
+           "pinned_reserve_segment_size_mb")
 KEYS = {
-    "cuda": _COMMON + ("release_lock_on_cudamalloc", "pinned_use_cuda_host_register",
-                       "pinned_reserve_segment_size_mb", "graph_capture_record_stream_reuse"),
-    "npu": _COMMON + ("large_segment_size_mb", "segment_size_mb", "base_addr_aligned_kb",
-                      "page_size", "per_process_memory_fraction", "release_lock_on_npumalloc",
-                      "multi_stream_lazy_reclaim", "throw_on_npumalloc_oom",
-                      "pin_memory_expandable_segments", "pinned_mem_register",
-                      "pinned_reserve_segment_size_mb", "pinned_max_round_threshold_mb",
+    "cuda": _COMMON + ("backend", "release_lock_on_cudamalloc", "release_lock_on_hipmalloc",
+                       "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
+                       "pinned_num_register_threads", "pinned_max_round_threshold_mb",
+                       "pinned_max_cached_size_mb", "pinned_free_catch_all",
+                       "graph_capture_record_stream_reuse", "throw_on_cudamalloc_oom"),
+    "npu": _COMMON + ("segment_size_mb", "base_addr_aligned_kb", "page_size",
+                      "release_lock_on_npumalloc", "multi_stream_lazy_reclaim",
+                      "throw_on_npumalloc_oom", "pin_memory_expandable_segments",
+                      "pinned_mem_register", "pinned_max_round_threshold_mb",
                       "pinned_max_cached_size_mb"),
 }
+# c10 keys that torch_npu takes with a warning that it does not support them
+NPU_UNSUPPORTED = ("pinned_max_round_threshold_mb", "pinned_max_cached_size_mb")
+_BOOLS = {"expandable_segments", "pinned_use_background_threads", "release_lock_on_cudamalloc",
+          "release_lock_on_hipmalloc", "release_lock_on_npumalloc", "pinned_use_cuda_host_register",
+          "pinned_use_hip_host_register", "pinned_free_catch_all", "throw_on_cudamalloc_oom",
+          "graph_capture_record_stream_reuse", "multi_stream_lazy_reclaim", "throw_on_npumalloc_oom",
+          "pin_memory_expandable_segments", "pinned_mem_register"}
 ENV_NAME = {"cuda": "PYTORCH_CUDA_ALLOC_CONF", "npu": "PYTORCH_NPU_ALLOC_CONF"}
+GENERIC_ENV = "PYTORCH_ALLOC_CONF"          # PyTorch 2.9+: any device
 
 
 @dataclass(frozen=True)
@@ -53,6 +73,7 @@ class TorchAllocatorConfig:
     page_size_1g: bool = False                   # npu: page_size:1g
     pad: int | None = None                       # npu: bytes added before rounding (CANN's +32)
     text: str = ""                               # the settings string, as given
+    notes: tuple = field(default=(), compare=False)   # how the text was read (config_warnings)
 
     def __post_init__(self) -> None:
         if self.flavour not in KEYS:
@@ -86,15 +107,15 @@ class TorchAllocatorConfig:
             parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold:g}")
         if self.roundup_power2_divisions != default.roundup_power2_divisions:
             parts.append("roundup_power2_divisions:" + _describe_divisions(self.roundup_power2_divisions))
+        if self.large_segment_size != default.large_segment_size:
+            parts.append(f"large_segment_size_mb:{self.large_segment_size // MiB}")
+        if self.per_process_memory_fraction is not None:
+            parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction:g}")
         if self.flavour == "npu":
-            if self.large_segment_size != default.large_segment_size:
-                parts.append(f"large_segment_size_mb:{self.large_segment_size // MiB}")
             if self.base_addr_aligned_kb != default.base_addr_aligned_kb:
                 parts.append(f"base_addr_aligned_kb:{self.base_addr_aligned_kb}")
             if self.page_size_1g:
                 parts.append("page_size:1g")
-            if self.per_process_memory_fraction is not None:
-                parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction:g}")
         if self.release_lock_on_malloc:
             parts.append(("release_lock_on_cudamalloc" if self.flavour == "cuda"
                           else "release_lock_on_npumalloc") + ":True")
@@ -136,11 +157,16 @@ def _lex(text: str) -> list[str]:
 
 
 class _Tokens:
-    def __init__(self, text: str, env: str):
-        self.items, self.i, self.env = _lex(text), 0, env
+    def __init__(self, text: str, source: str, flavour: str):
+        self.items, self.i, self.source = _lex(text), 0, source
+        self.who = "torch_npu" if flavour == "npu" else "PyTorch"
 
     def fail(self, message: str) -> InvalidParamError:
-        return InvalidParamError(f"{self.env}: {message}")
+        return InvalidParamError(f"{self.source}: {message}")
+
+    def refuse(self, rule: str, got) -> InvalidParamError:
+        """A value PyTorch (or torch_npu) stops on at startup."""
+        return self.fail(f"{rule}, got {got!r} ({self.who} stops on it too)")
 
     def take(self, expected: str | None = None) -> str:
         if self.i >= len(self.items):
@@ -159,7 +185,7 @@ class _Tokens:
 def _int(tokens: _Tokens, key: str) -> int:
     text = tokens.take()
     if not text.isdigit():
-        raise tokens.fail(f"{key} must be a whole number, got {text!r}")
+        raise tokens.refuse(f"{key} takes a whole number", text)
     return int(text)
 
 
@@ -168,26 +194,26 @@ def _megabytes(tokens: _Tokens, key: str, low: int, high: int | None = None) -> 
     value = _int(tokens, key)
     if value < low or (high is not None and value > high):
         bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise tokens.fail(f"{key} must be {bounds}, got {value}")
+        raise tokens.refuse(f"{key} must be {bounds} (MiB)", value)
     return value * MiB
 
 
-def _fraction(tokens: _Tokens, key: str, one_allowed: bool) -> float:
-    """A number in (0, 1), or (0, 1] with `one_allowed`."""
+def _fraction(tokens: _Tokens, key: str, closed: bool) -> float:
+    """A number in [0, 1] (`closed`), else in (0, 1)."""
     text = tokens.take()
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not (0 < value < 1 or (one_allowed and value == 1)):
-        raise tokens.fail(f"{key} must be in (0, 1{']' if one_allowed else ')'}, got {text!r}")
+    if not (0 <= value <= 1 if closed else 0 < value < 1):
+        raise tokens.refuse(f"{key} must be in {'[0, 1]' if closed else '(0, 1)'}", text)
     return value
 
 
 def _bool(tokens: _Tokens, key: str) -> bool:
     text = tokens.take()
     if text not in ("True", "False"):
-        raise tokens.fail(f"{key} takes True or False (capitalised, as PyTorch), got {text!r}")
+        raise tokens.refuse(f"{key} takes True or False (capitalised)", text)
     return text == "True"
 
 
@@ -200,7 +226,8 @@ def _divisions(tokens: _Tokens) -> tuple:
     first = tokens.take()
     if first != "[":
         if not first.isdigit() or not _power_of_two(int(first)):
-            raise tokens.fail(f"roundup_power2_divisions must be a power of 2, got {first!r}")
+            raise tokens.refuse("roundup_power2_divisions must be a power of 2 (1 leaves sizes "
+                                "unrounded, as 0 does in the list form [>:0])", first)
         return (int(first),) * INTERVALS
     values = [0] * INTERVALS
     last_index, first_value = 0, True
@@ -211,20 +238,21 @@ def _divisions(tokens: _Tokens) -> tuple:
         tokens.take(":")
         value = _int(tokens, "roundup_power2_divisions")
         if value and not _power_of_two(value):
-            raise tokens.fail(f"roundup_power2_divisions: divisions must be 0 or a power of 2, got {value}")
+            raise tokens.refuse("roundup_power2_divisions: each count must be 0 or a power of 2",
+                                value)
         if start == ">":
             values[last_index:] = [value] * (INTERVALS - last_index)   # as c10 does, from the last interval named
         else:
             if not start.isdigit() or not _power_of_two(int(start)):
-                raise tokens.fail(f"roundup_power2_divisions: interval starts are powers of 2 "
-                                  f"(MiB), got {start!r}")
+                raise tokens.refuse("roundup_power2_divisions: interval starts must be powers of "
+                                    "2 (MiB)", start)
             index = min(int(start).bit_length() - 1, INTERVALS - 1)
             if first_value:
                 values[:index] = [value] * index
                 first_value = False
             values[index] = value
             last_index = index
-        following = tokens.take()
+        following = tokens.take("]" if not tokens.more() else None)
         if following == "]":
             break
         if following != ",":
@@ -232,64 +260,161 @@ def _divisions(tokens: _Tokens) -> tuple:
     return tuple(values)
 
 
+def _unknown_key(tokens: _Tokens, key: str, flavour: str) -> InvalidParamError:
+    """PyTorch (and torch_npu) stop at startup on a key they do not know; say which keys exist."""
+    other = "npu" if flavour == "cuda" else "cuda"
+    if key in KEYS[other]:
+        hint = f" (it is a {ENV_NAME[other]} key)"
+    else:
+        close = difflib.get_close_matches(key, KEYS[flavour], 1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return tokens.fail(f"unknown key {key!r}{hint}: {tokens.who} stops at startup on a key it "
+                       f"does not recognise; the keys are {', '.join(sorted(KEYS[flavour]))}")
+
+
 def parse_config(text: str | None, flavour: str = "cuda",
-                 base: TorchAllocatorConfig | None = None) -> TorchAllocatorConfig:
+                 base: TorchAllocatorConfig | None = None,
+                 source: str | None = None) -> TorchAllocatorConfig:
     """Settings from PyTorch's `key:value,...` text, on top of `base` (default: PyTorch's
-    defaults). Raises InvalidParamError naming the keys that exist for an unknown one."""
+    defaults), checked as PyTorch and torch_npu check them: an unknown key or a bad value
+    raises InvalidParamError (naming the keys, or the rule); `source` labels the messages
+    (default: the flavour's variable). What torch_npu only warns about goes to `notes`."""
     config = base or TorchAllocatorConfig(flavour)
     flavour = config.flavour
-    env = ENV_NAME[flavour]
-    tokens = _Tokens(text or "", env)
+    tokens = _Tokens(text or "", source or ENV_NAME[flavour], flavour)
     changes: dict = {}
+    notes = list(config.notes)
+    floor = LARGE_BUFFER                  # c10's least max_split_size: its large segment size
     while tokens.more():
         key = tokens.take()
         if key not in KEYS[flavour]:
-            other = "npu" if flavour == "cuda" else "cuda"
-            where = f" (it is a {ENV_NAME[other]} key)" if key in KEYS[other] else ""
-            raise tokens.fail(f"unknown key {key!r}{where}; the keys are "
-                              f"{', '.join(sorted(KEYS[flavour]))}")
+            raise _unknown_key(tokens, key, flavour)
         tokens.take(":")
         if key == "max_split_size_mb":
-            changes["max_split_size"] = _megabytes(tokens, key, LARGE_BUFFER // MiB)
+            changes["max_split_size"] = _megabytes(tokens, key, 0)     # checked below
         elif key == "max_non_split_rounding_mb":
-            changes["max_non_split_rounding_size"] = _megabytes(tokens, key, LARGE_BUFFER // MiB)
+            changes["max_non_split_rounding_size"] = _megabytes(tokens, key, 0)
         elif key == "garbage_collection_threshold":
-            changes["garbage_collection_threshold"] = _fraction(tokens, key, one_allowed=False)
+            changes["garbage_collection_threshold"] = _fraction(tokens, key, closed=False)
         elif key == "roundup_power2_divisions":
             changes["roundup_power2_divisions"] = _divisions(tokens)
         elif key == "expandable_segments":
             changes["expandable_segments"] = _bool(tokens, key)
-        elif key in ("release_lock_on_cudamalloc", "release_lock_on_npumalloc"):
+        elif key in ("release_lock_on_cudamalloc", "release_lock_on_hipmalloc",
+                     "release_lock_on_npumalloc"):
             changes["release_lock_on_malloc"] = _bool(tokens, key)
         elif key == "backend":
             value = tokens.take()
+            if value not in ("native", "cudaMallocAsync"):
+                raise tokens.refuse("backend takes native or cudaMallocAsync", value)
             if value != "native":
                 raise tokens.fail(f"backend:{value} hands memory to the driver's own pool, which "
                                   "npumem does not model; only backend:native is replayed")
-        elif key in ("large_segment_size_mb", "segment_size_mb"):
+        elif key == "large_segment_size_mb":
+            changes["large_segment_size"] = floor = _megabytes(tokens, key, 11)   # c10: > 10
+        elif key == "segment_size_mb":
             changes["large_segment_size"] = _megabytes(tokens, key, 20, 512)
+            notes.append("torch_npu warns that segment_size_mb is deprecated: use "
+                         "large_segment_size_mb")
         elif key == "base_addr_aligned_kb":
             value = _int(tokens, key)
             if value > 16:
-                raise tokens.fail(f"base_addr_aligned_kb must be in [0, 16], got {value}")
+                raise tokens.refuse("base_addr_aligned_kb must be in [0, 16]", value)
             changes["base_addr_aligned_kb"] = value
         elif key == "page_size":
             value = tokens.take()
             if value != "1g":
-                raise tokens.fail(f"page_size takes 1g, got {value!r}")
+                raise tokens.refuse("page_size takes 1g only", value)
             changes["page_size_1g"] = True
         elif key == "per_process_memory_fraction":
-            changes["per_process_memory_fraction"] = _fraction(tokens, key, one_allowed=True)
-        else:                                   # host-memory and locking keys: no placement effect
-            tokens.take()
+            changes["per_process_memory_fraction"] = _fraction(tokens, key, closed=True)
+        elif key in _BOOLS:
+            _bool(tokens, key)
+        elif key == "pinned_num_register_threads":
+            value = _int(tokens, key)
+            if not _power_of_two(value) or value > 128:
+                raise tokens.refuse(f"{key} must be a power of 2 up to 128", value)
+        else:                                   # host-memory sizes: no placement effect
+            _int(tokens, key)
+        if flavour == "npu" and key in NPU_UNSUPPORTED:
+            notes.append(f"torch_npu warns that it does not support {key}, and ignores it")
         if tokens.more():
             tokens.take(",")
+    for field_name, key in (("max_split_size", "max_split_size_mb"),
+                            ("max_non_split_rounding_size", "max_non_split_rounding_mb")):
+        if changes.get(field_name, floor) < floor:     # whichever of the two came first
+            raise tokens.refuse(f"{key} must be >= {floor // MiB} (MiB, the large segment size)",
+                                changes[field_name] // MiB)
+    configured = config.replace(**changes)
+    if flavour == "npu" and configured.expandable_segments and (
+            configured.max_split_size != NO_LIMIT or configured.garbage_collection_threshold):
+        raise tokens.fail("torch_npu refuses max_split_size_mb or garbage_collection_threshold "
+                          "together with expandable_segments:True; set expandable_segments:False")
     joined = ",".join(filter(None, [config.text, (text or "").strip()]))
-    return config.replace(text=joined, **changes)
+    return configured.replace(text=joined, notes=tuple(dict.fromkeys(notes)))
+
+
+def config_warnings(config: TorchAllocatorConfig) -> list[str]:
+    """What to tell a person about these settings: the notes from reading them, and
+    combinations that PyTorch or torch_npu document to do nothing or to fail."""
+    notes = list(config.notes)
+    npu = config.flavour == "npu"
+    if config.garbage_collection_threshold and config.per_process_memory_fraction is None:
+        call = "torch.npu" if npu else "torch.cuda"
+        notes.append(f"garbage_collection_threshold:{config.garbage_collection_threshold:g} has "
+                     "no effect: PyTorch collects only under a memory fraction "
+                     f"({call}.set_per_process_memory_fraction, or per_process_memory_fraction)")
+    if config.per_process_memory_fraction == 0:
+        notes.append("per_process_memory_fraction:0 leaves PyTorch no memory: every allocation "
+                     "fails")
+    if not npu and config.expandable_segments and (
+            config.max_split_size != NO_LIMIT or config.garbage_collection_threshold):
+        notes.append("torch_npu refuses max_split_size_mb or garbage_collection_threshold with "
+                     "expandable_segments:True; CUDA takes them")
+    if npu and not config.expandable_segments and config.base_addr_aligned_kb != 16:
+        notes.append("base_addr_aligned_kb acts only with expandable_segments:True")
+    return notes
+
+
+def env_names(flavour: str = "cuda", torch_version: str | None = None) -> tuple[str, ...]:
+    """The variables PyTorch reads its settings from, in order: the first one set wins.
+
+    c10/core/AllocatorConfig.cpp: PyTorch 2.9 to 2.11 read PYTORCH_ALLOC_CONF first and warn that
+    PYTORCH_CUDA_ALLOC_CONF is deprecated; 2.12 went back to PYTORCH_CUDA_ALLOC_CONF first, as an
+    alias, without the warning (2.13 does the same). torch_npu reads PYTORCH_NPU_ALLOC_CONF, else
+    PYTORCH_ALLOC_CONF. Without a version: the newest rule."""
+    if flavour == "npu":
+        return (ENV_NAME["npu"], GENERIC_ENV)
+    version = tuple(int(part) for part in re.findall(r"\d+", torch_version or "")[:2])
+    if version and version < (2, 9):
+        return (ENV_NAME["cuda"],)
+    if version and version < (2, 12):
+        return (GENERIC_ENV, ENV_NAME["cuda"])
+    return (ENV_NAME["cuda"], GENERIC_ENV)
+
+
+def read_env(flavour: str = "cuda", environ=None,
+             torch_version: str | None = None) -> tuple[str, str, list[str]]:
+    """(variable, text, notes): the settings PyTorch would read from the environment, checked
+    with parse_config (an error names the variable). ("", "", []) when none is set. A note says
+    when another variable is set and PyTorch does not read it."""
+    environ = os.environ if environ is None else environ
+    names = env_names(flavour, torch_version)
+    chosen = next((name for name in names if name in environ), "")
+    if not chosen:
+        return "", "", []
+    text = environ[chosen]
+    parse_config(text, flavour, source=f"the environment's {chosen}={text!r}")
+    shadowed = [name for name in names if name in environ and name != chosen
+                and environ[name] != text]
+    notes = [f"{name} is set too, but PyTorch reads {chosen} first" for name in shadowed]
+    return chosen, text, notes
 
 
 def from_snapshot(settings: dict | None, flavour: str = "cuda") -> TorchAllocatorConfig:
-    """The settings a snapshot recorded (`allocator_settings`); defaults where it has none."""
+    """The settings a snapshot recorded (`allocator_settings`); defaults where it has none.
+    The recorded text is checked too; the run accepted it, so a failure is a note, not an
+    error (the recorded values are used either way)."""
     config = TorchAllocatorConfig(flavour)
     if not isinstance(settings, dict):
         return config
@@ -310,5 +435,14 @@ def from_snapshot(settings: dict | None, flavour: str = "cuda") -> TorchAllocato
         changes["roundup_power2_divisions"] = (divisions,) * INTERVALS
     if isinstance(settings.get("release_lock_on_cudamalloc"), bool):
         changes["release_lock_on_malloc"] = settings["release_lock_on_cudamalloc"]
-    text = settings.get(ENV_NAME[flavour]) or settings.get("PYTORCH_ALLOC_CONF") or ""
-    return config.replace(text=text if isinstance(text, str) else "", **changes)
+    name = next((n for n in (ENV_NAME[flavour], GENERIC_ENV) if settings.get(n)), ENV_NAME[flavour])
+    text = settings.get(name) if isinstance(settings.get(name), str) else ""
+    notes = ()
+    if text:
+        try:
+            parse_config(text, flavour, source=f"the snapshot's {name}={text!r}")
+        except InvalidParamError as exc:
+            reason = exc.message.split("; the keys are")[0]      # the key list is for typing
+            notes = (f"{reason}; the recorded run went ahead with it, so the replay uses the "
+                     "values the snapshot recorded",)
+    return config.replace(text=text, notes=notes, **changes)
