@@ -124,7 +124,7 @@ class TorchAllocatorConfig:
 
 def _describe_divisions(divisions: tuple) -> str:
     """The shortest text c10's parser reads back as `divisions`: the first interval named
-    also fills the ones below it, and `>` fills from the last one named upwards."""
+    also fills the ones below it, and `>` fills the ones above the last one named."""
     if len(set(divisions)) == 1:
         return str(divisions[0])
     first_end = 0
@@ -136,7 +136,7 @@ def _describe_divisions(divisions: tuple) -> str:
     items = [f"{1 << first_end}:{divisions[0]}"]
     items += [f"{1 << index}:{divisions[index]}" for index in range(first_end + 1, last_start)]
     if last_start > first_end:
-        items += [f"{1 << last_start}:{divisions[-1]}", f">:{divisions[-1]}"]
+        items.append(f">:{divisions[-1]}")
     return "[" + ",".join(items) + "]"
 
 
@@ -241,7 +241,8 @@ def _divisions(tokens: _Tokens) -> tuple:
             raise tokens.refuse("roundup_power2_divisions: each count must be 0 or a power of 2",
                                 value)
         if start == ">":
-            values[last_index:] = [value] * (INTERVALS - last_index)   # as c10 does, from the last interval named
+            # as c10 (2.9 on) and torch_npu do: from the interval after the last one named
+            values[last_index + 1:] = [value] * (INTERVALS - last_index - 1)
         else:
             if not start.isdigit() or not _power_of_two(int(start)):
                 raise tokens.refuse("roundup_power2_divisions: interval starts must be powers of "
