@@ -495,12 +495,12 @@ def tune(trace, allocator, memory, as_json, steps, scheduler, workers):
         sys.exit(2)
     device_memory = _size_option(memory, "--memory") if memory else None
     if allocator in ("torch", "torch_npu") or (allocator is None and snapshot):
-        _tune_torch(trace, allocator, device_memory, as_json, steps)
+        _tune_torch(trace, allocator, device_memory, as_json, steps, workers)
     else:
         _tune_pool(trace, as_json, scheduler, workers)
 
 
-def _tune_torch(trace, allocator, memory, as_json, steps) -> None:
+def _tune_torch(trace, allocator, memory, as_json, steps, workers) -> None:
     import json
 
     from .profile.oom import oom_lines
@@ -518,7 +518,7 @@ def _tune_torch(trace, allocator, memory, as_json, steps) -> None:
 
     try:
         recording = load_for_model(trace, "npu" if allocator == "torch_npu" else None)
-        result = tune_recording(recording, memory, steps=steps, progress=update)
+        result = tune_recording(recording, memory, steps=steps, progress=update, workers=workers)
     except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
