@@ -36,6 +36,7 @@ class Extension:
     steps: int                  # periods played on
     exact: bool                 # whether the sizes repeat exactly (else played at the largest)
     failed_at: int              # the trace entry of the failed request
+    played_from: int            # the entry of `recording` where the played-on events begin
 
     def describe(self) -> str:
         sizes = "the same sizes" if self.exact else "the largest size each request had"
@@ -153,4 +154,4 @@ def extend(recording: Recording, steps: int = STEPS) -> Extension | None:
     extended = Recording(recording.path, recording.device, recording.flavour, recording.settings,
                          recording.segments, prefix + played, recording.annotations,
                          continues=recording)
-    return Extension(extended, period, repetitions, steps, exact, cut)
+    return Extension(extended, period, repetitions, steps, exact, cut, len(prefix))

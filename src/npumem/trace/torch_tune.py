@@ -52,6 +52,7 @@ class Candidate:
     needed: int | None = None             # about the least memory it fits in, where it did not
     capacity: int | None = None
     replayed_as: TorchAllocatorConfig | None = None   # with the cap the run was under, if any
+    extension_start: int = 0              # the entry where the played-on run begins
 
     @property
     def line(self) -> str:
@@ -84,12 +85,15 @@ class Candidate:
         return max(0, self.needed - self.capacity)
 
     def verdict(self) -> str:
+        """What decided, marked [recorded] (the recording shows it) or [extended] (the run
+        played on past the failed request shows it)."""
         if self.finishes:
-            return f"fits ({self.basis})"
-        where = "the recorded part" if self.result.oom is not None else "the played-on run"
-        oom = self.result.oom or self.decisive.oom
+            return f"fits [{self.basis}]"
         short = f", {format_size(self.short_by)} short" if self.short_by else ""
-        return f"OOM at entry {oom['index']} of {where}{short} ({self.basis})"
+        if self.result.oom is not None:
+            return f"OOM at entry {self.result.oom['index']}{short} [recorded]"
+        return (f"OOM {self.decisive.oom['index'] - self.extension_start} entries into the "
+                f"played-on run{short} [extended]")
 
 
 @dataclass
@@ -255,6 +259,7 @@ class _Work:
         result = replay_recording(self.recording, model, capacity=self.capacity)
         candidate = Candidate(config, result, capacity=self.capacity, replayed_as=model)
         if self.extension is not None:
+            candidate.extension_start = self.extension.played_from
             candidate.extended = replay_recording(self.extension.recording, model,
                                                   capacity=self.capacity)
         return candidate
