@@ -7,15 +7,26 @@ snapshot's `segments` are the state at the dump; walking the trace backwards fro
 its effects (an alloc un-allocates, a free re-allocates, segment_alloc/segment_free remove or
 restore a segment) and gives the state at the first entry: which segments were reserved and
 which blocks in them were live.
+
+It also says which pool served each recorded segment and request: the default pools or a private
+pool (a CUDA graph's, a MemPool's). The dump gives each segment's `segment_pool_id`; the newest
+PyTorch gives each trace entry's `pool_id`. Without those, a segment's pool is inferred from the
+releases: what a release kept tells private from default (empty_cache frees every idle default
+segment, so an idle segment it kept is a pool's in use, and a release that kept an idle default
+segment freed a pool's), and segments freed together with segments of one private pool alone
+went back with that pool. A private pool known only so gets an id of its own, (-1, n). What is
+still unknown is taken as the default pools.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
+from collections import Counter
 from dataclasses import dataclass, field
 
-from ..alloc.torch_model.allocator import MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, round_size
-from ..alloc.torch_model.config import TorchAllocatorConfig
+from ..alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
+                                           round_size)
+from ..alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
 from . import jsonl, safe_pickle
 from .events import TraceFormatError
 from .snapshot_schema import check_snapshot
@@ -42,6 +53,8 @@ class StartSegment:
     small: bool
     expandable: bool
     blocks: list[StartBlock] = field(default_factory=list)
+    pool: tuple = DEFAULT_POOL           # MempoolId_t of the pool it belongs to
+    lowest: int | None = None            # expandable: the lowest address its segment maps
 
 
 @dataclass
@@ -50,6 +63,8 @@ class StartState:
     live: dict[int, StartBlock]          # blocks live at the first entry, by address
     unplaced: int = 0                    # live blocks outside every start segment
     inconsistent: int = 0                # trace entries that contradict the segments
+    pools: dict[int, tuple] = field(default_factory=dict)   # entry index -> pool that served it
+    captured: set[int] = field(default_factory=set)   # default requests made during a capture
 
     @property
     def reserved(self) -> int:
@@ -157,13 +172,94 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
 
 # --- rebuilding the state at the first entry ---------------------------------------------------
 
-def _end_state(recording: Recording):
-    ranges: dict[int, list] = {}       # address -> [size, stream, small, expandable]
+class _Segments(dict):
+    """Recorded segments by start address, [size, stream, small, expandable, pool node], with a
+    sorted index of the starts for finding the segment an address lies in."""
+
+    def __init__(self):
+        super().__init__()
+        self.starts: list[int] = []
+
+    def __setitem__(self, start: int, value: list) -> None:
+        if start not in self:
+            insort(self.starts, start)
+        super().__setitem__(start, value)
+
+    def pop(self, start: int, *default):
+        if start in self:
+            del self.starts[bisect_left(self.starts, start)]
+        return super().pop(start, *default)
+
+    def containing(self, addr: int) -> int | None:
+        index = bisect_right(self.starts, addr) - 1
+        if index >= 0 and addr < self.starts[index] + self[self.starts[index]][0]:
+            return self.starts[index]
+        return None
+
+
+class _PoolNodes:
+    """One node per recorded segment (ranges of one expandable segment joined): the pool it
+    belongs to once known, None before; `guessed`: nodes only taken as default so far."""
+
+    def __init__(self):
+        self.parent: list[int] = []
+        self.pool: list[tuple | None] = []
+        self.guessed: set[int] = set()
+
+    def new(self, pool: tuple | None = None) -> int:
+        self.parent.append(len(self.parent))
+        self.pool.append(pool)
+        return len(self.parent) - 1
+
+    def find(self, node: int) -> int:
+        while self.parent[node] != node:
+            self.parent[node] = self.parent[self.parent[node]]
+            node = self.parent[node]
+        return node
+
+    def of(self, node: int | None) -> tuple | None:
+        return None if node is None else self.pool[self.find(node)]
+
+    def seems(self, node: int) -> tuple | None:
+        """Its pool, or the default one where that is a guess."""
+        return self.of(node) or (DEFAULT_POOL if self.find(node) in self.guessed else None)
+
+    def guess_default(self, node: int) -> bool:
+        if self.seems(node) is not None:
+            return False
+        self.guessed.add(self.find(node))
+        return True
+
+    def learn(self, node: int | None, pool: tuple | None) -> bool:
+        if node is None or pool is None or self.of(node) is not None:
+            return False
+        self.pool[self.find(node)] = pool
+        return True
+
+    def join(self, node: int, other: int) -> None:
+        root, gone = self.find(node), self.find(other)
+        if root != gone:
+            self.parent[gone] = root
+            if self.pool[root] is None:
+                self.pool[root] = self.pool[gone]
+
+
+def read_pool_id(value) -> tuple | None:
+    """A MempoolId_t as a snapshot writes it (a pair of integers), else None."""
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(
+            type(part) is int and 0 <= part < 1 << 64 for part in value):
+        return tuple(value)
+    return None
+
+
+def _end_state(recording: Recording, nodes: _PoolNodes):
+    ranges = _Segments()
     live: dict[int, StartBlock] = {}
     for segment in recording.segments:
         small = segment.get("segment_type") == "small"
         ranges[segment["address"]] = [segment["total_size"], int(segment.get("stream") or 0),
-                                      small, bool(segment.get("is_expandable"))]
+                                      small, bool(segment.get("is_expandable")),
+                                      nodes.new(read_pool_id(segment.get("segment_pool_id")))]
         for block in segment.get("blocks") or []:
             if isinstance(block, dict) and block.get("state", "inactive") != "inactive":
                 live[block["address"]] = StartBlock(
@@ -172,59 +268,260 @@ def _end_state(recording: Recording):
     return ranges, live
 
 
-def _containing(ranges: dict[int, list], addr: int):
-    for start, (size, *_rest) in ranges.items():
-        if start <= addr < start + size:
-            return start
-    return None
-
-
 def rebuild_start(recording: Recording, config: TorchAllocatorConfig) -> StartState:
     if not recording.segments and not recording.recorded_segment_events():
         return StartState([], {})     # allocs and frees only (a CPU recording): nothing before
-    ranges, live = _end_state(recording)
+    nodes = _PoolNodes()
+    ranges, live = _end_state(recording, nodes)
     free_action = recording.free_action
     inconsistent = 0
-    for entry in reversed(recording.entries):
+    entry_nodes: dict[int, int] = {}  # alloc and segment entries -> the segment's node
+    mapped: list[tuple[int, int]] = []   # (node, address) of each page range (un)mapped
+    entries = recording.entries
+    for index in range(len(entries) - 1, -1, -1):
+        entry = entries[index]
         action, addr, size = entry["action"], entry.get("addr", 0), entry.get("size", 0)
+        node = None
         if action == "alloc":
             if live.pop(addr, None) is None:
                 inconsistent += 1
+            start = ranges.containing(addr)
+            node = None if start is None else ranges[start][4]
         elif action == free_action:
             if addr in live:
                 inconsistent += 1
             live[addr] = StartBlock(addr, 0, size, True, entry.get("frames") or [])
+            start = ranges.containing(addr)
+            node = None if start is None else ranges[start][4]
         elif action == "segment_alloc":
-            if ranges.pop(addr, None) is None:
+            segment = ranges.pop(addr, None)
+            if segment is None:
                 inconsistent += 1
+            else:
+                node = segment[4]
         elif action == "segment_free":
-            ranges[addr] = [size, int(entry.get("stream") or 0), size == SMALL_BUFFER, False]
+            node = nodes.new()
+            ranges[addr] = [size, int(entry.get("stream") or 0), size == SMALL_BUFFER, False, node]
         elif action == "segment_map":
-            start = _containing(ranges, addr)
+            start = ranges.containing(addr)
             if start is None:
                 inconsistent += 1
                 continue
-            total, stream, small, _ = ranges.pop(start)
+            total, stream, small, _, node = ranges.pop(start)
             if addr > start:
-                ranges[start] = [addr - start, stream, small, True]
+                ranges[start] = [addr - start, stream, small, True, node]
             if addr + size < start + total:
-                ranges[addr + size] = [start + total - addr - size, stream, small, True]
+                ranges[addr + size] = [start + total - addr - size, stream, small, True, node]
         elif action == "segment_unmap":
             stream = int(entry.get("stream") or 0)
-            before = _containing(ranges, addr - 1)
+            before = ranges.containing(addr - 1)
             small = ranges[before][2] if before is not None else size % (20 << 20) != 0
-            start, total = addr, size
-            if before is not None and ranges[before][3]:
-                total += ranges.pop(before)[0]
-                start = before
+            start, total, node = addr, size, nodes.new()
+            if before is not None and ranges[before][3]:     # the same expandable segment
+                merged = ranges.pop(before)
+                total, start = total + merged[0], before
+                nodes.join(node, merged[4])
             after = ranges.get(addr + size)
             if after is not None and after[3]:
                 total += ranges.pop(addr + size)[0]
-            ranges[start] = [total, stream, small, True]
-    return _place_blocks(ranges, live, config, inconsistent)
+                nodes.join(node, after[4])
+            ranges[start] = [total, stream, small, True, node]
+        if node is not None:
+            nodes.learn(node, read_pool_id(entry.get("pool_id")))
+            entry_nodes[index] = node
+            if action in ("segment_map", "segment_unmap"):
+                mapped.append((node, addr))
+    lowest: dict[int, int] = {}       # expandable segment node -> the lowest address it maps
+    for node, addr in mapped:
+        lowest[nodes.find(node)] = min(addr, lowest.get(nodes.find(node), addr))
+    held, users = Counter(), Counter()   # each segment node's bytes and live blocks at the start
+    for size, *_, node in ranges.values():
+        held[nodes.find(node)] += size
+    for addr in live:
+        start = ranges.containing(addr)
+        if start is not None:
+            users[nodes.find(ranges[start][4])] += 1
+    # oversize frees (max_split_size) and garbage collection free some idle segments only
+    complete = config.max_split_size == NO_LIMIT and not config.garbage_collection_threshold
+    _infer_pools(entries, nodes, entry_nodes, config.max_split_size,
+                 (held, users, free_action) if complete else None)
+    state = _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
+    state.pools = {index: nodes.of(node) or DEFAULT_POOL for index, node in entry_nodes.items()}
+    for index, entry in enumerate(entries):
+        if entry["action"] == "oom":           # a refused request: no segment to tell
+            state.pools[index] = (read_pool_id(entry.get("pool_id"))
+                                  or _between(entries, state.pools, index) or DEFAULT_POOL)
+    state.captured = _during_captures(entries, state.pools)
+    return state
 
 
-def _place_blocks(ranges, live, config, inconsistent) -> StartState:
+def _between(entries: list[dict], pools: dict[int, tuple], index: int) -> tuple | None:
+    """The pool of the requests just before and after entry `index` on its stream, if one."""
+    stream = int(entries[index].get("stream") or 0)
+    sides = [next((pools.get(i) for i in around if entries[i]["action"] == "alloc"
+                   and int(entries[i].get("stream") or 0) == stream), None)
+             for around in (range(index - 1, -1, -1), range(index + 1, len(entries)))]
+    return sides[0] if sides[0] == sides[1] else None
+
+
+def _during_captures(entries: list[dict], pools: dict[int, tuple]) -> set[int]:
+    """Requests to the default pools made while a capture was under way: between two requests of
+    one private pool on a stream with no default request there between (c10 then skips the
+    release of cached segments in the out-of-memory retry)."""
+    spans, open_spans = [], {}              # open_spans: stream -> [pool, first, last]
+    for index, entry in enumerate(entries):
+        if entry["action"] not in ("alloc", "oom"):
+            continue
+        stream, pool = int(entry.get("stream") or 0), pools.get(index, DEFAULT_POOL)
+        span = open_spans.get(stream)
+        if span is not None and span[0] == pool:
+            span[2] = index
+            continue
+        if span is not None and span[0] != DEFAULT_POOL:
+            spans.append(span)
+        open_spans[stream] = [pool, index, index]
+    spans += [span for span in open_spans.values() if span[0] != DEFAULT_POOL]
+    return {index for _, first, last in spans for index in range(first + 1, last)
+            if entries[index]["action"] in ("alloc", "oom")
+            and pools.get(index, DEFAULT_POOL) == DEFAULT_POOL}
+
+
+def _infer_pools(entries: list[dict], nodes: _PoolNodes, entry_nodes: dict[int, int],
+                 max_split_size: int, start=None) -> None:
+    """Learn the pools the dump and the entries left unknown, until nothing more is learned.
+    `start`: (bytes, live blocks) of each segment node at the first entry and the action that
+    frees a block, when every release frees all idle segments it may."""
+    requests: list[tuple[int, int, int]] = []   # (entry index, stream, node) of each request
+    runs, run = [], []                      # each run of segment frees: its entry indices
+    for index, entry in enumerate(entries):
+        node = entry_nodes.get(index)
+        if entry["action"] in SEGMENT_REMOVE:
+            if node is not None:
+                run.append(index)
+            continue
+        if run:
+            runs.append(run)
+            run = []
+        if entry["action"] == "alloc" and node is not None:
+            requests.append((index, int(entry.get("stream") or 0), node))
+    if run:
+        runs.append(run)
+    freed = [[entry_nodes[index] for index in run] for run in runs]
+    first_free: dict[int, int] = {}         # node -> the entry that first frees it
+    for index in (index for run in runs for index in run):
+        if entries[index].get("size", 0) < max_split_size:      # an oversize free: any time
+            first_free.setdefault(nodes.find(entry_nodes[index]), index)
+    last_use: dict[tuple, int] = {}
+
+    def fits(node: int, pool: tuple) -> bool:
+        """A private pool's segment goes back only once the pool is released, and a released
+        pool serves no request after: a segment freed before a pool's last request is not
+        that pool's (unless an oversize free, with max_split_size, took it)."""
+        freed_at = first_free.get(nodes.find(node))
+        return pool == DEFAULT_POOL or freed_at is None or last_use.get(pool, -1) < freed_at
+
+    while True:
+        last_use.clear()
+        last_use.update((nodes.of(node), index) for index, _, node in requests)
+        if not (_by_neighbours(nodes, requests) | _by_release(nodes, freed, fits)
+                | (start is not None and _by_what_releases_kept(entries, nodes, entry_nodes, runs,
+                                                                *start))):
+            return
+
+
+def _by_neighbours(nodes: _PoolNodes, requests: list[tuple[int, int, int]]) -> bool:
+    """A segment whose requests lie between default requests on their stream (and none between
+    two of a private pool's) is taken as default, by a guess: a capture can lie between two
+    default requests, and one pool's captures can have default requests between them, so
+    neighbours tell no private pool."""
+    by_stream: dict[int, list[tuple[int, int]]] = {}
+    for index, stream, node in requests:
+        by_stream.setdefault(stream, []).append((index, node))
+    node_at = {index: node for index, _, node in requests}
+    votes: dict[int, set] = {}
+    for sequence in by_stream.values():
+        for index, pool in _brackets(nodes, sequence).items():
+            votes.setdefault(nodes.find(node_at[index]), set()).add(pool)
+    learned = False
+    for root, pools in votes.items():
+        if pools == {DEFAULT_POOL}:
+            learned |= nodes.guess_default(root)
+    return learned
+
+
+def _brackets(nodes: _PoolNodes, sequence: list[tuple[int, int]]) -> dict[int, tuple]:
+    """Each request of unknown pool in `sequence` ((entry index, node), in order) whose nearest
+    requests of known pool on both sides agree: that pool."""
+    known = [nodes.of(node) for _, node in sequence]
+    before, previous = None, []
+    for pool in known:
+        previous.append(before)
+        before = pool or before
+    found, after = {}, None
+    for position in range(len(sequence) - 1, -1, -1):
+        pool = known[position]
+        if pool is None and after is not None and previous[position] == after:
+            found[sequence[position][0]] = after
+        after = pool or after
+    return found
+
+
+def _by_what_releases_kept(entries, nodes: _PoolNodes, entry_nodes: dict[int, int], runs,
+                           held: Counter, users: Counter, free_action: str) -> bool:
+    """A run of segment frees that freed a default segment was a whole release (empty_cache or
+    the out-of-memory retry: release_cached_blocks), which frees every idle segment of the
+    default and the released pools: an idle segment it kept belongs to a pool in use. A run
+    that kept an idle default segment released a pool (emptyCache(id) of a deleted MemPool,
+    or a release during a capture): what it freed was private."""
+    held, users = Counter(held), Counter(users)
+    learned = False
+    ends = {run[0]: run for run in runs}
+    for index, entry in enumerate(entries):
+        node = entry_nodes.get(index)
+        root = None if node is None else nodes.find(node)
+        run = ends.get(index)
+        if run is not None:
+            freed = {nodes.find(entry_nodes[i]) for i in run}
+            idle = [n for n, size in held.items() if size > 0 and not users[n] and n not in freed]
+            for label in (nodes.of, nodes.seems):       # what is known first, then guesses
+                whole = any(label(n) == DEFAULT_POOL for n in freed)
+                kept_default = any(label(n) == DEFAULT_POOL for n in idle)
+                if whole != kept_default:
+                    for n in idle if whole else freed:
+                        learned |= nodes.learn(n, (-1, index))
+                    break
+                if whole:                               # both: a guess is wrong, but which
+                    break
+        action = entry["action"]
+        if root is None:
+            continue
+        if action == "alloc":
+            users[root] += 1
+        elif action == free_action:
+            users[root] -= 1
+        elif action in SEGMENT_ADD:
+            held[root] += entry.get("size", 0)
+        elif action in SEGMENT_REMOVE:
+            held[root] -= entry.get("size", 0)
+    return learned
+
+
+def _by_release(nodes: _PoolNodes, runs: list[list[int]], fits) -> bool:
+    """Segments freed in one run with segments of one private pool, and none known to be
+    default, went back with that pool when it was released."""
+    learned = False
+    for run in runs:
+        known = {nodes.of(node) for node in run} - {None}
+        if len(known) == 1 and DEFAULT_POOL not in known:
+            pool = known.pop()
+            for node in run:
+                if fits(node, pool):
+                    learned |= nodes.learn(node, pool)
+    return learned
+
+
+def _place_blocks(ranges, live, config, inconsistent, nodes: _PoolNodes,
+                  lowest: dict[int, int]) -> StartState:
     """Lay the live blocks into their segments; the gaps between them are cached free blocks."""
     starts = sorted(ranges)
     by_segment: dict[int, list[StartBlock]] = {start: [] for start in starts}
@@ -237,7 +534,7 @@ def _place_blocks(ranges, live, config, inconsistent) -> StartState:
         by_segment[starts[index]].append(block)
     segments = []
     for start in starts:
-        size, stream, small, expandable = ranges[start]
+        size, stream, small, expandable, node = ranges[start]
         end = start + size
         blocks, cursor = [], start
         placed = by_segment[start]
@@ -253,7 +550,9 @@ def _place_blocks(ranges, live, config, inconsistent) -> StartState:
             cursor = block.addr + block.size
         if cursor < end:
             blocks.append(StartBlock(cursor, end - cursor, 0, False))
-        segments.append(StartSegment(start, size, stream, small, expandable, blocks))
+        segments.append(StartSegment(start, size, stream, small, expandable, blocks,
+                                     nodes.of(node) or DEFAULT_POOL,
+                                     lowest.get(nodes.find(node)) if expandable else None))
     placed_live = {b.addr: b for s in segments for b in s.blocks if b.allocated}
     return StartState(segments, placed_live, unplaced, inconsistent)
 

@@ -6,6 +6,10 @@ reusable -> free, `oom` -> a request the real allocator refused, and a run of se
 no failed allocation caused -> empty_cache(). The device's capacity matters only where the
 recording ran into it (a retry that freed cached segments, or an OOM); it is then inferred from
 the trace, so the model meets the same wall at the same place.
+
+Each request goes to the pool that served it (the start state says which, recording.py): the
+default pools or a CUDA graph's or MemPool's private pool. Frees of a private pool's segments
+mean it had been released (graph reset, MemPool deleted): the replay releases it there.
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..alloc.torch_model import (DeviceMemory, ModelOutOfMemory, TorchAllocatorConfig,
-                                 TorchAllocatorModel)
+from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
+                                 TorchAllocatorConfig, TorchAllocatorModel)
 from ..units import format_size
 from ..alloc.torch_model.allocator import round_size
-from .recording import SEGMENT_ADD, SEGMENT_REMOVE, Recording
+from .recording import SEGMENT_ADD, SEGMENT_REMOVE, Recording, read_pool_id
 from .snapshot_schema import oom_device_free
 
 
@@ -84,45 +88,55 @@ def _event_text(action: str, addr: int, size: int) -> str:
     return f"{action} 0x{addr:x} {format_size(size)} ({size} bytes)"
 
 
-def plan_calls(recording: Recording):
+def plan_calls(recording: Recording, pools: dict[int, tuple] | None = None):
     """(index, call, entry) for each entry the model must act on, where call is alloc, free,
-    oom or empty_cache; and the recorded segment events keyed by the index they belong to."""
+    oom, empty_cache or frees_before; and the recorded segment events keyed by the index they
+    belong to. `pools` (entry index -> pool, StartState.pools) gives the pool of each segment
+    freed: the calls that free segments carry them, in order, as `free_pools`."""
+    pools = pools or {}
     entries = recording.entries
     free_action = recording.free_action
     calls, recorded = [], []
-    pending: list[dict] = []             # segment events waiting for the request they serve
+    pending: list[int] = []              # segment events waiting for the request they serve
     run_start = None
+
+    def frees() -> tuple[list[dict], list[tuple]]:
+        freed = [i for i in pending if entries[i]["action"] in SEGMENT_REMOVE]
+        return [entries[i] for i in freed], [pools.get(i, DEFAULT_POOL) for i in freed]
+
     for index, entry in enumerate(entries):
         action = entry["action"]
         if action in SEGMENT_REMOVE:
             if run_start is None:
                 run_start = index
-            pending.append(entry)
+            pending.append(index)
             continue
         if run_start is not None and action not in SEGMENT_ADD and action != "oom":
             # a run of frees that no failed allocation caused: empty_cache()
-            calls.append((run_start, "empty_cache", entries[run_start]))
-            recorded += [(run_start, e) for e in pending]
+            calls.append((run_start, "empty_cache",
+                          dict(entries[run_start], free_pools=frees()[1])))
+            recorded += [(run_start, entries[i]) for i in pending]
             pending = []
         run_start = None
         if action in SEGMENT_ADD:
-            pending.append(entry)
+            pending.append(index)
         elif action in ("alloc", "oom"):
-            if any(e["action"] in SEGMENT_REMOVE for e in pending):
+            freed, free_pools = frees()
+            if freed:
                 # frees right before a request: empty_cache() then the request, or the
                 # request's own retry; the replay tells them apart
-                frees = [e for e in pending if e["action"] in SEGMENT_REMOVE]
-                calls.append((index, "frees_before", dict(entry, frees=frees)))
+                calls.append((index, "frees_before",
+                              dict(entry, frees=freed, free_pools=free_pools)))
             calls.append((index, action, entry))
-            recorded += [(index, e) for e in pending]
+            recorded += [(index, entries[i]) for i in pending]
             if action == "oom":
                 recorded.append((index, entry))
             pending = []
         elif action == free_action:
             calls.append((index, "free", entry))
     if run_start is not None:
-        calls.append((run_start, "empty_cache", entries[run_start]))
-        recorded += [(run_start, e) for e in pending]
+        calls.append((run_start, "empty_cache", dict(entries[run_start], free_pools=frees()[1])))
+        recorded += [(run_start, entries[i]) for i in pending]
     return calls, recorded
 
 
@@ -210,7 +224,8 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
             device.expect("malloc", entry["addr"], entry["size"])
     model = TorchAllocatorModel(config, device)
     live = model.restore(start.segments)
-    calls, recorded = plan_calls(recording)
+    pools, captured = _pools_of(recording, start)
+    calls, recorded = plan_calls(recording, pools)
     model_events: list[tuple[int, object]] = []
     allocated = peak_allocated = start.allocated
     unmatched = misplaced = 0
@@ -221,9 +236,12 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         if progress is not None and done % 10000 == 0 and done:
             progress(done)
         before = len(model.stats.events)
+        pool = pools.get(index, DEFAULT_POOL)             # the pool that served the request
+        capturing = index in captured
         if call == "alloc":
             try:
-                block = model.malloc(entry.get("size", 0), int(entry.get("stream") or 0))
+                with model.routed(pool, capturing):
+                    block = model.malloc(entry.get("size", 0), int(entry.get("stream") or 0))
             except ModelOutOfMemory as exc:
                 oom = _oom_record(index, entry, exc)
                 model_events += [(index, e) for e in model.stats.events[before:]]
@@ -243,12 +261,13 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
                 allocated -= block.requested
                 model.free(block)
         elif call == "empty_cache":
-            model.empty_cache()
+            _release(model, entry["free_pools"])
         elif call == "frees_before":
-            _free_before_request(model, entry)
+            _frees_before(model, entry, pool)
         elif call == "oom":
             try:
-                block = model.malloc(entry.get("size", 0), int(entry.get("stream") or 0))
+                with model.routed(pool, capturing):
+                    block = model.malloc(entry.get("size", 0), int(entry.get("stream") or 0))
                 if oom is None:
                     notes.append(f"entry {index}: the recorded out-of-memory request "
                                  f"({format_size(entry.get('size', 0))}) fits under these settings")
@@ -286,6 +305,73 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         divergence=divergence, misplaced_blocks=misplaced,
         cache_hit_rate=stats.cache_hits / requests if requests else 0.0,
         seconds=time.perf_counter() - started, notes=notes)
+
+
+def _pools_of(recording: Recording, start) -> tuple[dict[int, tuple], set[int]]:
+    """The start state's pools of the entries, and its requests made during captures; of a
+    recording played on past its end, those of the part it shares with the recorded one."""
+    if recording.continues is None:
+        return start.pools, start.captured
+    shared = 0
+    for made, recorded in zip(recording.entries, recording.continues.entries):
+        if made != recorded:
+            break
+        shared += 1
+    return ({i: pool for i, pool in start.pools.items() if i < shared},
+            {i for i in start.captured if i < shared})
+
+
+def _frees_before(model: TorchAllocatorModel, entry: dict, pool: tuple) -> None:
+    """Segment frees right before a request to `pool`. Its own retry frees oversize blocks of
+    its pool and, outside a capture, the default and the released pools' cached segments;
+    frees it cannot have made came from an empty_cache() or a MemPool's deletion before it."""
+    first = _calls(entry["free_pools"])[-1][0]          # the last call's frees may be its own
+    _release(model, entry["free_pools"][:first])
+    entry = dict(entry, frees=entry["frees"][first:], free_pools=entry["free_pools"][first:])
+    free_pools = entry["free_pools"]
+    if pool == DEFAULT_POOL and DEFAULT_POOL in free_pools:
+        _released(model, free_pools)
+        _free_before_request(model, entry)
+    elif pool != DEFAULT_POOL and set(free_pools) == {pool}:
+        with model.routed(pool):
+            _free_before_request(model, entry)
+    else:                                   # the request's pool is in use: none of its frees
+        _release(model, [freed for freed in free_pools if freed != pool])
+
+
+def _calls(free_pools: list[tuple]) -> list[tuple[int, int]]:
+    """(first, end) of the frees of each call that made these: a default pool's free after a
+    private pool's starts another (empty_cache() frees the default pools first)."""
+    starts = [0] + [i for i in range(1, len(free_pools))
+                    if free_pools[i] == DEFAULT_POOL != free_pools[i - 1]]
+    return list(zip(starts, starts[1:] + [len(free_pools)]))
+
+
+def _release(model: TorchAllocatorModel, free_pools: list[tuple]) -> None:
+    """Segment frees that no request made, from these pools in this order: empty_cache(), which
+    frees the default pools' segments and then the released private pools', or a deleted
+    MemPool's emptyCache(id), which frees its own."""
+    for first, end in _calls(free_pools):
+        group = free_pools[first:end]
+        private = _released(model, group)
+        if DEFAULT_POOL in group:
+            model.empty_cache()
+        else:
+            for pool in private:
+                model.empty_cache(pool)
+
+
+def _released(model: TorchAllocatorModel, pools: list[tuple]) -> list[tuple]:
+    """The private pools among `pools`, released (use count 0) by now since their segments go,
+    last in the model's released pools in this order: c10 frees released pools in its hash
+    map's order, which only the recording shows."""
+    private = [pool for pool in dict.fromkeys(pools) if pool != DEFAULT_POOL]
+    for pool in private:
+        if pool in model.pools:
+            while model.pools[pool].use_count:
+                model.release_pool(pool)
+            model.freeable[pool] = model.freeable.pop(pool)
+    return private
 
 
 def _free_before_request(model: TorchAllocatorModel, entry: dict) -> None:
@@ -342,6 +428,8 @@ def _compare(recording, recorded, model_events, upto: int, compared: int):
                 (r_entry["action"] == "oom" or (r_entry.get("size") == m_event.size and (
                     r_entry.get("addr") == m_event.addr or m_event.action in SEGMENT_ADD[1:] +
                     SEGMENT_REMOVE[1:]))))
+        recorded_pool = read_pool_id(r_entry.get("pool_id"))    # the newest PyTorch writes it
+        same = same and recorded_pool in (None, m_event.pool)
         if not same:
             return _divergence(recording, recorded, model_events, min(r_index, m_index)), position
     return None, limit

@@ -18,7 +18,14 @@ segment_unmap for expandable segments). The rules follow c10/cuda/CUDACachingAll
 - garbage_collection_threshold acts only under a memory fraction, on unsplit large blocks whose
   age (get_free_block calls since they were cached) is at least the average;
 - expandable_segments: one growing address range per stream and pool, mapped in 2 MiB (small)
-  or 20 MiB (large) pages, unmapped only by empty_cache and the out-of-memory path.
+  or 20 MiB (large) pages, unmapped only by empty_cache and the out-of-memory path;
+- private pools (CUDA graph captures, torch.cuda.MemPool): each has its own small and large pool,
+  with its own segments (expandable ones too); a request goes to the pool of the newest capture
+  or use_mem_pool context that takes its stream (get_pool), and is served from that pool only.
+  A pool in use (use_count > 0) keeps its segments: empty_cache and the out-of-memory path free
+  only the default pools and the released ones (graph_pools_freeable), and skip the default
+  pools while a capture is under way; releasePool drops use_count, emptyCache(id) frees one
+  released pool.
 
 Cross-stream uses (record_stream) are not modelled: replays free a block when the recording
 says it became reusable (free_completed).
@@ -26,6 +33,7 @@ says it became reusable (free_completed).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...units import format_size
@@ -40,6 +48,7 @@ SMALL_BUFFER = 2 * MiB
 MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB
 EXTRA_LARGE_BUFFER = 1 << 30            # torch_npu page_size:1g
+DEFAULT_POOL = (0, 0)                   # MempoolId_t of the default pools
 
 
 class ModelOutOfMemory(Exception):
@@ -58,6 +67,18 @@ class SegmentEvent:
     addr: int
     size: int
     stream: int
+    pool: tuple = DEFAULT_POOL
+
+
+class PrivatePool:
+    """c10's PrivatePool: the blocks of one CUDA graph pool or MemPool (`id`, a MempoolId_t)."""
+
+    def __init__(self, pool_id: tuple):
+        self.id = pool_id
+        self.small = BlockPool(small=True, owner=self)
+        self.large = BlockPool(small=False, owner=self)
+        self.use_count = 1                     # captures, graphs and MemPools using it
+        self.reserved = 0                      # its device bytes (c10 counts its cudaMallocs)
 
 
 @dataclass
@@ -108,6 +129,9 @@ class TorchAllocatorModel:
         self.device = device or DeviceMemory()
         self.small = BlockPool(small=True)
         self.large = BlockPool(small=False)
+        self.pools: dict[tuple, PrivatePool] = {}       # graph_pools
+        self.freeable: dict[tuple, PrivatePool] = {}    # graph_pools_freeable: use_count 0
+        self.captures: list[tuple] = []                 # captures_underway: (id, streams)
         self.stats = ModelStats()
         self.active: set[Block] = set()          # allocated blocks
         self.expandable: list[ExpandableSegment] = []
@@ -120,11 +144,8 @@ class TorchAllocatorModel:
     def malloc(self, orig_size: int, stream: int = 0) -> Block:
         config = self.config
         size = round_size(orig_size, config)
-        pool = self.small if size <= SMALL_SIZE else self.large
-        if config.page_size_1g and not pool.small:
-            alloc_size = -(-size // EXTRA_LARGE_BUFFER) * EXTRA_LARGE_BUFFER
-        else:
-            alloc_size = self._allocation_size(size)
+        pool = self._get_pool(size, stream)
+        alloc_size = self._new_segment_size(size)
         block = self._get_free_block(pool, size, stream)
         if block is not None:
             self.stats.cache_hits += 1
@@ -134,10 +155,10 @@ class TorchAllocatorModel:
             block = (self._alloc_block(pool, size, alloc_size, stream, retry=False)
                      or (self._release_available(pool, size, stream)
                          and self._alloc_block(pool, size, alloc_size, stream, retry=False))
-                     or (self.release_cached()
+                     or (not self.captures and self.release_cached()
                          and self._alloc_block(pool, size, alloc_size, stream, retry=True)))
             if not block:
-                raise self._out_of_memory(orig_size, size, alloc_size, stream)
+                raise self._out_of_memory(orig_size, size, alloc_size, stream, pool)
         if config.flavour == "npu":
             block = self._align_start(block, size)
         return self._alloc_found_block(block, size, orig_size, stream, self._should_split(block, size))
@@ -156,7 +177,7 @@ class TorchAllocatorModel:
     def would_reuse(self, orig_size: int, stream: int = 0) -> bool:
         """Whether malloc would serve this request from a cached block (changes nothing)."""
         size = round_size(orig_size, self.config)
-        pool = self.small if size <= SMALL_SIZE else self.large
+        pool = self._get_pool(size, stream)
         calls = pool.free_block_calls
         block = self._get_free_block(pool, size, stream)
         pool.free_block_calls = calls
@@ -165,16 +186,117 @@ class TorchAllocatorModel:
         pool.insert(block)
         return True
 
-    def empty_cache(self) -> None:
-        self.release_cached()
+    def empty_cache(self, pool_id: tuple = DEFAULT_POOL) -> None:
+        """torch.cuda.empty_cache(), or with a pool's id what deleting its MemPool does."""
+        self.release_cached(pool_id)
 
-    def release_cached(self) -> bool:
-        """Give every unsplit cached block back to the driver (release_cached_blocks)."""
-        self._release_blocks(self.large)
-        self._release_blocks(self.small)
+    def release_cached(self, pool_id: tuple = DEFAULT_POOL) -> bool:
+        """Give unsplit cached blocks back to the driver (release_cached_blocks): with the
+        default id those of the default pools (unless a capture is under way) and of every
+        released private pool; with a pool's id, that pool's, if it was released."""
+        if pool_id == DEFAULT_POOL and not self.captures:
+            self._release_blocks(self.large)
+            self._release_blocks(self.small)
+        for released_id, private in list(self.freeable.items()):
+            if pool_id not in (DEFAULT_POOL, released_id):
+                continue
+            self._release_blocks(private.small)
+            self._release_blocks(private.large)
+            if private.reserved == 0:           # nothing left of it: c10 forgets the pool
+                del self.pools[released_id], self.freeable[released_id]
         return True
 
+    # --- private pools (CUDA graphs, MemPool) -------------------------------------------------
+    def create_pool(self, pool_id: tuple) -> PrivatePool:
+        """MemPool() or a capture starting on `pool_id` (createOrIncrefPool): a new pool, or one
+        more use of a live one."""
+        private = self.pools.get(pool_id)
+        if private is None:
+            private = self.pools[pool_id] = PrivatePool(pool_id)
+        elif private.use_count == 0:
+            raise ValueError(f"pool {pool_id} was released")
+        else:
+            private.use_count += 1
+        return private
+
+    def begin_allocate_to_pool(self, pool_id: tuple, streams=None) -> None:
+        """A capture (`streams`: the captured ones) or use_mem_pool (None: every stream) routes
+        requests to `pool_id` until end_allocate_to_pool (beginAllocateToPool)."""
+        if any(underway == pool_id for underway, _ in self.captures):
+            raise ValueError(f"already allocating to pool {pool_id}")
+        self.create_pool(pool_id)
+        self.captures.append((pool_id, None if streams is None else frozenset(streams)))
+
+    def end_allocate_to_pool(self, pool_id: tuple) -> None:
+        for position, (underway, _) in enumerate(self.captures):
+            if underway == pool_id:
+                del self.captures[position]
+                return
+        raise ValueError(f"not allocating to pool {pool_id}")
+
+    def release_pool(self, pool_id: tuple) -> None:
+        """A graph reset, a MemPool deleted or use_mem_pool's exit (releasePool): one use less;
+        at none the pool's cached segments may go back to the driver."""
+        private = self.pools[pool_id]
+        if private.use_count == 0:
+            raise ValueError(f"pool {pool_id} was already released")
+        private.use_count -= 1
+        if private.use_count == 0:
+            self.freeable[pool_id] = private
+
+    @contextmanager
+    def routed(self, pool_id: tuple, capturing: bool = False):
+        """Requests of every stream go to `pool_id` meanwhile, its use count untouched, and with
+        `capturing` a capture is under way: how a replay makes a recorded request where and
+        when the real allocator did."""
+        if pool_id == DEFAULT_POOL and not capturing:
+            yield
+            return
+        if pool_id != DEFAULT_POOL and pool_id not in self.pools:
+            self.pools[pool_id] = PrivatePool(pool_id)
+        # a default request during a capture: as under a capture that takes no stream
+        underway = (pool_id, frozenset() if pool_id == DEFAULT_POOL else None)
+        self.captures.append(underway)
+        try:
+            yield
+        finally:
+            self.captures.remove(underway)
+
+    def _get_pool(self, size: int, stream: int) -> BlockPool:
+        """The newest capture that takes this stream decides the pool (get_pool)."""
+        for pool_id, streams in reversed(self.captures):
+            if streams is None or stream in streams:
+                private = self.pools[pool_id]
+                return private.small if size <= SMALL_SIZE else private.large
+        return self.small if size <= SMALL_SIZE else self.large
+
+    def _block_pools(self):
+        yield self.small
+        yield self.large
+        for private in self.pools.values():
+            yield private.small
+            yield private.large
+
     # --- sizes -----------------------------------------------------------------------------
+    def segment_size(self, size: int) -> int:
+        """The most device bytes a cache miss for a request of `size` (rounded) bytes asks
+        for: a new segment, or with expandable segments the pages that map it."""
+        if self.config.expandable_segments:
+            page = self.expandable_page(size <= SMALL_SIZE)
+            return -(-size // page) * page
+        return self._new_segment_size(size)
+
+    def _new_segment_size(self, size: int) -> int:
+        if self.config.page_size_1g and size > SMALL_SIZE:
+            return -(-size // EXTRA_LARGE_BUFFER) * EXTRA_LARGE_BUFFER
+        return self._allocation_size(size)
+
+    def expandable_page(self, small: bool) -> int:
+        """The granule an expandable segment of the small or the large pool maps in."""
+        if small:
+            return SMALL_BUFFER
+        return EXTRA_LARGE_BUFFER if self.config.page_size_1g else self.config.large_segment_size
+
     def _allocation_size(self, size: int) -> int:
         if size <= SMALL_SIZE:
             return SMALL_BUFFER
@@ -234,12 +356,15 @@ class TorchAllocatorModel:
         addr = self.device.malloc(alloc_size)
         if addr is None:
             return None
-        self.total_allocated += alloc_size
         block = Block(addr, alloc_size, stream, pool)
-        self._reserve(alloc_size, +1, "segment_alloc", addr, stream)
+        self._reserve(alloc_size, +1, "segment_alloc", addr, stream, pool)
         return block
 
-    def _reserve(self, size: int, sign: int, action: str, addr: int, stream: int) -> None:
+    def _reserve(self, size: int, sign: int, action: str, addr: int, stream: int,
+                 pool: BlockPool) -> None:
+        self.total_allocated += sign * size
+        if pool.owner is not None:
+            pool.owner.reserved += sign * size
         stats = self.stats
         stats.reserved += sign * size
         if stats.reserved > stats.peak_reserved:
@@ -248,7 +373,7 @@ class TorchAllocatorModel:
             stats.num_device_alloc += 1
         else:
             stats.num_device_free += 1
-        stats.events.append(SegmentEvent(action, addr, size, stream))
+        stats.events.append(SegmentEvent(action, addr, size, stream, _pool_id(pool)))
 
     # --- placing a block ---------------------------------------------------------------------
     def _align_start(self, block: Block, size: int) -> Block:
@@ -326,9 +451,7 @@ class TorchAllocatorModel:
                 walker = walker.next
             if room >= size:
                 return candidate
-        page = SMALL_BUFFER if pool.small else self.config.large_segment_size
-        if self.config.page_size_1g and not pool.small:
-            page = EXTRA_LARGE_BUFFER
+        page = self.expandable_page(pool.small)
         capacity = self.device.capacity or (1 << 40)
         segment = ExpandableSegment(self.device, stream, page, capacity + capacity // 8)
         self.expandable.append(segment)
@@ -352,8 +475,7 @@ class TorchAllocatorModel:
         self._try_merge(block, block.prev)
         self._try_merge(block, block.next)
         pool.insert(block)
-        self.total_allocated += mapped
-        self._reserve(mapped, +1, "segment_map", start, block.stream)
+        self._reserve(mapped, +1, "segment_map", start, block.stream, pool)
         return True
 
     def _allocate_expandable(self, pool: BlockPool, size: int, stream: int) -> Block | None:
@@ -362,6 +484,8 @@ class TorchAllocatorModel:
             return None
         while candidate.size < size:
             following = candidate.next
+            if following is None:          # larger than the address space: more than the device
+                return None
             if not self._map_block(following, min(size - candidate.size, following.size)):
                 return None
             candidate = following
@@ -388,15 +512,13 @@ class TorchAllocatorModel:
         self._try_merge(block, block.prev)
         self._try_merge(block, block.next)
         pool.insert_unmapped(block)
-        self.total_allocated -= unmapped
-        self._reserve(unmapped, -1, "segment_unmap", start, block.stream)
+        self._reserve(unmapped, -1, "segment_unmap", start, block.stream, pool)
 
     # --- giving memory back -----------------------------------------------------------------
     def _release_block(self, block: Block) -> None:
         self.device.free(block.addr, block.size)
-        self.total_allocated -= block.size
         block.pool.remove(block)
-        self._reserve(block.size, -1, "segment_free", block.addr, block.stream)
+        self._reserve(block.size, -1, "segment_free", block.addr, block.stream, block.pool)
 
     def _release_blocks(self, pool: BlockPool) -> None:
         to_unmap = []
@@ -419,7 +541,7 @@ class TorchAllocatorModel:
         """Addresses of the cached blocks the out-of-memory retry frees first for this request
         (release_available_cached_blocks); `dry_run` changes nothing."""
         size = round_size(orig_size, self.config)
-        pool = self.small if size <= SMALL_SIZE else self.large
+        pool = self._get_pool(size, stream)
         blocks, _ = self._oversize_blocks(pool, size, stream)
         if not dry_run:
             for block in blocks:
@@ -484,16 +606,17 @@ class TorchAllocatorModel:
 
     # --- out of memory ----------------------------------------------------------------------
     def largest_free(self) -> int:
-        return max((key[1] for pool in (self.small, self.large) for key in pool.keys), default=0)
+        return max((key[1] for pool in self._block_pools() for key in pool.keys), default=0)
 
-    def _out_of_memory(self, orig_size: int, size: int, alloc_size: int, stream: int):
+    def _out_of_memory(self, orig_size: int, size: int, alloc_size: int, stream: int,
+                       pool: BlockPool):
         stats = self.stats
         stats.num_ooms += 1
         free = self.device.free_bytes()
         if self.allowed is not None:
             free = max(0, min(free if free is not None else self.allowed,
                               self.allowed - self.total_allocated))
-        stats.events.append(SegmentEvent("oom", free or 0, size, stream))
+        stats.events.append(SegmentEvent("oom", free or 0, size, stream, _pool_id(pool)))
         unallocated = stats.reserved - stats.allocated
         message = (f"out of memory: tried to allocate {format_size(alloc_size)} "
                    f"(request {format_size(orig_size)}); {format_size(free or 0)} free on the device, "
@@ -505,24 +628,36 @@ class TorchAllocatorModel:
     # --- state ------------------------------------------------------------------------------
     def restore(self, segments) -> dict[int, Block]:
         """Start from a recorded state (StartSegment-shaped: addr, size, stream, small,
-        expandable, blocks of addr, size, requested, allocated). Returns the live blocks by
-        address. Expandable ranges of one stream and pool become one expandable segment."""
+        expandable, pool, lowest, blocks of addr, size, requested, allocated). Returns the live
+        blocks by address. Expandable ranges of one stream and pool become one expandable
+        segment, from the lowest address the trace maps; a private pool met here is in use."""
         live: dict[int, Block] = {}
-        groups: dict[tuple[int, bool], list] = {}
+        groups: dict[tuple, list] = {}
         for segment in segments:
+            pool = self._pool_for(segment.pool, segment.small)
             if segment.expandable:
-                groups.setdefault((segment.stream, segment.small), []).append(segment)
+                groups.setdefault((segment.stream, id(pool)), (pool, []))[1].append(segment)
                 continue
             self.device.claim(segment.addr, segment.size)
-            self._restore_blocks(segment.blocks, segment.stream,
-                                 self.small if segment.small else self.large, None, live)
-            self.total_allocated += segment.size
-        for (stream, small), ranges in groups.items():
-            self._restore_expandable(stream, small, sorted(ranges, key=lambda s: s.addr), live)
+            self._restore_blocks(segment.blocks, segment.stream, pool, None, live)
+            self._hold(pool, segment.size)
+        for (stream, _), (pool, ranges) in groups.items():
+            self._restore_expandable(stream, pool, sorted(ranges, key=lambda s: s.addr), live)
         stats = self.stats
         stats.reserved = stats.peak_reserved = self.total_allocated
         stats.peak_allocated, stats.peak_requested = stats.allocated, stats.requested
         return live
+
+    def _pool_for(self, pool_id: tuple, small: bool) -> BlockPool:
+        if pool_id == DEFAULT_POOL:
+            return self.small if small else self.large
+        private = self.pools.get(pool_id) or self.create_pool(pool_id)
+        return private.small if small else private.large
+
+    def _hold(self, pool: BlockPool, size: int) -> None:
+        self.total_allocated += size
+        if pool.owner is not None:
+            pool.owner.reserved += size
 
     def _restore_blocks(self, blocks, stream, pool, segment, live, before=None) -> Block | None:
         previous = before
@@ -541,10 +676,10 @@ class TorchAllocatorModel:
             previous = block
         return previous
 
-    def _restore_expandable(self, stream: int, small: bool, ranges, live) -> None:
-        pool = self.small if small else self.large
-        page = SMALL_BUFFER if small else self.config.large_segment_size
-        base = ranges[0].addr
+    def _restore_expandable(self, stream: int, pool: BlockPool, ranges, live) -> None:
+        page = SMALL_BUFFER if pool.small else self.config.large_segment_size
+        # the trace may map below the pages mapped at its start: c10 maps the lowest room first
+        base = min([ranges[0].addr] + [r.lowest for r in ranges if r.lowest is not None])
         end = ranges[-1].addr + ranges[-1].size
         capacity = self.device.capacity or (1 << 40)
         space = max(capacity + capacity // 8, end - base)
@@ -555,7 +690,7 @@ class TorchAllocatorModel:
             if mapped.addr > cursor:
                 previous = self._unmapped(segment, pool, stream, cursor, mapped.addr - cursor, previous)
             segment.mark_mapped(mapped.addr, mapped.size)
-            self.total_allocated += mapped.size
+            self._hold(pool, mapped.size)
             previous = self._restore_blocks(mapped.blocks, stream, pool, segment, live, previous)
             cursor = mapped.addr + mapped.size
         if cursor < base + segment.size:
@@ -583,13 +718,14 @@ class TorchAllocatorModel:
             out.append({"address": head.addr, "total_size": sum(b["size"] for b in blocks),
                         "stream": head.stream,
                         "segment_type": "small" if head.pool.small else "large",
+                        "segment_pool_id": _pool_id(head.pool),
                         "is_expandable": head.segment is not None, "blocks": blocks})
         return out
 
     def _all_blocks(self):
         seen = set()
         starts = list(self.active)
-        for pool in (self.small, self.large):
+        for pool in self._block_pools():
             starts += list(pool.unmapped.values()) + list(pool.by_addr.values())
         for block in starts:
             while block.prev is not None:
@@ -605,6 +741,10 @@ def _chain(head: Block, seen: set):
         seen.add(id(block))
         yield block
         block = block.next
+
+
+def _pool_id(pool: BlockPool) -> tuple:
+    return DEFAULT_POOL if pool.owner is None else pool.owner.id
 
 
 def _expandable_size(block: Block) -> int:

@@ -46,10 +46,12 @@ class Block:
 
 
 class BlockPool:
-    """Free blocks of one size class (small: <= 1 MiB requests, large: the rest)."""
+    """Free blocks of one size class (small: <= 1 MiB requests, large: the rest), of the default
+    pools or of one private pool (`owner`, c10's owner_PrivatePool)."""
 
-    def __init__(self, small: bool):
+    def __init__(self, small: bool, owner=None):
         self.small = small
+        self.owner = owner
         self.keys: list[tuple[int, int, int]] = []       # (stream, size, addr), sorted
         self.by_addr: dict[int, Block] = {}
         self.unmapped_keys: list[tuple[int, int]] = []   # (stream, addr), sorted
