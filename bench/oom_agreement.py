@@ -80,16 +80,19 @@ def main() -> None:
                     advice += f"; 'try' {'finishes' if trial else 'fails'}"
                 print(f"{name:<24} {capacity / (1 << 20):>7.0f} MiB {kind:<18} "
                       f"{agree:>3}/{total:<3}  {'yes' if extended else 'no':<8}  {advice}")
-                row = totals.setdefault(kind, [0, 0, 0, 0, 0])
+                row = totals.setdefault(kind, [0, 0, 0, 0, 0, 0, 0])
                 row[0] += agree
                 row[1] += total
-                row[2] += held is True or (held is None and not any_fits)
+                row[2] += held is True or (held is None and not any_fits and trial is None)
                 row[3] += 1
                 row[4] += held is False
+                row[5] += trial is not None
+                row[6] += trial is True
     print()
-    for kind, (agree, total, right, runs, failed) in totals.items():
-        print(f"{kind:<18} verdicts agree {agree}/{total} ({agree / total:.1%}); advice right in "
-              f"{right}/{runs} runs; a recommendation that fails: {failed}")
+    for kind, (agree, total, right, runs, failed, tries, tried) in totals.items():
+        print(f"{kind:<18} verdicts agree {agree}/{total} ({agree / total:.1%}); a recommendation "
+              f"(or 'none fits') right in {right}/{runs - tries} runs, wrong in {failed}; "
+              f"died before repeating: {tries} runs, the setting to try finished in {tried}")
     print(f"({time.perf_counter() - started:.0f} s)")
 
 

@@ -238,3 +238,11 @@ def test_a_gpu_recording_reports_the_workload_frames():
     report = CliRunner().invoke(main, ["report", str(RECORDED_ON_CUDA[0])])
     assert report.exit_code == 0, report.output
     assert "record_workloads.py:" in report.output and "unwind" not in report.output
+
+
+def test_an_expandable_request_larger_than_the_device_is_out_of_memory():
+    model = TorchAllocatorModel(parse_config("expandable_segments:True"), DeviceMemory(40 * MiB))
+    kept = model.malloc(10 * MiB)
+    with pytest.raises(ModelOutOfMemory):
+        model.malloc(100 * MiB)
+    assert kept.allocated and model.stats.allocated == 10 * MiB      # nothing lost

@@ -29,7 +29,7 @@ from ..alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER
 from ..alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
 from . import jsonl, safe_pickle
 from .events import TraceFormatError
-from .snapshot_schema import check_snapshot
+from .snapshot_schema import OOM_KEY, check_snapshot
 from .textio import max_snapshot_bytes, read_bounded, read_head
 
 SEGMENT_ADD = ("segment_alloc", "segment_map")
@@ -86,6 +86,7 @@ class Recording:
     annotations: list[dict] = field(default_factory=list)   # its external_annotations
     # A recording made up from another (a run played on past its end): it starts as that did
     continues: "Recording | None" = None
+    limits: dict | None = None           # what c10 told its OOM observers (OOM_KEY), if kept
 
     @property
     def free_action(self) -> str:
@@ -166,8 +167,11 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
         annotations = []
     annotations = [annotation for annotation in annotations
                    if isinstance(annotation, dict) and annotation.get("device", device) == device]
+    limits = data.get(OOM_KEY)
     return Recording(path, device, flavour or _guess_flavour(data, mine, entries),
-                     settings if isinstance(settings, dict) else None, mine, entries, annotations)
+                     settings if isinstance(settings, dict) else None, mine, entries, annotations,
+                     limits=limits if isinstance(limits, dict) and limits.get("device") == device
+                     else None)
 
 
 # --- rebuilding the state at the first entry ---------------------------------------------------

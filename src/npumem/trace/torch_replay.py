@@ -187,6 +187,10 @@ def capacity_bounds(recording: Recording, start_reserved: int) -> CapacityBounds
                 highs.append(reserved + wanted - 1)
     if not highs:
         return None
+    limits = recording.limits
+    if limits is not None and limits["allowed"] < limits["device_total"]:
+        # the OOM observer was told the fraction's limit: the cap, exactly
+        return CapacityBounds(limits["allowed"], limits["allowed"], False)
     high = min(highs)
     if full and high >= low:
         return CapacityBounds(high, high, True)
@@ -288,8 +292,9 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         recorded_peak = recorded_allocs = recorded_frees = None     # not a PyTorch recording
     if start.reserved and recording.continues is None:
         notes.append(f"the trace begins mid-run: {format_size(start.reserved)} was reserved and "
-                     f"{format_size(start.allocated)} live before its first entry (the ring buffer "
-                     f"keeps the last entries only); peaks count them, what came before is unseen")
+                     f"{format_size(start.allocated)} live before its first entry (recording began "
+                     f"later, or its ring buffer dropped older entries); peaks count them, what "
+                     f"came before is unseen")
     if start.unplaced:
         notes.append(f"{start.unplaced} block(s) live at the start lie outside every segment")
     if start.inconsistent:
