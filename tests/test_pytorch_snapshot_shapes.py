@@ -41,7 +41,8 @@ def _run(args: list[str]):
 def _commands(path: str, tmp_path) -> dict[str, tuple[list[str], tuple[int, ...]]]:
     return {"report": (["report", path], (0,)),
             "replay-torch": (["replay", path, "--allocator", "torch"], (0,)),
-            "replay-check": (["replay", "--check", path], (0, 1)),
+            # the model MATCHes every shape: torch_npu's workspace blocks are left out of it
+            "replay-check": (["replay", "--check", path], (0,)),
             "tune": (["tune", path], (0,)),
             "convert": (["convert", path, str(tmp_path / "out.jsonl")], (0,)),
             "diff": (["diff", path, path], (0,))}

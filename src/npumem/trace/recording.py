@@ -168,10 +168,33 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
     annotations = [annotation for annotation in annotations
                    if isinstance(annotation, dict) and annotation.get("device", device) == device]
     limits = data.get(OOM_KEY)
+    entries, mine, workspaces = _without_workspaces(entries, mine)
+    if workspaces:
+        flavour = flavour or "npu"
     return Recording(path, device, flavour or _guess_flavour(data, mine, entries),
                      settings if isinstance(settings, dict) else None, mine, entries, annotations,
                      limits=limits if isinstance(limits, dict) and limits.get("device") == device
                      else None)
+
+
+def _without_workspaces(entries: list, segments: list) -> tuple[list, list, bool]:
+    """The entries and segments of the caching allocator alone. torch_npu's snapshot puts each
+    block of its workspace allocator (a separate allocator) at the front of the trace, as
+    `workspace_snapshot`, `segment_alloc` and `alloc` of one address, and its segment among
+    the segments."""
+    pending: dict[int, set] = {}
+    kept = []
+    for entry in entries:
+        action, addr = entry.get("action"), entry.get("addr")
+        if action == "workspace_snapshot":
+            pending[addr] = {"segment_alloc", "alloc"}
+        elif action in pending.get(addr, ()):
+            pending[addr].discard(action)
+        else:
+            kept.append(entry)
+    if not pending:
+        return entries, segments, False
+    return kept, [s for s in segments if s.get("address") not in pending], True
 
 
 # --- rebuilding the state at the first entry ---------------------------------------------------
