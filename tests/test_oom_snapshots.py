@@ -248,3 +248,17 @@ def test_dump_snapshot_on_oom_keeps_what_the_observer_was_told(tmp_path, monkeyp
     assert kept["npumem_oom"] == {"device": 0, "alloc_size": 20 * MiB, "allowed": 48 << 30,
                                   "device_free": 31 << 30, "device_total": 80 << 30}
     assert load_recording(str(path)).limits["allowed"] == 48 << 30
+
+
+def test_a_malformed_pool_id_is_refused_naming_it(tmp_path):
+    snapshot = record([("alloc", 0, 5000)])
+    snapshot["segments"][0]["segment_pool_id"] = (0, "graph")
+    path = tmp_path / "pool.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    result = CliRunner().invoke(main, ["replay", "--check", str(path)])
+    assert result.exit_code == 2 and "segments[0].segment_pool_id: must be a pair" in result.output
+    snapshot["segments"][0]["segment_pool_id"] = (0, 0)
+    snapshot["device_traces"][0][-1]["pool_id"] = [1]
+    path.write_bytes(pickle.dumps(snapshot))
+    result = CliRunner().invoke(main, ["tune", str(path)])
+    assert result.exit_code == 2 and "device_traces[0][1].pool_id: must be a pair" in result.output

@@ -37,6 +37,16 @@ class _Checker:
             if not natural(item.get(key), limit):
                 self.fail(f"{where}.{key}", _wanted("an integer", limit, item.get(key)))
 
+    def pool_id(self, item: dict, where: str, key: str) -> None:
+        """A MempoolId_t: a pair of integers (a tuple in a pickle, a list in JSON)."""
+        value = item.get(key)
+        if value is None:
+            return
+        if not (isinstance(value, (tuple, list)) and len(value) == 2
+                and all(natural(part) for part in value)):
+            self.fail(f"{where}.{key}", f"must be a pair of integers in [0, 2**64) (a memory "
+                      f"pool's id), got {shown(value)}")
+
     def text(self, item: dict, where: str, *keys: str) -> None:
         for key in keys:
             value = item.get(key)
@@ -64,6 +74,7 @@ class _Checker:
                     ("stream", "allocated_size", "active_size", "requested_size"))
         self.fields(segment, where, (), ("device",), MAX_DEVICES)
         self.text(segment, where, "segment_type")
+        self.pool_id(segment, where, "segment_pool_id")
         self.frames(segment, where)
         blocks = segment.get("blocks")
         if not isinstance(blocks, list):
@@ -92,6 +103,7 @@ class _Checker:
         # (older npumem files wrote both, hand-made ones an address)
         address = "device_free" if action == "oom" and "addr" not in entry else "addr"
         self.fields(entry, where, (address, "size"), ("stream", "device_free", "requested_size"))
+        self.pool_id(entry, where, "pool_id")
         when = entry.get("time_us", 0)
         if not finite_number(when):
             self.fail(f"{where}.time_us", f"must be a finite number, got {shown(when)}")
