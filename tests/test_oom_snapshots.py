@@ -262,3 +262,13 @@ def test_a_malformed_pool_id_is_refused_naming_it(tmp_path):
     path.write_bytes(pickle.dumps(snapshot))
     result = CliRunner().invoke(main, ["tune", str(path)])
     assert result.exit_code == 2 and "device_traces[0][1].pool_id: must be a pair" in result.output
+
+
+def test_the_html_report_opens_with_the_oom(tmp_path):
+    path = _stranded(tmp_path)
+    page = tmp_path / "report.html"
+    result = CliRunner().invoke(main, ["report", str(path), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    html = page.read_text()
+    assert html.index("Out of memory</h2>") < html.index("allocated and reserved over time")
+    assert "asked for 10.00 MiB" in html and "answer: none certain" in html

@@ -362,6 +362,9 @@ def render_html(report: Report) -> str:
                  f'{sum(r.count for r in report.leaks)} / {escape(format_size(report.leaked_bytes))}'
                  f'</b></div>')
     out.append(f"<div class=cards>{''.join(cards)}</div>")
+    if report.oom:                # the run died: what happened, and the line to set, come first
+        out.append("<h2 class=bad>Out of memory</h2><pre style=\"white-space:pre-wrap\">"
+                   + escape("\n".join(report.oom)) + "</pre>")
     for d in report.devices:
         out.append(f"<h2>Device {d.device}: allocated and reserved over time</h2>")
         out.append(timeline_svg(d.timeline, spans=[span for span in report.spans
