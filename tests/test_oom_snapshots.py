@@ -272,3 +272,15 @@ def test_the_html_report_opens_with_the_oom(tmp_path):
     html = page.read_text()
     assert html.index("Out of memory</h2>") < html.index("allocated and reserved over time")
     assert "asked for 10.00 MiB" in html and "answer: none certain" in html
+
+
+def test_the_line_to_set_names_the_variable_the_recording_pytorch_reads_first(tmp_path):
+    snapshot = _until_oom(_loop(6, lambda step: (25 + 15 * step) * MiB, 150 * MiB))
+    for entry in snapshot["device_traces"][0]:
+        entry["user_metadata"] = ""             # as PyTorch 2.10 and 2.11 write every entry
+    tuning = tune_recording(recording_from_data(snapshot, "loop"))
+    assert all(c.line.startswith("PYTORCH_ALLOC_CONF") for c in tuning.candidates)
+    for entry in snapshot["device_traces"][0]:
+        entry["pool_id"] = (0, 0)               # 2.12 on: the CUDA name again, without a warning
+    tuning = tune_recording(recording_from_data(snapshot, "loop"))
+    assert all(c.line.startswith("PYTORCH_CUDA_ALLOC_CONF") for c in tuning.candidates)

@@ -545,7 +545,7 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers) -> None:
     for line in result.answer_lines()[:-1]:
         click.echo(f"  {line}")
     if result.best is not None and result.best.config.describe():
-        click.echo(f"use: export {result.best.config.env_name}="
+        click.echo(f"use: export {result.best.variable}="
                    f"\"{result.best.config.describe()}\"")
     click.echo(result.answer())
 

@@ -89,6 +89,20 @@ class Recording:
     limits: dict | None = None           # what c10 told its OOM observers (OOM_KEY), if kept
 
     @property
+    def torch_version(self) -> str | None:
+        """The oldest PyTorch that writes this trace's entries as they are (docs/formats.md:
+        `user_metadata` on every entry from 2.10, `pool_id` from 2.12); None when the entries
+        do not tell."""
+        actions = [e for e in self.entries[:1000] if e.get("action") == "alloc"]
+        if not actions:
+            return None
+        if all("pool_id" in e for e in actions):
+            return "2.12"
+        if all("user_metadata" in e for e in actions):
+            return "2.10"
+        return None
+
+    @property
     def free_action(self) -> str:
         """Blocks become reusable at free_completed; old traces only have free_requested."""
         if any(entry.get("action") == "free_completed" for entry in self.entries):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..alloc.torch_model import TorchAllocatorConfig, from_snapshot, parse_config
+from ..alloc.torch_model.config import env_names
 from ..units import format_size
 from .extend import STEPS, Extension, extend
 from .recording import Recording
@@ -54,10 +55,16 @@ class Candidate:
     replayed_as: TorchAllocatorConfig | None = None   # with the cap the run was under, if any
     extension_start: int = 0              # the entry where the played-on run begins
 
+    env: str = ""                         # the variable the recording's PyTorch reads first
+
+    @property
+    def variable(self) -> str:
+        return self.env or self.config.env_name
+
     @property
     def line(self) -> str:
         text = self.config.describe()
-        return f"{self.config.env_name}={text}" if text else f"{self.config.env_name} unset"
+        return f"{self.variable}={text}" if text else f"{self.variable} unset"
 
     @property
     def decisive(self) -> TorchReplay:
@@ -218,6 +225,9 @@ def tune_recording(recording: Recording, memory: int | None = None,
     configs = [parse_config(text, base=base) if text else base for text in texts]
     work = _Work(recording, extension, capacity, capped)
     results = _each(work.judge, configs, workers, len(recording.entries), progress)
+    env = env_names(recording.flavour, recording.torch_version)[0]
+    for candidate in results:         # the name that PyTorch reads without a warning
+        candidate.env = env
     recorded = results[0]
     finishing = [c for c in results if c.finishes]
     ranked = sorted(finishing, key=lambda c: (c.decisive.peak_reserved_bytes,
