@@ -100,10 +100,10 @@ def find_period(shapes: list[tuple]) -> tuple[int, int] | None:
         if longest % divisor == 0 and _periodic(shapes, divisor, stretch):
             longest = divisor
             break
-    repetitions = 2
-    while (repetitions + 1) * longest <= n and _periodic(shapes, longest, (repetitions + 1) * longest):
-        repetitions += 1
-    return longest, repetitions
+    start = n - 1                           # walk back while the shapes repeat: one pass
+    while start >= longest and shapes[start] == shapes[start - longest]:
+        start -= 1
+    return longest, (n - 1 - start + longest) // longest
 
 
 def extend(recording: Recording, steps: int = STEPS) -> Extension | None:
