@@ -284,3 +284,31 @@ def test_the_line_to_set_names_the_variable_the_recording_pytorch_reads_first(tm
         entry["pool_id"] = (0, 0)               # 2.12 on: the CUDA name again, without a warning
     tuning = tune_recording(recording_from_data(snapshot, "loop"))
     assert all(c.line.startswith("PYTORCH_CUDA_ALLOC_CONF") for c in tuning.candidates)
+
+
+def test_the_played_on_run_keeps_a_steady_loop_steady():
+    # each step frees the gradient the step before it made: a block that outlives its step
+    workload, previous = [("alloc", "weights", 30 * MiB)], None
+    for step in range(6):
+        workload += [("alloc", f"act{step}", 8 * MiB), ("alloc", f"tmp{step}", 3 * MiB),
+                     ("free", f"tmp{step}")]
+        if previous is not None:
+            workload.append(("free", previous))
+        workload += [("alloc", f"grad{step}", 5 * MiB), ("free", f"act{step}")]
+        previous = f"grad{step}"
+    workload.append(("alloc", "big", 500 * MiB))           # the request that fails
+    died = _until_oom(record(workload, capacity=100 * MiB))
+    recording = recording_from_data(died, "steady")
+    extension = extend(recording, steps=5)
+    # the failed request takes the place of the step's first allocation, so each played-on
+    # step asks for it again: the largest size that position had
+    assert extension is not None and extension.period == 6 and not extension.exact
+    played = extension.recording.entries[extension.played_from:]
+    allocs = sum(e["action"] == "alloc" for e in played)
+    frees = sum(e["action"] == "free_completed" for e in played)
+    assert frees >= allocs - 2            # a step's allocations are freed a step later at most
+    # every played-on free releases a live block, and the loop's live bytes stay bounded:
+    # the model with no limit reserves no more than the recording plus the failed request
+    whole = replay_recording(extension.recording, capacity=-1)
+    assert whole.unmatched_frees == 0
+    assert whole.peak_allocated_bytes <= 30 * MiB + 8 * MiB + 3 * MiB + 2 * 5 * MiB + 500 * MiB
