@@ -114,7 +114,7 @@ def test_a_loop_that_dies_is_played_on_and_only_a_survivor_is_recommended(tmp_pa
 
     died = _until_oom(_loop(6, temporary, 150 * MiB))
     recording = recording_from_data(died, "loop")
-    extension = extend(recording)
+    extension, _ = extend(recording)
     assert extension is not None and extension.period == 10 and not extension.exact
     tuning = tune_recording(recording)
     assert tuning.memory == 150 * MiB and tuning.died_at == len(recording.entries) - 1
@@ -138,7 +138,7 @@ def test_where_no_setting_fits_tune_says_by_how_much(tmp_path):
     result = CliRunner().invoke(main, ["tune", str(path)])
     assert result.exit_code == 0, result.output
     last = result.output.strip().splitlines()[-1]
-    assert last.startswith("answer: none fits on 100.00 MiB: the run needs about"), last
+    assert last.startswith("answer: none fits on 100.00 MiB: the run, played on, needs about"), last
     assert "short by:" in result.output and "recommended:" not in result.output
     assert "played on for 3 more periods" in result.output
 
@@ -299,7 +299,7 @@ def test_the_played_on_run_keeps_a_steady_loop_steady():
     workload.append(("alloc", "big", 500 * MiB))           # the request that fails
     died = _until_oom(record(workload, capacity=100 * MiB))
     recording = recording_from_data(died, "steady")
-    extension = extend(recording, steps=5)
+    extension, _ = extend(recording, steps=5)
     # the failed request takes the place of the step's first allocation, so each played-on
     # step asks for it again: the largest size that position had
     assert extension is not None and extension.period == 6 and not extension.exact
@@ -312,3 +312,53 @@ def test_the_played_on_run_keeps_a_steady_loop_steady():
     whole = replay_recording(extension.recording, capacity=-1)
     assert whole.unmatched_frees == 0
     assert whole.peak_allocated_bytes <= 30 * MiB + 8 * MiB + 3 * MiB + 2 * 5 * MiB + 500 * MiB
+
+
+def test_tune_questions_that_make_no_sense_get_sentences(tmp_path):
+    path = str(_stranded(tmp_path))
+    for memory in ("0", "-5GiB", "abc"):
+        result = CliRunner().invoke(main, ["tune", path, "--memory", memory])
+        assert result.exit_code == 2 and "--memory" in result.output, result.output
+    mid_run = "tests/data/cuda_snapshots/mlp.pickle.gz"           # 66 MiB reserved before it
+    result = CliRunner().invoke(main, ["tune", mid_run, "--memory", "10MiB"])
+    assert result.exit_code == 2 and "less than the 66.00 MiB PyTorch had reserved" in result.output
+    result = CliRunner().invoke(main, ["tune", path, "--allocator", "pool", "--memory", "1GiB"])
+    assert result.exit_code == 2 and "npumem's pool is tuned on 64 GiB" in result.output
+    result = CliRunner().invoke(main, ["tune", path, "--steps", "1000"])
+    assert result.exit_code == 2 and "--steps" in result.output
+
+
+def test_a_plain_trace_with_memory_is_tuned_on_that_device(tmp_path):
+    trace = tmp_path / "run.jsonl"
+    trace.write_text("".join(f'{{"t_us": {i}, "action": "alloc", "addr": {4096 * (i + 1)}, '
+                             f'"size": {30 * MiB}}}\n' for i in range(4)))
+    result = CliRunner().invoke(main, ["tune", str(trace), "--memory", "100MiB", "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+    answer = json.loads(result.output)
+    assert answer["memory_bytes"] == 100 * MiB and answer["recommended"] is None
+    assert answer["answer"].startswith("answer: none fits on 100.00 MiB")
+    assert "at least 120.00 MiB for its live tensors" in answer["answer"]
+
+
+def test_convert_says_what_a_lossy_format_leaves_behind(tmp_path):
+    path = _stranded(tmp_path)
+    result = CliRunner().invoke(main, ["convert", str(path), str(tmp_path / "log.csv")])
+    assert result.exit_code == 0 and "holds allocations and frees only" in result.output
+    result = CliRunner().invoke(main, ["convert", str(path), str(tmp_path / "all.jsonl")])
+    assert result.exit_code == 0 and "holds allocations and frees only" not in result.output
+
+
+def test_why_a_run_that_died_was_not_played_on(tmp_path):
+    died = _until_oom(_loop(6, lambda step: (25 + 15 * step) * MiB, 150 * MiB))
+    recording = recording_from_data(died, "loop")
+    assert extend(recording, steps=0) == (None, "--steps 0: the run was not played on")
+    tuning = tune_recording(recording, steps=0)
+    assert any("not played on: --steps 0" in line for line in tuning.answer_lines())
+    rows = tuning.as_dict()["candidates"]
+    assert {row["verdict"] for row in rows} == {"recorded"}
+    # a forward pass that dies: its layers repeat, but they only allocate
+    layers = [("alloc", "weights", 10 * MiB)] + [("alloc", f"a{i}", 4 * MiB) for i in range(40)]
+    grows = recording_from_data(_until_oom(record(layers, capacity=100 * MiB)), "forward")
+    extension, why = extend(grows)
+    assert extension is None and "only grow" in why

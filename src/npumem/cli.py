@@ -471,7 +471,7 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
 @click.option("--memory", default=None, help="Replay on a device of this size (e.g. 16GiB) and "
               "list the settings that finish: which settings would have avoided an OOM.")
 @click.option("--json", "as_json", is_flag=True, help="Print the recommendation as JSON.")
-@click.option("--steps", "steps", default=3, show_default=True, type=click.IntRange(min=0),
+@click.option("--steps", "steps", default=3, show_default=True, type=click.IntRange(0, 100),
               help="For a recording that ends in an out-of-memory: periods of what it repeats "
                    "to play on past the failed request, to judge each setting on the rest of "
                    "the run (0: judge on the recorded part only).")
@@ -493,8 +493,16 @@ def tune(trace, allocator, memory, as_json, steps, scheduler, workers):
     except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    device_memory = _size_option(memory, "--memory") if memory else None
-    if allocator in ("torch", "torch_npu") or (allocator is None and snapshot):
+    device_memory = _size_option(memory, "--memory") if memory is not None else None
+    if device_memory is not None and device_memory <= 0:
+        raise click.BadParameter(f"{memory}: a device holds some memory; give a size such as "
+                                 "16GiB", param_hint="--memory")
+    if allocator == "pool" and device_memory is not None:
+        raise click.BadParameter("--memory asks which of PyTorch's settings finish on a device "
+                                 "that size; npumem's pool is tuned on 64 GiB. Drop --allocator "
+                                 "pool, or --memory", param_hint="--memory")
+    # --memory is the question of a run that died: PyTorch's settings answer it, for any trace
+    if allocator in ("torch", "torch_npu") or (allocator is None and (snapshot or device_memory)):
         _tune_torch(trace, allocator, device_memory, as_json, steps, workers)
     else:
         _tune_pool(trace, as_json, scheduler, workers)
@@ -503,6 +511,7 @@ def tune(trace, allocator, memory, as_json, steps, scheduler, workers):
 def _tune_torch(trace, allocator, memory, as_json, steps, workers) -> None:
     import json
 
+    from .errors import InvalidParamError
     from .profile.oom import oom_lines
     from .progress import ProgressBar
     from .trace import TraceFormatError
@@ -522,6 +531,8 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers) -> None:
     except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    except InvalidParamError as exc:
+        raise click.BadParameter(exc.message, param_hint="--memory") from None
     finally:
         bar.close()
     if as_json:
@@ -530,7 +541,12 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers) -> None:
     for line in oom_lines(recording, result.recorded.result):
         click.echo(line)
     click.echo(f"{'settings':<52} {'peak reserved':>13} {'headroom':>10}  verdict")
-    for c in sorted(result.candidates, key=lambda c: (not c.finishes, c.decisive.peak_reserved_bytes)):
+    def order(c):            # those that fit by peak reserved, then those that got furthest
+        if c.finishes:
+            return 0, c.decisive.peak_reserved_bytes
+        return (1, -c.decisive.oom["index"]) if c.result.oom is None else (2, -c.result.oom["index"])
+
+    for c in sorted(result.candidates, key=order):
         headroom = format_size(c.headroom) if c.headroom is not None else "-"
         click.echo(f"{c.config.describe() or '(as recorded)':<52} "
                    f"{format_size(c.decisive.peak_reserved_bytes):>13} {headroom:>10}  {c.verdict()}")
@@ -606,7 +622,10 @@ def convert(source, target, fmt):
         click.echo(f"error: cannot write {target}: {exc.strerror}", err=True)
         sys.exit(2)
     click.echo(f"{source} ({source_format}) -> {target} ({fmt}): {count} events")
-    _echo_recorded_ooms([source])
+    if _echo_recorded_ooms([source]) and fmt not in ("snapshot", "jsonl"):
+        click.echo(f"note: {target} holds allocations and frees only: the out-of-memory, the "
+                   f"segments and the settings stay in {source} (convert to .pickle or .jsonl "
+                   "keeps them)")
 
 
 @main.command()
@@ -901,13 +920,15 @@ def diff_command(before, after, top):
     _echo_recorded_ooms([resolve(before), resolve(after)])
 
 
-def _echo_recorded_ooms(paths) -> None:
-    """Each snapshot among `paths` whose run died: what it asked, had and held, and where."""
+def _echo_recorded_ooms(paths) -> bool:
+    """Each snapshot among `paths` whose run died: what it asked, had and held, and where.
+    Whether any had died."""
     from .profile.oom import first_oom, oom_lines
     from .trace import TraceFormatError
     from .trace.formats import holds_snapshot
     from .trace.recording import load_recording
 
+    died = False
     for path in paths:
         try:
             if not holds_snapshot(path):
@@ -916,4 +937,6 @@ def _echo_recorded_ooms(paths) -> None:
         except TraceFormatError:
             continue                          # the command itself has said what is wrong
         if first_oom(recording.entries) is not None:
+            died = True
             click.echo(f"{path}: " + "\n".join(oom_lines(recording)))
+    return died

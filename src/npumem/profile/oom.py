@@ -33,7 +33,8 @@ def oom_lines(recording, replayed=None) -> list[str]:
     lines = [f"out of memory at trace entry {index} of {len(recording.entries)}: PyTorch asked "
              f"for {format_size(entry.get('size', 0))} on stream {entry.get('stream', 0)}, and "
              f"the driver reported {format_size(oom_device_free(entry))} free on the device"
-             + (f" ({later} more OOM entr{'y' if later == 1 else 'ies'} follow)" if later else "")]
+             + (f" ({later} more OOM entr{'y follows' if later == 1 else 'ies follow'})"
+                if later else "")]
     replayed = replayed if replayed is not None else replay_recording(recording)
     oom = replayed.oom
     if oom is not None and oom["index"] == index:

@@ -106,19 +106,28 @@ def find_period(shapes: list[tuple]) -> tuple[int, int] | None:
     return longest, (n - 1 - start + longest) // longest
 
 
-def extend(recording: Recording, steps: int = STEPS) -> Extension | None:
-    """The recording played on past its first out-of-memory; None when it has none, or when
-    its end does not repeat."""
+def extend(recording: Recording, steps: int = STEPS) -> tuple[Extension | None, str]:
+    """The recording played on past its first out-of-memory, or None and why not: it has no
+    out-of-memory, its end does not repeat, or what repeats only grows."""
     cut = next((i for i, e in enumerate(recording.entries) if e["action"] == "oom"), None)
-    if cut is None or steps < 1:
-        return None
+    if cut is None:
+        return None, "the recording did not run out of memory"
+    if steps < 1:
+        return None, "--steps 0: the run was not played on"
     events = _events(recording, cut)
     shapes = [_shape(event) for event in events]
     found = find_period(shapes)
     if found is None:
-        return None
+        return None, ("the run died before its end repeated itself twice (in its first step, "
+                      "say)")
     period, repetitions = found
     n = len(events)
+    growth = sum(1 if alloc else -1 for alloc, _, _ in shapes[n - period:])
+    if growth > 0:
+        # a step's layers repeat within its forward pass; a loop of steps frees what it takes
+        return None, (f"the recording's end repeats {period} events that allocate {growth} "
+                      f"more blocks than they free (the layers of one step, say), so playing "
+                      f"them on would only grow")
     sizes = [max(events[n - period + p - k * period].size for k in range(repetitions))
              for p in range(period)]
     exact = all(events[n - period + p - k * period].size == sizes[p]
@@ -154,4 +163,4 @@ def extend(recording: Recording, steps: int = STEPS) -> Extension | None:
     extended = Recording(recording.path, recording.device, recording.flavour, recording.settings,
                          recording.segments, prefix + played, recording.annotations,
                          continues=recording)
-    return Extension(extended, period, repetitions, steps, exact, cut, len(prefix))
+    return Extension(extended, period, repetitions, steps, exact, cut, len(prefix)), ""

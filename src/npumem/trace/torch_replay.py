@@ -275,6 +275,8 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
                 if oom is None:
                     notes.append(f"entry {index}: the recorded out-of-memory request "
                                  f"({format_size(entry.get('size', 0))}) fits under these settings")
+                allocated += entry.get("size", 0)      # served here: live from now on
+                peak_allocated = max(peak_allocated, allocated)
             except ModelOutOfMemory as exc:
                 oom = oom or _oom_record(index, entry, exc)
         model_events += [(index, e) for e in model.stats.events[before:]]

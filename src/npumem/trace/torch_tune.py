@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..alloc.torch_model import TorchAllocatorConfig, from_snapshot, parse_config
 from ..alloc.torch_model.config import env_names
+from ..errors import InvalidParamError
 from ..units import format_size
 from .extend import STEPS, Extension, extend
 from .recording import Recording
@@ -51,6 +52,7 @@ class Candidate:
     result: TorchReplay                   # the recording (up to its end)
     extended: TorchReplay | None = None   # the run played on past a failed request
     needed: int | None = None             # about the least memory it fits in, where it did not
+    live_peak: int | None = None          # requested bytes live at the peak of the whole run
     capacity: int | None = None
     replayed_as: TorchAllocatorConfig | None = None   # with the cap the run was under, if any
     extension_start: int = 0              # the entry where the played-on run begins
@@ -97,10 +99,18 @@ class Candidate:
         if self.finishes:
             return f"fits [{self.basis}]"
         short = f", {format_size(self.short_by)} short" if self.short_by else ""
+        return f"OOM {self.where_it_failed()}{short} [{self.marker}]"
+
+    @property
+    def marker(self) -> str:
+        """recorded: the recording shows the verdict; extended: the run played on past the
+        failed request does."""
+        return "recorded" if self.result.oom is not None else self.basis
+
+    def where_it_failed(self) -> str:
         if self.result.oom is not None:
-            return f"OOM at entry {self.result.oom['index']}{short} [recorded]"
-        return (f"OOM {self.decisive.oom['index'] - self.extension_start} entries into the "
-                f"played-on run{short} [extended]")
+            return f"at trace entry {self.result.oom['index']}"
+        return f"{self.decisive.oom['index'] - self.extension_start} entries into the played-on run"
 
 
 @dataclass
@@ -131,6 +141,7 @@ class TorchTuning:
     died_at: int | None = None            # the trace entry of the recording's first OOM
     batch: BatchEstimate | None = None
     worth_trying: Candidate | None = None  # gets past the failed request; the rest is unknown
+    unextended: str = ""                  # why a run that died was not played on
     reasons: list[str] = field(default_factory=list)
 
     def answer(self) -> str:
@@ -148,10 +159,19 @@ class TorchTuning:
         if not needed:
             return f"answer: none fits{where}"
         least = min(needed, key=lambda c: c.needed)
-        live = max(c.decisive.peak_allocated_bytes for c in self.candidates)
-        return (f"answer: none fits{where}: the run needs about {format_size(least.needed)} "
+        # what was judged: the whole recording, the run played on, or only the part before
+        # the failure (the rest may need more)
+        judged = ("the run" if self.died_at is None else
+                  "the run, played on," if self.extension is not None else
+                  "even the part recorded")
+        return (f"answer: none fits{where}: {judged} needs about {format_size(least.needed)} "
                 f"(under {least.config.describe() or 'the settings it used'}), and at least "
-                f"{format_size(live)} for its live tensors alone")
+                f"{format_size(self.live_floor())} for its live tensors alone")
+
+    def live_floor(self) -> int:
+        """Bytes no setting can do without: the most requested bytes live at once, the failed
+        request included (from the replays with no limit)."""
+        return max((c.live_peak or c.decisive.peak_allocated_bytes) for c in self.candidates)
 
     def answer_lines(self) -> list[str]:
         """What the recording says, what else would fit, and the answer last."""
@@ -167,8 +187,8 @@ class TorchTuning:
                 lines.append(self.extension.describe() + f"; {sum(c.finishes for c in self.candidates)}"
                              f" of {len(self.candidates)} survive it")
             else:
-                lines.append("the recording does not repeat itself before the failure, so the "
-                             "run could not be played on: verdicts rest on the recorded part only")
+                lines.append(f"not played on: {self.unextended}; verdicts rest on the recorded "
+                             f"part only")
         if self.bounds is not None and not self.memory_given and not self.bounds.exact:
             lines.append(f"the limit was a cap below the device (set_per_process_memory_fraction"
                          f"?): judged on {format_size(self.bounds.low)}, the most the run held; it "
@@ -182,7 +202,7 @@ class TorchTuning:
     def as_dict(self) -> dict:
         def row(c: Candidate) -> dict:
             return {"settings": c.config.describe(), "env": c.line, "finishes": c.finishes,
-                    "verdict": c.basis, "passes_failed_request": c.result.oom is None,
+                    "verdict": c.marker, "passes_failed_request": c.result.oom is None,
                     "peak_reserved_bytes": c.decisive.peak_reserved_bytes,
                     "recorded_part_peak_reserved_bytes": c.result.peak_reserved_bytes,
                     "headroom_bytes": c.headroom, "short_by_bytes": c.short_by,
@@ -212,7 +232,12 @@ def tune_recording(recording: Recording, memory: int | None = None,
     on the limit the recording's out-of-memory implies, if it has one). Large recordings
     replay their candidates in `workers` processes (default: one per core)."""
     base = from_snapshot(recording.settings, recording.flavour)
-    bounds = capacity_bounds(recording, recording.start_state(base).reserved)
+    start = recording.start_state(base)
+    if memory is not None and memory < start.reserved:
+        raise InvalidParamError(f"{format_size(memory)} is less than the "
+                                f"{format_size(start.reserved)} PyTorch had reserved before the "
+                                f"trace began: no setting can run it there")
+    bounds = capacity_bounds(recording, start.reserved)
     capacity = memory or (bounds.low if bounds is not None else None)
     texts = list(candidates)
     # a cap such as set_per_process_memory_fraction stopped the run: the model applies it as
@@ -221,7 +246,7 @@ def tune_recording(recording: Recording, memory: int | None = None,
     if (capped or base.per_process_memory_fraction is not None) and capacity:
         texts += GC_CANDIDATES
     died_at = next((i for i, e in enumerate(recording.entries) if e["action"] == "oom"), None)
-    extension = extend(recording, steps) if died_at is not None else None
+    extension, unextended = extend(recording, steps) if died_at is not None else (None, "")
     configs = [parse_config(text, base=base) if text else base for text in texts]
     work = _Work(recording, extension, capacity, capped)
     results = _each(work.judge, configs, workers, len(recording.entries), progress)
@@ -239,12 +264,13 @@ def tune_recording(recording: Recording, memory: int | None = None,
     tuning = TorchTuning(recording.path, recording.flavour, capacity, recorded, best, results,
                          recorded.result.recorded_peak_reserved_bytes, bounds,
                          memory_given=bool(memory), extension=extension, died_at=died_at,
-                         worth_trying=None if certain or not ranked else ranked[0])
+                         worth_trying=None if certain or not ranked else ranked[0],
+                         unextended=unextended)
     if best is None and tuning.worth_trying is None and capacity is not None:
         failing = [c for c in results if not c.finishes]
-        for candidate, needed in zip(failing, _each(work.needed, [c.replayed_as for c in failing],
-                                                    workers, len(recording.entries))):
-            candidate.needed = needed
+        for candidate, (needed, live) in zip(failing, _each(
+                work.needed, [c.replayed_as for c in failing], workers, len(recording.entries))):
+            candidate.needed, candidate.live_peak = needed, live
     if extension is not None and capacity:
         chosen = best or min(results, key=lambda c: c.needed if c.needed is not None else 1 << 64)
         tuning.batch = _batch_that_fits(extension, chosen, capacity)
@@ -274,7 +300,7 @@ class _Work:
                                                   capacity=self.capacity)
         return candidate
 
-    def needed(self, model: TorchAllocatorConfig) -> int:
+    def needed(self, model: TorchAllocatorConfig) -> tuple[int, int]:
         run = self.extension.recording if self.extension is not None else self.recording
         return _least_that_fits(run, model, self.capacity)
 
@@ -315,13 +341,16 @@ def _each(function, items: list, workers: int | None, entries: int, progress=Non
     return results
 
 
-def _least_that_fits(recording: Recording, config: TorchAllocatorConfig, capacity: int) -> int:
-    """About the fewest device bytes on which the run fits under `config`: between `capacity`
+def _least_that_fits(recording: Recording, config: TorchAllocatorConfig,
+                     capacity: int) -> tuple[int, int]:
+    """About the fewest device bytes on which the run fits under `config`, and the requested
+    bytes live at its peak. The bytes lie between `capacity`
     (too few) and the peak it reserves with no limit (enough), to within 1/2**NEED_PROBES of
     the gap. A limit makes the allocator free its cache and retry, so the run can fit on less
     than it reserves when nothing stops it."""
     low = capacity
-    high = replay_recording(recording, config, capacity=UNLIMITED).peak_reserved_bytes
+    unlimited = replay_recording(recording, config, capacity=UNLIMITED)
+    high = unlimited.peak_reserved_bytes
     for _ in range(NEED_PROBES):
         if high - low <= 2 * MiB:
             break
@@ -330,7 +359,7 @@ def _least_that_fits(recording: Recording, config: TorchAllocatorConfig, capacit
             high = middle
         else:
             low = middle
-    return high
+    return high, unlimited.peak_allocated_bytes
 
 
 def _scaled(extension: Extension, scale: float) -> Recording:
@@ -391,8 +420,9 @@ def _reasons(tuning: TorchTuning) -> list[str]:
                    + ("played-on run" if tuning.extension is not None else "recording"))
         oom = recorded.result.oom or recorded.decisive.oom
         if oom is not None:
-            out.append(f"as recorded it runs out of memory at trace entry {oom['index']} "
-                       f"(asks {format_size(oom['alloc_bytes'])} with "
+            out.append(f"as recorded it runs out of memory {recorded.where_it_failed()} (asks "
+                       f"{format_size(oom['request_bytes'])}, a "
+                       f"{format_size(oom['alloc_bytes'])} segment, with "
                        f"{format_size(oom['reserved_bytes'] - oom['allocated_bytes'])} reserved "
                        f"but unallocated, largest cached block "
                        f"{format_size(oom['largest_free_bytes'])})")
