@@ -26,6 +26,8 @@ from .recording import SEGMENT_REMOVE, Recording
 STEPS = 3                   # periods played on past the failed request
 MIN_EVENTS = 4              # a shorter period is a run of one or two requests, not a step
 _PRE = -1                   # a free of a block allocated before the trace began
+GIVES_BACK = 2              # a period that frees less than 1/2 of what it takes is not a step
+SHORT = 64                  # periods up to this many events are all tried, longer ones divide
 
 
 @dataclass
@@ -37,9 +39,14 @@ class Extension:
     exact: bool                 # whether the sizes repeat exactly (else played at the largest)
     failed_at: int              # the trace entry of the failed request
     played_from: int            # the entry of `recording` where the played-on events begin
+    growing: bool = False       # what repeats frees little of what it takes: played on once
 
     def describe(self) -> str:
         sizes = "the same sizes" if self.exact else "the largest size each request had"
+        if self.growing:
+            return (f"the recording's end repeats {self.period} events that free little of "
+                    f"what they take (the layers of one step, say): the run was played on for "
+                    f"one more of them, at {sizes}; how far the step grows past that is unknown")
         return (f"the run was played on for {self.steps} more periods of {self.period} "
                 f"events (the recording repeats its last {self.repetitions} periods; "
                 f"played at {sizes})")
@@ -96,9 +103,11 @@ def find_period(shapes: list[tuple]) -> tuple[int, int] | None:
     if longest is None:
         return None
     stretch = 2 * longest
-    for divisor in range(MIN_EVENTS, longest + 1):
-        if longest % divisor == 0 and _periodic(shapes, divisor, stretch):
-            longest = divisor
+    # the shortest period of that stretch: any short one, then the divisors of the long one
+    # (a period that divides no other is long, and checking every length would take too long)
+    for shorter in range(MIN_EVENTS, longest + 1):
+        if (shorter <= SHORT or longest % shorter == 0) and _periodic(shapes, shorter, stretch):
+            longest = shorter
             break
     start = n - 1                           # walk back while the shapes repeat: one pass
     while start >= longest and shapes[start] == shapes[start - longest]:
@@ -122,12 +131,15 @@ def extend(recording: Recording, steps: int = STEPS) -> tuple[Extension | None, 
                       "say)")
     period, repetitions = found
     n = len(events)
-    growth = sum(1 if alloc else -1 for alloc, _, _ in shapes[n - period:])
-    if growth > 0:
-        # a step's layers repeat within its forward pass; a loop of steps frees what it takes
-        return None, (f"the recording's end repeats {period} events that allocate {growth} "
-                      f"more blocks than they free (the layers of one step, say), so playing "
-                      f"them on would only grow")
+    window = events[n - 1 - period:n - 1]          # the last period before the failed request
+    taken = sum(e.size for e in window if e.alloc)
+    given = sum(e.size for e in window if not e.alloc)
+    # A loop of steps frees what it takes (but for what it keeps: a loss a step, a cache that
+    # grows). What frees little is the layers of one step's forward pass: the step goes on
+    # growing past the failure, at least by one more layer, but how far is unknown.
+    growing = given * GIVES_BACK < taken
+    if growing:
+        steps = 1
     sizes = [max(events[n - period + p - k * period].size for k in range(repetitions))
              for p in range(period)]
     exact = all(events[n - period + p - k * period].size == sizes[p]
@@ -163,4 +175,5 @@ def extend(recording: Recording, steps: int = STEPS) -> tuple[Extension | None, 
     extended = Recording(recording.path, recording.device, recording.flavour, recording.settings,
                          recording.segments, prefix + played, recording.annotations,
                          continues=recording)
-    return Extension(extended, period, repetitions, steps, exact, cut, len(prefix)), ""
+    return Extension(extended, period, repetitions, steps, exact, cut, len(prefix),
+                     growing), ""
