@@ -71,7 +71,7 @@ def test_every_verb_reads_a_real_oom_entry_and_shows_it(tmp_path, args):
     if args[0] in ("report", "tune") and "--json" not in args:
         assert "asked for 10.00 MiB" in result.output and "8.00 MiB free" in result.output
         assert "14.00 MiB reserved but unallocated" in result.output
-        assert "largest cached free block was 8.00 MiB" in result.output
+        assert "largest cached block the request could use was 8.00 MiB" in result.output
         assert "at /home/user/train.py:42 in train_step" in result.output
 
 

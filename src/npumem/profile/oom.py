@@ -41,8 +41,8 @@ def oom_lines(recording, replayed=None) -> list[str]:
         lines.append(f"  PyTorch held {format_size(oom['reserved_bytes'])}: "
                      f"{format_size(oom['allocated_bytes'])} allocated, "
                      f"{format_size(oom['reserved_bytes'] - oom['allocated_bytes'])} reserved but "
-                     f"unallocated; the largest cached free block was "
-                     f"{format_size(oom['largest_free_bytes'])}, and the request needed a "
+                     f"unallocated; the largest cached block the request could use was "
+                     f"{format_size(oom['largest_free_bytes'])}, and it needed a "
                      f"{format_size(oom['alloc_bytes'])} segment")
     frames = entry.get("frames") or []
     site = site_name(entry)

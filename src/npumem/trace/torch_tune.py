@@ -424,7 +424,7 @@ def _reasons(tuning: TorchTuning) -> list[str]:
                        f"{format_size(oom['request_bytes'])}, a "
                        f"{format_size(oom['alloc_bytes'])} segment, with "
                        f"{format_size(oom['reserved_bytes'] - oom['allocated_bytes'])} reserved "
-                       f"but unallocated, largest cached block "
+                       f"but unallocated, largest cached block it could use "
                        f"{format_size(oom['largest_free_bytes'])})")
     if best is None:
         shorts = sorted((c.short_by, c.config.describe() or "as recorded")

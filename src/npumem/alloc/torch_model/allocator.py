@@ -618,12 +618,16 @@ class TorchAllocatorModel:
                               self.allowed - self.total_allocated))
         stats.events.append(SegmentEvent("oom", free or 0, size, stream, _pool_id(pool)))
         unallocated = stats.reserved - stats.allocated
+        # the cached blocks the request could have had: its pool's, on its stream
+        usable = max((key[1] for key in pool.keys if key[0] == stream), default=0)
+        where = "under the memory cap" if self.allowed is not None else "on the device"
         message = (f"out of memory: tried to allocate {format_size(alloc_size)} "
-                   f"(request {format_size(orig_size)}); {format_size(free or 0)} free on the device, "
+                   f"(request {format_size(orig_size)}); {format_size(free or 0)} free {where}, "
                    f"{format_size(stats.allocated)} allocated, {format_size(unallocated)} reserved "
-                   f"but unallocated (largest cached block {format_size(self.largest_free())})")
+                   f"but unallocated (largest cached block the request could use "
+                   f"{format_size(usable)}, of any pool {format_size(self.largest_free())})")
         return ModelOutOfMemory(message, orig_size, alloc_size, free, stats.reserved,
-                                stats.allocated, self.largest_free())
+                                stats.allocated, usable)
 
     # --- state ------------------------------------------------------------------------------
     def restore(self, segments) -> dict[int, Block]:
