@@ -923,10 +923,10 @@ def diff_command(before, after, top):
 def _echo_recorded_ooms(paths) -> bool:
     """Each snapshot among `paths` whose run died: what it asked, had and held, and where.
     Whether any had died."""
-    from .profile.oom import first_oom, oom_lines
+    from .profile.oom import oom_lines
     from .trace import TraceFormatError
     from .trace.formats import holds_snapshot
-    from .trace.recording import load_recording
+    from .trace.recording import first_oom, load_recording
 
     died = False
     for path in paths:

@@ -9,15 +9,10 @@ settings (`explain_oom`).
 
 from __future__ import annotations
 
+from ..trace.recording import first_oom
 from ..trace.snapshot_schema import oom_device_free
 from ..units import format_size
 from .analysis import NO_STACK, callers, is_library, site_name, user_frame
-
-
-def first_oom(entries) -> int | None:
-    """The index of the first `oom` entry of a device trace, None without one."""
-    return next((i for i, e in enumerate(entries or [])
-                 if isinstance(e, dict) and e.get("action") == "oom"), None)
 
 
 def oom_lines(recording, replayed=None) -> list[str]:

@@ -7,12 +7,14 @@ allocations and frees repeat, the run is played on from there:
 
 - The period is the shortest one that repeats over the longest stretch of the recording's end
   (two periods or more). An event's shape is its action, its stream, and for a free how many
-  events back its allocation was. Sizes are left out of the shape, so one layer repeating
-  inside a step is not taken for the step.
+  events back its allocation was. Sizes are left out of the shape, so requests whose sizes vary
+  (another sequence length, another batch of requests) still repeat.
 - Each played-on event copies the one a period earlier. A free releases the block allocated one
   period after the block its model released.
-- A position whose size varies between repetitions (another sequence length, another batch of
-  requests) is played at the largest size the recording shows there: the largest mix.
+- A position whose size varies between repetitions is played at the largest size the
+  recording shows there: the largest mix.
+- A period that frees less than half of what it takes is not a step of a loop but the layers
+  of one step's forward pass: it is played on once, not for every step asked.
 
 The played-on run is an estimate, and every verdict drawn from it says so.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .recording import SEGMENT_REMOVE, Recording
+from .recording import SEGMENT_REMOVE, Recording, first_oom
 
 STEPS = 3                   # periods played on past the failed request
 MIN_EVENTS = 4              # a shorter period is a run of one or two requests, not a step
@@ -118,7 +120,7 @@ def find_period(shapes: list[tuple]) -> tuple[int, int] | None:
 def extend(recording: Recording, steps: int = STEPS) -> tuple[Extension | None, str]:
     """The recording played on past its first out-of-memory, or None and why not: it has no
     out-of-memory, its end does not repeat, or what repeats only grows."""
-    cut = next((i for i, e in enumerate(recording.entries) if e["action"] == "oom"), None)
+    cut = first_oom(recording.entries)
     if cut is None:
         return None, "the recording did not run out of memory"
     if steps < 1:

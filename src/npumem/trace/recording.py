@@ -128,6 +128,12 @@ class Recording:
         return cls(path, 0, flavour, None, [], entries)
 
 
+def first_oom(entries) -> int | None:
+    """The index of a device trace's first `oom` entry: where the run died; None if it did not."""
+    return next((i for i, e in enumerate(entries or [])
+                 if isinstance(e, dict) and e.get("action") == "oom"), None)
+
+
 def load_data(path: str) -> dict:
     """The snapshot's dict, read without running code (or from a JSONL file that holds a whole
     snapshot), its shape checked; TraceFormatError when it is not one."""

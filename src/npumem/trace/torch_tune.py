@@ -22,7 +22,7 @@ from ..alloc.torch_model.config import env_names
 from ..errors import InvalidParamError
 from ..units import format_size
 from .extend import STEPS, Extension, extend
-from .recording import Recording
+from .recording import Recording, first_oom
 from .torch_replay import UNLIMITED, CapacityBounds, TorchReplay, capacity_bounds, replay_recording
 
 # PyTorch's knobs that change placement (garbage_collection_threshold acts only under
@@ -154,7 +154,7 @@ class TorchTuning:
         if self.worth_trying is not None:
             return (f"answer: none certain{where}; try {self.worth_trying.line}: it gets past "
                     f"the failed request with {format_size(self.worth_trying.headroom or 0)} to "
-                    f"spare, but the run died before it repeated a step, so the rest is unknown")
+                    f"spare, but the rest of the run is unknown ({self.unextended})")
         needed = [c for c in self.candidates if c.needed is not None]
         if not needed:
             return f"answer: none fits{where}"
@@ -245,7 +245,7 @@ def tune_recording(recording: Recording, memory: int | None = None,
     capped = bounds is not None and not bounds.device_full and not memory
     if (capped or base.per_process_memory_fraction is not None) and capacity:
         texts += GC_CANDIDATES
-    died_at = next((i for i, e in enumerate(recording.entries) if e["action"] == "oom"), None)
+    died_at = first_oom(recording.entries)
     extension, unextended = extend(recording, steps) if died_at is not None else (None, "")
     configs = [parse_config(text, base=base) if text else base for text in texts]
     work = _Work(recording, extension, capacity, capped)
