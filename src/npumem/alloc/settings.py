@@ -117,7 +117,8 @@ def split_pairs(text: str) -> list[tuple[str, str]]:
     for item in split_items(text):
         cut = min((i for i in (item.find(":"), item.find("=")) if i >= 0), default=-1)
         if cut < 0:
-            raise InvalidParamError(f"allocator settings: {item!r} is not key:value")
+            raise InvalidParamError(f"allocator settings: {item!r} has no value; write "
+                                    f"{item.strip()}=VALUE (or {item.strip()}:VALUE)")
         pairs.append((item[:cut].strip(), item[cut + 1:].strip()))
     return pairs
 
