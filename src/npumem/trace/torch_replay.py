@@ -194,7 +194,8 @@ def capacity_bounds(recording: Recording, start_reserved: int) -> CapacityBounds
     high = min(highs)
     if full and high >= low:
         return CapacityBounds(high, high, True)
-    return CapacityBounds(min(low, high), high, False)
+    # a run that held nothing before its first request failed: judge on the most it could
+    return CapacityBounds(min(low, high) or high, high, False)
 
 
 def replay_recording(recording: Recording, config: TorchAllocatorConfig | None = None,
