@@ -364,3 +364,29 @@ def test_why_a_run_that_died_was_not_played_on(tmp_path):
     extension, _ = extend(grows)
     assert extension.growing and extension.steps == 1 and extension.period == 4
     assert "free little of what they take" in extension.describe()
+
+
+def test_an_oom_the_program_caught_is_judged_on_the_whole_run():
+    snapshot = _loop(7, lambda step: (25 + 15 * step) * MiB, 150 * MiB)   # goes on after it
+    tuning = tune_recording(recording_from_data(snapshot, "caught"))
+    assert tuning.died_at is None and tuning.caught_at is not None and tuning.extension is None
+    assert any("went on (the program caught it)" in line for line in tuning.answer_lines())
+
+
+def test_the_device_that_ran_out_is_the_one_read(tmp_path):
+    quiet = record([("alloc", 0, 5 * MiB)])["device_traces"][0]
+    died = _until_oom(_loop(3, lambda step: 60 * MiB, 100 * MiB))
+    snapshot = dict(died, device_traces=[quiet, died["device_traces"][0]],
+                    segments=[dict(s, device=1) for s in died["segments"]])
+    path = tmp_path / "two.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    assert load_recording(str(path)).device == 1
+    result = CliRunner().invoke(main, ["replay", str(path)])
+    assert result.exit_code == 0 and "out of memory at trace entry" in result.output
+
+
+def test_a_cap_met_before_anything_was_held_is_not_called_exact():
+    snapshot = {"segments": [], "device_traces": [[
+        {"action": "oom", "device_free": 30 * MiB, "size": 4 * MiB, "stream": 0, "time_us": 1}]]}
+    bounds = capacity_bounds(recording_from_data(snapshot), 0)
+    assert not bounds.exact and "failed before holding anything" in bounds.caveat()

@@ -503,7 +503,11 @@ def tune(trace, allocator, memory, as_json, steps, scheduler, workers):
                                  "pool, or --memory", param_hint="--memory")
     # --memory is the question of a run that died: PyTorch's settings answer it, for any trace
     if allocator in ("torch", "torch_npu") or (allocator is None and (snapshot or device_memory)):
-        _tune_torch(trace, allocator, device_memory, as_json, steps, workers)
+        if scheduler not in ("processes", "serial"):
+            click.echo(f"note: --scheduler {scheduler} is for pool tunes; PyTorch's settings "
+                       "are replayed in local processes", err=True)
+        _tune_torch(trace, allocator, device_memory, as_json, steps,
+                    1 if scheduler == "serial" else workers)
     else:
         _tune_pool(trace, as_json, scheduler, workers)
 

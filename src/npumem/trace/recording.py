@@ -159,13 +159,15 @@ def _guess_flavour(data: dict, segments: list[dict], entries: list[dict]) -> str
 
 
 def load_recording(path: str, device: int | None = None, flavour: str | None = None) -> Recording:
-    """One device of a snapshot (default: the first with trace entries, else with segments)."""
+    """One device of a snapshot (default: the first that ran out of memory, else the first
+    with trace entries, else with segments)."""
     return recording_from_data(load_data(path), path, device, flavour)
 
 
 def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None = None,
                         flavour: str | None = None) -> Recording:
-    """One device of an already loaded snapshot dict."""
+    """One device of an already loaded snapshot dict (default: the first that ran out of
+    memory, else the first with trace entries, else with segments)."""
     traces = data.get("device_traces")
     traces = traces if isinstance(traces, list) else []
     segments = [s for s in data.get("segments", []) if isinstance(s, dict)]
@@ -175,7 +177,8 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
         if not with_entries and not with_segments:
             raise TraceFormatError(path, "device_traces", "every device trace is empty and no "
                                    "segment is cached: the snapshot holds nothing")
-        device = (with_entries or with_segments)[0]
+        died = [i for i in with_entries if first_oom(traces[i]) is not None]
+        device = (died or with_entries or with_segments)[0]     # the one that ran out, first
     if device not in with_entries and device not in with_segments:
         raise TraceFormatError(path, "device_traces", f"no device {device}; devices with events: "
                                f"{with_entries}, with segments: {with_segments}")

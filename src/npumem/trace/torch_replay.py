@@ -155,10 +155,21 @@ class CapacityBounds:
     low: int
     high: int
     device_full: bool
+    exact: bool = False                   # the limit itself, not a range judged at its low end
 
-    @property
-    def exact(self) -> bool:
-        return self.low == self.high
+    def caveat(self) -> str:
+        """Why the limit judged on is not known exactly ("" when it is)."""
+        if self.exact:
+            return ""
+        if self.device_full:
+            return (f"judged on {format_size(self.low)}, the most the run held: the device had "
+                    f"less free at the OOM, so other memory use grew meanwhile")
+        if self.low == self.high:
+            return (f"judged on {format_size(self.low)}: the run failed before holding anything, "
+                    f"so a cap (set_per_process_memory_fraction?) lay below that; --memory sets it")
+        return (f"the limit was a cap below the device (set_per_process_memory_fraction?): judged "
+                f"on {format_size(self.low)}, the most the run held; it lay between that and "
+                f"{format_size(self.high)} (--memory sets it)")
 
 
 def capacity_bounds(recording: Recording, start_reserved: int) -> CapacityBounds | None:
@@ -190,10 +201,12 @@ def capacity_bounds(recording: Recording, start_reserved: int) -> CapacityBounds
     limits = recording.limits
     if limits is not None and limits["allowed"] < limits["device_total"]:
         # the OOM observer was told the fraction's limit: the cap, exactly
-        return CapacityBounds(limits["allowed"], limits["allowed"], False)
+        return CapacityBounds(limits["allowed"], limits["allowed"], False, exact=True)
     high = min(highs)
-    if full and high >= low:
-        return CapacityBounds(high, high, True)
+    if full:
+        # exact, unless the run held more before than the device had at the OOM (something
+        # else took memory meanwhile): then the most it held, which it certainly had
+        return CapacityBounds(max(low, high), max(low, high), True, exact=high >= low)
     # a run that held nothing before its first request failed: judge on the most it could
     return CapacityBounds(min(low, high) or high, high, False)
 
@@ -215,11 +228,8 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         if bounds is not None:
             capacity = bounds.low
             notes.append(f"the recording ran out of memory; replayed with the "
-                         f"{format_size(capacity)} it could use" + (
-                             "" if bounds.exact else
-                             f" (the most it held: a cap such as set_per_process_memory_"
-                             f"fraction stopped it somewhere up to {format_size(bounds.high)}; "
-                             f"--memory sets it)"))
+                         f"{format_size(capacity)} it could use"
+                         + (f" ({bounds.caveat()})" if bounds.caveat() else ""))
     recorded_addresses = [e.get("addr", 0) for e in recording.entries] + \
         [s["address"] for s in recording.segments]
     fresh = max(recorded_addresses + [0]) + (1 << 40)

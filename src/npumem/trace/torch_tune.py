@@ -142,6 +142,7 @@ class TorchTuning:
     batch: BatchEstimate | None = None
     worth_trying: Candidate | None = None  # gets past the failed request; the rest is unknown
     unextended: str = ""                  # why a run that died was not played on
+    caught_at: int | None = None          # an OOM the program caught, going on after it
     reasons: list[str] = field(default_factory=list)
 
     def answer(self) -> str:
@@ -176,6 +177,10 @@ class TorchTuning:
     def answer_lines(self) -> list[str]:
         """What the recording says, what else would fit, and the answer last."""
         lines = []
+        if self.caught_at is not None:
+            lines.append(f"the run ran out of memory at trace entry {self.caught_at} and went "
+                         f"on (the program caught it): every setting is judged on the whole "
+                         f"recording")
         if self.died_at is not None:
             lines.append(f"the run died at trace entry {self.died_at}: the rest of it was not "
                          f"recorded")
@@ -189,10 +194,8 @@ class TorchTuning:
             else:
                 lines.append(f"not played on: {self.unextended}; verdicts rest on the recorded "
                              f"part only")
-        if self.bounds is not None and not self.memory_given and not self.bounds.exact:
-            lines.append(f"the limit was a cap below the device (set_per_process_memory_fraction"
-                         f"?): judged on {format_size(self.bounds.low)}, the most the run held; it "
-                         f"lay between that and {format_size(self.bounds.high)} (--memory sets it)")
+        if self.bounds is not None and not self.memory_given and self.bounds.caveat():
+            lines.append(self.bounds.caveat())
         lines += [f"why: {reason}" for reason in self.reasons]
         if self.batch is not None:
             lines.append(self.batch.describe())
@@ -246,6 +249,9 @@ def tune_recording(recording: Recording, memory: int | None = None,
     if (capped or base.per_process_memory_fraction is not None) and capacity:
         texts += GC_CANDIDATES
     died_at = first_oom(recording.entries)
+    caught_at = None
+    if died_at is not None and any(e["action"] == "alloc" for e in recording.entries[died_at + 1:]):
+        caught_at, died_at = died_at, None        # the program caught it and went on
     extension, unextended = extend(recording, steps) if died_at is not None else (None, "")
     configs = [parse_config(text, base=base) if text else base for text in texts]
     work = _Work(recording, extension, capacity, capped)
@@ -265,7 +271,7 @@ def tune_recording(recording: Recording, memory: int | None = None,
                          recorded.result.recorded_peak_reserved_bytes, bounds,
                          memory_given=bool(memory), extension=extension, died_at=died_at,
                          worth_trying=None if certain or not ranked else ranked[0],
-                         unextended=unextended)
+                         unextended=unextended, caught_at=caught_at)
     if best is None and tuning.worth_trying is None and capacity is not None:
         failing = [c for c in results if not c.finishes]
         for candidate, (needed, live) in zip(failing, _each(
