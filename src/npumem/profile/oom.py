@@ -74,6 +74,6 @@ def explain_oom(snapshot: dict, path: str = "<snapshot>") -> list[str]:
         lines += [f"device {device}: {described[0]}", *described[1:]]
         if replayed.capacity is None:
             continue
-        tuning = tune_recording(recording)
+        tuning = tune_recording(recording, workers=1)     # report may run in a profiled process
         lines += ["  " + line for line in tuning.answer_lines()]
     return lines

@@ -119,9 +119,12 @@ class BatchEstimate:
     settings: Candidate
 
     def describe(self) -> str:
+        setting = self.settings.config.describe() or "the settings the run used"
+        if round(self.scale, 2) == 1:
+            return (f"the batch the run used is about the largest that fits under {setting}, "
+                    f"extrapolating the recorded step")
         change = (f"{(1 - self.scale):.0%} smaller" if self.scale < 1 else
                   f"{(self.scale - 1):.0%} larger")
-        setting = self.settings.config.describe() or "the settings the run used"
         return (f"a batch about {change} would fit under {setting}, extrapolating the "
                 f"recorded step (allocations that live less than one step scale with the batch)")
 
@@ -215,7 +218,12 @@ class TorchTuning:
                 "died_at_entry": self.died_at,
                 "extension": None if self.extension is None else {
                     "period_events": self.extension.period, "steps": self.extension.steps,
-                    "repetitions": self.extension.repetitions, "exact": self.extension.exact},
+                    "repetitions": self.extension.repetitions, "exact": self.extension.exact,
+                    "growing": self.extension.growing,
+                    # an [extended] verdict's oom index counts entries of the played-on run,
+                    # which begins at this entry of it
+                    "played_from_entry": self.extension.played_from},
+                "caught_at_entry": self.caught_at,
                 "recommended": row(self.best) if self.best else None,
                 "recommended_env": self.best.line if self.best else None,
                 "worth_trying_env": self.worth_trying.line if self.worth_trying else None,
@@ -383,9 +391,9 @@ def _scaled(extension: Extension, scale: float) -> Recording:
         if entry["action"] == "alloc":
             born[entry["addr"]] = position
             allocs[position] = index
-        elif entry["action"] == free_action and entry.get("addr") in born:
-            start = born.pop(entry["addr"])
-            if position - start <= extension.period:
+        elif entry["action"] == free_action:       # counted as extend counts events
+            start = born.pop(entry.get("addr"), None)
+            if start is not None and position - start <= extension.period:
                 short.add(start)
         else:
             continue
