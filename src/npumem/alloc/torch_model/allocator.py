@@ -287,22 +287,20 @@ class TorchAllocatorModel:
         return self._new_segment_size(size)
 
     def _new_segment_size(self, size: int) -> int:
-        if self.config.page_size_1g and size > SMALL_SIZE:
+        """The segment cudaMalloc is asked for on a cache miss (get_allocation_size)."""
+        if size <= SMALL_SIZE:
+            return SMALL_BUFFER
+        if self.config.page_size_1g:
             return -(-size // EXTRA_LARGE_BUFFER) * EXTRA_LARGE_BUFFER
-        return self._allocation_size(size)
+        if size < MIN_LARGE_ALLOC:
+            return self.config.large_segment_size
+        return -(-size // ROUND_LARGE) * ROUND_LARGE
 
     def expandable_page(self, small: bool) -> int:
         """The granule an expandable segment of the small or the large pool maps in."""
         if small:
             return SMALL_BUFFER
         return EXTRA_LARGE_BUFFER if self.config.page_size_1g else self.config.large_segment_size
-
-    def _allocation_size(self, size: int) -> int:
-        if size <= SMALL_SIZE:
-            return SMALL_BUFFER
-        if size < MIN_LARGE_ALLOC:
-            return self.config.large_segment_size
-        return -(-size // ROUND_LARGE) * ROUND_LARGE
 
     def _should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
@@ -362,9 +360,7 @@ class TorchAllocatorModel:
 
     def _reserve(self, size: int, sign: int, action: str, addr: int, stream: int,
                  pool: BlockPool) -> None:
-        self.total_allocated += sign * size
-        if pool.owner is not None:
-            pool.owner.reserved += sign * size
+        self._hold(pool, sign * size)
         stats = self.stats
         stats.reserved += sign * size
         if stats.reserved > stats.peak_reserved:
@@ -659,6 +655,7 @@ class TorchAllocatorModel:
         return private.small if small else private.large
 
     def _hold(self, pool: BlockPool, size: int) -> None:
+        """`size` device bytes more (or fewer) held: in all, and by a private pool."""
         self.total_allocated += size
         if pool.owner is not None:
             pool.owner.reserved += size
@@ -681,7 +678,7 @@ class TorchAllocatorModel:
         return previous
 
     def _restore_expandable(self, stream: int, pool: BlockPool, ranges, live) -> None:
-        page = SMALL_BUFFER if pool.small else self.config.large_segment_size
+        page = self.expandable_page(pool.small)
         # the trace may map below the pages mapped at its start: c10 maps the lowest room first
         base = min([ranges[0].addr] + [r.lowest for r in ranges if r.lowest is not None])
         end = ranges[-1].addr + ranges[-1].size
