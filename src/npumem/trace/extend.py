@@ -176,6 +176,6 @@ def extend(recording: Recording, steps: int = STEPS) -> tuple[Extension | None, 
                    "stream": int(failed.get("stream") or 0), "time_us": time_us})
     extended = Recording(recording.path, recording.device, recording.flavour, recording.settings,
                          recording.segments, prefix + played, recording.annotations,
-                         continues=recording)
+                         continues=recording, shared=len(prefix) - 1)
     return Extension(extended, period, repetitions, steps, exact, cut, len(prefix),
                      growing), ""

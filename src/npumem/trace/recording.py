@@ -86,6 +86,7 @@ class Recording:
     annotations: list[dict] = field(default_factory=list)   # its external_annotations
     # A recording made up from another (a run played on past its end): it starts as that did
     continues: "Recording | None" = None
+    shared: int = 0                      # its first entries, the same as that one's
     limits: dict | None = None           # what c10 told its OOM observers (OOM_KEY), if kept
 
     @property

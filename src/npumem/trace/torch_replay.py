@@ -255,8 +255,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         capturing = index in captured
         if call == "alloc":
             try:
-                with model.routed(pool, capturing):
-                    block = model.malloc(entry.get("size", 0), int(entry.get("stream") or 0))
+                block = _malloc(model, entry, pool, capturing)
             except ModelOutOfMemory as exc:
                 oom = _oom_record(index, entry, exc)
                 model_events += [(index, e) for e in model.stats.events[before:]]
@@ -281,8 +280,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
             _frees_before(model, entry, pool)
         elif call == "oom":
             try:
-                with model.routed(pool, capturing):
-                    block = model.malloc(entry.get("size", 0), int(entry.get("stream") or 0))
+                _malloc(model, entry, pool, capturing)
                 if oom is None:
                     notes.append(f"entry {index}: the recorded out-of-memory request "
                                  f"({format_size(entry.get('size', 0))}) fits under these settings")
@@ -325,16 +323,22 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         seconds=time.perf_counter() - started, notes=notes)
 
 
+def _malloc(model: TorchAllocatorModel, entry: dict, pool: tuple, capturing: bool):
+    """The recorded request, made where the real allocator made it: in `pool`, during a capture
+    or not (the common case, the default pool outside any, goes straight to malloc)."""
+    size, stream = entry.get("size", 0), int(entry.get("stream") or 0)
+    if pool == DEFAULT_POOL and not capturing:
+        return model.malloc(size, stream)
+    with model.routed(pool, capturing):
+        return model.malloc(size, stream)
+
+
 def _pools_of(recording: Recording, start) -> tuple[dict[int, tuple], set[int]]:
     """The start state's pools of the entries, and its requests made during captures; of a
     recording played on past its end, those of the part it shares with the recorded one."""
     if recording.continues is None:
         return start.pools, start.captured
-    shared = 0
-    for made, recorded in zip(recording.entries, recording.continues.entries):
-        if made != recorded:
-            break
-        shared += 1
+    shared = recording.shared
     return ({i: pool for i, pool in start.pools.items() if i < shared},
             {i for i in start.captured if i < shared})
 
