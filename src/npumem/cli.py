@@ -106,6 +106,7 @@ def _run_replays(label: str, quiet: bool, work):
     """Call `work(progress)` with a progress bar of finished replays; bad traces exit 2 with
     their file and position, bad options exit as usage errors."""
     from .alloc.caching_allocator import OutOfMemoryError
+    from .errors import InvalidParamError
     from .progress import ProgressBar
     from .trace import TraceFormatError
     from .units import format_size
@@ -122,6 +123,8 @@ def _run_replays(label: str, quiet: bool, work):
     except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    except InvalidParamError as exc:              # its sentence, without the ACL code
+        raise click.UsageError(exc.message) from None
     except OutOfMemoryError as exc:
         click.echo(f"error: the trace needs more device memory than the {format_size(exc.capacity)} "
                    f"it was given (it asked for {format_size(exc.requested)} when the rest was "
@@ -515,42 +518,22 @@ def tune(trace, allocator, memory, as_json, steps, scheduler, workers):
 def _tune_torch(trace, allocator, memory, as_json, steps, workers) -> None:
     import json
 
-    from .errors import InvalidParamError
     from .profile.oom import oom_lines
-    from .progress import ProgressBar
-    from .trace import TraceFormatError
     from .trace.torch_replay import load_for_model
     from .trace.torch_tune import tune_recording
     from .units import format_size
 
-    bar = ProgressBar(None, "tune", "settings", enabled=not as_json)
-
-    def update(done: int, total: int) -> None:
-        bar.total = total
-        bar.update(done, force=True)
-
-    try:
-        recording = load_for_model(trace, "npu" if allocator == "torch_npu" else None)
-        result = tune_recording(recording, memory, steps=steps, progress=update, workers=workers)
-    except TraceFormatError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except InvalidParamError as exc:
-        raise click.BadParameter(exc.message, param_hint="--memory") from None
-    finally:
-        bar.close()
+    recording = _run_replays("tune", as_json, lambda update: load_for_model(
+        trace, "npu" if allocator == "torch_npu" else None))
+    result = _run_replays("tune", as_json, lambda update: tune_recording(
+        recording, memory, steps=steps, progress=update, workers=workers))
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
     for line in oom_lines(recording, result.recorded.result):
         click.echo(line)
     click.echo(f"{'settings':<52} {'peak reserved':>13} {'headroom':>10}  verdict")
-    def order(c):            # those that fit by peak reserved, then those that got furthest
-        if c.finishes:
-            return 0, c.decisive.peak_reserved_bytes
-        return (1, -c.decisive.oom["index"]) if c.result.oom is None else (2, -c.result.oom["index"])
-
-    for c in sorted(result.candidates, key=order):
+    for c in result.in_order():
         headroom = format_size(c.headroom) if c.headroom is not None else "-"
         click.echo(f"{c.config.describe() or '(as recorded)':<52} "
                    f"{format_size(c.decisive.peak_reserved_bytes):>13} {headroom:>10}  {c.verdict()}")

@@ -172,6 +172,17 @@ class TorchTuning:
                 f"(under {least.config.describe() or 'the settings it used'}), and at least "
                 f"{format_size(self.live_floor())} for its live tensors alone")
 
+    def in_order(self) -> list[Candidate]:
+        """The candidates as a table shows them: those that fit by peak reserved, then those
+        that got furthest before running out."""
+        def order(c: Candidate):
+            if c.finishes:
+                return 0, c.decisive.peak_reserved_bytes
+            if c.result.oom is None:
+                return 1, -c.decisive.oom["index"]
+            return 2, -c.result.oom["index"]
+        return sorted(self.candidates, key=order)
+
     def live_floor(self) -> int:
         """Bytes no setting can do without: the most requested bytes live at once, the failed
         request included (from the replays with no limit)."""
@@ -245,7 +256,7 @@ def tune_recording(recording: Recording, memory: int | None = None,
     base = from_snapshot(recording.settings, recording.flavour)
     start = recording.start_state(base)
     if memory is not None and memory < start.reserved:
-        raise InvalidParamError(f"{format_size(memory)} is less than the "
+        raise InvalidParamError(f"--memory {format_size(memory)} is less than the "
                                 f"{format_size(start.reserved)} PyTorch had reserved before the "
                                 f"trace began: no setting can run it there")
     bounds = capacity_bounds(recording, start.reserved)
