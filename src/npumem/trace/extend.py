@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .recording import SEGMENT_REMOVE, Recording, first_oom
+from .recording import SEGMENT_REMOVE, Recording, died_at
 
 STEPS = 3                   # periods played on past the failed request
 MIN_EVENTS = 4              # a shorter period is a run of one or two requests, not a step
@@ -120,9 +120,9 @@ def find_period(shapes: list[tuple]) -> tuple[int, int] | None:
 def extend(recording: Recording, steps: int = STEPS) -> tuple[Extension | None, str]:
     """The recording played on past its first out-of-memory, or None and why not: it has no
     out-of-memory, its end does not repeat, or what repeats only grows."""
-    cut = first_oom(recording.entries)
+    cut = died_at(recording.entries)
     if cut is None:
-        return None, "the recording did not run out of memory"
+        return None, "the run did not end in an out-of-memory"
     if steps < 1:
         return None, "--steps 0: the run was not played on"
     events = _events(recording, cut)

@@ -130,9 +130,18 @@ class Recording:
 
 
 def first_oom(entries) -> int | None:
-    """The index of a device trace's first `oom` entry: where the run died; None if it did not."""
+    """The index of a device trace's first `oom` entry; None if it has none."""
     return next((i for i, e in enumerate(entries or [])
                  if isinstance(e, dict) and e.get("action") == "oom"), None)
+
+
+def died_at(entries) -> int | None:
+    """The first `oom` entry, where the run ended on it: no allocation follows it (the frees of
+    the exception's unwinding may). None when it never ran out, or caught it and went on."""
+    index = first_oom(entries)
+    if index is None or any(e.get("action") == "alloc" for e in entries[index + 1:]):
+        return None
+    return index
 
 
 def load_data(path: str) -> dict:

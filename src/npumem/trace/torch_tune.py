@@ -22,7 +22,7 @@ from ..alloc.torch_model.config import env_names
 from ..errors import InvalidParamError
 from ..units import format_size
 from .extend import STEPS, Extension, extend
-from .recording import Recording, first_oom
+from .recording import Recording, died_at, first_oom
 from .torch_replay import UNLIMITED, CapacityBounds, TorchReplay, capacity_bounds, replay_recording
 
 # PyTorch's knobs that change placement (garbage_collection_threshold acts only under
@@ -141,7 +141,7 @@ class TorchTuning:
     bounds: CapacityBounds | None = None  # what the recording's OOM says of the limit
     memory_given: bool = False            # --memory, rather than the limit the OOM implies
     extension: Extension | None = None
-    died_at: int | None = None            # the trace entry of the recording's first OOM
+    died_at: int | None = None            # the OOM the run ended on (not one it caught)
     batch: BatchEstimate | None = None
     worth_trying: Candidate | None = None  # gets past the failed request; the rest is unknown
     unextended: str = ""                  # why a run that died was not played on
@@ -267,11 +267,9 @@ def tune_recording(recording: Recording, memory: int | None = None,
     capped = bounds is not None and not bounds.device_full and not memory
     if (capped or base.per_process_memory_fraction is not None) and capacity:
         texts += GC_CANDIDATES
-    died_at = first_oom(recording.entries)
-    caught_at = None
-    if died_at is not None and any(e["action"] == "alloc" for e in recording.entries[died_at + 1:]):
-        caught_at, died_at = died_at, None        # the program caught it and went on
-    extension, unextended = extend(recording, steps) if died_at is not None else (None, "")
+    died = died_at(recording.entries)
+    caught_at = first_oom(recording.entries) if died is None else None   # and went on
+    extension, unextended = extend(recording, steps) if died is not None else (None, "")
     configs = [parse_config(text, base=base) if text else base for text in texts]
     work = _Work(recording, extension, capacity, capped)
     results = _each(work.judge, configs, workers, len(recording.entries), progress)
@@ -284,11 +282,11 @@ def tune_recording(recording: Recording, memory: int | None = None,
                                               c.decisive.device_allocs, len(c.config.describe())))
     # a run that died before it repeated anything: what comes after the failed request is
     # unknown, so a setting that gets past it is only worth trying, not recommended
-    certain = died_at is None or extension is not None
+    certain = died is None or extension is not None
     best = ranked[0] if ranked and certain else None
     tuning = TorchTuning(recording.path, recording.flavour, capacity, recorded, best, results,
                          recorded.result.recorded_peak_reserved_bytes, bounds,
-                         memory_given=bool(memory), extension=extension, died_at=died_at,
+                         memory_given=bool(memory), extension=extension, died_at=died,
                          worth_trying=None if certain or not ranked else ranked[0],
                          unextended=unextended, caught_at=caught_at)
     if best is None and tuning.worth_trying is None and capacity is not None:
