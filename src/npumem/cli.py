@@ -102,6 +102,33 @@ def _scheduler_options(command):
                         help="Worker processes (default: one per core).")(command)
 
 
+def _npu_chip_options(command):
+    command = click.option("--cann", default=None, metavar="VERSION",
+                           help="With --soc: the CANN version the run uses (e.g. 9.1.0). "
+                                "Default: 8.5.0.")(command)
+    return click.option("--soc", default=None, metavar="NAME",
+                        help="The Ascend chip to replay torch_npu's allocator for (e.g. "
+                             "Ascend910B3, Ascend950PR): torch_npu pads every request by 32 "
+                             "bytes, except on an Ascend950 with CANN 9.1.0 or newer. "
+                             "Default: Ascend910B3.")(command)
+
+
+def _npu_pad(soc: str | None, cann: str | None, torch_npu: bool) -> int | None:
+    """The request padding of --soc/--cann (None: the flavour's default)."""
+    from .alloc.torch_model.config import npu_pad
+    from .errors import InvalidParamError
+
+    if soc is None and cann is None:
+        return None
+    if not torch_npu:
+        raise click.BadParameter("the chip matters to torch_npu's allocator only; add "
+                                 "--allocator torch_npu", param_hint="--soc/--cann")
+    try:
+        return npu_pad(soc or "Ascend910B3", cann or "8.5.0")
+    except InvalidParamError as exc:
+        raise click.BadParameter(exc.message, param_hint="--soc/--cann") from None
+
+
 def _run_replays(label: str, quiet: bool, work):
     """Call `work(progress)` with a progress bar of finished replays; bad traces exit 2 with
     their file and position, bad options exit as usage errors."""
@@ -168,9 +195,10 @@ def _run_replays(label: str, quiet: bool, work):
                    "npumem.memory.step() does: ProfilerStep for torch.profiler's steps, or a "
                    "torch.profiler.record_function name. Without it, a snapshot's "
                    "npumem.memory.step() marks are used.")
+@_npu_chip_options
 @_scheduler_options
 def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_path, planner_lag,
-           steps, scheduler, workers):
+           steps, scheduler, workers, soc, cann):
     """Replay allocation traces through allocators and compare what they reserve.
 
         npumem replay snapshot.pickle --allocator torch --set expandable_segments=True
@@ -192,9 +220,10 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
         raise click.BadParameter(f"unknown allocator(s) {unknown}; choose from {', '.join(ALLOCATORS)}",
                                  param_hint="--allocator")
     device_memory = _size_option(memory, "--memory") if memory else None
+    pad = _npu_pad(soc, cann, any(name in ("torch", "torch_npu") for name in names))
     _check_paths(traces, plot_path)
     if check:
-        _replay_check(traces, names, settings, device_memory, as_json)
+        _replay_check(traces, names, settings, device_memory, as_json, pad)
         return
     snapshots = {path for path in traces if holds_snapshot(path)}
     # a snapshot is PyTorch's own recording: its question is what PyTorch's allocator would do
@@ -215,7 +244,8 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     environment, env_notes = _torch_environment(used, traces, snapshots, combos)
     notes += env_notes
     jobs = [ReplayJob(path, name, ",".join(filter(None, [environment.get((path, name)), chosen])),
-                      device_memory, planner_lag, steps)
+                      device_memory, planner_lag, steps,
+                      pad if name in ("torch", "torch_npu") else None)
             for path in traces for name in per_trace[path]
             for chosen in combos.get(name, [""])]
     results = _run_replays("replay", as_json, lambda update: run_jobs(jobs, scheduler, workers, update))
@@ -404,7 +434,7 @@ def _print_replay_table(results) -> None:
                 click.echo(line)
 
 
-def _replay_check(traces, names, settings, memory, as_json) -> None:
+def _replay_check(traces, names, settings, memory, as_json, pad=None) -> None:
     """npumem replay --check: the torch model against what the real allocator recorded."""
     import json
 
@@ -425,7 +455,7 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
     reports = []
     for path in traces:
         try:
-            result = replay_torch(path, allocator, text, memory, check=True)
+            result = replay_torch(path, allocator, text, memory, check=True, pad=pad)
         except TraceFormatError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
@@ -478,8 +508,9 @@ def _replay_check(traces, names, settings, memory, as_json) -> None:
               help="For a recording that ends in an out-of-memory: periods of what it repeats "
                    "to play on past the failed request, to judge each setting on the rest of "
                    "the run (0: judge on the recorded part only).")
+@_npu_chip_options
 @_scheduler_options
-def tune(trace, allocator, memory, as_json, steps, scheduler, workers):
+def tune(trace, allocator, memory, as_json, steps, scheduler, workers, soc, cann):
     """Recommend allocator settings for a recorded trace: replays every candidate and picks the
     one with the lowest peak reserved memory.
 
@@ -500,6 +531,7 @@ def tune(trace, allocator, memory, as_json, steps, scheduler, workers):
     if device_memory is not None and device_memory <= 0:
         raise click.BadParameter(f"{memory}: a device holds some memory; give a size such as "
                                  "16GiB", param_hint="--memory")
+    pad = _npu_pad(soc, cann, allocator != "pool")
     if allocator == "pool" and device_memory is not None:
         raise click.BadParameter("--memory asks which of PyTorch's settings finish on a device "
                                  "that size; npumem's pool is tuned on 64 GiB. Drop --allocator "
@@ -510,12 +542,12 @@ def tune(trace, allocator, memory, as_json, steps, scheduler, workers):
             click.echo(f"note: --scheduler {scheduler} is for pool tunes; PyTorch's settings "
                        "are replayed in local processes", err=True)
         _tune_torch(trace, allocator, device_memory, as_json, steps,
-                    1 if scheduler == "serial" else workers)
+                    1 if scheduler == "serial" else workers, pad)
     else:
         _tune_pool(trace, as_json, scheduler, workers)
 
 
-def _tune_torch(trace, allocator, memory, as_json, steps, workers) -> None:
+def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> None:
     import json
 
     from .profile.oom import oom_lines
@@ -524,7 +556,10 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers) -> None:
     from .units import format_size
 
     recording = _run_replays("tune", as_json, lambda update: load_for_model(
-        trace, "npu" if allocator == "torch_npu" else None))
+        trace, "npu" if allocator == "torch_npu" else None, pad))
+    if pad is not None and recording.flavour != "npu":
+        raise click.BadParameter(f"{trace} is a CUDA recording: add --allocator torch_npu to "
+                                 "replay it on an Ascend chip", param_hint="--soc/--cann")
     result = _run_replays("tune", as_json, lambda update: tune_recording(
         recording, memory, steps=steps, progress=update, workers=workers))
     if as_json:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
                                            round_size)
-from ..alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
+from ..alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig, from_snapshot
 from . import jsonl, safe_pickle
 from .events import TraceFormatError
 from .snapshot_schema import OOM_KEY, check_snapshot
@@ -88,6 +88,12 @@ class Recording:
     continues: "Recording | None" = None
     shared: int = 0                      # its first entries, the same as that one's
     limits: dict | None = None           # what c10 told its OOM observers (OOM_KEY), if kept
+    pad: int | None = None               # the target NPU's request padding (npu_pad); None: 32
+
+    def base_config(self) -> TorchAllocatorConfig:
+        """The allocator settings this recording ran with, on the chip it is replayed for."""
+        config = from_snapshot(self.settings, self.flavour)
+        return config if self.pad is None or self.flavour != "npu" else config.replace(pad=self.pad)
 
     @property
     def torch_version(self) -> str | None:
@@ -116,7 +122,7 @@ class Recording:
     def start_state(self, config: TorchAllocatorConfig | None = None) -> StartState:
         if self.continues is not None:
             return self.continues.start_state(config)
-        return rebuild_start(self, config or TorchAllocatorConfig(self.flavour))
+        return rebuild_start(self, config or self.base_config())
 
     @classmethod
     def from_events(cls, path: str, events, flavour: str = "cuda") -> "Recording":

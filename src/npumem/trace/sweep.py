@@ -39,12 +39,13 @@ class ReplayJob:
                                    # allocator what the recording shows it could use
     planner_lag: int = 0           # requests before a predictive layout is handed over
     steps: str | None = None       # the snapshot annotation that begins a step (see step_marks)
+    pad: int | None = None         # torch_npu: the target chip's request padding (npu_pad)
 
     def run(self, progress: Callable[[int], None] | None = None) -> ReplayResult:
         """`progress(events)` every 10,000 events replayed."""
         if self.allocator in TORCH_ALLOCATORS:
             result = replay_torch(self.trace, self.allocator, self.settings, self.memory,
-                                  progress=progress)
+                                  progress=progress, pad=self.pad)
             return ReplayResult.from_torch(result, self.allocator)
         settings = parse_settings(self.settings)
         if settings.predictive:      # the program's step marks, where the trace has them
@@ -64,17 +65,21 @@ class ReplayJob:
 
 
 def replay_torch(path: str, allocator: str = "torch", settings: str = "",
-                 memory: int | None = None, check: bool = False, progress=None):
+                 memory: int | None = None, check: bool = False, progress=None,
+                 pad: int | None = None):
     """`torch_replay.replay_file`, with notes first on how the settings read (the recorded
     ones included) and on combinations that do nothing or that torch_npu refuses."""
-    from ..alloc.torch_model.config import config_warnings, from_snapshot, parse_config
+    from ..alloc.torch_model.config import config_warnings, parse_config
     from .torch_replay import load_for_model, replay_recording
 
-    recording = load_for_model(path, "npu" if allocator == "torch_npu" else None)
-    base = from_snapshot(recording.settings, recording.flavour)
+    recording = load_for_model(path, "npu" if allocator == "torch_npu" else None, pad)
+    base = recording.base_config()
     config = parse_config(settings, base=base) if settings else base
     result = replay_recording(recording, config, capacity=memory, check=check, progress=progress)
     result.notes[:0] = config_warnings(config)
+    if pad is not None and recording.flavour != "npu":
+        result.notes.insert(0, "--soc/--cann concern torch_npu's allocator; this CUDA recording "
+                               "replays through CUDA's (add --allocator torch_npu)")
     return result
 
 

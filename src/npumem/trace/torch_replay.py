@@ -175,9 +175,7 @@ class CapacityBounds:
 def capacity_bounds(recording: Recording, start_reserved: int) -> CapacityBounds | None:
     """None when the trace never ran out (a retry's frees are replayed as recorded; they need
     no limit)."""
-    from ..alloc.torch_model import from_snapshot
-
-    sizer = TorchAllocatorModel(from_snapshot(recording.settings, recording.flavour))
+    sizer = TorchAllocatorModel(recording.base_config())
     reserved = most = start_reserved
     low, highs, full = 0, [], False
     for entry in recording.entries:
@@ -465,9 +463,9 @@ def _divergence(recording, recorded, model_events, index) -> Divergence:
         [_event_text(e.action, e.addr, e.size) for i, e in model_events if i == index])
 
 
-def load_for_model(path: str, flavour: str | None = None) -> Recording:
+def load_for_model(path: str, flavour: str | None = None, pad: int | None = None) -> Recording:
     """A snapshot pickle as a recording with its start state; any other trace format as a
-    recording that starts empty."""
+    recording that starts empty. `pad`: the target NPU's padding (config.npu_pad)."""
     from .formats import holds_snapshot, read_trace
     from .recording import load_recording
 
@@ -479,17 +477,21 @@ def load_for_model(path: str, flavour: str | None = None) -> Recording:
                                    "there is nothing to replay (record with "
                                    "torch.cuda.memory._record_memory_history()); npumem report "
                                    "reads its segments")
-        return recording
-    return Recording.from_events(path, read_trace(path), flavour or "cuda")
+    else:
+        recording = Recording.from_events(path, read_trace(path), flavour or "cuda")
+    recording.pad = pad
+    return recording
 
 
 def replay_file(path: str, allocator: str = "torch", settings: str = "",
-                memory: int | None = None, check: bool = False, progress=None) -> TorchReplay:
+                memory: int | None = None, check: bool = False, progress=None,
+                pad: int | None = None) -> TorchReplay:
     """`allocator` torch (the recording's own flavour, CUDA unless it came from an NPU) or
-    torch_npu; `settings` in PyTorch's key:value text, on top of what the recording used."""
-    from ..alloc.torch_model import from_snapshot, parse_config
+    torch_npu; `settings` in PyTorch's key:value text, on top of what the recording used;
+    `pad` the target NPU's request padding (config.npu_pad)."""
+    from ..alloc.torch_model import parse_config
 
-    recording = load_for_model(path, "npu" if allocator == "torch_npu" else None)
-    base = from_snapshot(recording.settings, recording.flavour)
+    recording = load_for_model(path, "npu" if allocator == "torch_npu" else None, pad)
+    base = recording.base_config()
     config = parse_config(settings, base=base) if settings else base
     return replay_recording(recording, config, capacity=memory, check=check, progress=progress)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..alloc.torch_model import TorchAllocatorConfig, from_snapshot, parse_config
+from ..alloc.torch_model import TorchAllocatorConfig, parse_config
 from ..alloc.torch_model.config import env_names
 from ..errors import InvalidParamError
 from ..units import format_size
@@ -253,7 +253,7 @@ def tune_recording(recording: Recording, memory: int | None = None,
     """Replay each candidate on `recording`; `memory` replays on a device of that size (else
     on the limit the recording's out-of-memory implies, if it has one). Large recordings
     replay their candidates in `workers` processes (default: one per core)."""
-    base = from_snapshot(recording.settings, recording.flavour)
+    base = recording.base_config()
     start = recording.start_state(base)
     if memory is not None and memory < start.reserved:
         raise InvalidParamError(f"--memory {format_size(memory)} is less than the "

@@ -300,7 +300,7 @@ class TorchAllocatorModel:
         """The granule an expandable segment of the small or the large pool maps in."""
         if small:
             return SMALL_BUFFER
-        return EXTRA_LARGE_BUFFER if self.config.page_size_1g else self.config.large_segment_size
+        return EXTRA_LARGE_BUFFER if self.config.page_size_1g else self.config.expandable_large_page
 
     def _should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size

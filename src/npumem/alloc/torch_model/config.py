@@ -45,8 +45,6 @@ KEYS = {
                       "pinned_mem_register", "pinned_max_round_threshold_mb",
                       "pinned_max_cached_size_mb"),
 }
-# c10 keys that torch_npu takes with a warning that it does not support them
-NPU_UNSUPPORTED = ("pinned_max_round_threshold_mb", "pinned_max_cached_size_mb")
 _BOOLS = {"expandable_segments", "pinned_use_background_threads", "release_lock_on_cudamalloc",
           "release_lock_on_hipmalloc", "release_lock_on_npumalloc", "pinned_use_cuda_host_register",
           "pinned_use_hip_host_register", "pinned_free_catch_all", "throw_on_cudamalloc_oom",
@@ -68,10 +66,12 @@ class TorchAllocatorConfig:
     expandable_segments: bool = False
     release_lock_on_malloc: bool = False         # lock handling only: placement is unchanged
     per_process_memory_fraction: float | None = None   # set_per_process_memory_fraction()
-    large_segment_size: int = LARGE_BUFFER       # npu: large_segment_size_mb / segment_size_mb
+    large_segment_size: int = LARGE_BUFFER       # large_segment_size_mb
+    segment_size: int = 0                        # npu: segment_size_mb (0: unset)
     base_addr_aligned_kb: int = 16               # npu: start alignment in expandable segments
     page_size_1g: bool = False                   # npu: page_size:1g
-    pad: int | None = None                       # npu: bytes added before rounding (CANN's +32)
+    multi_stream_lazy_reclaim: bool = False      # npu: when cross-stream frees are reaped
+    pad: int | None = None                       # npu: bytes added before rounding (npu_pad)
     text: str = ""                               # the settings string, as given
     notes: tuple = field(default=(), compare=False)   # how the text was read (config_warnings)
 
@@ -84,6 +84,15 @@ class TorchAllocatorConfig:
     @property
     def env_name(self) -> str:
         return ENV_NAME[self.flavour]
+
+    @property
+    def expandable_large_page(self) -> int:
+        """The page a large pool's expandable segment maps in (page_size:1g aside).
+        torch_npu get_custom_expandable_segment_size: large_segment_size_mb when it is not the
+        default 20 MiB, else the deprecated segment_size_mb when set, else 20 MiB."""
+        if self.large_segment_size != LARGE_BUFFER:
+            return self.large_segment_size
+        return self.segment_size or LARGE_BUFFER
 
     def divisions(self, size: int) -> int:
         """roundup_power2_divisions for a request of `size` bytes (its power-of-2 interval)."""
@@ -101,7 +110,7 @@ class TorchAllocatorConfig:
             parts.append("expandable_segments:True")
         if self.max_split_size != default.max_split_size:
             parts.append(f"max_split_size_mb:{self.max_split_size // MiB}")
-        if self.max_non_split_rounding_size != default.max_non_split_rounding_size:
+        if self.max_non_split_rounding_size != self.large_segment_size:     # c10's default
             parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding_size // MiB}")
         if self.garbage_collection_threshold:
             parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold:g}")
@@ -109,6 +118,8 @@ class TorchAllocatorConfig:
             parts.append("roundup_power2_divisions:" + _describe_divisions(self.roundup_power2_divisions))
         if self.large_segment_size != default.large_segment_size:
             parts.append(f"large_segment_size_mb:{self.large_segment_size // MiB}")
+        if self.segment_size:
+            parts.append(f"segment_size_mb:{self.segment_size // MiB}")
         if self.per_process_memory_fraction is not None:
             parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction:g}")
         if self.flavour == "npu":
@@ -116,6 +127,8 @@ class TorchAllocatorConfig:
                 parts.append(f"base_addr_aligned_kb:{self.base_addr_aligned_kb}")
             if self.page_size_1g:
                 parts.append("page_size:1g")
+            if self.multi_stream_lazy_reclaim:
+                parts.append("multi_stream_lazy_reclaim:True")
         if self.release_lock_on_malloc:
             parts.append(("release_lock_on_cudamalloc" if self.flavour == "cuda"
                           else "release_lock_on_npumalloc") + ":True")
@@ -314,14 +327,16 @@ def parse_config(text: str | None, flavour: str = "cuda",
         elif key == "large_segment_size_mb":
             changes["large_segment_size"] = floor = _megabytes(tokens, key, 11)   # c10: > 10
         elif key == "segment_size_mb":
-            changes["large_segment_size"] = _megabytes(tokens, key, 20, 512)
+            changes["segment_size"] = _megabytes(tokens, key, 20, 512)
             notes.append("torch_npu warns that segment_size_mb is deprecated: use "
                          "large_segment_size_mb")
         elif key == "base_addr_aligned_kb":
-            value = _int(tokens, key)
-            if value > 16:
-                raise tokens.refuse("base_addr_aligned_kb must be in [0, 16]", value)
-            changes["base_addr_aligned_kb"] = value
+            text = tokens.take()
+            # NPUAllocatorConfig::parseAddrAlignSize: digits only, no leading zero, [0, 16]
+            if not text.isdigit() or str(int(text)) != text or int(text) > 16:
+                raise tokens.refuse("base_addr_aligned_kb must be in [0, 16], written without "
+                                    "leading zeros", text)
+            changes["base_addr_aligned_kb"] = int(text)
         elif key == "page_size":
             value = tokens.take()
             if value != "1g":
@@ -329,6 +344,8 @@ def parse_config(text: str | None, flavour: str = "cuda",
             changes["page_size_1g"] = True
         elif key == "per_process_memory_fraction":
             changes["per_process_memory_fraction"] = _fraction(tokens, key, closed=True)
+        elif key == "multi_stream_lazy_reclaim":
+            changes["multi_stream_lazy_reclaim"] = _bool(tokens, key)
         elif key in _BOOLS:
             _bool(tokens, key)
         elif key == "pinned_num_register_threads":
@@ -337,8 +354,6 @@ def parse_config(text: str | None, flavour: str = "cuda",
                 raise tokens.refuse(f"{key} must be a power of 2 up to 128", value)
         else:                                   # host-memory sizes: no placement effect
             _int(tokens, key)
-        if flavour == "npu" and key in NPU_UNSUPPORTED:
-            notes.append(f"torch_npu warns that it does not support {key}, and ignores it")
         if tokens.more():
             tokens.take(",")
     for field_name, key in (("max_split_size", "max_split_size_mb"),
@@ -346,13 +361,70 @@ def parse_config(text: str | None, flavour: str = "cuda",
         if changes.get(field_name, floor) < floor:     # whichever of the two came first
             raise tokens.refuse(f"{key} must be >= {floor // MiB} (MiB, the large segment size)",
                                 changes[field_name] // MiB)
+    if "large_segment_size" in changes and "max_non_split_rounding_size" not in changes:
+        # AcceleratorAllocatorConfig::parseArgs reads large_segment_size_mb first and makes it
+        # the default of max_non_split_rounding_size
+        changes["max_non_split_rounding_size"] = changes["large_segment_size"]
     configured = config.replace(**changes)
+    if flavour == "npu":
+        notes += _npu_setting_notes(configured, changes)
     if flavour == "npu" and configured.expandable_segments and (
             configured.max_split_size != NO_LIMIT or configured.garbage_collection_threshold):
         raise tokens.fail("torch_npu refuses max_split_size_mb or garbage_collection_threshold "
                           "together with expandable_segments:True; set expandable_segments:False")
     joined = ",".join(filter(None, [config.text, (text or "").strip()]))
     return configured.replace(text=joined, notes=tuple(dict.fromkeys(notes)))
+
+
+def _npu_setting_notes(config: TorchAllocatorConfig, changes: dict) -> list[str]:
+    """What torch_npu's NPUAllocatorConfig::parseArgs warns about (it goes on)."""
+    notes = []
+    if "segment_size" in changes and config.large_segment_size != LARGE_BUFFER:
+        notes.append("torch_npu warns that both segment_size_mb and large_segment_size_mb are "
+                     "set: large_segment_size_mb wins, segment_size_mb is ignored")
+    if config.page_size_1g:
+        if config.large_segment_size != LARGE_BUFFER or config.segment_size:
+            notes.append("torch_npu warns that page_size:1g overrides large_segment_size_mb and "
+                         "segment_size_mb for the large pool (1 GiB segments and pages)")
+        notes.append("page_size:1g takes effect with CANN 8.1.RC1 and driver 25.0.RC1 or newer; "
+                     "older ones warn and fall back to 2 MiB huge pages (the replay assumes 1 GiB)")
+    if config.multi_stream_lazy_reclaim:
+        notes.append("multi_stream_lazy_reclaim:True only delays when blocks used on other "
+                     "streams return to the cache; a replay frees them where the recording does")
+    return notes
+
+
+# The SoC names torch_npu's SetSocVersion accepts (NpuVariables.cpp), besides "Ascend950..."
+SOC_NAMES = ("Ascend910PremiumA", "Ascend910ProA", "Ascend910A", "Ascend910ProB", "Ascend910B",
+             "Ascend310P1", "Ascend310P2", "Ascend310P3", "Ascend310P4", "Ascend310P5",
+             "Ascend310P7", "Ascend910B1", "Ascend910B2", "Ascend910B2C", "Ascend910B3",
+             "Ascend910B4", "Ascend910B4-1", "Ascend310B1", "Ascend310B2", "Ascend310B3",
+             "Ascend310B4", "Ascend910_9391", "Ascend910_9392", "Ascend910_9381",
+             "Ascend910_9382", "Ascend910_9372", "Ascend910_9362", "Ascend910_9363")
+
+
+def npu_pad(soc: str = "Ascend910B3", cann: str = "8.5.0") -> int:
+    """The bytes torch_npu adds to every request before rounding (AddPadSize in
+    NPUCachingAllocator.cpp): 32, except on an Ascend950 (any SoC name starting so, as
+    SetSocVersion reads it) with CANN 9.1.0 or newer (kMinDel32PaddingSizeCannVersion), from
+    the torch_npu 26.1.0 releases on. CANN versions order as X.Y.RCn < X.Y.0 <= X.Y.Z."""
+    if soc not in SOC_NAMES and not soc.startswith("Ascend950"):
+        close = difflib.get_close_matches(soc, SOC_NAMES + ("Ascend950PR",), 1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InvalidParamError(f"SoC {soc!r}{hint}: torch_npu knows {', '.join(SOC_NAMES)} "
+                                "and Ascend950*")
+    newer = _cann_version(cann) >= (9, 1, 1, 0)
+    return 0 if soc.startswith("Ascend950") and newer else 32
+
+
+def _cann_version(text: str) -> tuple:
+    """(major, minor, 0 for an RC / 1 for a release, number) of `8.1.RC1` or `9.1.0`."""
+    match = re.fullmatch(r"(\d+)\.(\d+)\.(?:RC(\d+)|(\d+))(?:\.\w+)?", text.strip())
+    if not match:
+        raise InvalidParamError(f"CANN version {text!r}: write it as CANN does, e.g. 8.1.RC1 "
+                                "or 9.1.0")
+    major, minor, rc, patch = match.groups()
+    return (int(major), int(minor), 0 if rc else 1, int(rc or patch))
 
 
 def config_warnings(config: TorchAllocatorConfig) -> list[str]:
