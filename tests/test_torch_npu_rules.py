@@ -253,3 +253,20 @@ def test_replay_and_tune_take_the_chip(tmp_path):
                         (["--allocator", "torch_npu", "--cann", "soon"], "9.1.0")):
         bad = runner.invoke(main, ["replay", str(path), *args])
         assert bad.exit_code == 2 and words in bad.output and "Traceback" not in bad.output
+
+
+# --- the keys: NAC kNPUSupportAccKeys (l.33) and NPUAllocatorConfig.h getKeys -----------------
+
+def test_the_npu_keys_are_torch_npus():
+    from npumem.alloc.torch_model.config import KEYS
+    common = {"max_split_size_mb", "garbage_collection_threshold", "roundup_power2_divisions",
+              "expandable_segments", "pinned_use_background_threads", "large_segment_size_mb",
+              "max_non_split_rounding_mb", "pinned_max_round_threshold_mb",
+              "pinned_max_cached_size_mb"}
+    own = {"pin_memory_expandable_segments", "pinned_mem_register", "base_addr_aligned_kb",
+           "page_size", "segment_size_mb", "multi_stream_lazy_reclaim",
+           "pinned_reserve_segment_size_mb", "per_process_memory_fraction",
+           "release_lock_on_npumalloc", "throw_on_npumalloc_oom"}
+    assert set(KEYS["npu"]) == common | own
+    with pytest.raises(InvalidParamError, match="unknown key 'backend'"):
+        parse_config("backend:native", "npu")      # a c10 key torch_npu does not take

@@ -99,6 +99,7 @@ class ModelStats:
 
 
 def round_size(size: int, config: TorchAllocatorConfig) -> int:
+    # torch_npu pads first (NPUCachingAllocator.cpp round_size l.2202, AddPadSize l.161)
     size += config.pad
     if size < MIN_BLOCK:
         return MIN_BLOCK
@@ -287,7 +288,10 @@ class TorchAllocatorModel:
         return self._new_segment_size(size)
 
     def _new_segment_size(self, size: int) -> int:
-        """The segment cudaMalloc is asked for on a cache miss (get_allocation_size)."""
+        """The segment cudaMalloc is asked for on a cache miss (get_allocation_size). torch_npu
+        takes it from aclrtMallocAlign32, which adds nothing to it (NPUCachingAllocator.cpp
+        l.3011): page_size:1g rounds the large pool's to 1 GiB (l.1194), large_segment_size_mb
+        sizes the 1-10 MiB ones (l.2771; segment_size_mb does not)."""
         if size <= SMALL_SIZE:
             return SMALL_BUFFER
         if self.config.page_size_1g:
@@ -297,7 +301,8 @@ class TorchAllocatorModel:
         return -(-size // ROUND_LARGE) * ROUND_LARGE
 
     def expandable_page(self, small: bool) -> int:
-        """The granule an expandable segment of the small or the large pool maps in."""
+        """The granule an expandable segment of the small or the large pool maps in
+        (torch_npu: NPUCachingAllocator.cpp l.2461-2465)."""
         if small:
             return SMALL_BUFFER
         return EXTRA_LARGE_BUFFER if self.config.page_size_1g else self.config.expandable_large_page
@@ -373,7 +378,9 @@ class TorchAllocatorModel:
 
     # --- placing a block ---------------------------------------------------------------------
     def _align_start(self, block: Block, size: int) -> Block:
-        """torch_npu: in expandable segments, large blocks start on base_addr_aligned_kb."""
+        """torch_npu: in expandable segments, blocks of 2 MiB or more start on
+        base_addr_aligned_kb; the bytes skipped stay free in the pool (NPUCachingAllocator.cpp
+        malloc, l.1397-1420)."""
         align = self.config.base_addr_aligned_kb * 1024
         if not (size >= ROUND_LARGE and self.config.expandable_segments and align
                 and block.addr % align):
@@ -449,6 +456,7 @@ class TorchAllocatorModel:
                 return candidate
         page = self.expandable_page(pool.small)
         capacity = self.device.capacity or (1 << 40)
+        # address space for 9/8 of the device (c10; torch_npu NPUCachingAllocator.cpp l.369)
         segment = ExpandableSegment(self.device, stream, page, capacity + capacity // 8)
         self.expandable.append(segment)
         candidate = segment.whole(pool, stream)

@@ -26,7 +26,8 @@ LARGE_BUFFER = 20 * MiB             # kLargeBuffer
 INTERVALS = 16                      # roundup_power2_divisions: 1 MiB .. 32 GiB, one per power of 2
 
 # Keys each flavour accepts: c10's AcceleratorAllocatorConfig and CUDAAllocatorConfig as of
-# PyTorch 2.13, torch_npu's NPUAllocatorConfig. Both stop at startup on any other key. The
+# PyTorch 2.13, torch_npu's NPUAllocatorConfig (kNPUSupportAccKeys, NPUAllocatorConfig.cpp l.33,
+# and getKeys in NPUAllocatorConfig.h). Both stop at startup on any other key. The
 # pinned-memory, locking and OOM-reporting keys act on host memory or threads: checked, no effect
 # on placement.
 _COMMON = ("max_split_size_mb", "max_non_split_rounding_mb", "garbage_collection_threshold",
@@ -326,7 +327,7 @@ def parse_config(text: str | None, flavour: str = "cuda",
                                   "npumem does not model; only backend:native is replayed")
         elif key == "large_segment_size_mb":
             changes["large_segment_size"] = floor = _megabytes(tokens, key, 11)   # c10: > 10
-        elif key == "segment_size_mb":
+        elif key == "segment_size_mb":        # NPUAllocatorConfig.cpp parseSegmentSizeMb l.189
             changes["segment_size"] = _megabytes(tokens, key, 20, 512)
             notes.append("torch_npu warns that segment_size_mb is deprecated: use "
                          "large_segment_size_mb")
@@ -337,7 +338,7 @@ def parse_config(text: str | None, flavour: str = "cuda",
                 raise tokens.refuse("base_addr_aligned_kb must be in [0, 16], written without "
                                     "leading zeros", text)
             changes["base_addr_aligned_kb"] = int(text)
-        elif key == "page_size":
+        elif key == "page_size":              # NPUAllocatorConfig.cpp parsePageSize l.177
             value = tokens.take()
             if value != "1g":
                 raise tokens.refuse("page_size takes 1g only", value)
@@ -368,6 +369,7 @@ def parse_config(text: str | None, flavour: str = "cuda",
     configured = config.replace(**changes)
     if flavour == "npu":
         notes += _npu_setting_notes(configured, changes)
+    # NPUAllocatorConfig.cpp parseArgs l.306-311: checked after every key is read
     if flavour == "npu" and configured.expandable_segments and (
             configured.max_split_size != NO_LIMIT or configured.garbage_collection_threshold):
         raise tokens.fail("torch_npu refuses max_split_size_mb or garbage_collection_threshold "
@@ -377,7 +379,8 @@ def parse_config(text: str | None, flavour: str = "cuda",
 
 
 def _npu_setting_notes(config: TorchAllocatorConfig, changes: dict) -> list[str]:
-    """What torch_npu's NPUAllocatorConfig::parseArgs warns about (it goes on)."""
+    """What torch_npu's NPUAllocatorConfig::parseArgs warns about and goes on (l.355-369;
+    page_size:1g's versions: NPUCachingAllocator.cpp IsMallocPage1GMem l.130)."""
     notes = []
     if "segment_size" in changes and config.large_segment_size != LARGE_BUFFER:
         notes.append("torch_npu warns that both segment_size_mb and large_segment_size_mb are "
