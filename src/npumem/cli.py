@@ -574,7 +574,9 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
                    f"{format_size(c.decisive.peak_reserved_bytes):>13} {headroom:>10}  {c.verdict()}")
     click.echo("")
     if result.best is not None:
-        real = (f"the recording really reserved {format_size(result.recorded_peak_reserved_bytes)}"
+        ran = {"cuda": "the CUDA run", "npu": "the NPU run"}.get(recording.recorded_flavour,
+                                                                 "the recording")
+        real = (f"{ran} really reserved {format_size(result.recorded_peak_reserved_bytes)}"
                 if result.recorded_peak_reserved_bytes is not None else
                 "the recording has no caching-allocator segments to compare with (a CPU or "
                 "plain alloc/free trace)")

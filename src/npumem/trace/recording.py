@@ -89,6 +89,7 @@ class Recording:
     shared: int = 0                      # its first entries, the same as that one's
     limits: dict | None = None           # what c10 told its OOM observers (OOM_KEY), if kept
     pad: int | None = None               # the target NPU's request padding (npu_pad); None: 32
+    recorded_flavour: str | None = None  # the allocator it was recorded on, where not `flavour`
 
     def base_config(self) -> TorchAllocatorConfig:
         """The allocator settings this recording ran with, on the chip it is replayed for."""
@@ -208,12 +209,11 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
                    if isinstance(annotation, dict) and annotation.get("device", device) == device]
     limits = data.get(OOM_KEY)
     entries, mine, workspaces = _without_workspaces(entries, mine)
-    if workspaces:
-        flavour = flavour or "npu"
-    return Recording(path, device, flavour or _guess_flavour(data, mine, entries),
+    native = "npu" if workspaces else _guess_flavour(data, mine, entries)
+    return Recording(path, device, flavour or native,
                      settings if isinstance(settings, dict) else None, mine, entries, annotations,
                      limits=limits if isinstance(limits, dict) and limits.get("device") == device
-                     else None)
+                     else None, recorded_flavour=native if flavour not in (None, native) else None)
 
 
 def _without_workspaces(entries: list, segments: list) -> tuple[list, list, bool]:
