@@ -270,3 +270,22 @@ def test_the_npu_keys_are_torch_npus():
     assert set(KEYS["npu"]) == common | own
     with pytest.raises(InvalidParamError, match="unknown key 'backend'"):
         parse_config("backend:native", "npu")      # a c10 key torch_npu does not take
+
+
+def test_tune_leaves_out_the_settings_torch_npu_would_stop_on(tmp_path):
+    from npumem.trace.recording import load_recording
+    from npumem.trace.torch_tune import tune_recording
+    workload = [("alloc", i, (i % 5 + 1) * 3 * MiB) for i in range(12)]
+    workload += [("free", i) for i in range(0, 12, 2)] + [("alloc", 20, 40 * MiB)]
+    snapshot = record(workload, "expandable_segments:True", flavour="npu")
+    snapshot["allocator_settings"] = {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+                                      "expandable_segments": True}
+    path = tmp_path / "expandable.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    recording = load_recording(str(path))
+    assert recording.flavour == "npu"
+    result = tune_recording(recording, workers=1)
+    tried = [c.config for c in result.candidates]
+    assert tried and all(c.expandable_segments for c in tried)
+    assert not any(c.max_split_size != (1 << 64) - 1 or c.garbage_collection_threshold
+                   for c in tried)

@@ -247,6 +247,16 @@ class TorchTuning:
                 "candidates": [row(c) for c in self.candidates]}
 
 
+def _accepted(texts, base: TorchAllocatorConfig):
+    """The candidates as configs on top of the recorded settings, less those the allocator
+    stops on at startup (torch_npu: expandable segments with a split size or a GC threshold)."""
+    for text in texts:
+        try:
+            yield parse_config(text, base=base) if text else base
+        except InvalidParamError:
+            continue
+
+
 def tune_recording(recording: Recording, memory: int | None = None,
                    candidates=CANDIDATES, steps: int = STEPS, progress=None,
                    workers: int | None = None) -> TorchTuning:
@@ -270,7 +280,7 @@ def tune_recording(recording: Recording, memory: int | None = None,
     died = died_at(recording.entries)
     caught_at = first_oom(recording.entries) if died is None else None   # and went on
     extension, unextended = extend(recording, steps) if died is not None else (None, "")
-    configs = [parse_config(text, base=base) if text else base for text in texts]
+    configs = list(_accepted(texts, base))
     work = _Work(recording, extension, capacity, capped)
     results = _each(work.judge, configs, workers, len(recording.entries), progress)
     env = env_names(recording.flavour, recording.torch_version)[0]
