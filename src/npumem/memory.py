@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _lock = threading.RLock()
+STEP_LISTENERS: list = []       # called at each step(): recorders that mark steps (tensor_recorder)
 _pools: dict[int, CachingAllocator] = {}
 _settings: AllocatorSettings | None = None
 _host_pool: HostPool | None = None
@@ -154,6 +155,8 @@ def step(device: int | None = None) -> None:
     so that `npumem replay` marks the step where the program did."""
     pool = get_allocator(device)
     pool.mark_step()
+    for listener in STEP_LISTENERS:
+        listener()
     if OBSERVERS.active:
         now = time.perf_counter_ns()
         for observer in OBSERVERS.active:

@@ -76,6 +76,31 @@ def capture(limit: int, skip: int = 0) -> tuple:
     return tuple(frames)
 
 
+def capture_above(skip: int, limit: int) -> tuple:
+    """The stack above the caller's `skip` innermost frames, up to `limit` frames, raw as
+    `capture` gives it, without looking at any frame: for hooks whose own frames are known.
+    `resolve_user` drops what runs the user's code (npumem's runner, runpy) at its outer end."""
+    try:
+        frame = sys._getframe(1 + skip)
+    except ValueError:
+        return ()
+    frames: list = []
+    append = frames.append
+    while frame is not None and limit:
+        append(frame.f_code)
+        append(frame.f_lasti)
+        limit -= 1
+        frame = frame.f_back
+    return tuple(frames)
+
+
+def resolve_user(raw: tuple | None) -> tuple[Frame, ...]:
+    """`resolve`, ending where npumem's own code (its runner) is reached again."""
+    codes = raw[::2] if raw else ()
+    end = next((i for i, code in enumerate(codes) if _internal(code)), len(codes))
+    return resolve(raw[:2 * end]) if end else ()
+
+
 _line_tables: dict = {}            # code object -> (range starts, [(start, end, line)])
 
 

@@ -1,0 +1,243 @@
+"""Every storage a PyTorch program creates and frees, with the Python stack that created it and
+what it is for (its category), recorded at the dispatcher: the CPU's memory, which has no
+caching allocator to ask, and fake tensors, which have no memory at all.
+
+A `TorchDispatchMode` sees each operator's outputs; a storage not seen before is an allocation,
+and a weak reference to it calls back when PyTorch frees it. Module, autograd and optimizer
+hooks say what a storage holds (`categories`); `optimizer.step()`, `torch.profiler`'s
+`step()` and `npumem.memory.step()` mark steps. Events go into integer columns that keep the
+newest `max_events` (a ring); `sample_bytes` keeps one allocation in about that many bytes of
+the small ones, for loops too hot to record whole.
+
+`snapshot()` writes PyTorch's snapshot format (what `torch.cuda.memory._snapshot()` returns),
+so `npumem report`, `diff`, `replay` and `tune` read a recording like any snapshot: each alloc
+entry carries `category`, and each step an external annotation.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import weakref
+from array import array
+from functools import partial
+
+from . import categories as cat
+from ..trace.step_marks import NPUMEM_STEP as STEP
+from .stacks import capture_above, resolve_user
+
+ALLOC, FREE = 0, 1
+DEFAULT_STACK_DEPTH = 48
+
+
+class TensorRecorder:
+    """Record from `start()` to `stop()`; `snapshot()` returns what was recorded."""
+
+    def __init__(self, max_events: int = 1_000_000, stacks: bool = True,
+                 stack_depth: int = DEFAULT_STACK_DEPTH, sample_bytes: int = 0):
+        if max_events < 1:
+            raise ValueError(f"max_events must be at least 1, got {max_events}")
+        self.max_events, self.stacks, self.stack_depth = max_events, stacks, stack_depth
+        self.sample_bytes = sample_bytes
+        self._lock = threading.RLock()     # a free can arrive while an alloc is recorded
+        # the event columns (one row per event; the oldest are dropped past 2 x max_events)
+        self._action, self._time, self._key = array("b"), array("q"), array("q")
+        self._size, self._stack, self._device = array("q"), array("q"), array("h")
+        self._first = 0                     # the number of events dropped from the front
+        self._stacks: list = []             # stack id -> raw stack (stacks.capture)
+        self._stack_ids: dict = {}
+        self._live: dict = {}     # storage key -> [event number, size, category, ref, device]
+        self._category_of: dict = {}        # alloc event number -> category, once known
+        self._steps: list = []              # (event number, time ns, source)
+        self._devices: dict = {}            # device (str) -> index
+        self._mode = None
+        self._undo: list = []               # what stop() takes down
+        self._skipped_bytes = 0             # allocations sampling left out
+        self._random = random.Random(0)
+        self.started_ns = 0
+
+    # --- start and stop --------------------------------------------------------------------------
+
+    def start(self) -> "TensorRecorder":
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outputs = self._outputs
+
+        class _Mode(TorchDispatchMode):
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                return False          # no wrapper that disables dynamo: 4 us less per op
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                outputs(out)
+                return out
+
+        self._tensor_type = torch.Tensor
+        self.started_ns = time.perf_counter_ns()
+        self._mode = _Mode()
+        self._mode.__enter__()
+        self._undo.append(lambda: self._mode.__exit__(None, None, None))
+        self._undo += cat.install(torch, self)
+        return self
+
+    def stop(self) -> "TensorRecorder":
+        while self._undo:
+            self._undo.pop()()
+        return self
+
+    def __enter__(self) -> "TensorRecorder":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- what the dispatcher hands out -----------------------------------------------------------
+
+    def _outputs(self, out) -> None:
+        tensor_type = self._tensor_type
+        if isinstance(out, tensor_type):
+            self._tensor(out)
+        elif isinstance(out, (tuple, list)):
+            for item in out:
+                if isinstance(item, tensor_type):
+                    self._tensor(item)
+
+    def _tensor(self, tensor) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):   # sparse and other storage-less tensors
+            return
+        key = storage._cdata
+        size = storage.nbytes()
+        seen = self._live.get(key)
+        if seen is not None:
+            if seen[1] == size:
+                return                       # a view, or an op in place
+            self._freed(key, None)           # resized: PyTorch allocated anew
+        if size == 0:
+            return
+        if self.sample_bytes and size < self.sample_bytes:
+            if self._random.random() * self.sample_bytes >= size:
+                self._skipped_bytes += size
+                return
+        # above _tensor, _outputs and the mode's __torch_dispatch__: where the op was called
+        raw = capture_above(3, self.stack_depth) if self.stacks else ()
+        with self._lock:
+            stack = self._stack_ids.get(raw)
+            if stack is None:
+                stack = self._stack_ids[raw] = len(self._stacks)
+                self._stacks.append(raw)
+            device = self._device_index(tensor.device)
+            number = self._append(ALLOC, key, size, stack, device)
+            self._live[key] = [number, size, None, weakref.ref(storage, partial(self._freed, key)),
+                               device]
+
+    def _freed(self, key: int, _ref) -> None:
+        with self._lock:
+            seen = self._live.pop(key, None)
+            if seen is None:
+                return
+            number, size, category, _, device = seen
+            if category is not None:
+                self._category_of[number] = category
+            self._append(FREE, key, size, -1, device)
+
+    def _append(self, action: int, key: int, size: int, stack: int, device: int) -> int:
+        self._action.append(action)
+        self._time.append(time.perf_counter_ns())
+        self._key.append(key)
+        self._size.append(size)
+        self._stack.append(stack)
+        self._device.append(device)
+        if len(self._action) >= 2 * self.max_events:       # keep the newest max_events
+            drop = len(self._action) - self.max_events
+            for column in (self._action, self._time, self._key, self._size, self._stack,
+                           self._device):
+                del column[:drop]
+            self._first += drop
+        return self._first + len(self._action) - 1
+
+    def _device_index(self, device) -> int:
+        name = str(device)
+        index = self._devices.get(name)
+        if index is None:
+            index = self._devices[name] = len(self._devices)
+        return index
+
+    # --- what the hooks learn --------------------------------------------------------------------
+
+    def categorize(self, tensor, category: str) -> None:
+        """`tensor`'s storage holds `category` (the strongest category it was given wins)."""
+        try:
+            key = tensor.untyped_storage()._cdata
+        except (AttributeError, RuntimeError, NotImplementedError):
+            return
+        with self._lock:
+            seen = self._live.get(key)
+            if seen is not None and cat.stronger(category, seen[2]):
+                seen[2] = category
+
+    def mark_step(self, source: str) -> None:
+        with self._lock:
+            self._steps.append((self._first + len(self._action), time.perf_counter_ns(), source))
+
+    # --- the recording ---------------------------------------------------------------------------
+
+    @property
+    def events(self) -> int:
+        return len(self._action)
+
+    def snapshot(self) -> dict:
+        """PyTorch's snapshot format: one device trace per device seen (in order of first use),
+        alloc and free_completed entries with frames and category, steps as annotations."""
+        with self._lock:
+            categories = dict(self._category_of)
+            for number, _, category, _, _ in self._live.values():
+                if category is not None:
+                    categories[number] = category
+            devices = list(self._devices) or ["cpu"]
+            traces: list[list] = [[] for _ in devices]
+            resolved: dict = {}
+            first = self._first
+            alloc_of: dict = {}              # key -> category of its live allocation
+            steps = [step for step in self._steps if step[0] >= first]
+            annotations, next_step = [], 0
+            for row in range(len(self._action)):
+                number = first + row
+                while next_step < len(steps) and steps[next_step][0] <= number:
+                    annotations += self._step_annotations(steps[next_step], traces)
+                    next_step += 1
+                action, key, size = self._action[row], self._key[row], self._size[row]
+                when = (self._time[row] - self.started_ns) / 1000.0
+                entry = {"action": "alloc" if action == ALLOC else "free_completed",
+                         "addr": key, "size": size, "stream": 0, "time_us": when}
+                if action == ALLOC:
+                    stack = self._stack[row]
+                    frames = resolved.get(stack)
+                    if frames is None:
+                        frames = resolved[stack] = [f.as_dict() for f in
+                                                    resolve_user(self._stacks[stack])]
+                    entry["frames"] = frames
+                    entry["category"] = alloc_of[key] = categories.get(number, cat.UNSET)
+                else:
+                    entry["frames"] = []
+                    entry["category"] = alloc_of.pop(key, cat.UNSET)
+                traces[self._device[row]].append(entry)
+            for step in steps[next_step:]:
+                annotations += self._step_annotations(step, traces)
+        snapshot = {"segments": [], "device_traces": traces, "external_annotations": annotations,
+                    "npumem": {"source": "npumem tensor recorder", "devices": devices,
+                               "dropped_events": first,
+                               "sampled_out_bytes": self._skipped_bytes}}
+        cat.name_unset(snapshot)
+        return snapshot
+
+    def _step_annotations(self, step: tuple, traces: list) -> list[dict]:
+        """A step's START on every device, before the entries that follow it there."""
+        _, ns, source = step
+        return [{"name": STEP, "stage": "START", "device": device,
+                 "time_us": (ns - self.started_ns) / 1000.0, "npumem_entry": len(entries),
+                 "source": source} for device, entries in enumerate(traces)]

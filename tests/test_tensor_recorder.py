@@ -1,0 +1,127 @@
+"""The tensor recorder: every storage made and freed, its stack and its category, in PyTorch's
+snapshot format, bounded, and over fake tensors too."""
+
+from __future__ import annotations
+
+import gc
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from npumem.profile.tensor_recorder import TensorRecorder  # noqa: E402
+
+
+def train(steps: int, leak: list | None = None, width: int = 32):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4))
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(steps):
+        loss = model(torch.randn(16, width)).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if leak is not None:
+            leak.append(model(torch.randn(16, width)).sum())     # its graph stays alive
+    return model, optimizer
+
+
+def allocs(snapshot, device: int = 0):
+    return [e for e in snapshot["device_traces"][device] if e["action"] == "alloc"]
+
+
+def test_every_storage_is_an_alloc_and_a_free_with_its_size():
+    with TensorRecorder() as recorder:
+        a = torch.empty(100)                  # 400 bytes
+        b = a.view(10, 10)                    # a view: no new storage
+        a.add_(1)                             # in place: none either
+        c = a + 1
+        del a, b, c
+        gc.collect()
+    entries = recorder.snapshot()["device_traces"][0]
+    assert [(e["action"], e["size"]) for e in entries] == [
+        ("alloc", 400), ("alloc", 400), ("free_completed", 400), ("free_completed", 400)]
+    assert entries[0]["addr"] != entries[1]["addr"]
+
+
+def test_the_stack_is_the_users_line():
+    with TensorRecorder() as recorder:
+        kept = torch.zeros(1000)
+    frames = allocs(recorder.snapshot())[0]["frames"]
+    assert frames[0]["filename"] == __file__
+    assert frames[0]["name"] == "test_the_stack_is_the_users_line"
+    assert kept.numel() == 1000
+
+
+def test_categories_of_a_training_loop():
+    with TensorRecorder() as recorder:
+        train(steps=3)
+    snapshot = recorder.snapshot()
+    kinds = Counter(e["category"] for e in allocs(snapshot))
+    assert kinds["parameter"] == 4                           # two weights, two biases
+    assert kinds["optimizer_state"] == 3 * 4      # AdamW: exp_avg, exp_avg_sq, the step count
+    assert kinds["gradient"] >= 4 and kinds["input"] == 3 and kinds["activation"] >= 3
+    assert kinds["temporary"] > 0
+    assert set(kinds) <= {"parameter", "optimizer_state", "gradient", "input", "activation",
+                          "temporary", "other"}
+    steps = [a for a in snapshot["external_annotations"] if a["name"] == "npumem.memory.step"]
+    assert [a["source"] for a in steps] == ["optimizer.step"] * 3
+    entries = snapshot["device_traces"][0]
+    assert all(0 < a["npumem_entry"] <= len(entries) for a in steps)
+
+
+def test_a_leaked_graph_is_other_and_stays_live():
+    kept: list = []
+    with TensorRecorder() as recorder:
+        train(steps=4, leak=kept)
+    entries = recorder.snapshot()["device_traces"][0]
+    live = Counter()
+    for e in entries:
+        live[e["addr"]] += 1 if e["action"] == "alloc" else -1
+    alive = [e for e in entries if e["action"] == "alloc" and live[e["addr"]] > 0]
+    assert sum(e["category"] in ("activation", "other") for e in alive) >= 4 * 2
+    assert len(kept) == 4
+
+
+def test_the_ring_keeps_the_newest_events():
+    with TensorRecorder(max_events=50) as recorder:
+        for _ in range(200):
+            torch.ones(8)
+    snapshot = recorder.snapshot()
+    assert 50 <= len(snapshot["device_traces"][0]) < 100
+    assert snapshot["npumem"]["dropped_events"] == 400 - len(snapshot["device_traces"][0])
+
+
+def test_sampling_keeps_large_allocations_and_counts_what_it_left_out():
+    with TensorRecorder(sample_bytes=1 << 20) as recorder:
+        big = torch.empty(1 << 20)           # 4 MiB: always kept
+        small = [torch.empty(16) for _ in range(2000)]     # 64 bytes each: about 1 in 16384
+    snapshot = recorder.snapshot()
+    sizes = [e["size"] for e in allocs(snapshot)]
+    assert 4 << 20 in sizes and len(sizes) < 20
+    assert snapshot["npumem"]["sampled_out_bytes"] >= 64 * 1900
+    assert big.numel() and len(small) == 2000
+
+
+def test_it_records_fake_tensors_which_have_no_memory():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), TensorRecorder() as recorder:
+        x = torch.empty(1024, 1024)
+        y = x @ x
+        del x, y
+    entries = recorder.snapshot()["device_traces"][0]
+    assert [(e["action"], e["size"]) for e in entries][:2] == [("alloc", 4 << 20)] * 2
+
+
+def test_stop_takes_every_hook_down():
+    from torch.nn.modules import module as nn_module
+
+    hooks = len(nn_module._global_forward_pre_hooks)
+    recorder = TensorRecorder().start()
+    recorder.stop()
+    assert len(nn_module._global_forward_pre_hooks) == hooks
+    torch.ones(4)                              # no longer recorded
+    assert recorder.events == 0
