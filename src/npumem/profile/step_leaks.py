@@ -1,0 +1,141 @@
+"""Leaks in a PyTorch recording are growth: memory allocated in one step and still live steps
+later, more of it at each step. A training loop's weights and optimizer state are made once
+(in the first step or before it), so they rise once and are never called leaks; a list that
+keeps each step's loss graph alive rises at every step.
+
+Steps are the recording's step marks (`optimizer.step()`, `torch.profiler`'s `step()`,
+`npumem.memory.step()`, as the tensor recorder writes them, or PyTorch's ProfilerStep
+annotations). For each site, the user's own line (the innermost frame outside installed
+libraries, the standard library, torch and npumem), the live bytes are taken at every step
+boundary and at the end. A site leaks when its live bytes never fall from the second boundary
+on and rise at least twice; its growth per step is the rise over the steps it spans.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from ..trace.step_marks import NPUMEM_STEP, PROFILER_STEP, named
+from ..units import format_size
+from .analysis import callers, site_name, user_frame
+
+MIN_RISES = 2
+
+
+@dataclass
+class StepLeak:
+    """A site whose live bytes grew step over step."""
+
+    where: str                          # the user's line
+    per_step: float                     # bytes added per step, on average
+    steps: int                          # the steps it grew over
+    live: int                           # its live bytes at the end
+    count: int                          # its live allocations at the end
+    categories: dict = field(default_factory=dict)   # category -> live bytes at the end
+    stack: list = field(default_factory=list)        # callers of the user's line, outward
+    inner: list = field(default_factory=list)        # frames inside it (libraries), inward
+
+    def describe(self) -> str:
+        kinds = ", ".join(f"{name} {format_size(n)}" for name, n in
+                          sorted(self.categories.items(), key=lambda kv: -kv[1]))
+        return (f"+{format_size(self.per_step)} per step over {self.steps} steps at {self.where}"
+                f" ({format_size(self.live)} live in {self.count} allocation(s): {kinds})")
+
+
+def step_starts(snapshot: dict, device: int) -> list[int]:
+    """Entry positions of `device`'s trace where a step begins (sorted, distinct)."""
+    names = (NPUMEM_STEP, PROFILER_STEP)
+    positions = set()
+    times = None
+    entries = (snapshot.get("device_traces") or [[]])[device]
+    for note in snapshot.get("external_annotations") or []:
+        if (not isinstance(note, dict) or note.get("stage") != "START"
+                or named(note) not in names or note.get("device", device) != device):
+            continue
+        entry = note.get("npumem_entry")
+        if not isinstance(entry, int) or isinstance(entry, bool):
+            if times is None:
+                times = [e.get("time_us", 0) for e in entries]
+            from bisect import bisect_left
+            when = note.get("time_us")
+            if not isinstance(when, (int, float)):
+                continue
+            entry = bisect_left(times, when)
+        positions.add(entry)
+    return sorted(positions)
+
+
+def step_leaks(snapshot: dict, device: int = 0) -> list[StepLeak]:
+    """The sites of `device` that grew step over step, the fastest first (none without three
+    step boundaries)."""
+    traces = snapshot.get("device_traces") or []
+    if device >= len(traces):
+        return []
+    entries, starts = traces[device], step_starts(snapshot, device)
+    if len(starts) < MIN_RISES + 1:
+        return []
+    sites: dict[int, str] = {}                  # id(frames) -> site: stacks are shared
+    live: dict[int, tuple[dict, str]] = {}
+    by_site: dict[str, int] = defaultdict(int)
+    samples: list[dict] = []                     # by_site at each boundary, then at the end
+    next_start = 0
+    for index, entry in enumerate(entries):
+        while next_start < len(starts) and starts[next_start] <= index:
+            samples.append(dict(by_site))
+            next_start += 1
+        action = entry.get("action")
+        if action == "alloc":
+            frames = entry.get("frames")
+            where = sites.get(id(frames)) if frames else None
+            if where is None:
+                where = site_name(entry)
+                if frames:
+                    sites[id(frames)] = where
+            live[entry.get("addr")] = (entry, where)
+            by_site[where] += entry.get("size", 0)
+        elif action in ("free_requested", "free_completed"):
+            alloc, where = live.pop(entry.get("addr"), (None, None))
+            if alloc is not None:
+                by_site[where] -= alloc.get("size", 0)
+    samples += [dict(by_site)] * (len(starts) - next_start)
+    samples.append(dict(by_site))
+    leaks = []
+    for where in by_site:
+        series = [sample.get(where, 0) for sample in samples][1:]   # from the second boundary
+        rises = sum(1 for a, b in zip(series, series[1:]) if b > a)
+        falls = any(b < a for a, b in zip(series, series[1:]))
+        if falls or rises < MIN_RISES:
+            continue
+        first = next(i for i, value in enumerate(series) if value == series[0])
+        spans = len(series) - 1 - first
+        mine = [e for e, site in live.values() if site == where]
+        kinds = Counter()
+        for e in mine:
+            kinds[e.get("category") or "other"] += e.get("size", 0)
+        frames = mine[-1].get("frames") or [] if mine else []
+        chosen = user_frame(frames)
+        inner = frames[:frames.index(chosen)] if chosen in frames else []
+        leaks.append(StepLeak(where, (series[-1] - series[0]) / max(spans, 1), spans,
+                              series[-1], len(mine), dict(kinds), callers(frames, chosen),
+                              [f"{f.get('filename')}:{f.get('line')} in {f.get('name')}"
+                               for f in inner]))
+    return sorted(leaks, key=lambda leak: (-leak.per_step, leak.where))
+
+
+def growth_per_step(snapshot: dict, device: int = 0) -> list[int]:
+    """Live bytes at each step boundary and at the end, less the first boundary's."""
+    entries = (snapshot.get("device_traces") or [[]])[device]
+    starts = step_starts(snapshot, device)
+    live, total, points, next_start = {}, 0, [], 0
+    for index, entry in enumerate(entries):
+        while next_start < len(starts) and starts[next_start] <= index:
+            points.append(total)
+            next_start += 1
+        if entry.get("action") == "alloc":
+            live[entry.get("addr")] = entry.get("size", 0)
+            total += entry.get("size", 0)
+        elif entry.get("action") in ("free_requested", "free_completed"):
+            total -= live.pop(entry.get("addr"), 0)
+    points += [total] * (len(starts) - next_start) + [total]
+    return [p - points[0] for p in points] if points else []
