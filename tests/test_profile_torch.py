@@ -1,5 +1,5 @@
-"""PyTorch's own memory in `npumem profile` and `track()`: the CPU recording through
-torch.profiler (CI), its conversion, and the hand-over to report, replay and tune. The cuda
+"""PyTorch's own memory in `npumem profile` and `track()`: the CPU recording by the tensor
+recorder (CI), and the hand-over to report, replay and tune. The cuda
 recording runs in tests/test_torch_cuda.py on a GPU."""
 
 import json
@@ -13,8 +13,6 @@ from click.testing import CliRunner
 
 from npumem import profile
 from npumem.cli import main
-from npumem.profile.analysis import analyze_snapshot
-from npumem.profile.torch_memory import snapshot_from_profiler_trace
 
 SCRIPT = textwrap.dedent("""\
     import torch
@@ -48,48 +46,6 @@ def _cuda_available() -> bool:
 cpu_recording = pytest.mark.skipif(_cuda_available(), reason="a GPU is recorded instead of the CPU")
 
 
-def _python(ts, dur, name, tid=1):
-    return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
-
-
-def _memory(ts, addr, nbytes, tid=1, device_type=0):
-    return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": ts, "tid": tid,
-            "args": {"Addr": addr, "Bytes": nbytes, "Device Type": device_type}}
-
-
-def test_profiler_memory_events_become_a_snapshot_with_the_python_stack():
-    trace = {"traceEvents": [
-        _python(0, 100, "npumem/profile/session.py(120): run_target"),     # the runner: dropped
-        _python(1, 90, "train.py(1): <module>"),
-        _python(10, 30, "train.py(7): step"),
-        _python(12, 5, "torch/nn/modules/linear.py(100): forward"),
-        _memory(13, 0x1000, 512),                       # inside forward, inside step
-        _memory(50, 0x2000, 64),                        # back in <module>
-        _memory(60, 0x1000, -512),
-        _memory(61, 0x9000, -32),                       # allocated before recording began
-        _memory(62, 0x3000, 128, device_type=1),        # not CPU memory: not this recording's
-        _python(70, 5, "<built-in method relu>"),
-    ]}
-    snapshot = snapshot_from_profiler_trace(trace)
-    entries = snapshot["device_traces"][0]
-    assert [e["action"] for e in entries] == ["alloc", "alloc", "free_requested", "free_completed"]
-    assert [f["name"] for f in entries[0]["frames"]] == ["forward", "step", "<module>"]
-    assert entries[0]["frames"][1] == {"filename": "train.py", "line": 7, "name": "step"}
-    assert [f["name"] for f in entries[1]["frames"]] == ["<module>"]
-    assert entries[2]["size"] == 512 and snapshot["segments"] == []
-    assert snapshot["npumem"]["frees_of_earlier_allocations"] == 1
-    device = analyze_snapshot(snapshot)[0]
-    assert device.peak_allocated == 576
-    assert device.at_peak[0].where == "train.py:7 in step"     # torch's own frame skipped
-
-
-def test_a_broken_profiler_trace_gives_an_empty_recording():
-    assert snapshot_from_profiler_trace({"traceEvents": [{"name": "[memory]"}, "junk"]}) == {
-        "segments": [], "device_traces": [[]],
-        "npumem": {"source": "torch.profiler memory events (cpu)", "frees_of_earlier_allocations": 0}}
-    assert snapshot_from_profiler_trace([])["device_traces"] == [[]]
-
-
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
     """`npumem profile` of a plain PyTorch script, in a fresh interpreter: torch is imported by
@@ -111,8 +67,8 @@ def test_profile_of_a_plain_torch_script_records_torch_memory(profiled):
     for name in ("torch_snapshot.pickle", "torch_summary.txt", "torch_report.html"):
         assert (out / name).stat().st_size > 0, name
     summary = (out / "torch_summary.txt").read_text()
-    assert "train.py:6 in step" in summary                # sites: the user's functions
-    assert "train.py:4 in <listcomp>" in summary or "train.py:3 in build" in summary
+    assert "train.py:9 in step" in summary                # sites: the user's lines
+    assert "train.py:4 in build" in summary
     with open(out / "torch_snapshot.pickle", "rb") as handle:
         snapshot = pickle.load(handle)
     entries = snapshot["device_traces"][0]

@@ -121,7 +121,8 @@ def _on_npumem_steps(recorder):
 
 def name_unset(snapshot: dict) -> None:
     """Name the entries no hook told about: temporary when freed before the next step began,
-    else other (alive across a step, or at the end). Steps are the snapshot's step annotations (`npumem_entry` per device)."""
+    else other (alive across a step, or at the end). Steps are the snapshot's step annotations
+    (`npumem_entry`, per device). A free carries its allocation's category."""
     for device, entries in enumerate(snapshot.get("device_traces") or []):
         starts = sorted(a["npumem_entry"] for a in snapshot.get("external_annotations") or []
                         if a.get("device") == device and "npumem_entry" in a)
@@ -130,13 +131,16 @@ def name_unset(snapshot: dict) -> None:
             while next_start < len(starts) and starts[next_start] <= index:
                 next_start += 1
                 step += 1
-            if entry["action"] == "alloc":
+            action = entry["action"]
+            if action == "alloc":
                 born[entry["addr"]] = (entry, step)
-            elif entry["action"] == "free_completed":
-                alloc, alloc_step = born.pop(entry["addr"], (None, None))
-                if alloc is not None and alloc["category"] == UNSET:
+                continue
+            alloc, alloc_step = (born.pop if action == "free_completed" else born.get)(
+                entry["addr"], (None, None))
+            if alloc is not None:
+                if alloc["category"] == UNSET:
                     alloc["category"] = TEMPORARY if alloc_step == step else OTHER
-                    entry["category"] = alloc["category"]
+                entry["category"] = alloc["category"]
         for alloc, _ in born.values():              # alive at the end
             if alloc["category"] == UNSET:
                 alloc["category"] = OTHER

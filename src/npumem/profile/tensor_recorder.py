@@ -35,11 +35,13 @@ class TensorRecorder:
     """Record from `start()` to `stop()`; `snapshot()` returns what was recorded."""
 
     def __init__(self, max_events: int = 1_000_000, stacks: bool = True,
-                 stack_depth: int = DEFAULT_STACK_DEPTH, sample_bytes: int = 0):
+                 stack_depth: int = DEFAULT_STACK_DEPTH, sample_bytes: int = 0,
+                 addresses: bool = False):
         if max_events < 1:
             raise ValueError(f"max_events must be at least 1, got {max_events}")
         self.max_events, self.stacks, self.stack_depth = max_events, stacks, stack_depth
         self.sample_bytes = sample_bytes
+        self.addresses = addresses          # entries carry data_ptr (real tensors only)
         self._lock = threading.RLock()     # a free can arrive while an alloc is recorded
         # the event columns (one row per event; the oldest are dropped past 2 x max_events)
         self._action, self._time, self._key = array("b"), array("q"), array("q")
@@ -47,7 +49,8 @@ class TensorRecorder:
         self._first = 0                     # the number of events dropped from the front
         self._stacks: list = []             # stack id -> raw stack (stacks.capture)
         self._stack_ids: dict = {}
-        self._live: dict = {}     # storage key -> [event number, size, category, ref, device]
+        # storage key -> [event number, size, category, weak ref, device, address]
+        self._live: dict = {}
         self._category_of: dict = {}        # alloc event number -> category, once known
         self._steps: list = []              # (event number, time ns, source)
         self._devices: dict = {}            # device (str) -> index
@@ -131,19 +134,20 @@ class TensorRecorder:
                 stack = self._stack_ids[raw] = len(self._stacks)
                 self._stacks.append(raw)
             device = self._device_index(tensor.device)
-            number = self._append(ALLOC, key, size, stack, device)
+            number = self._append(ALLOC, storage.data_ptr() if self.addresses else key, size,
+                                  stack, device)
             self._live[key] = [number, size, None, weakref.ref(storage, partial(self._freed, key)),
-                               device]
+                               device, self._key[-1]]
 
     def _freed(self, key: int, _ref) -> None:
         with self._lock:
             seen = self._live.pop(key, None)
             if seen is None:
                 return
-            number, size, category, _, device = seen
+            number, size, category, _, device, _ = seen
             if category is not None:
                 self._category_of[number] = category
-            self._append(FREE, key, size, -1, device)
+            self._append(FREE, seen[5], size, -1, device)
 
     def _append(self, action: int, key: int, size: int, stack: int, device: int) -> int:
         self._action.append(action)
@@ -195,7 +199,7 @@ class TensorRecorder:
         alloc and free_completed entries with frames and category, steps as annotations."""
         with self._lock:
             categories = dict(self._category_of)
-            for number, _, category, _, _ in self._live.values():
+            for number, _, category, *_ in self._live.values():
                 if category is not None:
                     categories[number] = category
             devices = list(self._devices) or ["cpu"]
@@ -225,6 +229,7 @@ class TensorRecorder:
                 else:
                     entry["frames"] = []
                     entry["category"] = alloc_of.pop(key, cat.UNSET)
+                    traces[self._device[row]].append(dict(entry, action="free_requested"))
                 traces[self._device[row]].append(entry)
             for step in steps[next_step:]:
                 annotations += self._step_annotations(step, traces)

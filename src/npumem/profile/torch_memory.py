@@ -4,9 +4,14 @@
 - cuda: the caching allocator's history (`torch.cuda.memory._record_memory_history`, Python
   stacks), then its snapshot: segments, blocks and every alloc, free and segment event.
 - npu: the same through torch_npu (`torch.npu.memory`), which mirrors that API.
-- cpu (no accelerator): `torch.profiler` memory events with Python stacks. The CPU allocator
-  caches nothing, so the recording has allocations and frees only, no segments. The profiler
-  names each Python function by its first line, so sites are functions, not lines.
+- cpu (no accelerator): the tensor recorder (`tensor_recorder`): every storage made and freed,
+  with its Python stack and category. The CPU allocator caches nothing, so the recording has
+  allocations and frees only, no segments.
+
+On every device the tensor recorder tells each allocation's category (parameter, gradient,
+optimizer state, activation, ...) and marks the program's steps (`optimizer.step()`, ...); on
+cuda and npu it runs without stacks (the allocator's history has them) and its categories and
+steps are laid onto the allocator's trace (`add_categories`).
 
 Every recording is kept as a snapshot dict in PyTorch's format, so `npumem report`, leaks, the
 timeline, `npumem replay` and `npumem tune` read it like a snapshot a user dumped. Recording
@@ -18,25 +23,15 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import json
-import os
-import re
 import sys
-import tempfile
 import threading
-
-CPU_DEVICE_TYPE = 0                 # "Device Type" of a CPU [memory] event in a profiler trace
-_PYTHON_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<name>.+)$")
-# Frames of what runs the user's script (npumem's runner, click, the profiler), not of the script.
-_RUNNER_FILES = ("npumem/", "click/", "torch/profiler/", "runpy", "<")
 
 
 class TorchMemory:
     """Records PyTorch's memory from `start` to `stop`; `snapshot()` gives what was recorded.
 
-    `cpu`: on a machine without an accelerator, record the CPU through torch.profiler (it traces
-    every Python call, which slows the script down; `npumem profile` does, `track()` only when
-    asked)."""
+    `cpu`: on a machine without an accelerator, record the CPU with the tensor recorder
+    (`npumem profile` does, `track()` only when asked)."""
 
     def __init__(self, max_entries: int = 1_000_000, cpu: bool = True):
         self.max_entries, self.cpu = max_entries, cpu
@@ -46,7 +41,7 @@ class TorchMemory:
         self._running = False                   # between start and stop
         self._recording = False                 # PyTorch is recording for us now
         self._hook: _AfterImport | None = None
-        self._profiler = None
+        self._recorder = None
         self._snapshot: dict | None = None
         self._out_of_memory: dict | None = None   # what c10 told its OOM observers, first time
 
@@ -94,11 +89,9 @@ class TorchMemory:
                     record(max_entries=self.max_entries, stacks="python")
             elif not self.cpu:
                 return
-            else:
-                self._profiler = torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                    with_stack=True)
-                self._profiler.__enter__()
+            from .tensor_recorder import TensorRecorder
+            self._recorder = TensorRecorder(self.max_entries, stacks=accelerator is None,
+                                            addresses=True).start()
             self.device, self._recording = accelerator or "cpu", True
             if accelerator == "cuda":
                 watch_out_of_memory(torch, self._saw_out_of_memory)
@@ -114,8 +107,9 @@ class TorchMemory:
             return None
         self._recording = False
         torch = sys.modules["torch"]
+        self._recorder.stop()
         if self.device == "cpu":
-            snapshot = _cpu_snapshot(self._profiler)
+            snapshot = self._recorder.snapshot()
         else:
             module = torch.get_device_module(self.device)
             module.synchronize()
@@ -123,6 +117,7 @@ class TorchMemory:
                 snapshot = module.memory._snapshot()
             finally:
                 module.memory._record_memory_history(enabled=None)
+            add_categories(snapshot, self._recorder.snapshot(), self.device)
         if self._out_of_memory is not None:
             from ..trace.snapshot_schema import OOM_KEY
             snapshot[OOM_KEY] = self._out_of_memory
@@ -206,61 +201,43 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-# --- cpu: the profiler's memory events, with the Python stack around each -----------------------
+# --- categories and steps onto an allocator's trace -----------------------------------------
 
-def _cpu_snapshot(profiler) -> dict:
-    profiler.__exit__(None, None, None)
-    handle, path = tempfile.mkstemp(suffix=".json")
-    os.close(handle)
-    try:
-        profiler.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as stream:
-            trace = json.load(stream)
-    finally:
-        os.unlink(path)
-    return snapshot_from_profiler_trace(trace)
-
-
-def snapshot_from_profiler_trace(trace: dict) -> dict:
-    """A PyTorch-format snapshot of the CPU [memory] events of a torch.profiler chrome trace,
-    each alloc with the Python functions running at the time (innermost first)."""
-    events = trace.get("traceEvents", []) if isinstance(trace, dict) else []
-    timeline = []
-    for event in events:
-        if not isinstance(event, dict) or "ts" not in event:
+def add_categories(snapshot: dict, recorded: dict, device_type: str) -> None:
+    """Lay the tensor recorder's categories and steps onto the caching allocator's trace: the
+    n-th allocation at an address in the recorder is the n-th alloc entry there (a storage is
+    one block). Entries the recorder did not see (made outside the dispatcher) get "other"."""
+    names = recorded.get("npumem", {}).get("devices", [])
+    for index, name in enumerate(names):
+        kind, _, ordinal = name.partition(":")
+        traces = snapshot.get("device_traces") or []
+        if kind != device_type or not ordinal.isdigit() or int(ordinal) >= len(traces):
             continue
-        if event.get("cat") == "python_function" and "dur" in event:
-            frame = _PYTHON_FRAME.match(str(event.get("name", "")))
-            if frame:
-                timeline.append((float(event["ts"]), 0, event.get("tid"), float(event["dur"]), {
-                    "filename": frame["file"], "line": int(frame["line"]), "name": frame["name"]}))
-        elif event.get("name") == "[memory]":
-            args = event.get("args") or {}
-            if args.get("Device Type") == CPU_DEVICE_TYPE and args.get("Bytes"):
-                timeline.append((float(event["ts"]), 1, event.get("tid"), 0.0, args))
-    timeline.sort(key=lambda item: (item[0], item[1]))
-    open_frames: dict = {}                  # thread -> [(end, frame)], outermost first
-    entries, live, earlier = [], set(), 0
-    for ts, kind, thread, duration, payload in timeline:
-        stack = open_frames.setdefault(thread, [])
-        while stack and stack[-1][0] <= ts:
-            stack.pop()
-        if kind == 0:
-            if not payload["filename"].startswith(_RUNNER_FILES):
-                stack.append((ts + duration, payload))
-            continue
-        size, addr = int(payload["Bytes"]), int(payload["Addr"])
-        if size < 0 and addr not in live:
-            earlier += 1                    # allocated before recording began (torch's import)
-            continue
-        if size > 0:
-            live.add(addr)
-            entries.append({"action": "alloc", "addr": addr, "size": size, "stream": 0,
-                            "time_us": ts, "frames": [frame for _, frame in reversed(stack)]})
-            continue
-        live.discard(addr)             # a CPU free is done at once: requested and completed
-        entries += [{"action": action, "addr": addr, "size": -size, "stream": 0, "time_us": ts,
-                     "frames": []} for action in ("free_requested", "free_completed")]
-    return {"segments": [], "device_traces": [entries],
-            "npumem": {"source": "torch.profiler memory events (cpu)",
-                       "frees_of_earlier_allocations": earlier}}
+        mine, theirs = recorded["device_traces"][index], traces[int(ordinal)]
+        queues: dict = {}
+        allocs_before = []                      # recorder entry position -> allocs before it
+        count = 0
+        for entry in mine:
+            allocs_before.append(count)
+            if entry["action"] == "alloc":
+                queues.setdefault(entry["addr"], []).append(entry["category"])
+                count += 1
+        allocs_before.append(count)
+        positions, count = [], 0                # allocator position of each alloc
+        categories = {}
+        for position, entry in enumerate(theirs):
+            action = entry.get("action")
+            if action == "alloc":
+                positions.append(position)
+                queue = queues.get(entry.get("addr"))
+                entry["category"] = categories[entry.get("addr")] = (
+                    queue.pop(0) if queue else "other")
+            elif action in ("free_requested", "free_completed"):
+                entry["category"] = categories.get(entry.get("addr"), "other")
+        notes = snapshot.setdefault("external_annotations", [])
+        for note in recorded.get("external_annotations") or []:
+            if note.get("device") != index:
+                continue
+            before = allocs_before[min(note["npumem_entry"], len(allocs_before) - 1)]
+            at = positions[before] if before < len(positions) else len(theirs)
+            notes.append(dict(note, device=int(ordinal), npumem_entry=at))
