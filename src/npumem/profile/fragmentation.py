@@ -1,7 +1,11 @@
 """Fragmentation of a snapshot (npumem's or PyTorch's): per segment and per device pool.
 
-free = bytes of inactive blocks; largest = the largest run of adjacent inactive blocks;
-ratio = (free - largest) / free: 0 when all free memory is one piece, near 1 when it is dust.
+free = bytes of inactive blocks; largest = the largest run of adjacent inactive blocks. A
+segment's ratio = (free - largest) / free: 0 when its free memory is one piece, near 1 when it
+is dust. A pool's free bytes are either cached (segments with nothing in them: whole, ready for
+any request that fits, and given back by empty_cache) or stranded (free bytes in segments that
+are partly in use); its fragmentation counts the stranded ones only: (stranded - the largest
+stranded piece) / stranded.
 A block map draws each segment as a row of cells: '#' allocated, '+' freed but pending (another
 stream may still use it), '.' free, ':' a cell holding both live and free bytes.
 """
@@ -39,11 +43,16 @@ class PoolFragmentation:
     allocated: int = 0
     free: int = 0
     largest_free: int = 0
+    cached: int = 0                    # free bytes in segments with nothing live
+    cached_segments: int = 0
+    stranded: int = 0                  # free bytes in segments partly in use
+    largest_stranded: int = 0
     segments: list[SegmentFragmentation] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
-        return (self.free - self.largest_free) / self.free if self.free else 0.0
+        """Fragmentation of the stranded bytes (cached whole segments are not fragmented)."""
+        return (self.stranded - self.largest_stranded) / self.stranded if self.stranded else 0.0
 
 
 def block_map(segment: dict, width: int) -> str:
@@ -92,7 +101,20 @@ def analyze(snapshot: dict, width: int = 64) -> list[PoolFragmentation]:
         pool.allocated += result.allocated
         pool.free += result.free
         pool.largest_free = max(pool.largest_free, result.largest_free)
+        if result.free == result.size:
+            pool.cached += result.free
+            pool.cached_segments += 1
+        else:
+            pool.stranded += result.free
+            pool.largest_stranded = max(pool.largest_stranded, result.largest_free)
     return [pools[device] for device in sorted(pools)]
+
+
+def describe_free(pool: PoolFragmentation) -> str:
+    """Where a pool's free bytes are: cached in empty segments, stranded in partly used ones."""
+    return (f"{format_size(pool.cached)} cached in {pool.cached_segments} empty segment(s), "
+            f"{format_size(pool.stranded)} stranded in partly used ones (largest piece "
+            f"{format_size(pool.largest_stranded)}), fragmentation {pool.ratio:.3f}")
 
 
 def format_fragmentation(pools: list[PoolFragmentation], max_segments: int = 20) -> str:
@@ -101,8 +123,8 @@ def format_fragmentation(pools: list[PoolFragmentation], max_segments: int = 20)
     lines = []
     for pool in pools:
         lines.append(f"device {pool.device}: reserved {format_size(pool.reserved)}, allocated "
-                     f"{format_size(pool.allocated)}, free {format_size(pool.free)}, largest free "
-                     f"block {format_size(pool.largest_free)}, fragmentation {pool.ratio:.3f}")
+                     f"{format_size(pool.allocated)}, free {format_size(pool.free)}: "
+                     f"{describe_free(pool)}")
         worst = sorted(pool.segments, key=lambda s: (-s.ratio, -s.free))[:max_segments]
         for seg in sorted(worst, key=lambda s: s.address):
             lines.append(f"  0x{seg.address:x} {format_size(seg.size):>11} [{seg.map}] free "

@@ -12,6 +12,7 @@ from html import escape
 from ..units import format_size
 from .aicore_html import kernels_section
 from .analysis import Point
+from .fragmentation import describe_free
 from .time_axis import time_ticks as _time_ticks
 from .time_axis import time_unit as _unit
 from .report import Report
@@ -64,6 +65,15 @@ def _nice_ticks(top: float, count: int = 5) -> list[float]:
     return [i * step for i in range(int(top // step) + 2)]
 
 
+def timeline_window(points: list[Point], spans=()) -> tuple[float, float]:
+    """(start, end) of a timeline, in the trace's microseconds: every event (a trace's clocks
+    need not rise in entry order) and every annotation, so that a step or mark after the last
+    event still shows. Times on the page are counted from its start."""
+    times = [p.time_us for p in points] or [0.0]
+    return (min(times + [item.start_us for item in spans]),
+            max(times + [item.end_us for item in spans]))
+
+
 def _at(us: float) -> str:
     """A time since the start, in the unit that suits it."""
     unit, scale = _unit(us)
@@ -82,9 +92,7 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
     points = _downsample(points, 700)
     left, right, top, bottom = 80, 34, 10, 28
     plot_width = width - left - right
-    # The window covers the annotations too: a step or mark after the last event still shows.
-    t0 = min([points[0].time_us] + [item.start_us for item in spans])
-    t1 = max([points[-1].time_us] + [item.end_us for item in spans])
+    t0, t1 = timeline_window(all_points, spans)
     span = (t1 - t0) or 1.0
     ymax = max(max(p.reserved, p.allocated, p.active) for p in points) or 1
     ticks = _nice_ticks(ymax)
@@ -366,11 +374,10 @@ def render_html(report: Report) -> str:
         out.append("<h2 class=bad>Out of memory</h2><pre style=\"white-space:pre-wrap\">"
                    + escape("\n".join(report.oom)) + "</pre>")
     for d in report.devices:
+        spans = [span for span in report.spans if span.kind != "op" or span.device == d.device]
         out.append(f"<h2>Device {d.device}: allocated and reserved over time</h2>")
-        out.append(timeline_svg(d.timeline, spans=[span for span in report.spans
-                                                   if span.kind != "op" or span.device == d.device],
-                                largest=d.largest, key=str(d.device)))
-        start = d.timeline[0].time_us if d.timeline else 0
+        out.append(timeline_svg(d.timeline, spans=spans, largest=d.largest, key=str(d.device)))
+        start = timeline_window(d.timeline, spans)[0]
         out.append(f"<h2>Device {d.device}: live at the peak ({escape(format_size(d.peak_allocated))}"
                    f" at {_at(d.peak_time_us - start)})</h2>")
         out.append(_sites_table(d.at_peak))
@@ -396,9 +403,9 @@ def render_html(report: Report) -> str:
         out.append("<p class=sub>No segments: nothing is reserved.</p>")
     for pool in report.fragmentation:
         out.append(f"<p>device {pool.device}: reserved {escape(format_size(pool.reserved))}, "
-                   f"free {escape(format_size(pool.free))}, largest free block "
-                   f"{escape(format_size(pool.largest_free))}, fragmentation "
-                   f"<b>{pool.ratio:.3f}</b> (= (free - largest) / free)</p>")
+                   f"free {escape(format_size(pool.free))}: {escape(describe_free(pool))} "
+                   "(fragmentation = (stranded - largest stranded piece) / stranded; cached "
+                   "empty segments are not fragmented)</p>")
         for seg in pool.segments[:40]:
             cells = "".join(f'<i class="{_CELL_CLASS[c]}"></i>' for c in seg.map)
             out.append(f'<div class=sub><code>0x{seg.address:x}</code> {escape(format_size(seg.size))},'
