@@ -345,7 +345,7 @@ def test_report_reads_a_pytorch_snapshot(tmp_path):
     path.write_bytes(pickle.dumps(snapshot))
     result = CliRunner().invoke(main, ["report", str(path)])
     assert result.exit_code == 0, result.output
-    assert "possible leaks" in result.output and "peak allocated" in result.output
+    assert "still live at its end" in result.output and "peak allocated" in result.output
 
 
 def test_pytest_plugin_markers(pytester):

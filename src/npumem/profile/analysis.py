@@ -63,6 +63,9 @@ class DeviceAnalysis:
     peak_stacks: dict[tuple[str, ...], int] = field(default_factory=dict)
     largest: list[Request] = field(default_factory=list)   # the biggest requests, for hover
     by_site: list[SiteUsage] = field(default_factory=list)    # all allocations in the trace
+    # What the memory live at the peak was for (parameter, activation, ...), where the trace
+    # says (the tensor recorder's categories): category -> requested bytes
+    peak_categories: dict[str, int] = field(default_factory=dict)
 
 
 # Frames of PyTorch's stack unwinder and allocator, which start every C++ stack in a snapshot.
@@ -192,6 +195,7 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
     result.peak_entry = peak_entry
     live_at_peak = live_after(list(start_live) + entries, peak_entry + len(start_live))
     result.at_peak = group_by_site(live_at_peak)
+    result.peak_categories = by_category(live_at_peak)
     result.peak_stacks = stacks_by_bytes(live_at_peak)
     allocs = [e for e in entries if e.get("action") == "alloc"]
     result.by_site = group_by_site(allocs)
@@ -199,6 +203,17 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
                               site_name(e), callers(e.get("frames") or [], None))
                       for e in heapq.nlargest(LARGEST, allocs, key=lambda e: e.get("size", 0))]
     return result
+
+
+def by_category(entries: list[dict]) -> dict[str, int]:
+    """Requested bytes by category, largest first; empty when no entry has one."""
+    totals: dict[str, int] = {}
+    for entry in entries:
+        category = entry.get("category")
+        if category:
+            totals[category] = totals.get(category, 0) + (entry.get("requested_size")
+                                                          or entry.get("size", 0))
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
 def stacks_by_bytes(entries: list[dict]) -> dict[tuple[str, ...], int]:

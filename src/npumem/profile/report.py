@@ -11,6 +11,7 @@ from ..units import format_size
 from .analysis import DeviceAnalysis, SiteUsage, analyze_snapshot, group_by_site, live_after
 from .fragmentation import PoolFragmentation, analyze, format_fragmentation, maps_over_time
 from .leaks import LeakReport
+from .step_leaks import StepLeak, growth_per_step, step_leaks, step_starts
 from .sampler import Sample
 from .tracker import Annotation
 
@@ -47,7 +48,10 @@ class Report:
     oom: list[str] = field(default_factory=list)      # an out-of-memory, explained
     spans: list[Span] = field(default_factory=list)   # for the timeline (a live profile only)
     moments: dict = field(default_factory=dict)       # device -> fragmentation.maps_over_time
-    growth: list[str] = field(default_factory=list)   # growing sites (a live profile only)
+    growth: list[str] = field(default_factory=list)   # growing sites, described
+    # live bytes at each step boundary and at the end, less the first boundary's (per device)
+    step_growth: dict = field(default_factory=dict)
+    step_leaks: list[StepLeak] = field(default_factory=list)   # a recording's growing sites
     kernels: list = field(default_factory=list)       # AI core Timelines (a live profile only)
 
     @property
@@ -93,12 +97,11 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     snapshot's trace allocated and never freed. With `clock` (ns -> the snapshot's us) the
     annotations are placed on the timeline too."""
     devices = analyze_snapshot(snapshot)
+    growing: list[StepLeak] = []
     if leaks is not None:
         rows, heading = leak_sites(leaks), "Leaks: allocations still live at exit"
-    else:        # one list over all devices
-        rows = group_by_site([entry for trace in snapshot.get("device_traces") or []
-                              for entry in live_after(trace, len(trace) - 1)])
-        heading = "Allocated during the trace and still live at its end (possible leaks)"
+    else:
+        rows, heading, growing = _snapshot_leaks(snapshot)
     notes = []
     traces = snapshot.get("device_traces") or []
     if any(traces) and not snapshot.get("segments") and not any(
@@ -114,6 +117,9 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
 
     report = Report(title, devices, analyze(snapshot), rows, heading, op_rows(list(annotations)),
                     list(samples), notes)
+    report.step_leaks = growing
+    report.step_growth = {d.device: growth_per_step(snapshot, d.device) for d in devices
+                          if step_starts(snapshot, d.device)}
     report.oom = explain_oom(snapshot, title)
     if clock is not None:
         report.spans = spans_of(list(annotations), clock)
@@ -124,6 +130,21 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     return report
 
 
+def _snapshot_leaks(snapshot: dict) -> tuple[list[SiteUsage], str, list[StepLeak]]:
+    """A recording's leaks are what grows step over step (`step_leaks`); what is merely live at
+    the end (weights, optimizer state, caches) is not. Without steps to compare, the list is
+    what is live at the end, and says that it is no more than that."""
+    traces = snapshot.get("device_traces") or []
+    if any(step_starts(snapshot, device) for device in range(len(traces))):
+        growing = [leak for device in range(len(traces))
+                   for leak in step_leaks(snapshot, device)]
+        rows = [SiteUsage(leak.where, leak.count, leak.live, leak.stack) for leak in growing]
+        return rows, "Leaks: growing step over step", growing
+    rows = group_by_site([entry for trace in traces for entry in live_after(trace, len(trace) - 1)])
+    return rows, ("Allocated during the trace and still live at its end (no steps are marked, so "
+                  "growth cannot be told from memory made once)"), []
+
+
 def _sites(title: str, sites: list[SiteUsage], limit: int) -> list[str]:
     if not sites:
         return []
@@ -131,6 +152,10 @@ def _sites(title: str, sites: list[SiteUsage], limit: int) -> list[str]:
     lines += [f"    {format_size(s.bytes):>12} in {s.count:>6} allocation(s)  {s.where}"
               for s in sites[:limit]]
     return lines
+
+
+def _signed(nbytes: int) -> str:
+    return ("+" if nbytes >= 0 else "-") + format_size(abs(nbytes))
 
 
 def format_report(report: Report, limit: int = 10) -> str:
@@ -145,13 +170,25 @@ def format_report(report: Report, limit: int = 10) -> str:
         lines.append(f"device {device.device}: {device.events} events, peak allocated "
                      f"{format_size(device.peak_allocated)}, peak reserved "
                      f"{format_size(device.peak_reserved)} (reserved/allocated {ratio:.3f})")
+        if device.peak_categories:
+            lines.append("  live at the allocated peak, by category: " + ", ".join(
+                f"{name} {format_size(n)}" for name, n in device.peak_categories.items()))
+        growth = report.step_growth.get(device.device)
+        if growth:
+            lines.append("  live bytes at each step, against the first: "
+                         + " ".join(_signed(n) for n in growth[:12])
+                         + (" ..." if len(growth) > 12 else ""))
         lines += _sites("live at the allocated peak, by site", device.at_peak, limit)
         lines += _sites("all allocations, by site", device.by_site, limit)
     lines.append("")
     lines.append(f"{report.leak_heading}:")
     if not report.leaks:
         lines.append("  none")
-    for row in report.leaks[:limit]:
+    for leak in report.step_leaks[:limit]:
+        lines.append(f"  {leak.describe()}")
+        lines += [f"      inside {frame}" for frame in leak.inner[-3:]]
+        lines += [f"      called from {frame}" for frame in leak.stack[:8]]
+    for row in report.leaks[:limit] if not report.step_leaks else ():
         lines.append(f"  {format_size(row.bytes):>12} in {row.count:>6} allocation(s)  {row.where}")
         lines += [f"      called from {frame}" for frame in row.callers[:4]]
     if len(report.leaks) > limit:
