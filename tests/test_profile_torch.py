@@ -64,9 +64,11 @@ def profiled(tmp_path_factory):
 def test_profile_of_a_plain_torch_script_records_torch_memory(profiled):
     out, stderr = profiled
     assert "PyTorch cpu:0 peak allocated" in stderr
-    for name in ("torch_snapshot.pickle", "torch_summary.txt", "torch_report.html"):
+    for name in ("torch_snapshot.pickle", "summary.txt", "report.html"):      # PyTorch's
         assert (out / name).stat().st_size > 0, name
-    summary = (out / "torch_summary.txt").read_text()
+    assert not (out / "snapshot.pickle").exists()       # the script never used npumem's runtime
+    summary = (out / "summary.txt").read_text()
+    assert summary.startswith("npumem profile of") and "PyTorch's cpu memory" in summary
     assert "train.py:9 in step" in summary                # sites: the user's lines
     assert "train.py:4 in build" in summary
     with open(out / "torch_snapshot.pickle", "rb") as handle:

@@ -114,7 +114,7 @@ def test_profile_of_a_plain_cuda_script_records_the_caching_allocator(tmp_path):
         snapshot = pickle.load(handle)
     actions = {e["action"] for e in snapshot["device_traces"][0]}
     assert {"alloc", "segment_alloc", "segment_free"} <= actions      # empty_cache was seen
-    summary = (tmp_path / "out" / "torch_summary.txt").read_text()
+    summary = (tmp_path / "out" / "summary.txt").read_text()
     assert "train.py:4 in step" in summary
     check = CliRunner().invoke(main, ["replay", "--check", str(snapshot_path)])
     assert check.exit_code == 0 and "MATCH" in check.output, check.output

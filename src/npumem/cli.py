@@ -733,15 +733,16 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, targ
 
         npumem profile --stacks -- train.py --epochs 1
 
-    Writes report.html, snapshot.pickle (PyTorch's format), trace.json (Perfetto),
-    memory_record.csv, operator_memory.csv, leaks.txt and summary.txt for npumem's memory, and
-    when the script uses torch, torch_snapshot.pickle, torch_summary.txt and torch_report.html
-    for PyTorch's own (`npumem replay`/`tune` take the pickle). Exits with the script's own exit
-    code. `-m module` runs a module instead of a script.
+    When the script uses torch: report.html and summary.txt on PyTorch's memory (peak by
+    category, leaks as growth step over step, the user's lines) and torch_snapshot.pickle
+    (PyTorch's snapshot format: `npumem replay`, `tune`, `diff` and `report` take it, or the
+    folder). When it uses npumem's runtime: snapshot.pickle, trace.json (Perfetto),
+    memory_record.csv, operator_memory.csv and leaks.txt, with its report as report.html and
+    summary.txt, or npumem_report.html and npumem_summary.txt beside PyTorch's. Exits with the
+    script's own exit code. `-m module` runs a module instead of a script.
     """
     from .errors import InvalidParamError
     from .profile.session import ProfileSession, prepare_folder, run_target
-    from .units import format_size
 
     if interval_ms <= 0:
         raise click.BadParameter("must be positive", param_hint="--interval")
@@ -761,40 +762,56 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, targ
     problems = session.write(folder, f"npumem profile of {' '.join(target)}")
     for problem in problems:
         click.echo(f"npumem profile: could not write {problem}", err=True)
-    leaks = session.tracker.leaks()
-    peaks = session.tracker.devices()
-    for device, totals in sorted(peaks.items()):
-        click.echo(f"npumem profile: device {device} peak allocated "
-                   f"{format_size(totals['peak_allocated'])}, peak reserved "
-                   f"{format_size(totals['peak_reserved'])}", err=True)
-    click.echo(f"npumem profile: {leaks.count} leaked allocation(s), {format_size(leaks.bytes)}; "
-               f"report: {folder / 'report.html'}", err=True)
-    for growth in session.tracker.growth()[:5]:
-        click.echo(f"npumem profile: probable leak, growing: {growth.describe()}", err=True)
-    _echo_torch_memory(session.tracker.torch_memory, folder)
+    torch_used = _echo_torch_memory(session.tracker.torch_memory, folder)
+    if session.npumem_used() or not torch_used:
+        _echo_npumem_memory(session, folder, "npumem_report.html" if torch_used else "report.html")
     del script_globals
     sys.exit(code)
 
 
-def _echo_torch_memory(recorder, folder) -> None:
-    """The profile's summary of PyTorch's own memory, and where to go next."""
-    from .profile.analysis import analyze_snapshot
+def _echo_npumem_memory(session, folder, page: str) -> None:
+    """The profile's summary of npumem's own runtime memory."""
+    from .units import format_size
+
+    leaks = session.tracker.leaks()
+    for device, totals in sorted(session.tracker.devices().items()):
+        click.echo(f"npumem profile: npumem device {device} peak allocated "
+                   f"{format_size(totals['peak_allocated'])}, peak reserved "
+                   f"{format_size(totals['peak_reserved'])}", err=True)
+    click.echo(f"npumem profile: npumem's runtime: {leaks.count} leaked allocation(s), "
+               f"{format_size(leaks.bytes)}; report: {folder / page}", err=True)
+    for growth in session.tracker.growth()[:5]:
+        click.echo(f"npumem profile: probable leak, growing: {growth.describe()}", err=True)
+
+
+def _echo_torch_memory(recorder, folder) -> bool:
+    """The profile's summary of PyTorch's memory, and where to go next; False when the script
+    made no tensor."""
+    from .profile.report import build_report
     from .units import format_size
 
     torch_snapshot = recorder.snapshot() if recorder is not None else None
     if torch_snapshot is None:
-        return
-    for device in analyze_snapshot(torch_snapshot):
+        return False
+    report = build_report(torch_snapshot, "")
+    for device in report.devices:
         reserved = (f", peak reserved {format_size(device.peak_reserved)}"
                     if recorder.device != "cpu" else "")
+        kinds = ", ".join(f"{name} {format_size(n)}" for name, n in
+                          list(device.peak_categories.items())[:4])
         click.echo(f"npumem profile: PyTorch {recorder.device}:{device.device} peak allocated "
-                   f"{format_size(device.peak_allocated)}{reserved} ({device.events} events)",
-                   err=True)
+                   f"{format_size(device.peak_allocated)}{reserved}"
+                   + (f" ({kinds})" if kinds else ""), err=True)
+    for leak in report.step_leaks[:3]:
+        click.echo(f"npumem profile: leak: {leak.describe()}", err=True)
+    if not report.step_leaks and report.step_growth:
+        click.echo("npumem profile: no leak: nothing grew step over step", err=True)
     pickle_path = folder / "torch_snapshot.pickle"
     replay = (f"npumem replay {pickle_path} --allocator torch" if recorder.device == "cpu" else
               f"npumem replay --check {pickle_path}")
-    click.echo(f"npumem profile: PyTorch's memory: {folder / 'torch_report.html'}; {replay}; "
+    click.echo(f"npumem profile: report: {folder / 'report.html'}; {replay}; "
                f"npumem tune {pickle_path}", err=True)
+    return True
 
 
 def _load(path: str):

@@ -70,12 +70,11 @@ class ProfileSession:
         self.tracker.stop()
 
     def write(self, folder: Path, title: str, echo=print) -> list[str]:
-        """Write every output into `folder`; returns the problems (empty when all went well)."""
-        from .. import memory as pool_api
+        """Write every output into `folder`; returns the problems (empty when all went well).
 
-        leaks = self.tracker.leaks()
-        with pool_api._lock:
-            pools = [pool_api._pools[d] for d in sorted(pool_api._pools)]
+        PyTorch first: when the script used torch, summary.txt and report.html are about
+        PyTorch's memory (torch_snapshot.pickle), and npumem's own runtime has its files only
+        if the script used it (npumem_summary.txt and npumem_report.html beside them)."""
         problems: list[str] = []
 
         def attempt(name: str, write) -> None:
@@ -84,11 +83,38 @@ class ProfileSession:
             except Exception as exc:     # noqa: BLE001 - keep the other outputs
                 problems.append(f"{name}: {type(exc).__name__}: {exc}")
 
-        snapshot = {"segments": [], "device_traces": []}
+        torch_snapshot = self._torch_snapshot(problems)
+        snapshot = self._npumem_snapshot(problems)
+        used = bool(snapshot["segments"] or any(snapshot["device_traces"]))
+        if used or torch_snapshot is None:
+            prefix = "npumem_" if torch_snapshot is not None else ""
+            self._write_npumem(folder, title, snapshot, attempt, prefix)
+        if torch_snapshot is not None:
+            recorder = self.tracker.torch_memory
+            report = build_report(torch_snapshot, f"{title}: PyTorch's {recorder.device} memory")
+            attempt("torch_snapshot.pickle", lambda p: save_snapshot(torch_snapshot, p))
+            attempt("summary.txt", lambda p: p.write_text(format_report(report), encoding="utf-8"))
+            attempt("report.html", lambda p: p.write_text(render_html(report), encoding="utf-8"))
+        return problems
+
+    def npumem_used(self) -> bool:
+        """Whether the script allocated through npumem's own runtime."""
+        return bool(self.tracker.devices())
+
+    def _npumem_snapshot(self, problems: list[str]) -> dict:
+        from .. import memory as pool_api
+
+        with pool_api._lock:
+            pools = [pool_api._pools[d] for d in sorted(pool_api._pools)]
         try:
-            snapshot = build_snapshot(pools, self.tracker)
+            return build_snapshot(pools, self.tracker)
         except Exception as exc:         # noqa: BLE001
             problems.append(f"snapshot: {type(exc).__name__}: {exc}")
+            return {"segments": [], "device_traces": []}
+
+    def _write_npumem(self, folder: Path, title: str, snapshot: dict, attempt,
+                      prefix: str) -> None:
+        leaks = self.tracker.leaks()
         report = build_report(snapshot, title, leaks, self.tracker.annotations(),
                               self.sampler.samples(), clock=self.tracker.wall_us)
         report.growth = [growth.describe() for growth in self.tracker.growth()]
@@ -104,24 +130,18 @@ class ProfileSession:
                           for line in report.growth)
         attempt("leaks.txt", lambda p: p.write_text(leaks.format(limit=100) + growing + "\n",
                                                     encoding="utf-8"))
-        attempt("summary.txt", lambda p: p.write_text(format_report(report), encoding="utf-8"))
-        attempt("report.html", lambda p: p.write_text(render_html(report), encoding="utf-8"))
-        self._write_torch(folder, title, attempt, problems)
-        return problems
+        attempt(f"{prefix}summary.txt",
+                lambda p: p.write_text(format_report(report), encoding="utf-8"))
+        attempt(f"{prefix}report.html",
+                lambda p: p.write_text(render_html(report), encoding="utf-8"))
 
-    def _write_torch(self, folder: Path, title: str, attempt, problems: list[str]) -> None:
+    def _torch_snapshot(self, problems: list[str]) -> dict | None:
         recorder = self.tracker.torch_memory
         if recorder is None:
-            return
+            return None
         if recorder.error:
             problems.append(f"PyTorch's memory: {recorder.error}")
-        torch_snapshot = recorder.snapshot()
-        if torch_snapshot is None:
-            return
-        report = build_report(torch_snapshot, f"{title}: PyTorch's own {recorder.device} memory")
-        attempt("torch_snapshot.pickle", lambda p: save_snapshot(torch_snapshot, p))
-        attempt("torch_summary.txt", lambda p: p.write_text(format_report(report), encoding="utf-8"))
-        attempt("torch_report.html", lambda p: p.write_text(render_html(report), encoding="utf-8"))
+        return recorder.snapshot()
 
 
 def run_target(target: list[str]) -> tuple[int, dict]:
