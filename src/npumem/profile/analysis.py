@@ -66,6 +66,8 @@ class DeviceAnalysis:
     # What the memory live at the peak was for (parameter, activation, ...), where the trace
     # says (the tensor recorder's categories): category -> requested bytes
     peak_categories: dict[str, int] = field(default_factory=dict)
+    # live bytes by category over time: [(time_us, {category: bytes})], thinned for drawing
+    category_timeline: list = field(default_factory=list)
 
 
 # Frames of PyTorch's stack unwinder and allocator, which start every C++ stack in a snapshot.
@@ -196,6 +198,8 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
     live_at_peak = live_after(list(start_live) + entries, peak_entry + len(start_live))
     result.at_peak = group_by_site(live_at_peak)
     result.peak_categories = by_category(live_at_peak)
+    if result.peak_categories or any("category" in e for e in entries[:1000]):
+        result.category_timeline = category_timeline(list(start_live) + entries)
     result.peak_stacks = stacks_by_bytes(live_at_peak)
     allocs = [e for e in entries if e.get("action") == "alloc"]
     result.by_site = group_by_site(allocs)
@@ -203,6 +207,40 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
                               site_name(e), callers(e.get("frames") or [], None))
                       for e in heapq.nlargest(LARGEST, allocs, key=lambda e: e.get("size", 0))]
     return result
+
+
+CATEGORY_POINTS = 800                # points of a category timeline kept for drawing
+
+
+def category_timeline(entries: list[dict]) -> list[tuple[float, dict[str, int]]]:
+    """Live bytes by category after each alloc and free, thinned to about CATEGORY_POINTS
+    points (each kept point is the highest total of its stretch, so peaks stay). Two passes:
+    the totals first, then the split by category at the points kept only."""
+    def walk(at=None):
+        live: dict = {}
+        totals: dict[str, int] = {}
+        total = 0
+        for index, entry in enumerate(entries):
+            action = entry.get("action")
+            if action == "alloc":
+                kind, size = entry.get("category") or "other", entry.get("size", 0)
+                live[entry.get("addr")] = (kind, size)
+            elif action == "free_requested" and entry.get("addr") in live:
+                kind, size = live.pop(entry.get("addr"))
+                size = -size
+            else:
+                continue
+            totals[kind] = totals.get(kind, 0) + size
+            total += size
+            if at is None:
+                yield index, total
+            elif index in at:
+                yield entry.get("time_us", 0), dict(totals)
+
+    points = list(walk())
+    stride = max(1, len(points) // CATEGORY_POINTS)
+    kept = {max(points[i:i + stride], key=lambda p: p[1])[0] for i in range(0, len(points), stride)}
+    return list(walk(kept))
 
 
 def by_category(entries: list[dict]) -> dict[str, int]:

@@ -12,6 +12,7 @@ from html import escape
 from ..units import format_size
 from .aicore_html import kernels_section
 from .analysis import Point
+from .category_chart import category_rows, category_svg
 from .fragmentation import describe_free
 from .time_axis import time_ticks as _time_ticks
 from .time_axis import time_unit as _unit
@@ -356,6 +357,39 @@ def _sites_table(sites, limit: int = 15) -> str:
                    for s in sites[:limit]], {0, 1})
 
 
+def _leak_card(report: Report) -> str:
+    """Leaks are growth where a recording has steps; without, what is live at the end is not
+    called a leak (neutral), as is npumem's exact report of its own runtime."""
+    if report.step_leaks:
+        per_step = sum(leak.per_step for leak in report.step_leaks)
+        return (f'<div class=card><span>leaks (growing per step)</span><b class=bad>'
+                f'{len(report.step_leaks)} site(s), +{escape(format_size(per_step))}</b></div>')
+    if report.step_growth:
+        return '<div class=card><span>leaks (growing per step)</span><b class=ok>none</b></div>'
+    if report.leak_heading.startswith("Leaks"):
+        leak_class = "bad" if report.leaks else "ok"
+        return (f'<div class=card><span>leaks</span><b class={leak_class}>'
+                f'{sum(r.count for r in report.leaks)} / '
+                f'{escape(format_size(report.leaked_bytes))}</b></div>')
+    return (f'<div class=card><span>live at the end (no steps marked)</span>'
+            f'<b>{escape(format_size(report.leaked_bytes))}</b></div>')
+
+
+def _step_leaks(report: Report) -> str:
+    rows = []
+    for leak in report.step_leaks[:50]:
+        stack = "".join(f"<div><code>{escape(f)}</code></div>"
+                        for f in [f"inside {frame}" for frame in leak.inner[-3:]]
+                        + [f"called from {frame}" for frame in leak.stack[:12]])
+        where = f"<details open><summary><code>{escape(leak.where)}</code></summary>{stack}</details>"
+        kinds = ", ".join(f"{kind} {format_size(n)}" for kind, n in
+                          sorted(leak.categories.items(), key=lambda kv: -kv[1]))
+        rows.append([f"+{escape(format_size(leak.per_step))}", str(leak.steps),
+                     escape(format_size(leak.live)), escape(kinds), where])
+    return _table(["per step", "steps", "live at end", "categories", "the user's line"], rows,
+                  {0, 1, 2})
+
+
 def render_html(report: Report) -> str:
     out = [_page_head(report.title, "npumem memory report")]
     out += [f"<p class=sub>{escape(note)}</p>" for note in report.notes]
@@ -365,10 +399,7 @@ def render_html(report: Report) -> str:
                      f'<b>{escape(format_size(d.peak_allocated))}</b></div>')
         cards.append(f'<div class=card><span>device {d.device} peak reserved</span>'
                      f'<b>{escape(format_size(d.peak_reserved))}</b></div>')
-    leak_class = "bad" if report.leaks else "ok"
-    cards.append(f'<div class=card><span>leaks</span><b class={leak_class}>'
-                 f'{sum(r.count for r in report.leaks)} / {escape(format_size(report.leaked_bytes))}'
-                 f'</b></div>')
+    cards.append(_leak_card(report))
     out.append(f"<div class=cards>{''.join(cards)}</div>")
     if report.oom:                # the run died: what happened, and the line to set, come first
         out.append("<h2 class=bad>Out of memory</h2><pre style=\"white-space:pre-wrap\">"
@@ -378,6 +409,13 @@ def render_html(report: Report) -> str:
         out.append(f"<h2>Device {d.device}: allocated and reserved over time</h2>")
         out.append(timeline_svg(d.timeline, spans=spans, largest=d.largest, key=str(d.device)))
         start = timeline_window(d.timeline, spans)[0]
+        if d.category_timeline:
+            out.append(f"<h2>Device {d.device}: live memory by category</h2>")
+            out.append(category_svg(d.category_timeline))
+        if d.peak_categories:
+            out.append(f"<h2>Device {d.device}: the peak by category</h2>")
+            out.append(_table(["category", "bytes", "share"], category_rows(d.peak_categories),
+                              {1, 2}))
         out.append(f"<h2>Device {d.device}: live at the peak ({escape(format_size(d.peak_allocated))}"
                    f" at {_at(d.peak_time_us - start)})</h2>")
         out.append(_sites_table(d.at_peak))
@@ -386,14 +424,17 @@ def render_html(report: Report) -> str:
         out.append(f"<h2>Device {d.device}: top allocation sites (all allocations)</h2>")
         out.append(_sites_table(d.by_site))
     out.append(f"<h2>{escape(report.leak_heading)}</h2>")
+    if report.step_leaks:
+        out.append(_step_leaks(report))
     rows = []
-    for row in report.leaks[:50]:
+    for row in report.leaks[:50] if not report.step_leaks else ():
         stack = "".join(f"<div><code>{escape(f)}</code></div>" for f in row.callers)
         where = f"<code>{escape(row.where)}</code>"
         if stack:
             where = f"<details><summary>{where}</summary>{stack}</details>"
         rows.append([escape(format_size(row.bytes)), str(row.count), where])
-    out.append(_table(["bytes", "allocations", "site"], rows, {0, 1}))
+    if rows or not report.step_leaks:
+        out.append(_table(["bytes", "allocations", "site"], rows, {0, 1}))
     if report.growth:
         out.append("<h2>Growing while the program ran (probable leaks)</h2><ul>")
         out += [f"<li class=bad><code>{escape(line)}</code></li>" for line in report.growth[:50]]
