@@ -7,8 +7,9 @@ Steps are the recording's step marks (`optimizer.step()`, `torch.profiler`'s `st
 `npumem.memory.step()`, as the tensor recorder writes them, or PyTorch's ProfilerStep
 annotations). For each site, the user's own line (the innermost frame outside installed
 libraries, the standard library, torch and npumem), the live bytes are taken at every step
-boundary and at the end. A site leaks when its live bytes never fall from the second boundary
-on and rise at least twice; its growth per step is the rise over the steps it spans.
+boundary and at the end. A site leaks when its live bytes never fall from the first boundary
+on and rise at least twice (memory made once, in the first step or later, rises once); its
+growth per step is the rise over the steps it spans.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def step_leaks(snapshot: dict, device: int = 0) -> list[StepLeak]:
     samples.append(dict(by_site))
     leaks = []
     for where in by_site:
-        series = [sample.get(where, 0) for sample in samples][1:]   # from the second boundary
+        series = [sample.get(where, 0) for sample in samples]
         rises = sum(1 for a, b in zip(series, series[1:]) if b > a)
         falls = any(b < a for a, b in zip(series, series[1:]))
         if falls or rises < MIN_RISES:
