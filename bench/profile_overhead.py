@@ -114,10 +114,10 @@ def pytorch_script(rounds: int, steps: int, as_json: bool) -> None:
     import sys
     import tempfile
 
-    try:
-        import transformers  # noqa: F401 - only whether it is there
-    except ImportError:
-        raise SystemExit("--pytorch needs transformers: pip install transformers") from None
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise SystemExit("--pytorch needs transformers: pip install transformers")
     with tempfile.TemporaryDirectory() as folder:
         script = os.path.join(folder, "gpt2_train.py")
         with open(script, "w", encoding="utf-8") as handle:
