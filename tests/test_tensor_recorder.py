@@ -127,3 +127,33 @@ def test_stop_takes_every_hook_down():
     assert len(nn_module._global_forward_pre_hooks) == hooks
     torch.ones(4)                              # no longer recorded
     assert recorder.events == 0
+
+
+def test_categories_and_steps_are_laid_onto_an_allocators_trace():
+    from npumem.profile.torch_memory import add_categories
+
+    def entry(action, addr, size=512, category=None):
+        e = {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 0,
+             "frames": []}
+        if category:
+            e["category"] = category
+        return e
+
+    recorded = {"npumem": {"devices": ["cpu", "cuda:0"]}, "device_traces": [
+        [entry("alloc", 7, category="input")],
+        [entry("alloc", 0x100, category="parameter"), entry("alloc", 0x200, category="temporary"),
+         entry("free_requested", 0x200, category="temporary"),
+         entry("free_completed", 0x200, category="temporary"),
+         entry("alloc", 0x200, category="activation")]],
+        "external_annotations": [{"name": "npumem.memory.step", "stage": "START", "device": 1,
+                                  "time_us": 5.0, "npumem_entry": 4, "source": "optimizer.step"}]}
+    allocator = {"segments": [], "device_traces": [[
+        entry("segment_alloc", 0x100, 2 << 20), entry("alloc", 0x100), entry("alloc", 0x200),
+        entry("free_requested", 0x200), entry("free_completed", 0x200), entry("alloc", 0x200),
+        entry("alloc", 0x900)]]}
+    add_categories(allocator, recorded, "cuda")
+    trace = allocator["device_traces"][0]
+    assert [e.get("category") for e in trace] == [
+        None, "parameter", "temporary", "temporary", "temporary", "activation", "other"]
+    step, = allocator["external_annotations"]
+    assert step["device"] == 0 and step["npumem_entry"] == 5     # before the third alloc
