@@ -121,7 +121,7 @@ def _frame_text(frame: dict) -> str:
     return f"{frame.get('filename')}:{frame.get('line')} in {frame.get('name')}"
 
 
-def callers(frames: list[dict], chosen: dict | None, limit: int = 7) -> list[str]:
+def callers(frames: list[dict], chosen: dict | None, limit: int = 16) -> list[str]:
     """The Python frames that called the chosen one, outermost last."""
     after = frames[frames.index(chosen) + 1:] if chosen in frames else frames
     return [_frame_text(frame) for frame in script_frames(after)[:limit]]

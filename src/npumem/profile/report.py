@@ -190,7 +190,7 @@ def format_report(report: Report, limit: int = 10) -> str:
         lines += [f"      called from {frame}" for frame in leak.stack[:8]]
     for row in report.leaks[:limit] if not report.step_leaks else ():
         lines.append(f"  {format_size(row.bytes):>12} in {row.count:>6} allocation(s)  {row.where}")
-        lines += [f"      called from {frame}" for frame in row.callers[:4]]
+        lines += [f"      called from {frame}" for frame in row.callers[:8]]
     if len(report.leaks) > limit:
         lines.append(f"  ... and {len(report.leaks) - limit} more site(s)")
     if report.growth:
