@@ -157,3 +157,22 @@ def test_categories_and_steps_are_laid_onto_an_allocators_trace():
         None, "parameter", "temporary", "temporary", "temporary", "activation", "other"]
     step, = allocator["external_annotations"]
     assert step["device"] == 0 and step["npumem_entry"] == 5     # before the third alloc
+
+
+def test_without_marks_the_repeated_step_is_learned_and_growth_found():
+    from npumem.profile.step_leaks import step_leaks, step_starts
+
+    weights = [torch.ones(64, 96), torch.ones(96, 80), torch.ones(80, 64)]
+    kept = []
+    with TensorRecorder() as recorder:
+        for _ in range(30):                     # no optimizer, no step marks
+            x = torch.ones(16, 64)
+            for w in weights:
+                x = torch.relu(x @ w)
+            kept.append(torch.empty(1000))      # the line that leaks
+    snapshot = recorder.snapshot()
+    starts = step_starts(snapshot, 0)
+    assert len(starts) >= 20
+    first, *_ = step_leaks(snapshot, 0)
+    assert first.where.endswith("in test_without_marks_the_repeated_step_is_learned_and_growth_found")
+    assert first.per_step == 4000

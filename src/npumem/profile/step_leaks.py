@@ -5,7 +5,7 @@ keeps each step's loss graph alive rises at every step.
 
 Steps are the recording's step marks (`optimizer.step()`, `torch.profiler`'s `step()`,
 `npumem.memory.step()`, as the tensor recorder writes them, or PyTorch's ProfilerStep
-annotations). For each site, the user's own line (the innermost frame outside installed
+annotations), else the step the program repeats, as npumem's step learner finds it. For each site, the user's own line (the innermost frame outside installed
 libraries, the standard library, torch and npumem), the live bytes are taken at every step
 boundary and at the end. A site leaks when its live bytes never fall from the first boundary
 on and rise at least twice (memory made once, in the first step or later, rises once); its
@@ -44,8 +44,47 @@ class StepLeak:
                 f" ({format_size(self.live)} live in {self.count} allocation(s): {kinds})")
 
 
+LEARN_ALLOCATIONS = 200_000            # allocations the step learner looks through, at most
+
+
 def step_starts(snapshot: dict, device: int) -> list[int]:
-    """Entry positions of `device`'s trace where a step begins (sorted, distinct)."""
+    """Entry positions of `device`'s trace where a step begins (sorted, distinct): the marked
+    steps, else the step the program repeats (`learned_steps`)."""
+    return marked_steps(snapshot, device) or learned_steps(
+        (snapshot.get("device_traces") or [[]])[device])
+
+
+def learned_steps(entries: list[dict]) -> list[int]:
+    """Where the step a program repeats begins, found by npumem's step learner from the sizes
+    of its requests (alloc/step_learner.py): every period from the first whole copy on. Empty
+    when no period is confirmed."""
+    from ..alloc.step_learner import StepLearner
+
+    learner = StepLearner()
+    alloc_positions: list[int] = []
+    found = None
+    for position, entry in enumerate(entries):
+        action = entry.get("action")
+        if action == "alloc":
+            alloc_positions.append(position)
+            if found is not None:
+                continue                     # the period is known: only count allocations
+            learner.on_alloc(entry.get("addr"), entry.get("size", 0), entry.get("size", 0))
+            if learner.confirmed:
+                found = (learner.confirmed, learner.anchor)
+            elif len(alloc_positions) >= LEARN_ALLOCATIONS:
+                return []
+        elif action == "free_completed" and found is None:
+            learner.on_free(entry.get("addr"))
+    if found is None:
+        return []
+    period, anchor = found
+    return alloc_positions[anchor::period]
+
+
+def marked_steps(snapshot: dict, device: int) -> list[int]:
+    """Entry positions where a marked step begins: optimizer.step(), torch.profiler's steps,
+    npumem.memory.step() (as the tensor recorder writes them), ProfilerStep annotations."""
     names = (NPUMEM_STEP, PROFILER_STEP)
     positions = set()
     times = None
