@@ -6,7 +6,7 @@ from npumem.units import GiB, KiB, MiB, align_up, carve, carve_size, format_size
 
 @pytest.mark.parametrize("text, expected", [
     ("16GiB", 16 * GiB), ("512 MiB", 512 * MiB), ("4k", 4 * KiB), ("100", 100), ("1.5G", GiB * 3 // 2),
-    ("2 tb", 2 << 40), (7, 7),
+    ("2 tib", 2 << 40), ("2 t", 2 << 40), (7, 7),
 ])
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
@@ -16,6 +16,12 @@ def test_parse_size(text, expected):
 def test_parse_size_rejects_garbage_with_a_hint(bad):
     with pytest.raises(ValueError, match="16GiB"):
         parse_size(bad)
+
+
+@pytest.mark.parametrize("text, binary", [("2 tb", "2TiB"), ("16GB", "16GiB"), ("3 kb", "3KiB")])
+def test_decimal_looking_units_are_refused_as_ambiguous(text, binary):
+    with pytest.raises(ValueError, match=f"ambiguous.*write {binary}"):
+        parse_size(text)
 
 
 def test_format_size():

@@ -18,13 +18,29 @@ def _size_option(value: str, option: str) -> int:
         raise click.BadParameter(str(exc), param_hint=option) from None
 
 
+def _device_memory(value: str | None) -> int | None:
+    """--memory: a device's size in bytes (None when not given)."""
+    if value is None:
+        return None
+    size = _size_option(value, "--memory")
+    if size <= 0:
+        raise click.BadParameter(f"{value}: a device holds some memory; give a size such as "
+                                 "16GiB", param_hint="--memory")
+    return size
+
+
 class _Commands(click.Group):
     """Every command: an npumem error no command handled (a bad NPUMEM_* setting, say) and
     running out of host memory end in one line, never a traceback."""
 
     def invoke(self, ctx):
+        from .environment_check import problems
         from .errors import AclError
 
+        for problem in problems():
+            click.echo(f"error: {problem}", err=True)
+        if problems():
+            sys.exit(2)
         try:
             return super().invoke(ctx)
         except AclError as exc:
@@ -219,7 +235,7 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     if unknown or not names:
         raise click.BadParameter(f"unknown allocator(s) {unknown}; choose from {', '.join(ALLOCATORS)}",
                                  param_hint="--allocator")
-    device_memory = _size_option(memory, "--memory") if memory else None
+    device_memory = _device_memory(memory)
     pad = _npu_pad(soc, cann, any(name in ("torch", "torch_npu") for name in names))
     _check_paths(traces, plot_path)
     if check:
@@ -527,10 +543,7 @@ def tune(trace, allocator, memory, as_json, steps, scheduler, workers, soc, cann
     except TraceFormatError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    device_memory = _size_option(memory, "--memory") if memory is not None else None
-    if device_memory is not None and device_memory <= 0:
-        raise click.BadParameter(f"{memory}: a device holds some memory; give a size such as "
-                                 "16GiB", param_hint="--memory")
+    device_memory = _device_memory(memory)
     pad = _npu_pad(soc, cann, allocator != "pool")
     if allocator == "pool" and device_memory is not None:
         raise click.BadParameter("--memory asks which of PyTorch's settings finish on a device "
@@ -835,7 +848,8 @@ def _load(path: str):
 @click.argument("path", type=click.Path())
 @click.option("--html", "html_out", type=click.Path(dir_okay=False), default=None,
               help="Also write the report as a self-contained HTML page.")
-@click.option("--top", default=10, show_default=True, type=int, help="Sites to list.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Sites to list.")
 @click.option("--snapshot", "snapshot_path", type=click.Path(dir_okay=False), default=None,
               help="With a memory_stats JSON file: the run's snapshot pickle, for fragmentation.")
 def report(path, html_out, top, snapshot_path):
@@ -848,17 +862,17 @@ def report(path, html_out, top, snapshot_path):
     from .output_files import OutputPathError, check_output
     from .profile.html import render_html
     from .profile.report import build_report, format_report
-    from .trace.events import NO_SUCH_FILE
+    from .trace.events import not_a_file
 
-    if not os.path.exists(path):
-        click.echo(f"error: {path}: {NO_SUCH_FILE}", err=True)
+    if not (os.path.isfile(path) or os.path.isdir(path)):
+        click.echo(f"error: {path}: {not_a_file(path)}", err=True)
         sys.exit(2)
     if html_out:
         try:
             check_output(html_out, None if os.path.isdir(path) else path)
         except OutputPathError as exc:
             raise click.BadParameter(str(exc), param_hint="--html") from None
-    if path.endswith(".json") and not _is_chrome_trace(path):
+    if path.endswith(".json") and os.path.isfile(path) and not _is_chrome_trace(path):
         _report_torch_stats(path, snapshot_path)
         return
     if os.path.isfile(path) and _is_usage_curve(path):
@@ -947,7 +961,8 @@ def _report_torch_stats(path: str, snapshot_path: str | None) -> None:
 @main.command("diff")
 @click.argument("before", type=click.Path())
 @click.argument("after", type=click.Path())
-@click.option("--top", default=20, show_default=True, type=int, help="Sites to list.")
+@click.option("--top", default=20, show_default=True, type=click.IntRange(min=1),
+              help="Sites to list.")
 def diff_command(before, after, top):
     """What grew between two snapshots (pickles or profile folders), by allocation site."""
     import os

@@ -11,24 +11,35 @@ TiB = 1 << 40
 
 _UNITS = {
     "": 1, "b": 1,
-    "k": KiB, "kb": KiB, "kib": KiB,
-    "m": MiB, "mb": MiB, "mib": MiB,
-    "g": GiB, "gb": GiB, "gib": GiB,
-    "t": TiB, "tb": TiB, "tib": TiB,
+    "k": KiB, "kib": KiB,
+    "m": MiB, "mib": MiB,
+    "g": GiB, "gib": GiB,
+    "t": TiB, "tib": TiB,
 }
+# KB, MB, GB, TB mean powers of ten to some tools and of two to others: refused, with both
+_AMBIGUOUS = {"kb": (KiB, 10**3), "mb": (MiB, 10**6), "gb": (GiB, 10**9), "tb": (TiB, 10**12)}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str | int) -> int:
     """Parse "16GiB", "512 MiB", "4k" or a plain integer into bytes.
 
-    Decimal-looking suffixes (KB, MB, GB) are read as powers of two, as memory tools do.
+    One-letter units (k, m, g, t) are powers of two, as PyTorch's settings read them. KB, MB,
+    GB and TB are refused: the same text means 10**9 or 2**30 bytes depending on the tool, so
+    the error gives both and asks for GiB or bytes.
     """
     if isinstance(text, int):
         if text < 0:
             raise ValueError(f"size must be non-negative, got {text}")
         return text
     match = _SIZE_RE.match(str(text))
+    if match and match.group(2).lower() in _AMBIGUOUS:
+        number, unit = match.groups()
+        binary, decimal = _AMBIGUOUS[unit.lower()]
+        raise ValueError(f"{text!r} is ambiguous: {number}{unit[0].upper()}iB is "
+                         f"{int(float(number) * binary):,} bytes, {number} x 10^"
+                         f"{len(str(decimal)) - 1} is {int(float(number) * decimal):,}; write "
+                         f"{number}{unit[0].upper()}iB, or the bytes")
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(
             f"cannot read {text!r} as a size; use a number with an optional unit "

@@ -164,9 +164,14 @@ def problem_from_trace(events: Iterable[TraceEvent], name: str = "",
         if index is not None:
             upper[index] = clock
         if event.action == "alloc":
+            nbytes = size_of(event.size) if size_of else event.size
+            if not 0 <= nbytes <= MAX_VALUE:     # as read_problem: int64 arithmetic stays exact
+                raise ProblemFormatError(name or "trace", f"event {clock}",
+                                         f"an allocation of {nbytes} bytes: sizes must be at "
+                                         f"most 2**48 ({MAX_VALUE}) to plan")
             open_at[event.addr] = len(lower)
             lower.append(clock), upper.append(-1)
-            size.append(size_of(event.size) if size_of else event.size)
+            size.append(nbytes)
     for index in open_at.values():
         upper[index] = clock + 1
     return problem_from_arrays(lower, upper, size, name=name)

@@ -96,9 +96,12 @@ class Runtime:
     def init(self, config_path: str = "", backend: str | DeviceBackend | None = None) -> None:
         """`backend`: an instance or a name (device/select.py); by default set_backend's
         choice, else NPUMEM_DEVICE, else the simulator."""
+        from ..environment_check import check_environment
+
         with self.lock:
             if self.initialized:
                 raise RepeatInitializeError("init was already called; call finalize first")
+            check_environment()          # a bad NPUMEM_* switch is an error, not "off"
             if backend is None:
                 backend = self.next_backend or default_spec()
             if not isinstance(backend, DeviceBackend):
