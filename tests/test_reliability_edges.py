@@ -102,3 +102,36 @@ def test_good_switches_pass_and_init_checks_them(monkeypatch):
     monkeypatch.delenv("NPUMEM_SANITIZE")
     npumem.init()                          # nothing was left half-started
     npumem.finalize()
+
+
+def test_a_small_file_of_shared_huge_stacks_costs_what_it_holds(tmp_path):
+    import pickle
+
+    frames = [{"filename": f"f{i}.py", "line": i, "name": "fn"} for i in range(20_000)]
+    entries = []
+    for i in range(2_000):
+        entries += [{"action": action, "addr": 4096 * (i + 1), "size": 512, "stream": 0,
+                     "time_us": i, "frames": frames}
+                    for action in ("alloc", "free_requested", "free_completed")]
+    source = tmp_path / "shared.pickle"
+    source.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}))
+    report = CliRunner().invoke(main, ["report", str(source)])
+    assert report.exit_code == 0 and "1 stack(s) had more than 256 frames" in report.output
+    target = tmp_path / "shared.jsonl"
+    converted = CliRunner().invoke(main, ["convert", str(source), str(target)])
+    assert converted.exit_code == 0, converted.output
+    assert target.stat().st_size < source.stat().st_size        # the stack is written once
+    from npumem.trace.recording import load_data
+
+    back = load_data(str(target))["device_traces"][0]
+    assert len(back) == 6_000 and len(back[0]["frames"]) == 256
+    assert back[0]["frames"] is back[-1]["frames"]              # still one list, shared
+    assert back[0]["frames"][0] == frames[0]
+
+
+def test_a_stack_reference_without_its_stack_is_refused(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"npumem_snapshot":1,"segments":[]}\n'
+                    '{"device":0,"action":"alloc","addr":1,"size":2,"frames":{"npumem_stack":7}}\n')
+    done = CliRunner().invoke(main, ["report", str(path)])
+    assert done.exit_code == 2 and "stack 7, which no line before defines" in done.output

@@ -102,7 +102,7 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
         rows, heading = leak_sites(leaks), "Leaks: allocations still live at exit"
     else:
         rows, heading, growing = _snapshot_leaks(snapshot)
-    notes = []
+    notes = list(snapshot.get("npumem_notes") or [])        # what reading the file changed
     traces = snapshot.get("device_traces") or []
     if any(traces) and not snapshot.get("segments") and not any(
             entry.get("action", "").startswith("segment_") for trace in traces for entry in trace):

@@ -6,6 +6,9 @@ A JSONL file can also hold a whole memory snapshot, losslessly: a first line
 `{"npumem_snapshot": 1, "segments": [...], ...every other top-level key...}`, then each trace
 entry as it was (all actions, frames, streams, times) with the device it belongs to:
 `{"device": 0, "action": "segment_alloc", "addr": ..., "size": ..., "frames": [...], ...}`.
+A stack that several entries share is written once, on a line `{"npumem_stack": 3, "frames":
+[...]}` before its first user, and the entries say `"frames": {"npumem_stack": 3}`: a file's
+size follows what it holds, not how often it refers to it.
 `recording.load_data` reads it like the pickle, so every command that takes a snapshot takes it.
 """
 
@@ -14,11 +17,12 @@ from __future__ import annotations
 import json
 from typing import Iterable, Iterator
 
-from .events import TraceEvent, TraceFormatError, checked_event
+from .events import TraceEvent, TraceFormatError, checked_event, shown
 from .textio import decode_json, open_for_writing, read_head, reading
 
 
 SNAPSHOT_KEY = "npumem_snapshot"
+STACK_KEY = "npumem_stack"
 
 
 def sniff(head: bytes) -> bool:
@@ -99,11 +103,20 @@ def write_snapshot(data: dict, path: str) -> int:
     header = {SNAPSHOT_KEY: 1, **{key: value for key, value in data.items()
                                   if key != "device_traces"}}
     count = 0
+    stacks: dict[int, tuple[list, int]] = {}     # id(frames) -> (frames, its number)
     try:
         with open_for_writing(path) as out:
             out.write(json.dumps(_to_json(header), separators=(",", ":")) + "\n")
             for device, entries in enumerate(data.get("device_traces") or []):
                 for entry in entries:
+                    frames = entry.get("frames")
+                    if isinstance(frames, list) and frames:
+                        known = stacks.get(id(frames))
+                        if known is None:
+                            known = stacks[id(frames)] = (frames, len(stacks))
+                            out.write(json.dumps({STACK_KEY: known[1], "frames": _to_json(
+                                frames)}, separators=(",", ":")) + "\n")
+                        entry = {**entry, "frames": {STACK_KEY: known[1]}}
                     out.write(json.dumps(_to_json({"device": device, **entry}),
                                          separators=(",", ":")) + "\n")
                     count += 1
@@ -132,8 +145,19 @@ def read_snapshot(path: str) -> dict:
         if not isinstance(header, dict) or header.pop(SNAPSHOT_KEY, None) != 1:
             raise TraceFormatError(path, "1", f"the first line must be {{\"{SNAPSHOT_KEY}\": 1, ...}}")
         traces: list[list] = []
+        stacks: dict[int, list] = {}
         for number, line in enumerate(lines, 2):
             entry = _decoded(path, str(number), line)
+            if isinstance(entry, dict) and STACK_KEY in entry:
+                stacks[entry[STACK_KEY]] = entry.get("frames")
+                continue
+            frames = entry.get("frames") if isinstance(entry, dict) else None
+            if isinstance(frames, dict) and STACK_KEY in frames:
+                if frames[STACK_KEY] not in stacks:
+                    raise TraceFormatError(path, str(number), f"frames refer to stack "
+                                           f"{shown(frames[STACK_KEY])}, which no line before "
+                                           "defines")
+                entry["frames"] = stacks[frames[STACK_KEY]]
             device = entry.pop("device", 0) if isinstance(entry, dict) else None
             if not isinstance(device, int) or not 0 <= device < 1024:
                 raise TraceFormatError(path, str(number), "a trace entry is not an object with "

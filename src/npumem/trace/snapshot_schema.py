@@ -23,9 +23,19 @@ ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segmen
            "segment_map", "segment_unmap", "oom", "snapshot", "annotate", "workspace_snapshot")
 
 
+# Frames kept per stack: PyTorch's unwinder stops far below this; a file whose entries share a
+# list of 100,000 frames would otherwise cost every reader 100,000 frames per entry.
+MAX_FRAMES = 256
+NOTES_KEY = "npumem_notes"          # what reading a file changed, for the report to say
+
+
 class _Checker:
     def __init__(self, path: str):
         self.path = path
+        # id(frames) -> (frames, the frames kept): each list checked once; holding the list
+        # keeps its id from being reused while the check runs
+        self.stacks: dict[int, tuple[list, list]] = {}
+        self.cut = 0                          # stacks longer than MAX_FRAMES
 
     def fail(self, where: str, reason: str):
         raise TraceFormatError(self.path, where, reason)
@@ -54,8 +64,26 @@ class _Checker:
                 self.fail(f"{where}.{key}", f"must be a string, got {shown(value)}")
 
     def frames(self, item: dict, where: str) -> None:
+        """Check a stack once however many items share it, and keep its innermost
+        MAX_FRAMES frames."""
         frames = item.get("frames")
-        if frames is None or _plain_frames(frames):
+        if frames is None:
+            return
+        known = self.stacks.get(id(frames))
+        if known is None:
+            self._check_frames(frames, where)
+            kept = frames
+            if len(frames) > MAX_FRAMES:
+                kept = frames[:MAX_FRAMES]
+                self.cut += 1
+            self.stacks[id(frames)] = (frames, kept)
+        else:
+            kept = known[1]
+        if kept is not frames:
+            item["frames"] = kept
+
+    def _check_frames(self, frames, where: str) -> None:
+        if _plain_frames(frames):
             return
         if not isinstance(frames, list):
             self.fail(f"{where}.frames", f"must be a list, got {shown(frames)}")
@@ -153,6 +181,10 @@ def check_snapshot(data, path: str) -> dict:
             checker.fail(f"device_traces[{device}]", f"must be a list, got {shown(trace)}")
         for index, entry in enumerate(trace):
             checker.entry(entry, f"device_traces[{device}][{index}]")
+    if checker.cut:
+        data.setdefault(NOTES_KEY, []).append(
+            f"{checker.cut} stack(s) had more than {MAX_FRAMES} frames: the innermost "
+            f"{MAX_FRAMES} are kept")
     return data
 
 
