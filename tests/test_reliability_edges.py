@@ -135,3 +135,16 @@ def test_a_stack_reference_without_its_stack_is_refused(tmp_path):
                     '{"device":0,"action":"alloc","addr":1,"size":2,"frames":{"npumem_stack":7}}\n')
     done = CliRunner().invoke(main, ["report", str(path)])
     assert done.exit_code == 2 and "stack 7, which no line before defines" in done.output
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".pickle", ".csv"])
+def test_convert_never_exits_0_on_a_file_it_cannot_read_back(tmp_path, suffix):
+    source = tmp_path / "header.csv"
+    source.write_text("Thread,Time,Action,Pointer,Size,Stream\n")       # an RMM header only
+    target = tmp_path / f"out{suffix}"
+    done = CliRunner().invoke(main, ["convert", str(source), str(target)])
+    if done.exit_code == 0:
+        assert CliRunner().invoke(main, ["report", str(target)]).exit_code == 0
+    else:
+        assert done.exit_code == 2 and "nothing was written" in done.output
+        assert not target.exists() and not list(tmp_path.glob("*.partial*"))

@@ -645,8 +645,11 @@ def convert(source, target, fmt):
         check_output(target, source)
         fmt = fmt or format_for_output(target)
         source_format = detect_format(source)
+        notes: list[str] = []
         with written_whole(target) as partial:
-            count = convert_file(source, partial, fmt)
+            count = convert_file(source, partial, fmt, notes)
+            if count == 0:
+                _readable_or_refused(source, partial, fmt)
     except OutputPathError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -659,10 +662,28 @@ def convert(source, target, fmt):
         click.echo(f"error: cannot write {target}: {exc.strerror}", err=True)
         sys.exit(2)
     click.echo(f"{source} ({source_format}) -> {target} ({fmt}): {count} events")
+    for note in notes:
+        click.echo(f"note: {source}: {note}")
     if _echo_recorded_ooms([source]) and fmt not in ("snapshot", "jsonl"):
         click.echo(f"note: {target} holds allocations and frees only: the out-of-memory, the "
                    f"segments and the settings stay in {source} (convert to .pickle or .jsonl "
                    "keeps them)")
+
+
+def _readable_or_refused(source: str, written: str, fmt: str) -> None:
+    """A conversion that wrote no event (a header-only input, say) must still give a file
+    npumem reads back; otherwise nothing is written and the reason is given."""
+    from .trace import TraceFormatError, read_trace
+    from .trace.recording import load_data
+
+    try:
+        if fmt in ("snapshot", "jsonl"):
+            load_data(written)
+        else:
+            list(read_trace(written))
+    except TraceFormatError:
+        raise TraceFormatError(source, "", "holds no allocation or free to convert (a header "
+                               "only, or no events); nothing was written") from None
 
 
 @main.command()
@@ -838,6 +859,13 @@ def _load(path: str):
     try:
         if holds_snapshot(path):
             return load_snapshot(path)
+        if _is_operator_memory(path):           # msprof: each allocation named by its operator
+            from .trace.msprof import to_snapshot
+
+            data, notes = to_snapshot(path)
+            for note in notes:
+                click.echo(f"note: {path}: {note}")
+            return data
         return from_events(read_trace(path))
     except (SnapshotError, TraceFormatError) as exc:
         click.echo(f"error: {exc}", err=True)
@@ -883,13 +911,26 @@ def report(path, html_out, top, snapshot_path):
 
             _write_page(html_out, render_usage_html(f"npumem report of {path}", usage_curves(path)))
         return
+    if os.path.isfile(path) and _is_operator_memory(path):
+        from .profile.ascend import files_beside
+
+        _report_ascend([files_beside(path)], top, html_out)
+        return
     if os.path.isdir(path):
         # A profile folder: npumem's memory, and PyTorch's own when the script used torch.
         found = [os.path.join(path, name) for name in ("snapshot.pickle", "torch_snapshot.pickle")
                  if os.path.exists(os.path.join(path, name))]
         if not found:
-            click.echo(f"error: {path} has no snapshot.pickle; is it an npumem profile folder?",
-                       err=True)
+            from .profile.ascend import find_outputs
+
+            outputs = find_outputs(path)
+            if outputs:                           # a torch_npu (or msprof) profiler output
+                _report_ascend(outputs, top, html_out)
+                return
+            click.echo(f"error: {path} has no snapshot.pickle (an npumem profile folder) and no "
+                       "Ascend profiler memory files (operator_memory.csv, memory_record.csv, "
+                       "npu_module_mem.csv, in <name>_ascend_pt/ASCEND_PROFILER_OUTPUT or "
+                       "PROF_*/mindstudio_profiler_output)", err=True)
             sys.exit(2)
         snapshots = [(name, _load(name)) for name in found]
         if len(snapshots) == 2 and not any(snapshots[0][1].get("device_traces") or []):
@@ -901,6 +942,30 @@ def report(path, html_out, top, snapshot_path):
         click.echo(format_report(result, top), nl=False)
     if html_out:
         _write_page(html_out, render_html(reports[-1]))
+
+
+def _report_ascend(outputs, top: int, html_out: str | None) -> None:
+    """`report` of Ascend profiler outputs (profile.ascend): one report each; the page is the
+    last one's."""
+    from .profile.ascend import build, render_page
+    from .trace import TraceFormatError
+
+    results = []
+    for files in outputs:
+        try:
+            results.append(build(files, top))
+        except TraceFormatError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        click.echo(results[-1].text, nl=False)
+    if html_out:
+        _write_page(html_out, render_page(results[-1]))
+
+
+def _is_operator_memory(path: str) -> bool:
+    from .profile.ascend import is_operator_file
+
+    return os.path.isfile(path) and is_operator_file(path)
 
 
 def _write_page(path: str, page: str) -> None:
@@ -926,11 +991,12 @@ def _is_chrome_trace(path: str) -> bool:
 
 def _is_usage_curve(path: str) -> bool:
     from .trace import TraceFormatError
-    from .trace.msprof import is_usage_curve
+    from .trace.msprof import is_module_memory, is_usage_curve
     from .trace.textio import read_head
 
     try:
-        return is_usage_curve(read_head(path))
+        head = read_head(path)
+        return is_usage_curve(head) or is_module_memory(head)
     except TraceFormatError:          # unreadable: the loader says why
         return False
 
@@ -970,7 +1036,13 @@ def diff_command(before, after, top):
     from .profile import diff
 
     def resolve(path):
-        return os.path.join(path, "snapshot.pickle") if os.path.isdir(path) else path
+        """A folder's snapshot.pickle, else its Ascend profiler's operator_memory.csv."""
+        if not os.path.isdir(path) or os.path.exists(os.path.join(path, "snapshot.pickle")):
+            return os.path.join(path, "snapshot.pickle") if os.path.isdir(path) else path
+        from .profile.ascend import find_outputs
+
+        operators = [files.operator for files in find_outputs(path) if files.operator]
+        return operators[0] if len(operators) == 1 else os.path.join(path, "snapshot.pickle")
 
     click.echo(diff(_load(resolve(before)), _load(resolve(after)), top))
     _echo_recorded_ooms([resolve(before), resolve(after)])
