@@ -176,3 +176,18 @@ def test_without_marks_the_repeated_step_is_learned_and_growth_found():
     first, *_ = step_leaks(snapshot, 0)
     assert first.where.endswith("in test_without_marks_the_repeated_step_is_learned_and_growth_found")
     assert first.per_step == 4000
+
+
+def test_torch_compile_runs_under_the_recorder_without_tracing_into_it():
+    import warnings
+
+    def f(x):
+        return torch.relu(x @ x) + 1
+
+    compiled = torch.compile(f, backend="eager")
+    with warnings.catch_warnings(record=True) as caught, TensorRecorder() as recorder:
+        warnings.simplefilter("always")
+        result = compiled(torch.ones(8, 8))
+    assert torch.equal(result, f(torch.ones(8, 8)))
+    assert not [w for w in caught if "Dynamo" in str(w.message)]
+    assert recorder.events > 0
