@@ -118,6 +118,8 @@ def script_frames(frames: list[dict]) -> list[dict]:
 
 
 def _frame_text(frame: dict) -> str:
+    if frame.get("filename") == "<operator>":      # msprof: the operator is the site
+        return str(frame.get("name"))
     return f"{frame.get('filename')}:{frame.get('line')} in {frame.get('name')}"
 
 

@@ -266,11 +266,22 @@ def _page_head(title: str, subtitle: str) -> str:
             f"<h1>{escape(title)}</h1><div class=sub>{escape(subtitle)}</div>")
 
 
-def render_usage_html(title: str, curves: dict[tuple[str, str], list[tuple]]) -> str:
+def render_usage_html(title: str, curves: dict[tuple[str, str], list[tuple]], extra: str = "") -> str:
     """A page of usage curves (msprof's memory_record.csv): one timeline per component and
-    device, drawn from their totals."""
+    device, drawn from their totals; `extra` (HTML) goes before them."""
     out = [_page_head(title, "a memory usage curve: totals over time, no allocations (reserved "
                              "is drawn where the file has it)")]
+    if extra:
+        out.append(extra)
+    out += usage_sections(curves)
+    out.append(f"<script>{_ZOOM}</script></body></html>")
+    return "\n".join(out)
+
+
+def usage_sections(curves: dict[tuple[str, str], list[tuple]]) -> list[str]:
+    """A heading and a timeline per (component, device) of [(time us, allocated MB, reserved
+    MB, active MB)]; a missing reserved or active is drawn as allocated."""
+    out = []
     mib = float(1 << 20)
     for number, ((component, device), samples) in enumerate(sorted(curves.items())):
         points = [Point(t, int((a or 0) * mib), int((r if r is not None else a or 0) * mib),
@@ -279,8 +290,7 @@ def render_usage_html(title: str, curves: dict[tuple[str, str], list[tuple]]) ->
         points.sort(key=lambda point: point.time_us)
         out.append(f"<h2>{escape(component or '?')} on {escape(device or '?')}</h2>")
         out.append(timeline_svg(points, key=f"usage-{number}"))
-    out.append(f"<script>{_ZOOM}</script></body></html>")
-    return "\n".join(out)
+    return out
 
 
 def _moments_section(device: int, moments) -> str:
@@ -390,7 +400,9 @@ def _step_leaks(report: Report) -> str:
                   {0, 1, 2})
 
 
-def render_html(report: Report) -> str:
+def render_html(report: Report, extra: str = "", curves: dict | None = None) -> str:
+    """The report's page; `extra` (HTML) and the usage `curves` (as `usage_sections` takes
+    them: the components of an Ascend profile) go after the devices' sections."""
     out = [_page_head(report.title, "npumem memory report")]
     out += [f"<p class=sub>{escape(note)}</p>" for note in report.notes]
     cards = []
@@ -423,6 +435,10 @@ def render_html(report: Report) -> str:
         out.append(icicle_svg(d.peak_stacks))
         out.append(f"<h2>Device {d.device}: top allocation sites (all allocations)</h2>")
         out.append(_sites_table(d.by_site))
+    if extra:
+        out.append(extra)
+    if curves:
+        out += usage_sections(curves)
     out.append(f"<h2>{escape(report.leak_heading)}</h2>")
     if report.step_leaks:
         out.append(_step_leaks(report))
@@ -469,7 +485,7 @@ def render_html(report: Report) -> str:
         peak_rss = max(s.host_rss for s in report.samples)
         out.append(f"<h2>Host</h2><p>peak resident set size {escape(format_size(peak_rss))} over "
                    f"{len(report.samples)} samples</p>")
-    if any(d.timeline for d in report.devices) or report.moments:
+    if any(d.timeline for d in report.devices) or report.moments or curves:
         out.append(f"<script>{_ZOOM}{_MOMENTS}</script>")
     out.append("</body></html>")
     return "\n".join(out)

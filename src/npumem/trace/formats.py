@@ -38,6 +38,10 @@ def detect_format(path: str | os.PathLike) -> str:
                                "over time, no allocations), so there is nothing to replay or "
                                "convert; `npumem report` summarizes it, and msprof's "
                                "operator_memory.csv holds the allocations")
+    if msprof.is_module_memory(head):
+        raise TraceFormatError(path, "1", "reserved memory by CANN component (msprof / torch_npu "
+                               "npu_module_mem.csv: totals over time, no allocations), so there "
+                               "is nothing to replay or convert; `npumem report` summarizes it")
     raise TraceFormatError(path, "1", "unknown trace format; npumem reads "
                            + "; ".join(DESCRIPTIONS.values()))
 
@@ -49,17 +53,29 @@ def holds_snapshot(path: str | os.PathLike) -> bool:
     return fmt == "snapshot" or (fmt == "jsonl" and jsonl.holds_snapshot(read_head(path, 64)))
 
 
-def convert(source: str, target: str, fmt: str) -> int:
+def convert(source: str, target: str, fmt: str, notes: list[str] | None = None) -> int:
     """Write `source` as `target` in `fmt`; the number of events (or snapshot entries) written.
 
     A whole snapshot (pickle or JSONL) going to a snapshot pickle or JSONL is copied entire:
-    segments, blocks, frames, every action and setting. Other conversions carry each allocation
-    and free (time, address, size, stream), which is what the other formats hold."""
+    segments, blocks, frames, every action and setting. msprof's operator_memory.csv going to
+    either becomes a snapshot whose allocations carry their operator as a frame. Other
+    conversions carry each allocation and free (time, address, size, stream), which is what the
+    other formats hold. `notes` gathers what reading the source passed over or reinterpreted."""
+    notes = [] if notes is None else notes
     if fmt in ("snapshot", "jsonl") and holds_snapshot(source):
         from .recording import load_data
 
         data = load_data(source)
         return (jsonl.write_snapshot if fmt == "jsonl" else snapshot.save)(data, target)
+    if detect_format(source) == "msprof":
+        if fmt in ("snapshot", "jsonl"):
+            data, found = msprof.to_snapshot(source)
+            notes += found
+            return (jsonl.write_snapshot if fmt == "jsonl" else snapshot.save)(data, target)
+        counts: dict[str, int] = {}
+        written = write_trace(msprof.read(source, counts), target, fmt)
+        notes += msprof.describe(counts)
+        return written
     return write_trace(read_trace(source), target, fmt)
 
 

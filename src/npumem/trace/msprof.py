@@ -1,5 +1,7 @@
-"""msprof / torch_npu profiler `operator_memory.csv`: one row per allocation, with the time it was
-allocated and released (REFERENCE.md section 5).
+"""msprof / torch_npu profiler memory files (REFERENCE.md section 5; docs/formats.md gives every
+column). `operator_memory.csv`: one row per allocation, named by its operator, with the time it
+was allocated and released. `memory_record.csv` and `npu_module_mem.csv`: totals over time by
+component, read as usage curves.
 
 Two layouts are read: torch_npu's (`Name,Size(KB),Allocation Time(us),Release Time(us),...`) and
 msprof's own `operator_memory_*.csv` (`Device_id,Name,Size(KB),Allocation Time(us),Duration(us),
@@ -10,17 +12,21 @@ the memory was still allocated at the end. Rows CANN documents as possible are t
 they are: a negative size is the release of memory allocated before collection began (a free of
 a block the trace never saw allocated, which replays count as such); an empty allocation time
 means the time is unknown, and the row is placed at the start of the trace. Rows are gathered and
-turned into time-ordered events (a free before an allocation at the same microsecond).
+turned into time-ordered events (a free before an allocation at the same microsecond), or into
+a snapshot whose allocations carry their operator as a frame (`to_snapshot`), which is what
+report, diff and convert use so that the operator is the allocation site. Odd rows are counted
+and described in notes (`describe`), never a traceback.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from typing import Iterable, Iterator
+import re
+from typing import Iterable, Iterator, NamedTuple
 
 from .events import TraceEvent, TraceFormatError, checked_event
-from .textio import csv_records, open_for_writing
+from .textio import csv_records, open_for_writing, read_head
 
 OPERATOR_MEMORY_COLUMNS = (
     "Name", "Size(KB)", "Allocation Time(us)", "Release Time(us)", "Active Release Time(us)",
@@ -53,47 +59,179 @@ def _number(text: str) -> float | None:
     return value
 
 
-def read(path: str) -> Iterator[TraceEvent]:
-    rows = []                     # (time, 0 for free / 1 for alloc, row number, size, stream)
-    unknown_time = []             # rows without an allocation time: placed at the start
+class OperatorRow(NamedTuple):
+    """One allocation of operator_memory.csv, as far as the file knows it. `size` is in bytes
+    and negative for a release whose allocation came before the profiler started; `start` and
+    `end` are microseconds, None where the file leaves them empty (end: still allocated when
+    the profiler stopped)."""
+
+    number: int            # the row's line, which stands for its address
+    name: str
+    size: int
+    start: float | None
+    end: float | None
+    stream: int
+    device: int
+
+
+# Each kind of odd row the readers pass over or reinterpret: (count -> sentence).
+ODDITIES = {
+    "negative": "{n} row{s} with a negative size: read as release{s} of memory allocated before "
+                "the profiler started (CANN writes these; the operator is unknown)",
+    "negative_untimed": "{n} of those with no time at all: left off the timeline",
+    "no_start": "{n} row{s} with no allocation time: placed at the start of the profile",
+    "no_size": "{n} row{s} with no size: skipped",
+    "no_end": "{n} allocation{s} with no release time: still allocated when the profiler "
+              "stopped",
+    "active_end": "{n} allocation{s} with no release time but an active release time: read "
+                  "as released then",
+    "negative_total": "{n} total{s} below zero (npu_module_mem writes -1 where only releases "
+                      "were collected): read as unknown",
+}
+
+
+def describe(counts: dict[str, int]) -> list[str]:
+    """The notes for `counts` of odd rows, one sentence per kind, in ODDITIES' order."""
+    return [text.format(n=counts[kind], s="" if counts[kind] == 1 else "s")
+            for kind, text in ODDITIES.items() if counts.get(kind)]
+
+
+_DEVICE = re.compile(r"(\d+)\s*$")
+
+
+def _device(cell: dict) -> int:
+    """The device number: `NPU:3` in Device Type (torch_npu) or Device (msprof), else
+    Device_id, else 0."""
+    for name in ("Device Type", "Device", "Device_id"):
+        match = _DEVICE.search(cell.get(name, "").strip())
+        if match:
+            return min(int(match.group(1)), 1023)
+    return 0
+
+
+def read_rows(path: str, counts: dict[str, int] | None = None) -> Iterator[OperatorRow]:
+    """The rows of an operator_memory CSV (either layout) in file order; `counts` gathers how
+    many rows of each kind in ODDITIES were met. Cells that are not numbers where numbers
+    belong, and releases before allocations, are TraceFormatErrors naming the line."""
+    counts = {} if counts is None else counts
+
+    def count(kind: str) -> None:
+        counts[kind] = counts.get(kind, 0) + 1
+
     for where, row, column in csv_records(path, REQUIRED, "an operator_memory.csv"):
         cell = {name: row[index] if index < len(row) else "" for name, index in column.items()}
         try:
-            size = round(_number(cell["Size(KB)"]) * 1024)
+            kilobytes = _number(cell["Size(KB)"])
             start = _number(cell["Allocation Time(us)"])
             end = _number(cell.get("Release Time(us)", ""))
             duration = _number(cell.get("Duration(us)", ""))
-        except (ValueError, TypeError, OverflowError):
+            active_end = _number(cell.get("Active Release Time(us)", ""))
+            size = None if kilobytes is None else round(kilobytes * 1024)
+        except (ValueError, OverflowError):
             raise TraceFormatError(path, where, "Size(KB) must be a number, and Allocation "
                                    "Time(us), Release Time(us) and Duration(us) finite numbers "
                                    "(or empty)") from None
+        if size is None:
+            count("no_size")
+            continue
         if end is None and duration is not None and start is not None:
             end = start + duration                   # msprof's own layout
+        if end is None and active_end is not None and size >= 0:
+            end = active_end
+            count("active_end")
         if start is not None and end is not None and end < start:
             raise TraceFormatError(path, where, f"release before allocation: allocated at "
                                    f"{start} us, released at {end} us")
         stream = _stream(cell.get("Stream Ptr", "").strip())
-        number = int(where)
-        checked_event(path, where, start or 0.0, "", number, abs(size), stream)
+        checked_event(path, where, start or 0.0, "", int(where), abs(size), stream)
+        if size < 0:
+            count("negative")
+            if start is None and end is None:
+                count("negative_untimed")
+        elif start is None:
+            count("no_start")
+        elif end is None:
+            count("no_end")
+        yield OperatorRow(int(where), cell.get("Name", "").strip(), size, start, end, stream,
+                          _device(cell))
+
+
+def read(path: str, counts: dict[str, int] | None = None) -> Iterator[TraceEvent]:
+    """Allocations and frees in time order. A negative size is a free of a block the trace never
+    saw allocated (replays count it as such), at its time or, without one, at the start; a row
+    without an allocation time is allocated at the start."""
+    rows = []                     # (time, 0 for free / 1 for alloc, row number, size, stream)
+    unknown_time = []             # rows without an allocation time: placed at the start
+    for row in read_rows(path, counts):
+        number, size, stream = row.number, row.size, row.stream
         if size < 0:                                 # a release of memory allocated earlier
-            when = start if start is not None else end
+            when = row.start if row.start is not None else row.end
             if when is None:
                 unknown_time.append((0, number, -size, stream))
             else:
                 rows.append((when, 0, number, -size, stream))
             continue
-        if start is None:
+        if row.start is None:
             unknown_time.append((1, number, size, stream))
         else:
-            rows.append((start, 1, number, size, stream))
-        if end is not None:
-            rows.append((end, 0, number, size, stream))
+            rows.append((row.start, 1, number, size, stream))
+        if row.end is not None:
+            rows.append((row.end, 0, number, size, stream))
     rows.sort()
     first = rows[0][0] if rows else 0.0
     for is_alloc, number, size, stream in sorted(unknown_time):
         yield TraceEvent(first, "alloc" if is_alloc else "free", number, size, stream)
     for when, is_alloc, number, size, stream in rows:
         yield TraceEvent(when, "alloc" if is_alloc else "free", number, size, stream)
+
+
+OPERATOR_FILE = "<operator>"     # the filename of a frame that names an operator, not code
+BEFORE = "allocated before the profiler started"
+
+
+def operator_frame(name: str) -> dict:
+    """A snapshot frame standing for an operator: the operator is where an Ascend allocation
+    was made, as a Python line is for a PyTorch one."""
+    return {"name": name or "(unnamed operator)", "filename": OPERATOR_FILE, "line": 0}
+
+
+def to_snapshot(path: str) -> tuple[dict, list[str]]:
+    """The file as a snapshot dict (no segments, one trace per device) whose allocations carry
+    their operator as a frame, so report, diff and the viewers group by operator; and the
+    notes on odd rows. A release with a time but no allocation in the window is a block
+    allocated at the trace's first time (user_metadata says so); one without any time cannot
+    be placed and is left out (a note says how many)."""
+    counts: dict[str, int] = {}
+    rows = list(read_rows(path, counts))
+    times = [t for row in rows for t in (row.start, row.end) if t is not None]
+    first = min(times) if times else 0.0
+    by_device: dict[int, list[tuple]] = {}
+    for row in rows:
+        entries = by_device.setdefault(row.device, [])
+        common = {"addr": row.number, "size": abs(row.size), "stream": row.stream}
+        if row.size < 0:
+            when = row.end if row.end is not None else row.start
+            if when is None:
+                continue
+            entries.append((first, -1, row.number, {"action": "alloc", **common, "time_us": first,
+                                                    "frames": [], "user_metadata": BEFORE}))
+            entries += [(when, 0, row.number, {"action": action, **common, "time_us": when,
+                                               "frames": []})
+                        for action in ("free_requested", "free_completed")]
+            continue
+        start = row.start if row.start is not None else first
+        frames = [operator_frame(row.name)]
+        entries.append((start, 1, row.number, {"action": "alloc", **common, "time_us": start,
+                                               "frames": frames}))
+        if row.end is not None:
+            entries += [(row.end, 0, row.number, {"action": action, **common,
+                                                  "time_us": row.end, "frames": frames})
+                        for action in ("free_requested", "free_completed")]
+    traces: list[list[dict]] = [[] for _ in range(max(by_device, default=0) + 1)]
+    for device, entries in by_device.items():
+        entries.sort(key=lambda item: item[:3])      # a free before an alloc at the same time
+        traces[device] = [entry for *_, entry in entries]
+    return {"segments": [], "device_traces": traces}, describe(counts)
 
 
 def write(events: Iterable[TraceEvent], path: str) -> int:
@@ -127,37 +265,85 @@ def write(events: Iterable[TraceEvent], path: str) -> int:
     return len(rows)
 
 
-# --- memory_record.csv: a usage curve, not allocations ------------------------------------------
+# --- memory_record.csv and npu_module_mem.csv: usage curves, not allocations -------------------
 
-USAGE_COLUMNS = ("Component", "Timestamp(us)", "Total Allocated(MB)")
+USAGE_COLUMNS = ("Component", "Timestamp(us)")
+TOTALS = ("Total Allocated", "Total Reserved", "Total Active")
+
+
+def _unit_of(header: bytes | list[str], total: str) -> float | None:
+    """MB per unit of the `total` column in `header` (torch_npu writes MB, msprof KB), or None
+    when the column is not there."""
+    names = header.decode("utf-8", "replace").split(",") if isinstance(header, bytes) else header
+    names = [name.strip().strip('"') for name in names]
+    if f"{total}(MB)" in names:
+        return 1.0
+    if f"{total}(KB)" in names:
+        return 1 / 1024
+    return None
+
+
+def _first_line(head: bytes) -> bytes:
+    return head.lstrip().split(b"\n", 1)[0].rstrip(b"\r")
 
 
 def is_usage_curve(head: bytes) -> bool:
-    first = head.lstrip().split(b"\n", 1)[0]
-    return b"Component" in first and b"Timestamp(us)" in first and b"Total Allocated(MB)" in first
+    """memory_record.csv (torch_npu's, in MB) or memory_record_*.csv (msprof's, in KB)."""
+    first = _first_line(head)
+    return (b"Component" in first and b"Timestamp(us)" in first
+            and _unit_of(first, "Total Allocated") is not None)
 
 
-def usage_curves(path: str) -> dict[tuple[str, str], list[tuple]]:
-    """memory_record.csv's samples by (component, device): [(time us, allocated MB, reserved MB,
-    active MB)], in file order; a missing value is None."""
+def is_module_memory(head: bytes) -> bool:
+    """npu_module_mem.csv: reserved memory by CANN component, no allocated column."""
+    first = _first_line(head)
+    return (b"Component" in first and b"Timestamp(us)" in first
+            and _unit_of(first, "Total Reserved") is not None
+            and _unit_of(first, "Total Allocated") is None)
+
+
+def usage_curves(path: str, counts: dict[str, int] | None = None) -> dict[tuple[str, str], list[tuple]]:
+    """memory_record.csv's (or npu_module_mem.csv's) samples by (component, device): [(time us,
+    allocated MB, reserved MB, active MB)], in file order; a missing value is None. KB files are
+    scaled to MB. A -1 in npu_module_mem (CANN: only releases were collected for that
+    component) reads as None, counted in `counts` (ODDITIES' "negative_total")."""
+    counts = {} if counts is None else counts
     curves: dict[tuple[str, str], list] = {}
-    for where, row, column in csv_records(path, USAGE_COLUMNS, "a memory_record.csv"):
+    units: dict[str, float | None] = {}
+    for where, row, column in csv_records(path, USAGE_COLUMNS, "a memory_record.csv or "
+                                          "npu_module_mem.csv"):
+        if not units:
+            units = {total: _unit_of(list(column), total) for total in TOTALS}
+            if all(units[total] is None for total in TOTALS):
+                raise TraceFormatError(path, "1", "not a memory_record.csv or npu_module_mem.csv: "
+                                       "no Total Allocated or Total Reserved column")
         cell = {name: row[index].strip() if index < len(row) else "" for name, index in column.items()}
         try:
-            values = tuple(_number(cell.get(name, "")) for name in (
-                "Timestamp(us)", "Total Allocated(MB)", "Total Reserved(MB)", "Total Active(MB)"))
-        except ValueError:
+            time = _number(cell.get("Timestamp(us)", ""))
+            values = []
+            for total in TOTALS:
+                unit = units[total]
+                name = f"{total}({'MB' if unit == 1.0 else 'KB'})"
+                value = _number(cell.get(name, "")) if unit is not None else None
+                if value is not None and value < 0:
+                    counts["negative_total"] = counts.get("negative_total", 0) + 1
+                    value = None
+                values.append(None if value is None else value * unit)
+        except (ValueError, OverflowError):
             raise TraceFormatError(path, where, "Timestamp(us) and the totals must be numbers "
                                    "(or empty)") from None
-        curves.setdefault((cell["Component"], cell.get("Device Type", "")), []).append(values)
+        device = cell.get("Device Type", "") or cell.get("Device", "")
+        curves.setdefault((cell["Component"], device), []).append((time, *values))
     return curves
 
 
 def usage_summary(path: str) -> str:
-    """memory_record.csv in a few lines: per component and device, the samples, the time they
-    span and the peaks of allocated and reserved memory."""
-    lines = [f"{path}: a memory usage curve (msprof memory_record.csv): totals over time, "
-             "no allocations, so there is nothing to replay"]
+    """memory_record.csv (or npu_module_mem.csv) in a few lines: per component and device, the
+    samples, the time they span and the peaks of allocated and reserved memory."""
+    module = is_module_memory(read_head(path))
+    kind = ("reserved memory by CANN component (npu_module_mem.csv)" if module else
+            "a memory usage curve (msprof memory_record.csv)")
+    lines = [f"{path}: {kind}: totals over time, no allocations, so there is nothing to replay"]
     for (component, device), samples in sorted(usage_curves(path).items()):
         times = [sample[0] for sample in samples if sample[0] is not None]
         allocated = max((sample[1] for sample in samples if sample[1] is not None), default=None)
