@@ -16,7 +16,9 @@ entry carries `category`, and each step an external annotation.
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import threading
 import time
 import weakref
@@ -29,6 +31,8 @@ from .stacks import capture_above, resolve_user
 
 ALLOC, FREE = 0, 1
 DEFAULT_STACK_DEPTH = 48
+# PyTorch's wrappers around a dispatch mode's __torch_dispatch__ (its dynamo guard)
+_GUARD_FILES = (f"{os.sep}_dynamo{os.sep}eval_frame.py", f"{os.sep}torch{os.sep}_compile.py")
 
 
 class TensorRecorder:
@@ -59,6 +63,7 @@ class TensorRecorder:
         self._skipped_bytes = 0             # allocations sampling left out
         self._random = random.Random(0)
         self.started_ns = 0
+        self._skip = None                   # frames of the recorder above an op's caller
 
     # --- start and stop --------------------------------------------------------------------------
 
@@ -124,8 +129,7 @@ class TensorRecorder:
             if self._random.random() * self.sample_bytes >= size:
                 self._skipped_bytes += size
                 return
-        # above _tensor, _outputs and the mode's __torch_dispatch__: where the op was called
-        raw = capture_above(3, self.stack_depth) if self.stacks else ()
+        raw = capture_above(self._own_frames(), self.stack_depth) if self.stacks else ()
         with self._lock:
             stack = self._stack_ids.get(raw)
             if stack is None:
@@ -136,6 +140,19 @@ class TensorRecorder:
                                   stack, device)
             self._live[key] = [number, size, None, weakref.ref(storage, partial(self._freed, key)),
                                device, self._key[-1]]
+
+    def _own_frames(self) -> int:
+        """Frames between _tensor and the code that called the op: _outputs, the mode's
+        __torch_dispatch__ and the guards PyTorch wraps it in (counted once)."""
+        if self._skip is None:
+            frame, count = sys._getframe(2), 1            # _outputs (0: this, 1: _tensor)
+            while frame is not None and frame.f_code.co_name != "__torch_dispatch__":
+                frame, count = frame.f_back, count + 1
+            frame, count = frame.f_back, count + 1
+            while frame is not None and frame.f_code.co_filename.endswith(_GUARD_FILES):
+                frame, count = frame.f_back, count + 1
+            self._skip = count
+        return self._skip
 
     def _freed(self, key: int, _ref) -> None:
         with self._lock:
