@@ -118,8 +118,13 @@ def read_rows(path: str, counts: dict[str, int] | None = None) -> Iterator[Opera
     def count(kind: str) -> None:
         counts[kind] = counts.get(kind, 0) + 1
 
+    wanted = ("Name", "Size(KB)", "Allocation Time(us)", "Release Time(us)", "Duration(us)",
+              "Active Release Time(us)", "Stream Ptr", "Device Type", "Device", "Device_id")
+    devices: dict[tuple, int] = {}              # the device cells seen, read once each
     for where, row, column in csv_records(path, REQUIRED, "an operator_memory.csv"):
-        cell = {name: row[index] if index < len(row) else "" for name, index in column.items()}
+        width = len(row)
+        cell = {name: row[column[name]] if column.get(name, width) < width else ""
+                for name in wanted}
         try:
             kilobytes = _number(cell["Size(KB)"])
             start = _number(cell["Allocation Time(us)"])
@@ -152,8 +157,11 @@ def read_rows(path: str, counts: dict[str, int] | None = None) -> Iterator[Opera
             count("no_start")
         elif end is None:
             count("no_end")
-        yield OperatorRow(int(where), cell.get("Name", "").strip(), size, start, end, stream,
-                          _device(cell))
+        key = (cell["Device Type"], cell["Device"], cell["Device_id"])
+        device = devices.get(key)
+        if device is None:
+            device = devices[key] = _device(cell)
+        yield OperatorRow(int(where), cell["Name"].strip(), size, start, end, stream, device)
 
 
 def read(path: str, counts: dict[str, int] | None = None) -> Iterator[TraceEvent]:
@@ -206,6 +214,7 @@ def to_snapshot(path: str) -> tuple[dict, list[str]]:
     times = [t for row in rows for t in (row.start, row.end) if t is not None]
     first = min(times) if times else 0.0
     by_device: dict[int, list[tuple]] = {}
+    frames_of: dict[str, list[dict]] = {}       # one list per operator, shared by its entries
     for row in rows:
         entries = by_device.setdefault(row.device, [])
         common = {"addr": row.number, "size": abs(row.size), "stream": row.stream}
@@ -220,7 +229,9 @@ def to_snapshot(path: str) -> tuple[dict, list[str]]:
                         for action in ("free_requested", "free_completed")]
             continue
         start = row.start if row.start is not None else first
-        frames = [operator_frame(row.name)]
+        frames = frames_of.get(row.name)
+        if frames is None:
+            frames = frames_of[row.name] = [operator_frame(row.name)]
         entries.append((start, 1, row.number, {"action": "alloc", **common, "time_us": start,
                                                "frames": frames}))
         if row.end is not None:
