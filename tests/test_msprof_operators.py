@@ -281,3 +281,12 @@ def test_the_real_shaped_files():
     assert detect_format(SHARED / "operator_memory_0.csv") == "msprof"
     with pytest.raises(TraceFormatError, match="usage curve"):
         detect_format(SHARED / "memory_record.csv")
+
+
+def test_only_the_profilers_folder_names_are_searched_below_a_parent(tmp_path):
+    shutil.copytree(OUTPUT, tmp_path / "npumem-profile")     # msprof-named CSVs, another folder
+    assert _cli("report", tmp_path).exit_code == 2
+    shutil.copytree(OUTPUT, tmp_path / "rank1_ascend_pt" / "ASCEND_PROFILER_OUTPUT")
+    result = _cli("report", tmp_path)
+    assert result.exit_code == 0 and result.output.count("(Ascend profiler memory)\n") == 1
+    assert "rank1_ascend_pt" in result.output

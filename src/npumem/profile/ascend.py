@@ -74,8 +74,9 @@ def find_outputs(path: str, depth: int = _SEARCH_DEPTH) -> list[AscendFiles]:
     outputs = []
     for child in children:
         inner = os.path.join(path, child)
-        if os.path.isdir(inner) and (child.endswith("_ascend_pt") or child.startswith("PROF_")
-                                     or depth == _SEARCH_DEPTH):
+        # only the profilers' own folder names: an npumem profile folder beside them (which
+        # holds msprof-named CSVs too) is not taken for one
+        if os.path.isdir(inner) and (child.endswith("_ascend_pt") or child.startswith("PROF_")):
             outputs += find_outputs(inner, depth - 1)
     return outputs
 
