@@ -25,7 +25,7 @@ from .bridges.torch_allocator import torch_memory_stats, torch_memory_summary
 from .device.sanitizer import SANITIZER
 from .constants import MemAttr
 from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError, integer_argument
-from .observe import OBSERVERS
+from .observe import OBSERVERS, STEP_LISTENERS
 from .profile.snapshot import build_snapshot
 from .profile.tracker import Tracker
 from .runtime.state import RUNTIME
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 _lock = threading.RLock()
-STEP_LISTENERS: list = []       # called at each step(): recorders that mark steps (tensor_recorder)
 _pools: dict[int, CachingAllocator] = {}
 _settings: AllocatorSettings | None = None
 _host_pool: HostPool | None = None

@@ -39,6 +39,9 @@ class Observers:
 
 
 OBSERVERS = Observers()
+# Called at each npumem.memory.step(): recorders that mark the program's steps (the tensor
+# recorder of PyTorch memory, which sees no npumem allocation)
+STEP_LISTENERS: list = []
 
 
 def emit(owner, action: str, device: int, address: int, size: int, requested: int, stream) -> None:

@@ -110,13 +110,13 @@ def _on_profiler_steps(torch, recorder):
 
 
 def _on_npumem_steps(recorder):
-    from .. import memory
+    from ..observe import STEP_LISTENERS
 
     def listener():
         recorder.mark_step("npumem.memory.step")
 
-    memory.STEP_LISTENERS.append(listener)
-    return lambda: memory.STEP_LISTENERS.remove(listener)
+    STEP_LISTENERS.append(listener)
+    return lambda: STEP_LISTENERS.remove(listener)
 
 
 def name_unset(snapshot: dict) -> None:
