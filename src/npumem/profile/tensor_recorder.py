@@ -51,7 +51,7 @@ class TensorRecorder:
         self._action, self._time, self._key = array("b"), array("q"), array("q")
         self._size, self._stack, self._device = array("q"), array("q"), array("h")
         self._first = 0                     # the number of events dropped from the front
-        self._stacks: list = []             # stack id -> raw stack (stacks.capture)
+        self._stacks: list = []             # stack id -> raw stack (stacks.capture_above)
         self._stack_ids: dict = {}
         # storage key -> [event number, size, category, weak ref, device, address]
         self._live: dict = {}
@@ -177,6 +177,8 @@ class TensorRecorder:
                            self._device):
                 del column[:drop]
             self._first += drop
+            first = self._first                  # categories of dropped allocations go too
+            self._category_of = {n: c for n, c in self._category_of.items() if n >= first}
         return self._first + len(self._action) - 1
 
     def _device_index(self, device) -> int:
