@@ -39,6 +39,13 @@ ACL_ERROR_RT_THREAD_SUBSCRIBE = 107012
 ACL_ERROR_RT_STREAM_NO_CB_REG = 107015
 ACL_ERROR_RT_REPORT_TIMEOUT = 507012
 ACL_ERROR_RT_AICORE_EXCEPTION = 507015
+ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID = 107006
+ACL_ERROR_RT_EVENT_NOT_COMPLETE = 507006
+ACL_ERROR_RT_CONTEXT_RELEASE_ERROR = 507007
+ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046
+ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047
+ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 507910
+ACL_ERROR_HOST_MEMORY_NOT_REGISTERED = 507911
 ACLNN_ERR_PARAM_NULLPTR = 161001
 ACLNN_ERR_PARAM_INVALID = 161002
 ACLNN_ERR_INNER_NULLPTR = 561103
@@ -175,6 +182,26 @@ class ExecutorError(AclError, ValueError):
     """The executor was already run (and is single-use), destroyed, or never existed."""
 
     default_code = ACLNN_ERR_INNER_NULLPTR
+
+
+class ContextReleaseError(AclError):
+    """reset_device / destroy_context released everything, but work still queued on one of
+    its streams failed (a wait for an event never recorded, an async error never synchronized):
+    CANN's code for a context that could not be released cleanly."""
+
+    default_code = ACL_ERROR_RT_CONTEXT_RELEASE_ERROR
+
+
+class HostRegisterError(AclError):
+    """host_register of a range already registered (507910), or host_unregister of memory that
+    is not (507911)."""
+
+
+class OutOfScopeError(AclError, NotImplementedError):
+    """A pyACL area npumem does not implement (acl.op, acl.mdl, acl.prof): not an
+    AttributeError, so `hasattr` and `getattr(..., default)` cannot hide that it is missing."""
+
+    default_code = ACL_ERROR_API_NOT_SUPPORT
 
 
 class LiveAllocationsWarning(RuntimeWarning):

@@ -6,8 +6,13 @@ from types import SimpleNamespace
 
 from .. import runtime as _rt
 from ..constants import MallocPolicy, MemcpyKind
+from ..errors import ACL_ERROR_INVALID_PARAM
+from ..runtime import control as _control
+from ..runtime import memory as _memory
 from ..runtime.memory import lenient_policy
 from ._result import code_of, values_and_code
+from ._result import last_error_code as _last_error_code
+from ._result import log as _log
 
 # The seed article's spellings: acl.rt.malloc_type.HUGE_FIRST, acl.rt.memcpy_kind.HOST_TO_DEVICE.
 malloc_type = SimpleNamespace(**{p.name: int(p) for p in MallocPolicy})
@@ -74,13 +79,75 @@ def synchronize_stream(stream):
     return code_of(_rt.synchronize_stream, stream)
 
 
-def synchronize_stream_with_timeout(stream, timeout_ms):
-    """timeout_ms = -1 waits forever, as in AscendCL."""
-    return code_of(_rt.synchronize_stream, stream, None if timeout_ms < 0 else timeout_ms / 1000)
+def synchronize_stream_with_timeout(stream, timeout):
+    """timeout in ms: -1 waits forever, 0 only looks; ACL_ERROR_RT_STREAM_SYNC_TIMEOUT (507046)
+    when the stream is not idle in time, ACL_ERROR_RT_PARAM_INVALID below -1."""
+    return code_of(_control.synchronize_stream_timeout_ms, stream, timeout)
+
+
+def create_stream_with_config(priority, flag):
+    """(stream, ret): priority 0..7 (clamped), flag ACL_STREAM_FAST_LAUNCH | FAST_SYNC | HUGE;
+    PERSISTENT, CPU_SCHEDULE and DEVICE_USE_ONLY are ACL_ERROR_RT_FEATURE_NOT_SUPPORT."""
+    return values_and_code(lambda: _handle(_control.create_stream_with_config(priority, flag)))
+
+
+def stream_query(stream):
+    """(status, ret): ACL_STREAM_STATUS_COMPLETE (0) when all its work ran, else NOT_READY (1)."""
+    return values_and_code(lambda: 0 if _rt.query_stream(stream) else 1)
+
+
+def stream_get_priority(stream):
+    """(priority, ret): what create_stream_with_config was given (0 for other streams)."""
+    return values_and_code(lambda: _rt.RUNTIME.stream(stream, "stream_get_priority").priority)
+
+
+def stream_get_flags(stream):
+    """(flags, ret): the ACL_STREAM_* flags the stream was created with."""
+    return values_and_code(lambda: _rt.RUNTIME.stream(stream, "stream_get_flags").flags)
+
+
+def synchronize_device_with_timeout(timeout):
+    """timeout in ms (-1 forever): ACL_ERROR_RT_STREAM_SYNC_TIMEOUT (507046) when the current
+    device's streams are not all idle in time."""
+    return code_of(_control.synchronize_device_timeout_ms, timeout)
 
 
 def create_event():
     return values_and_code(lambda: _handle(_rt.create_event()))
+
+
+def create_event_with_flag(flag):
+    """(event, ret): flag an OR of ACL_EVENT_SYNC (1), CAPTURE_STREAM_PROGRESS (2), TIME_LINE
+    (8), or ACL_EVENT_DEVICE_USE_ONLY (0x10) / EXTERNAL (0x20) alone; else 107000."""
+    return values_and_code(lambda: _handle(_control.create_event_with_flag(flag)))
+
+
+def create_event_ex_with_flag(flag):
+    """(event, ret): as create_event_with_flag, the solitary flag being ACL_EVENT_IPC (0x40),
+    which npumem does not support (207000)."""
+    return values_and_code(lambda: _handle(_control.create_event_with_flag(flag, reusable=True)))
+
+
+def query_event_status(event):
+    """(status, ret): ACL_EVENT_RECORDED_STATUS_COMPLETE (1) once its latest record ran, else
+    NOT_READY (0), also for an event never recorded."""
+    return values_and_code(lambda: 1 if _control.query_event_status(event) else 0)
+
+
+def query_event_wait_status(event):
+    """(status, ret): ACL_EVENT_WAIT_STATUS_COMPLETE (0) when a wait would not block, else 1."""
+    return values_and_code(lambda: 0 if _control.query_event_wait_status(event) else 1)
+
+
+def synchronize_event_with_timeout(event, timeout):
+    """timeout in ms (-1 forever, 0 only looks): ACL_ERROR_RT_EVENT_SYNC_TIMEOUT (507047)."""
+    return code_of(_control.synchronize_event_timeout_ms, event, timeout)
+
+
+def event_get_timestamp(event):
+    """(timestamp in us, ret): when its latest record ran. Never recorded: 507000; recorded,
+    not reached: ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID (107006)."""
+    return values_and_code(_control.event_timestamp_us, event)
 
 
 def destroy_event(event):
@@ -137,6 +204,22 @@ def free(dev_ptr):
 
 def malloc_host(size):
     return values_and_code(_rt.malloc_host, size)
+
+
+def malloc_host_with_cfg(size, cfg):
+    """(host_ptr, ret): malloc_host with pyACL's config dict (None or {} for none)."""
+    return values_and_code(_memory.malloc_host_with_cfg, size, cfg)
+
+
+def host_register(ptr, size, type):  # noqa: A002 - pyACL's parameter name
+    """(dev_ptr, ret): map registered host memory for the device (ACL_HOST_REGISTER_MAPPED).
+    A range overlapping one registered: ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED (507910)."""
+    return values_and_code(_memory.register_host_range, ptr, size, type)
+
+
+def host_unregister(ptr):
+    """ret: undo host_register given the host address; not registered: 507911."""
+    return code_of(_memory.unregister_host_range, ptr)
 
 
 def free_host(host_ptr):
@@ -200,6 +283,33 @@ def launch_callback(fn, user_data, block_type, stream):
 def process_report(timeout):
     """Run the next callback for this (subscribed) thread; 507012 after `timeout` ms without one."""
     return code_of(_rt.process_report, timeout)
+
+
+def get_mem_usage_info(device_id, input_num):
+    """(mem_usage_info, ret): up to input_num dicts {"name", "cur_mem_size", "mem_peak_size"}
+    (bytes), one per component, largest current usage first; output_num is its length."""
+    return values_and_code(_memory.mem_usage_info, device_id, input_num, failed=([],))
+
+
+def get_last_error(level):
+    """This thread's last error code, then cleared (0 until the next failure). level must be
+    ACL_RT_THREAD_LEVEL (0), else ACL_ERROR_INVALID_PARAM (which is not recorded)."""
+    return _last_error(level, clear=True)
+
+
+def peek_at_last_error(level):
+    """This thread's last error code, left as it is."""
+    return _last_error(level, clear=False)
+
+
+ACL_RT_THREAD_LEVEL = 0
+
+
+def _last_error(level, clear: bool) -> int:
+    if isinstance(level, bool) or not isinstance(level, int) or level != ACL_RT_THREAD_LEVEL:
+        _log.warning("get_last_error: level must be ACL_RT_THREAD_LEVEL (0), got %r", level)
+        return ACL_ERROR_INVALID_PARAM
+    return _last_error_code(clear)
 
 
 def get_mem_info(attr):

@@ -72,6 +72,7 @@ class AddressIndex:
         self._by_start: dict[int, Allocation] = {}
         self._freed: collections.OrderedDict[int, Allocation] = collections.OrderedDict()
         self._remembered_frees = remembered_frees
+        self.usage: dict[str, list[int]] = {}     # api -> [current, peak] reserved bytes
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -84,6 +85,9 @@ class AddressIndex:
             bisect.insort(self._starts, start)
         self._by_start[start] = allocation
         self._freed.pop(start, None)
+        usage = self.usage.setdefault(allocation.api, [0, 0])
+        usage[0] += allocation.reserved
+        usage[1] = max(usage[1], usage[0])
 
     def get(self, start: int) -> Allocation | None:
         """The live allocation that starts exactly at `start`."""
@@ -116,6 +120,7 @@ class AddressIndex:
         allocation = self._by_start.pop(start)
         del self._starts[bisect.bisect_left(self._starts, start)]
         allocation.live = False
+        self.usage[allocation.api][0] -= allocation.reserved
         RELEASES.bump()
         self._freed[start] = allocation
         if len(self._freed) > self._remembered_frees:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from ..device.address_index import Allocation
 from ..device.backend import DeviceBackend
 from ..device.select import check_spec, default_spec, device_count_of
-from ..errors import InvalidDeviceError, InvalidParamError, integer_argument
+import time
+
+from ..errors import (
+    ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID,
+    ACL_ERROR_RT_INTERNAL_ERROR, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, AclError,
+    FeatureNotSupportedError, InvalidDeviceError, InvalidParamError, StreamNotCompleteError,
+    integer_argument,
+)
 from .callbacks import SUBSCRIPTIONS
 from .dependencies import GRAPH, Dependency
 from .handles import lookup
@@ -118,14 +125,17 @@ def device_disable_peer_access(peer_device: int) -> None:
     RUNTIME.peers.discard((device, peer))
 
 
-def synchronize_device(device: int | None = None) -> None:
-    """Wait for every stream of every context on the current device (or `device`)."""
+def synchronize_device(device: int | None = None, timeout: float | None = None) -> None:
+    """Wait for every stream of every context on the current device (or `device`); with
+    `timeout` (seconds), StreamNotCompleteError when they are not all idle by then."""
     current = RUNTIME.current_context().device
     device = current if device is None else RUNTIME.check_device(device)
+    deadline = None if timeout is None else time.monotonic() + timeout
     for context in [c for c in RUNTIME.contexts if c.device == device]:
         for stream in [context.default_stream, *context.streams]:
             if not stream.destroyed:
-                stream.synchronize()
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                stream.synchronize(left)
 
 
 def create_context(device: int) -> Context:
@@ -157,6 +167,76 @@ def destroy_stream(stream) -> None:
     RUNTIME.destroy_stream(stream)
 
 
+# aclrtCreateStreamWithConfig flags: the simulator honours the first three as no-ops (its
+# streams launch and synchronize one way), the rest bind a stream to models or device-side
+# scheduling, which npumem does not run.
+STREAM_FAST_LAUNCH, STREAM_FAST_SYNC, STREAM_PERSISTENT = 0x1, 0x2, 0x4
+STREAM_HUGE, STREAM_CPU_SCHEDULE, STREAM_DEVICE_USE_ONLY = 0x8, 0x10, 0x20
+_UNSUPPORTED_STREAM_FLAGS = {STREAM_PERSISTENT: "PERSISTENT (streams bound to a model)",
+                             STREAM_CPU_SCHEDULE: "CPU_SCHEDULE",
+                             STREAM_DEVICE_USE_ONLY: "DEVICE_USE_ONLY"}
+
+
+def create_stream_with_config(priority: int, flags: int) -> Stream:
+    """aclrtCreateStreamWithConfig: a stream with a priority (0 highest .. 7 lowest; outside,
+    moved to the nearer bound, as CANN does) and ACL_STREAM_* flags. Unknown bits are ignored
+    (CANN makes a plain stream of them)."""
+    priority = integer_argument(priority, "create_stream_with_config: priority")
+    flags = integer_argument(flags, "create_stream_with_config: flag")
+    if flags < 0:
+        raise InvalidParamError(f"create_stream_with_config: flag must not be negative, got {flags}")
+    refused = [name for bit, name in _UNSUPPORTED_STREAM_FLAGS.items() if flags & bit]
+    if refused:
+        raise FeatureNotSupportedError(f"create_stream_with_config: flag {', '.join(refused)} is "
+                                       "not supported by npumem (no models or device-side "
+                                       "scheduling); FAST_LAUNCH, FAST_SYNC and HUGE are")
+    stream = RUNTIME.create_stream()
+    stream.priority = min(max(priority, 0), 7)
+    stream.flags = flags & (STREAM_FAST_LAUNCH | STREAM_FAST_SYNC | STREAM_HUGE)
+    return stream
+
+
+def timeout_ms(value, what: str) -> float | None:
+    """An AscendCL timeout in milliseconds as seconds: -1 waits forever (None), 0 only looks;
+    below -1 is ACL_ERROR_RT_PARAM_INVALID, as CANN checks it."""
+    value = integer_argument(value, f"{what}: timeout")
+    if value < -1:
+        raise InvalidParamError(f"{what}: timeout must be -1 (forever) or >= 0 ms, got {value}",
+                                107000)
+    return None if value == -1 else value / 1000
+
+
+def _timed_out(exc: StreamNotCompleteError, code: int) -> AclError:
+    return AclError(exc.message, code)
+
+
+def synchronize_stream_timeout_ms(stream, timeout) -> None:
+    """aclrtSynchronizeStreamWithTimeout: ACL_ERROR_RT_STREAM_SYNC_TIMEOUT when not idle in time."""
+    seconds = timeout_ms(timeout, "synchronize_stream_with_timeout")
+    try:
+        synchronize_stream(stream, seconds)
+    except StreamNotCompleteError as exc:
+        raise _timed_out(exc, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) from None
+
+
+def synchronize_device_timeout_ms(timeout) -> None:
+    """aclrtSynchronizeDeviceWithTimeout: ACL_ERROR_RT_STREAM_SYNC_TIMEOUT on timeout."""
+    seconds = timeout_ms(timeout, "synchronize_device_with_timeout")
+    try:
+        synchronize_device(None, seconds)
+    except StreamNotCompleteError as exc:
+        raise _timed_out(exc, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) from None
+
+
+def synchronize_event_timeout_ms(event, timeout) -> None:
+    """aclrtSynchronizeEventWithTimeout: ACL_ERROR_RT_EVENT_SYNC_TIMEOUT on timeout."""
+    seconds = timeout_ms(timeout, "synchronize_event_with_timeout")
+    try:
+        synchronize_event(event, seconds)
+    except StreamNotCompleteError as exc:
+        raise _timed_out(exc, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT) from None
+
+
 def synchronize_stream(stream=None, timeout: float | None = None) -> None:
     """Wait until `stream` (None: the default stream) is idle; raise errors its work hit."""
     RUNTIME.stream(stream, "synchronize_stream").synchronize(timeout)
@@ -170,6 +250,63 @@ def query_stream(stream=None) -> bool:
 def create_event() -> Event:
     RUNTIME.require()
     return Event()
+
+
+# aclrtCreateEventWithFlag: ACL_EVENT_SYNC, CAPTURE_STREAM_PROGRESS, (runtime's DDSYNC,) TIME_LINE
+# combine; DEVICE_USE_ONLY and EXTERNAL stand alone; IPC (Ex only) stands alone.
+EVENT_COMBINABLE = 0x1 | 0x2 | 0x4 | 0x8
+EVENT_DEVICE_USE_ONLY, EVENT_EXTERNAL, EVENT_IPC = 0x10, 0x20, 0x40
+
+
+def create_event_with_flag(flag: int, reusable: bool = False) -> Event:
+    """aclrtCreateEventWithFlag (`reusable`: aclrtCreateEventExWithFlag), with CANN's flag
+    checks: a non-empty OR of the combinable flags, or one of the solitary ones alone; else
+    ACL_ERROR_RT_PARAM_INVALID. Every npumem event records time and is reusable, so the flags
+    change nothing else; an IPC event (shared between processes) is not supported."""
+    what = "create_event_ex_with_flag" if reusable else "create_event_with_flag"
+    flag = integer_argument(flag, f"{what}: flag")
+    alone = (EVENT_IPC,) if reusable else (EVENT_DEVICE_USE_ONLY, EVENT_EXTERNAL)
+    valid = (flag > 0 and flag & ~EVENT_COMBINABLE == 0) or flag in alone
+    if not valid:
+        raise InvalidParamError(f"{what}: flag 0x{flag:x} is not an OR of ACL_EVENT_SYNC (0x1), "
+                                "CAPTURE_STREAM_PROGRESS (0x2), TIME_LINE (0x8), nor one of "
+                                + " or ".join(f"0x{bit:x}" for bit in alone) + " alone", 107000)
+    if flag == EVENT_IPC:
+        raise FeatureNotSupportedError(f"{what}: IPC events (shared between processes) are not "
+                                       "supported by npumem")
+    RUNTIME.require()
+    event = Event(enable_timing=True)
+    event.flags = flag
+    return event
+
+
+def query_event_status(event) -> bool:
+    """aclrtQueryEventStatus: True once the event's latest record was reached; an event never
+    recorded (or reset) is not (unlike query_event, which calls it complete)."""
+    event = lookup(event, Event, "query_event_status")
+    return event.recorded and event.query()
+
+
+def query_event_wait_status(event) -> bool:
+    """aclrtQueryEventWaitStatus: True when a wait for the event would not block now."""
+    event = lookup(event, Event, "query_event_wait_status")
+    return event.recorded and event.query()
+
+
+def event_timestamp_us(event) -> int:
+    """aclrtEventGetTimestamp: when the event's latest record ran, in microseconds of the
+    monotonic clock (time since the machine started, as the NPU counts from its own start).
+    Never recorded: ACL_ERROR_RT_INTERNAL_ERROR (CANN's "event recorder null"); recorded but not
+    reached yet: ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID."""
+    event = lookup(event, Event, "event_get_timestamp")
+    if not event.recorded:
+        raise AclError(f"event_get_timestamp: {event!r} was never recorded (or was reset)",
+                       ACL_ERROR_RT_INTERNAL_ERROR)
+    stamp = event.timestamp
+    if stamp is None:
+        raise AclError(f"event_get_timestamp: {event!r} has not been reached yet; synchronize "
+                       "its stream (or the event) first", ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID)
+    return int(stamp * 1_000_000)
 
 
 def destroy_event(event) -> None:

@@ -169,3 +169,55 @@ def _as_byte_array(obj, what: str, writable: bool) -> np.ndarray:
         raise InvalidParamError(f"{what}: the host buffer is read-only ({type(obj).__name__}); "
                                 "use a bytearray or a writable numpy array")
     return array
+
+
+class KnownHostBuffers:
+    """Host buffers whose addresses npumem handed out (acl.util's numpy_to_ptr, bytes_to_ptr,
+    ...), each with the Python object that owns the bytes.
+
+    A raw integer is only safe to dereference while its owner lives. The registry holds a
+    strong reference to each owner, so an address it knows stays valid; an owner that only the
+    registry still references has been dropped by the program (its pointer is dangling) and is
+    pruned before every look-up, so a stale pointer is refused rather than read.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._entries: dict[int, list] = {}          # id(owner) -> [start, end, owner, writable]
+        self._dropped = self._refs([0, 0, object(), False])   # refcount of an unreferenced owner
+
+    @staticmethod
+    def _refs(entry: list) -> int:
+        import sys
+        return sys.getrefcount(entry[2])
+
+    def add(self, owner, start: int, nbytes: int, writable: bool) -> None:
+        with self._lock:
+            self._prune()
+            entry = self._entries.get(id(owner))
+            if entry is not None and entry[2] is owner:
+                entry[0], entry[1] = min(entry[0], start), max(entry[1], start + nbytes)
+            else:
+                self._entries[id(owner)] = [start, start + nbytes, owner, writable]
+
+    def find(self, address: int, nbytes: int) -> tuple[object, bool] | None:
+        """(owner, writable) of a live buffer holding [address, address + nbytes), or None."""
+        with self._lock:
+            self._prune()
+            for start, end, owner, writable in self._entries.values():
+                if start <= address and address + nbytes <= end:
+                    return owner, writable
+        return None
+
+    def _prune(self) -> None:
+        dropped = [key for key, entry in self._entries.items() if self._refs(entry) <= self._dropped]
+        for key in dropped:
+            del self._entries[key]
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._prune()
+            return len(self._entries)
+
+
+KNOWN_HOST = KnownHostBuffers()

@@ -19,12 +19,14 @@ from ..constants import (
 from ..device.address_space import MAX_DEVICES, device_of, in_device_space
 from ..device.backend import DeviceRange
 from ..errors import (
-    AddressUnalignedError, FeatureNotSupportedError, InvalidMemoryTypeError, InvalidParamError,
-    MemoryAccessError, MemoryAllocationError, MemoryFreeError, integer_argument, strict,
+    ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED, ACL_ERROR_HOST_MEMORY_NOT_REGISTERED,
+    AddressUnalignedError, FeatureNotSupportedError, HostRegisterError, InvalidDeviceError,
+    InvalidMemoryTypeError, InvalidParamError, MemoryAccessError, MemoryAllocationError,
+    MemoryFreeError, integer_argument, strict,
 )
 from ..observe import OBSERVERS, emit
 from ..units import align_up, format_size
-from .hostmem import PINNED, HostRange, host_range
+from .hostmem import KNOWN_HOST, PINNED, HostRange, host_range
 from .state import RUNTIME
 from .stream import device_work
 
@@ -199,6 +201,200 @@ def host_unregister(device_pointer: int) -> None:
         raise MemoryFreeError(f"host_unregister(0x{device_pointer:x}): pass the device pointer "
                               "that host_register returned")
     backend.free(device_pointer, "host_unregister")
+
+
+# --- aclrtHostRegister / aclrtHostUnregister: CANN's rules, by host address -----------------
+
+HOST_REGISTER_MAPPED, HOST_REGISTER_IOMEMORY, HOST_REGISTER_READONLY = 0, 0x04, 0x08
+HOST_PAGE = 4096
+_registered_lock = threading.Lock()
+_registered: dict[int, tuple[int, int, int, object]] = {}   # host start -> (end, device ptr, device, host)
+
+
+def register_host_range(host_pointer: int, size: int, register_type: int = HOST_REGISTER_MAPPED) -> int:
+    """aclrtHostRegister: map [host_pointer, host_pointer + size) for the current device and
+    return its device address. The range must be 4 KiB aligned (the start of a malloc_host
+    buffer is accepted too: the simulator pins small buffers at 64 bytes) and lie in pinned
+    memory or in a buffer npumem handed out and still holds (numpy_to_ptr, bytes_to_ptr), so
+    that the bytes outlive the mapping. A range overlapping one already registered is
+    ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED, as in CANN's runtime."""
+    api = "host_register"
+    host_pointer = _pointer(host_pointer, api)
+    size = integer_argument(size, f"{api}: size")
+    register_type = integer_argument(register_type, f"{api}: type")
+    if host_pointer == 0 or size <= 0:
+        raise InvalidParamError(f"{api}: ptr must be non-null and size positive, got "
+                                f"0x{host_pointer:x}, {size}")
+    if register_type in (HOST_REGISTER_IOMEMORY, HOST_REGISTER_READONLY):
+        raise FeatureNotSupportedError(
+            f"{api}: type {register_type} ({'IOMEMORY' if register_type == 4 else 'READONLY'}) is "
+            "not supported: the simulator has no PCIe IO space and no read-only mappings; use "
+            "ACL_HOST_REGISTER_MAPPED (0)")
+    if register_type != HOST_REGISTER_MAPPED:
+        raise InvalidParamError(f"{api}: unknown type {register_type}; expected "
+                                "ACL_HOST_REGISTER_MAPPED (0)")
+    device = RUNTIME.current_context().device
+    if RUNTIME.backend.is_device_pointer(host_pointer):
+        raise InvalidMemoryTypeError(f"{api}(0x{host_pointer:x}): this is device memory; "
+                                     "host_register maps host memory")
+    host = _registrable_host(host_pointer, size, api)
+    end = host_pointer + size
+    with _registered_lock:
+        for start, (other_end, _, _, _) in _registered.items():
+            if start < end and host_pointer < other_end:
+                raise HostRegisterError(
+                    f"{api}(0x{host_pointer:x}, {size}): overlaps [0x{start:x}, 0x{other_end:x}), "
+                    "which is already registered; host_unregister it first",
+                    ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+        offset = host_pointer - host.start
+        mapped = RUNTIME.backend.register_host(device, host, offset, size)
+        _registered[host_pointer] = (end, mapped.start, device, host)
+    return mapped.start
+
+
+def _registrable_host(host_pointer: int, size: int, api: str):
+    """The host allocation (pinned, or a known buffer wrapped as one) holding the range."""
+    pinned = PINNED.find(host_pointer)
+    if pinned is not None:
+        if host_pointer % HOST_PAGE and host_pointer != pinned.start:
+            raise AddressUnalignedError(f"{api}(0x{host_pointer:x}): the host address must be "
+                                        f"{HOST_PAGE}-byte (page) aligned")
+        if host_pointer + size > pinned.end:
+            raise MemoryAccessError(f"{api}(0x{host_pointer:x}, {size}): runs "
+                                    f"{host_pointer + size - pinned.end} bytes past the end of "
+                                    f"{pinned.describe()}")
+        return pinned
+    if PINNED.find_freed(host_pointer) is not None:
+        raise MemoryAccessError(f"{api}(0x{host_pointer:x}): inside pinned memory released with "
+                                "free_host: use after free")
+    if host_pointer % HOST_PAGE:
+        raise AddressUnalignedError(f"{api}(0x{host_pointer:x}): the host address must be "
+                                    f"{HOST_PAGE}-byte (page) aligned")
+    known = KNOWN_HOST.find(host_pointer, size)
+    if known is None:
+        raise InvalidMemoryTypeError(
+            f"{api}(0x{host_pointer:x}, {size}): not memory npumem can keep alive while the device "
+            "uses it: pass memory from malloc_host, or a buffer from numpy_to_ptr / bytes_to_ptr "
+            "that you still hold")
+    owner, writable = known
+    if not writable:
+        raise InvalidMemoryTypeError(f"{api}(0x{host_pointer:x}): the buffer is read-only "
+                                     f"({type(owner).__name__}); the device could write to it")
+    from ..device.address_index import Allocation
+    from ..device.backing import host_bytes
+    view = host_bytes(host_pointer, size)
+    return Allocation(start=host_pointer, size=size, reserved=0, api="pageable host memory",
+                      device=-1, buffer=view, host_address=host_pointer, free_api="",
+                      extra={"owner": owner})
+
+
+def unregister_host_range(host_pointer: int) -> None:
+    """aclrtHostUnregister: undo register_host_range, given the host address it registered;
+    memory never registered is ACL_ERROR_HOST_MEMORY_NOT_REGISTERED."""
+    api = "host_unregister"
+    host_pointer = _pointer(host_pointer, api)
+    RUNTIME.current_context()
+    if host_pointer == 0:
+        raise InvalidParamError(f"{api}: the pointer is null")
+    with _registered_lock:
+        entry = _registered.get(host_pointer)
+        if entry is None:
+            raise HostRegisterError(f"{api}(0x{host_pointer:x}): this host address was not "
+                                    "registered with host_register (pass the address registered)",
+                                    ACL_ERROR_HOST_MEMORY_NOT_REGISTERED)
+        RUNTIME.backend.free(entry[1], "host_unregister")
+        del _registered[host_pointer]
+
+
+def _forget_registrations(device: int) -> None:
+    """reset_device / finalize: the device's mappings go with it."""
+    with _registered_lock:
+        for start in [s for s, entry in _registered.items() if entry[2] == device]:
+            mapped = _registered.pop(start)[1]
+            backend = RUNTIME.backend
+            if backend is not None and backend.is_device_pointer(mapped):
+                try:
+                    backend.free(mapped, "host_unregister")
+                except MemoryFreeError:
+                    pass                      # already released with the device
+
+
+RUNTIME.device_release_hooks.append(_forget_registrations)
+
+
+# --- aclrtMallocHostWithCfg ------------------------------------------------------------------
+
+MEM_ATTR_RSV, MEM_ATTR_MODULE_ID, MEM_ATTR_DEVICE_ID, MEM_ATTR_VA_FLAG = 0, 1, 2, 3
+
+
+def malloc_host_with_cfg(size: int, cfg=None) -> int:
+    """aclrtMallocHostWithCfg: malloc_host with a configuration, given as pyACL's dict
+    {"attrs": [{"attr": ACL_RT_MEM_ATTR_..., "value": n}, ...]} (or None / {}). The module id
+    is accepted (it only labels the memory); a device id must name a device; vaFlag 1 (host
+    and device addresses equal) cannot be given by the simulator, whose device addresses live
+    apart from host memory, and is ACL_ERROR_RT_FEATURE_NOT_SUPPORT."""
+    api = "malloc_host_with_cfg"
+    size = _size(size, api)
+    for attr, value in _malloc_attrs(cfg, api):
+        if attr == MEM_ATTR_DEVICE_ID:
+            count = RUNTIME.require().device_count
+            if not 0 <= value < count:
+                raise InvalidDeviceError(f"{api}: device id {value} is not one of 0..{count - 1}")
+        elif attr == MEM_ATTR_VA_FLAG and value:
+            raise FeatureNotSupportedError(f"{api}: vaFlag=1 (the device address equal to the host "
+                                           "address) is not supported by the simulator")
+    return malloc_host(size)
+
+
+def _malloc_attrs(cfg, api: str) -> list[tuple[int, int]]:
+    if cfg is None:
+        return []
+    if not isinstance(cfg, dict):
+        raise InvalidParamError(f"{api}: cfg must be a dict (or None), got {type(cfg).__name__}")
+    attrs = cfg.get("attrs", [])
+    if not isinstance(attrs, (list, tuple)):
+        raise InvalidParamError(f"{api}: cfg['attrs'] must be a list, got {type(attrs).__name__}")
+    result = []
+    for item in attrs:
+        if not isinstance(item, dict) or "attr" not in item:
+            raise InvalidParamError(f"{api}: each attribute must be a dict with 'attr' and "
+                                    f"'value', got {item!r}")
+        attr = integer_argument(item["attr"], f"{api}: attr")
+        value = item.get("value", 0)
+        if isinstance(value, dict):          # the C union spelled out: {"device_id": 0}
+            value = next(iter(value.values()), 0)
+        value = integer_argument(value, f"{api}: value of attr {attr}")
+        if attr not in (MEM_ATTR_RSV, MEM_ATTR_MODULE_ID, MEM_ATTR_DEVICE_ID, MEM_ATTR_VA_FLAG):
+            raise InvalidParamError(f"{api}: unknown attr {attr}; expected ACL_RT_MEM_ATTR_RSV (0), "
+                                    "MODULE_ID (1), DEVICE_ID (2) or VA_FLAG (3)")
+        result.append((attr, value))
+    return result
+
+
+# --- aclrtGetMemUsageInfo ---------------------------------------------------------------------
+
+def mem_usage_info(device: int, count: int) -> list[dict]:
+    """Device memory by component (the call that allocated it: malloc, malloc_align32 (the
+    caching pools' segments), dvpp_malloc, ...): name, current and peak bytes reserved since
+    the device was opened, largest current first, at most `count` of them."""
+    device = RUNTIME.check_device(device)
+    count = integer_argument(count, "get_mem_usage_info: input_num")
+    if count < 0:
+        raise InvalidParamError(f"get_mem_usage_info: input_num must not be negative, got {count}")
+    backend = RUNTIME.backend
+    device_of = getattr(backend, "_device", None)         # the sim and torch backends
+    index = getattr(device_of(device), "allocations", None) if callable(device_of) else None
+    if index is not None:
+        usage = {api: tuple(numbers) for api, numbers in index.usage.items() if numbers[1]}
+    else:                                  # a backend without an index: no peaks to report
+        usage = {}
+        for allocation in backend.live_allocations(device):
+            current = usage.get(allocation.api, (0, 0))[0] + allocation.reserved
+            usage[allocation.api] = (current, current)
+    rows = [{"name": api[:31], "cur_mem_size": current, "mem_peak_size": peak}
+            for api, (current, peak) in usage.items()]
+    rows.sort(key=lambda row: (-row["cur_mem_size"], -row["mem_peak_size"], row["name"]))
+    return rows[:count]
 
 
 # --- bytes: memset and memcpy ----------------------------------------------------------------

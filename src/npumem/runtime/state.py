@@ -20,7 +20,8 @@ from ..device.address_index import Allocation, summarize
 from ..device.backend import DeviceBackend
 from ..device.select import check_spec, default_spec, make_backend
 from ..errors import (
-    ContextNullError, InvalidDeviceError, InvalidHandleError, InvalidParamError, AclError,
+    ContextNullError, ContextReleaseError, InvalidDeviceError, InvalidHandleError,
+    InvalidParamError, AclError,
     RepeatFinalizeError, RepeatInitializeError, UninitializedError, LiveAllocationsWarning,
     ACL_ERROR_INVALID_FILE, integer_argument,
 )
@@ -53,8 +54,9 @@ class Context:
         if self.destroyed:
             raise InvalidHandleError(f"context 0x{self.handle:x} was destroyed")
 
-    def destroy(self) -> None:
-        """Finish and stop every stream of this context."""
+    def destroy(self) -> list[AclError]:
+        """Finish and stop every stream of this context; returns the errors work still queued
+        on them hit (the caller reports them: nothing may be lost silently)."""
         errors = []
         for stream in [*self.streams, self.default_stream]:
             if not stream.destroyed:
@@ -65,8 +67,7 @@ class Context:
         self.streams.clear()
         self.destroyed = True
         forget(self.handle)
-        for exc in errors:
-            log.warning("work pending at context teardown failed: %s", exc)
+        return errors
 
 
 class Runtime:
@@ -115,9 +116,11 @@ class Runtime:
         with self.lock:
             if not self.initialized:
                 raise RepeatFinalizeError("finalize called without a matching init")
-            leaked = []
+            leaked, errors = [], []
             for device in range(self.backend.device_count):
-                leaked += self._release_device(device)
+                leaked += self._release_device(device, errors)
+            for exc in errors:              # aclFinalize has no one to return them to
+                log.warning("work pending at finalize failed: %s", exc)
             for hook in self.finalize_hooks:
                 hook()
             host_leaks = PINNED.release_all()
@@ -172,9 +175,12 @@ class Runtime:
             if refs > 1:
                 self.device_refs[device] = refs - 1
                 return []
-            return self._release_device(device)
+            errors: list[AclError] = []
+            leaked = self._release_device(device, errors)
+            _raise_release_errors(f"reset_device({device})", "the device was released", errors)
+            return leaked
 
-    def _release_device(self, device: int) -> list[Allocation]:
+    def _release_device(self, device: int, errors: list) -> list[Allocation]:
         self.device_refs.pop(device, None)
         contexts = [c for c in self.contexts if c.device == device]
         for context in contexts:       # queued work ends before the memory it uses goes
@@ -185,7 +191,7 @@ class Runtime:
         for hook in self.device_release_hooks:
             hook(device)
         for context in [c for c in self.contexts if c.device == device]:
-            self._drop_context(context)
+            errors += self._drop_context(context)
         self.default_contexts.pop(device, None)
         leaked = self.backend.release_device(device)
         if leaked:
@@ -233,15 +239,17 @@ class Runtime:
                     f"{context!r} is the default context of device {context.device}; "
                     "it goes away with reset_device"
                 )
-            self._drop_context(context)
+            errors = self._drop_context(context)
+        _raise_release_errors("destroy_context", "the context was destroyed", errors)
 
-    def _drop_context(self, context: Context) -> None:
-        context.destroy()
+    def _drop_context(self, context: Context) -> list[AclError]:
+        errors = context.destroy()
         self.contexts.remove(context)
         if getattr(self._thread, "context", None) is context:
             self._thread.context = None
         if self.process_context is context:
             self.process_context = None
+        return errors
 
     # --- streams ----------------------------------------------------------------------------
 
@@ -307,6 +315,15 @@ class Runtime:
                 owner.streams.remove(stream)
             for hook in self.stream_destroy_hooks:
                 hook(stream)
+
+
+def _raise_release_errors(call: str, done: str, errors: list[AclError]) -> None:
+    """After a teardown that went through: the errors its streams' pending work hit, as one
+    ContextReleaseError (CANN's aclrtResetDevice returns the context release's failure)."""
+    if errors:
+        detail = "; ".join(exc.message for exc in errors)
+        raise ContextReleaseError(f"{call}: {done}, but work still queued on its streams failed: "
+                                  f"{detail}") from errors[0]
 
 
 def _report_leaks(where: str, allocations: list[Allocation]) -> None:

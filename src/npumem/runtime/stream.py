@@ -83,6 +83,8 @@ class Stream:
             context = DEFAULTS.context_for_new_stream(device)
             device, runner = context.device, context.backend.stream_runner(context.device)
         self.handle = new_handle(self)
+        self.priority = priority           # what create_stream_with_config was given (no effect)
+        self.flags = 0                     # ACL_STREAM_* flags it was created with
         self._run_task = runner or _call   # the backend's way to run a task on a device stream
         self.device = device
         self.context = context
@@ -309,6 +311,7 @@ class Event:
     def __init__(self, enable_timing: bool = False, blocking: bool = False,
                  interprocess: bool = False):
         self.enable_timing = enable_timing
+        self.flags = 0                     # ACL_EVENT_* flags from create_event_with_flag
         self.handle = new_handle(self)
         self.destroyed = False
         self._reached: threading.Event | None = None     # None: no record since create/reset
@@ -366,6 +369,11 @@ class Event:
         self.check_alive()
         with GRAPH.lock:
             self._reached, self._record, self.timestamp = None, None, None
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the event has a record (queued or reached) since it was created or reset."""
+        return self._reached is not None
 
     def query(self) -> bool:
         """True when the last recorded point was reached (or the event was never recorded)."""
