@@ -120,8 +120,7 @@ def test_malloc_host_with_cfg(session):
 def test_host_register_maps_pinned_memory_and_refuses_twice(session):
     host, _ = acl.rt.malloc_host(3 * 4096)
     assert acl.rt.memset(host, 3 * 4096, 0, 3 * 4096) == 0
-    device, ret = acl.rt.host_register(host, 2 * 4096, acl.ACL_HOST_REGISTER_MAPPED
-                                       if hasattr(acl, "ACL_HOST_REGISTER_MAPPED") else 0)
+    device, ret = acl.rt.host_register(host, 2 * 4096, acl.ACL_HOST_REGISTER_MAPPED)
     assert ret == 0 and device != host and device % 64 == 0
     data = np.arange(16, dtype=np.uint8)
     assert acl.rt.memcpy(device, 16, acl.util.numpy_to_ptr(data), 16, H2D) == 0
@@ -183,7 +182,7 @@ def test_reset_device_drops_host_registrations(session):
 # --- streams ---------------------------------------------------------------------------------
 
 def test_create_stream_with_config(session):
-    stream, ret = acl.rt.create_stream_with_config(9, 0x1 | 0x2)
+    stream, ret = acl.rt.create_stream_with_config(9, acl.ACL_STREAM_FAST_LAUNCH | acl.ACL_STREAM_FAST_SYNC)
     assert ret == 0
     assert acl.rt.stream_get_priority(stream) == (7, 0)            # clamped to the bound
     assert acl.rt.stream_get_flags(stream) == (3, 0)
