@@ -13,7 +13,6 @@ import time
 import numpy as np
 import pytest
 
-import npumem
 import npumem.acl as acl
 from npumem import errors as E
 from npumem.runtime.handles import lookup
