@@ -68,6 +68,11 @@ case("fall_back", (P, "_fall_back", lambda self, boundary, why: self._refused(wh
 case("wait_growing", (P, "_live_bytes_now_and_a_step_ago", lambda self, template: (0, 0)))
 case("resync", (predictive, "RESYNC", 1 << 30))
 case("varies", (P, "_varies", lambda self, boundary: False))
+case("lookahead", (predictive, "LOOKAHEAD", 2))
+case("stand_aside_for", (P, "_stand_aside_for", lambda self, size: None))
+case("min_period", (P, "min_period", property(lambda self: 0)))
+case("one_stream", (P, "_choose_stream", lambda self, stream, size: setattr(self, "stream", stream)
+                    if self.stream is predictive._NOT_YET else None))
 
 
 @contextlib.contextmanager

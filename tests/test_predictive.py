@@ -687,19 +687,6 @@ def test_a_found_step_that_leaves_out_its_first_request_keeps_its_plan():
     assert peak <= loop_leaving_out(False, cut)[1]
 
 
-def test_a_first_step_far_above_the_rest_does_not_keep_the_step_from_being_planned():
-    """cuDNN's benchmark mode (or a warm-up) makes large one-time allocations in the first
-    step, so no later step reaches its peak, and a found step was passed over for not holding
-    the peak (a layer of a step does not) for as long as the program ran. A template whose
-    window the newer three quarters of the history repeat exactly, copy after copy, where the
-    all-time peak is older than that, is the step."""
-    body = STEP * 2
-    body = body[:5] + [(64 * MiB, 1)] + body[5:]
-    served, peak = served_with_one_odd_step(True, 12, 0, body)
-    assert served[-4:] == [2 * len(STEP)] * 4, served
-    assert peak <= served_with_one_odd_step(False, 12, 0, body)[1]
-
-
 def test_a_first_step_that_differs_does_not_hide_the_true_period():
     """Step 1 also makes optimizer state (kept for good) at its end, so its start comes back
     one step and the state later: the learner confirms that longer period first. When the

@@ -289,13 +289,6 @@ class Predictor:
         return sum(self.refused_periods.values())
 
     @property
-    def min_period(self) -> int:
-        """The shortest period offered after refusals: about the step, not one of its layers,
-        and longer than a period refused twice (part of the step: a micro-batch)."""
-        return max((period + 1 if times > 1 else period // 2
-                    for period, times in self.refused_periods.items()), default=0)
-
-    @property
     def settled(self) -> bool:
         """Whether the layout serving is cut at a step boundary (one cut between cuts serves only
         until the next cut, and then hands over)."""
@@ -490,7 +483,7 @@ class Predictor:
         A marked step is planned when no plan is followed (at first, or after a poor step)."""
         if template.marked:             # the program says where steps end: keep a plan that works
             return self.template is None
-        if len(template) < KEPT * template.period or template.period < self.min_period:
+        if len(template) < KEPT * template.period:
             return False
         if self.template is None:
             return template.holds_peak

@@ -32,7 +32,6 @@ VERIFY = 16               # requests that must repeat before a detected period i
 MIN_PERIOD = 4            # shorter periods are runs of one or two sizes, not steps
 SHAPE_FACTORS = 4        # factors by which sizes may change when tensor shapes do
 COPIES = 8               # copies of a step on either side that `_widen` compares
-RECENT = 2               # copies, at least, showing a step that misses the all-time peak is one
 MAX_ALLOCATIONS = 1 << 18  # history kept; a step with more allocations than half this is not learned
 
 
@@ -293,8 +292,6 @@ class StepLearner:
         template.extras = {(slot % len(template), size): offset
                            for (slot, size), offset in extras.items()}
         template = self._widen(template, first, end)
-        if not template.holds_peak and not marked:
-            template.holds_peak = self._repeated_since_peak(template, first, end)
         if outlives:
             template = template.twice()
         template.cursor = template.slot_at(following - first)
@@ -316,21 +313,6 @@ class StepLearner:
             widened.holds_peak = template.holds_peak or any(
                 start <= self.peak_at < start + period for start, sizes in copies.items() if sizes)
         return widened
-
-    def _repeated_since_peak(self, template: Template, first: int, end: int) -> bool:
-        """Whether allocations [first, end) are the step although they miss the all-time peak
-        of live bytes, which a first step that differed made (cuDNN's benchmark workspaces,
-        a warm-up) and the newer three quarters of the history never reached again: the
-        window ends with the live bytes it began with, and all of those three quarters repeat
-        it exactly, copy after copy (RECENT at least). A layer's period fails: the rest of
-        its step is not copies of it, and a layer keeps or frees its neighbours' outputs."""
-        period, settled = end - first, len(self.requested) // 4
-        live, sizes = self.live_before, self.sizes
-        if first - RECENT * period < settled or end >= len(live) or live[end] != live[first] \
-                or max(live[i] + sizes[i] for i in range(settled, len(live))) >= self.peak_bytes:
-            return False
-        return all(self.sizes_at(template, start + self.dropped) == template.sizes
-                   for start in range(first - period, settled - 1, -period))
 
     def sizes_at(self, template: Template, start: int) -> list[int] | None:
         """The sizes of the allocations at `template`'s slots in the window of the history that
