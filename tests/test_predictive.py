@@ -140,7 +140,7 @@ def test_a_program_that_never_repeats_pauses_learning_for_longer_each_time():
     predictor.quiet = predictor.pause = 300
     never_repeating(pool, 301)
     assert predictor.learner is None and predictor.wake_at == 600, predictor.note
-    assert predictor.note == "no repeated step found in 300 requests; learning paused for the next 300"
+    assert predictor.note == "no plan served in 300 requests of learning; learning paused for the next 300"
     never_repeating(pool, 300, seed=1)
     assert predictor.learner is not None and predictor.note == "learning"
     never_repeating(pool, 300, seed=2)             # quiet again: paused twice as long
@@ -152,6 +152,27 @@ def test_a_program_that_never_repeats_pauses_learning_for_longer_each_time():
     run_step(pool)
     assert predictor.hits - hits == len(STEP), predictor.note
     assert pool.memory_stats()["allocated_bytes.all.current"] == 0
+    pool.close()
+
+
+def test_a_step_no_plan_can_serve_pauses_learning_too():
+    """A program that repeats its step but keeps a block of every step (live bytes grow, so a
+    plan waits) gains nothing from learning either: with no plan served in `quiet` requests,
+    the template is dropped and learning pauses."""
+    pool = make_pool()
+    predictor = pool.predictor
+    predictor.quiet = predictor.pause = 300
+    predictor.patience = 600
+    kept = []
+    for _ in range(80):
+        kept.append(pool.allocate(1 << 20))
+        run_step(pool)
+        if predictor.wake_at is not None:
+            break
+    assert predictor.template is None and predictor.learner is None, predictor.note
+    assert predictor.note.startswith("no plan served in "), predictor.note
+    for pointer in kept:
+        pool.deallocate(pointer)
     pool.close()
 
 

@@ -64,8 +64,10 @@ KEPT = 0.8              # share of a detected step's requests that must be plann
 PROVEN, STALE = 0.99, 0.5   # step hit rates that end learning / drop the plan
 GRAM_CHECK = 32         # requests followed before a template's record counts
 MAX_REFUSALS = 5        # templates refused (strayed from, or too tall) before prediction stops
-QUIET = 1 << 18         # requests learned with no step found before learning pauses (as long,
-MAX_PAUSE = 16 * QUIET  # then twice as long each time, up to this)
+QUIET = 1 << 12         # requests learned with no plan serving before learning pauses
+PAUSE = 1 << 17         # for this many requests, then twice as many each time,
+MAX_PAUSE = 1 << 24     # up to this
+PATIENCE = 1 << 18      # requests learned, at most, while only runs of sizes come back
 _NOT_YET = object()
 
 
@@ -114,7 +116,9 @@ class Predictor:
         self.boundary_live: int | None = None      # live bytes at the last step boundary seen
         self.between_cuts = True                    # a plan may take over between cuts
         self.quiet, self.quiet_since = QUIET, 0     # see _pause
-        self.pause, self.wake_at = QUIET, None      # while paused: the request that ends it
+        self.patience, self.learning_since = PATIENCE, 0    # and _repeating
+        self.pause, self.wake_at = PAUSE, None      # while paused: the request that ends it
+        self.marked = False                         # a step was marked (mark_step)
         self.note = "learning"
 
     # --- called by the pool ---------------------------------------------------------------
@@ -123,14 +127,18 @@ class Predictor:
         """The planned block for this request (`nbytes` asked, `size` once rounded), or None
         (the pool serves it)."""
         self.requests += 1
-        if self.template is None:
-            if self.learner is not None:
-                if self.requests - self.quiet_since >= self.quiet:
-                    self._pause()
-                else:
-                    self._choose_stream(stream, size)
-            elif self.wake_at is not None and self.requests >= self.wake_at:
-                self._wake()
+        if self.wake_at is not None:          # paused: the pool's, at the pool's cost
+            if self.requests < self.wake_at:
+                self.misses += self.took_over_at is not None and (
+                    stream is self.stream or stream == self.stream)
+                return None
+            self._wake()
+        if not self.serving and self.learner is not None:
+            if self.requests - self.quiet_since >= self.quiet and not self._repeating():
+                self._pause()
+                return None
+            if self.template is None:
+                self._choose_stream(stream, size)
         if stream is not self.stream and stream != self.stream:
             return self._other_stream(size, stream)
         self.misses += self.took_over_at is not None and not self.serving   # the pool's, now
@@ -325,8 +333,9 @@ class Predictor:
             self.cursor = step if template.repeats > 1 and 0 < self.cursor <= step else 0
             self._step_began(self.cursor)
         self.mark_at, self.strays = self.requests - self.others, {}
-        if self.wake_at is not None:            # the program says where its steps end
-            self._wake()
+        if self.wake_at is not None and not self.marked:
+            self._wake()                        # the program says where its steps end, at last
+        self.marked = True
         if self.learner is not None:
             template = self.learner.mark()
             if template is not None:
@@ -335,13 +344,30 @@ class Predictor:
     # --- learning and planning ------------------------------------------------------------
 
     def _pause(self) -> None:
-        """No step in `quiet` requests: the program does not repeat, or not yet. Learning
-        costs time on every request; pause it for `pause` requests, twice as many each time,
-        and then learn from scratch."""
+        """No plan served in `quiet` requests of learning (or four of the followed step's, if
+        more): the program does not repeat, or not in a way a plan can serve (its live bytes
+        grow every step, say). Learning costs time on every request; pause it for `pause`
+        requests, twice as many each time, and then learn from scratch."""
+        learned = self.requests - self.quiet_since
+        if self.template is not None:
+            self._drop("")
         self.learner, self.wake_at = None, self.requests + self.pause
-        self.note = (f"no repeated step found in {self.quiet} requests; learning paused for "
+        self.note = (f"no plan served in {learned} requests of learning; learning paused for "
                      f"the next {self.pause}")
         self.pause = min(2 * self.pause, MAX_PAUSE)
+
+    def _repeating(self) -> bool:
+        """At the end of a quiet stretch: whether to learn on. With no step followed, while
+        runs of request sizes still come back (the learner put a period under test in the
+        last `quiet` requests: a step longer than the stretch may yet be found), for another
+        stretch, up to `patience` requests since learning began. A step followed had four of
+        its steps (`_follow`) to be planned."""
+        learner = self.learner
+        if self.template is None and learner.allocations - learner.tested <= self.quiet \
+                and self.requests - self.learning_since < self.patience:
+            self.quiet_since = self.requests
+            return True
+        return False
 
     def _wake(self) -> None:
         self._learn_afresh()
@@ -351,13 +377,12 @@ class Predictor:
         """A new learner, from the middle of a step (strict after two refusals), with a new
         stretch of `quiet` requests to find a step in."""
         self.learner = StepLearner(strict=self.refusals > 1, mid_step=True)
-        self.quiet_since = self.requests
+        self.quiet_since = self.learning_since = self.requests
 
     def _consider(self, template: Template) -> None:
         """A template from the learner: plan it if it is the step (see _is_the_step). One with
         the lifetimes of the last template given up is that step at another length: it takes
         its sizes (so holds the peak if it did)."""
-        self.quiet_since = self.requests        # a step was found: learning is worth it
         known = self.dropped
         if known is not None and (known.starts, known.ends) == (template.starts, template.ends):
             widened = template.widened([known.sizes])
@@ -373,6 +398,8 @@ class Predictor:
 
     def _follow(self, template: Template) -> None:
         self.template, self.layout, self.cursor = template, None, template.cursor
+        # the step found: learning is worth four of its steps (to prove and plan it), no more
+        self.quiet_since = self.requests + max(4 * template.step_period - self.quiet, 0)
         # the blocks the stream holds, so that a plan made at the next cut can pin them
         self.pointer_offsets = self.learner.live_offsets(template)
         self.offset_pointers = {offset: pointer for pointer, offset in self.pointer_offsets.items()}

@@ -145,6 +145,7 @@ class StepLearner:
         self.period = 0                         # hypothesis under test (0: none)
         self.confirmed = 0                      # confirmed, and holding: test only longer ones
         self.matched = 0                        # requests that repeated under it so far
+        self.tested = -(1 << 62)                # allocation number of the last period put under test
 
     def on_free(self, pointer: int) -> None:
         """A block of the stream was freed. One made before the learner began is an event too,
@@ -194,7 +195,7 @@ class StepLearner:
             if seen is not None and n - seen > max(self.period, self.confirmed, MIN_PERIOD - 1):
                 # the GRAM sizes ending at `seen` came back: test period n - seen, whose first
                 # whole copy starts at the first of those sizes
-                self.period, self.matched = n - seen, 0
+                self.period, self.matched, self.tested = n - seen, 0, n + self.dropped
                 self.anchor = seen + 1 - GRAM
         return self._made(n)
 
