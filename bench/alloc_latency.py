@@ -14,7 +14,8 @@ Targets: pool median <= 2x torch; statistics adaptor <= +30%.
 Predictive hits (predictive:True) are timed on a repeated step of those sizes, against the
 plain pool on the same steps, request by request in turn. So is a program that never repeats
 (random sizes and lifetimes, twice predictive.QUIET requests): the pool with prediction learns
-for QUIET requests, finds no step, and pauses learning for as many more.
+for QUIET requests, serves no plan, and pauses learning (bench/predictive_cost.py times whole
+stretches, pauses and learning together).
 
 The pool sanitizer (NPUMEM_SANITIZE=1) is global, so its cost is timed apart: rounds of the
 pool's pairs alternate with it off and on, and the ratio of the medians is printed.

@@ -59,7 +59,6 @@ case("counted", (P, "_counted", lambda self, template: None))
 case("pause", (predictive, "QUIET", 1 << 40))
 case("widen", (L, "_widen", lambda self, template, first, end: template))
 case("folded", (L, "_folded", lambda self, template, following: template))
-case("repeated_since_peak", (L, "_repeated_since_peak", lambda self, *args: False))
 case("between_cuts", (P, "_may_take_over_here",
                       lambda self, template, slot: self.ready is not None
                       and self.arena is None and not self.planning
@@ -70,7 +69,6 @@ case("resync", (predictive, "RESYNC", 1 << 30))
 case("varies", (P, "_varies", lambda self, boundary: False))
 case("lookahead", (predictive, "LOOKAHEAD", 2))
 case("stand_aside_for", (P, "_stand_aside_for", lambda self, size: None))
-case("min_period", (P, "min_period", property(lambda self: 0)))
 case("one_stream", (P, "_choose_stream", lambda self, stream, size: setattr(self, "stream", stream)
                     if self.stream is predictive._NOT_YET else None))
 

@@ -1,48 +1,28 @@
 """Predictive pre-allocation (NPUMEM_ALLOC_CONF=predictive:True): the pool learns the step the
-program repeats and serves it from a plan (docs/predictive.md has the whole story).
+program repeats and serves it from a plan (docs/predictive.md has the whole story; each rule
+below moved a measured outcome, bench/predictive_cases.py switches it off).
 
-1. **Learn.** `StepLearner` finds the repeated step (or reads `npumem.memory.step()` marks).
-2. **Prove.** The template must foresee 99% of the requests of at least half a followed step;
-   if not, the step is learned again from the steps since (a first step that made optimizer
-   state differs). While live bytes grow from step boundary to step boundary (memory kept
-   every step), it waits.
-3. **Plan.** Where it is proven, the template is made again with the lifetimes known by then
-   (`_refresh`; or, where the stream has since repeated exactly a step a little longer or
-   shorter, the template came from a first step that differed: that step is followed
-   instead, and planned at its own cut), and `step_plan.lay_out` places its blocks around
-   the pool's live blocks with `npumem.planning`'s orders, in a background thread, cut where
-   the stream is.
-4. **Serve.** The plan takes over there, if it still fits and stays under the peak reserved so
-   far (`step_arena`). A layout cut between two cuts (the step's boundaries, where the fewest
-   of its bytes are live) serves until the next cut, where the step is planned again, cut
-   there, around the first arena's live blocks, and hands over. The pool asks
-   `Predictor.take` first. The request the plan expects next (same size, within `LOOKAHEAD`
-   slots of where the step is; of any size at a slot whose size varies from step to step: a
-   sequence length) gets its slot's block: no search, no split or merge. If a block
-   that lives longer than planned still holds those bytes, it gets a free run of the arena no
-   block planned for the same time uses (`place_elsewhere`). Anything else — another size, no
-   such run — is a miss, served by the normal pool; another stream's requests are the pool's
-   (the stream followed is the one asking for the most bytes). In a marked step, a request
-   the plan did not foresee that would need new memory above the peak (a one-off temporary)
-   gets the free run of the arena that stays clear longest of the planned blocks to come
-   (`StepArena.lend`); a planned request whose block it then holds goes elsewhere, or is
-   judged as the one lent would have been. Memory is correct whatever the program does: a
-   planned block is handed out only when no live block overlaps it.
-5. **Give back.** Pages are mapped as planned blocks first need them, under that peak; idle
-   pool pages go back as each step begins; a retired plan returns its unused ranges at once.
-6. **Re-learn or stop.** A request larger than its varying slot's block (a longer batch than
-   any seen) has the plan stand aside for the rest of the step, to be planned again. In a
-   marked step, a request of another size at a slot's position since the mark is that slot's
-   (another length): its block serves it if it fits; if not and the pool needs new memory
-   for it, the plan stands aside; at the mark the template takes the new sizes
-   (`_resize_to_strays`). A step in which fewer than half the requests hit drops the plan, and
-   so does a request it did not foresee that needs memory above the pre-plan peak (unless the
-   sizes are found to vary), or a planned one whose place or pages such a request took.
-   A step with at least 99% hits ends learning, which costs time on every request (unless
-   counting, `_counted`, is what tells requests the template leaves out from the others). A
-   step that took reserved memory above the pre-plan peak otherwise ends prediction for good.
-   A program in which no step is found for `QUIET` requests pauses learning, for twice as
-   long each time (`_pause`): it would pay for it on every request and gain nothing.
+1. **Learn** one stream's step (`StepLearner`, or `npumem.memory.step()` marks); the stream
+   followed is the one asking for the most bytes.
+2. **Prove**: the template must foresee 99% of half a followed step, while live bytes do not
+   grow from boundary to boundary; else it is refused and learned again (five times at most).
+3. **Plan** it, made again first with the lifetimes known by then (`_refresh`; the step the
+   stream has since repeated exactly, if that is a little longer or shorter), around the
+   pool's live blocks (`step_plan.lay_out`), cut where the stream is.
+4. **Serve** under the peak reserved so far (`step_arena`): a request the plan expects next
+   (or a few slots on; found again by its last sizes after a detour; counted while the stream
+   repeats the window exactly, `_counted`) gets its slot's block. A layout cut between cuts
+   serves only until the next cut, where the step is planned again. A block whose place is
+   still held goes elsewhere in the arena (`place_elsewhere`); in a marked step a one-off
+   request above the peak borrows a free run (`lend`). Anything else is the pool's. A planned
+   block is handed out only when no live block overlaps it.
+5. **Shapes that vary**: slots whose size changes from step to step hold the largest seen
+   (`_widen`); a larger request stands the plan aside for the step; in a marked step requests
+   at a slot's position take their slot (`_resize_to_strays`), and a grown plan that does not
+   fit falls back to the one before (`_fall_back`).
+6. **Stop**: a step under 50% hits drops the plan; reserved memory above the pre-plan peak ends
+   prediction; a step at 99% ends learning. Learning costs time on every request: with no plan
+   served in `QUIET` requests (or four steps of a step followed), it pauses (`_pause`).
 """
 
 from __future__ import annotations
