@@ -17,10 +17,9 @@ import weakref
 import numpy as np
 
 import ctypes
-import operator
 
 from ..device.backing import address_of
-from ..errors import AclError, InvalidParamError
+from ..errors import AclError, InvalidParamError, integer_argument
 from ..runtime.hostmem import KNOWN_HOST, PINNED
 from ..runtime.state import RUNTIME
 from ._result import WRONG_ARGUMENT, code_of, report_failure, values_and_code
@@ -154,20 +153,11 @@ def bytes_to_ptr(data) -> int:
     return address_of(array)
 
 
-def _integer(value, what: str) -> int:
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise InvalidParamError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
-
-
 def _host_view(pointer, nbytes, what: str, writable: bool = False) -> np.ndarray:
     """`nbytes` of host memory at `pointer` as a uint8 array that keeps its owner alive, once
     npumem knows the memory is live (and writable, when asked)."""
-    pointer = _integer(pointer, f"{what}: ptr")
-    nbytes = _integer(nbytes, f"{what}: size")
+    pointer = integer_argument(pointer, f"{what}: ptr")
+    nbytes = integer_argument(nbytes, f"{what}: size")
     if pointer <= 0:
         raise InvalidParamError(f"{what}: {pointer} is not a host pointer")
     if nbytes < 0:
@@ -209,15 +199,15 @@ def _host_view(pointer, nbytes, what: str, writable: bool = False) -> np.ndarray
 @_converter
 def ptr_to_numpy(pointer: int, shape, np_type: int) -> np.ndarray:
     """An array viewing host memory at `pointer` (no copy); np_type is a numpy type number."""
-    number = _integer(np_type, "ptr_to_numpy: np_type")
+    number = integer_argument(np_type, "ptr_to_numpy: np_type")
     dtype = _DTYPE_BY_NUMBER.get(number)
     if dtype is None:
         raise InvalidParamError(f"ptr_to_numpy: unknown numpy type number {number} "
                                 "(11 = float32, 23 = float16, 5 = int32, ...)")
     if isinstance(shape, (list, tuple)):
-        shape = tuple(_integer(n, "ptr_to_numpy: shape entry") for n in shape)
+        shape = tuple(integer_argument(n, "ptr_to_numpy: shape entry") for n in shape)
     else:
-        shape = (_integer(shape, "ptr_to_numpy: shape"),)
+        shape = (integer_argument(shape, "ptr_to_numpy: shape"),)
     if any(n < 0 for n in shape):
         raise InvalidParamError(f"ptr_to_numpy: shape {shape} has a negative dimension")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

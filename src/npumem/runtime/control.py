@@ -206,35 +206,31 @@ def timeout_ms(value, what: str) -> float | None:
     return None if value == -1 else value / 1000
 
 
-def _timed_out(exc: StreamNotCompleteError, code: int) -> AclError:
-    return AclError(exc.message, code)
+def _within(timeout, what: str, code: int, wait) -> None:
+    """`wait(seconds)` for `timeout` ms (-1: forever); AclError `code` when it runs out."""
+    seconds = timeout_ms(timeout, what)
+    try:
+        wait(seconds)
+    except StreamNotCompleteError as exc:
+        raise AclError(exc.message, code) from None
 
 
 def synchronize_stream_timeout_ms(stream, timeout) -> None:
     """aclrtSynchronizeStreamWithTimeout: ACL_ERROR_RT_STREAM_SYNC_TIMEOUT when not idle in time."""
-    seconds = timeout_ms(timeout, "synchronize_stream_with_timeout")
-    try:
-        synchronize_stream(stream, seconds)
-    except StreamNotCompleteError as exc:
-        raise _timed_out(exc, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) from None
+    _within(timeout, "synchronize_stream_with_timeout", ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
+            lambda seconds: synchronize_stream(stream, seconds))
 
 
 def synchronize_device_timeout_ms(timeout) -> None:
     """aclrtSynchronizeDeviceWithTimeout: ACL_ERROR_RT_STREAM_SYNC_TIMEOUT on timeout."""
-    seconds = timeout_ms(timeout, "synchronize_device_with_timeout")
-    try:
-        synchronize_device(None, seconds)
-    except StreamNotCompleteError as exc:
-        raise _timed_out(exc, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) from None
+    _within(timeout, "synchronize_device_with_timeout", ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
+            lambda seconds: synchronize_device(None, seconds))
 
 
 def synchronize_event_timeout_ms(event, timeout) -> None:
     """aclrtSynchronizeEventWithTimeout: ACL_ERROR_RT_EVENT_SYNC_TIMEOUT on timeout."""
-    seconds = timeout_ms(timeout, "synchronize_event_with_timeout")
-    try:
-        synchronize_event(event, seconds)
-    except StreamNotCompleteError as exc:
-        raise _timed_out(exc, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT) from None
+    _within(timeout, "synchronize_event_with_timeout", ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,
+            lambda seconds: synchronize_event(event, seconds))
 
 
 def synchronize_stream(stream=None, timeout: float | None = None) -> None:
