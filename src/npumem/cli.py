@@ -180,7 +180,7 @@ def _run_replays(label: str, quiet: bool, work):
 
 
 @main.command()
-@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("traces", nargs=-1, required=True, type=click.Path())
 @click.option("--allocator", "allocators", default=None,
               help="Comma-separated: pool (npumem), torch (PyTorch's caching allocator, CUDA or "
                    "the recording's own flavour), torch_npu (torch_npu's), device (no cache). "
@@ -221,7 +221,8 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
         npumem replay --check snapshot.pickle
 
     Reads PyTorch snapshot pickles (replayed from the state at their first entry), npumem
-    JSONL, PyTorch Chrome traces, RMM CSV logs and msprof operator_memory.csv (gzip or not).
+    JSONL, PyTorch Chrome traces, RMM CSV logs and msprof operator_memory.csv (gzip or not),
+    and `npumem profile` folders (their torch_snapshot.pickle, else snapshot.pickle).
     Several traces or settings replay in parallel.
     """
     import json
@@ -230,6 +231,7 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     from .trace.replay import ALLOCATORS
     from .trace.sweep import ReplayJob, run_jobs
 
+    traces = tuple(_profile_input(path) for path in traces)
     names = [name.strip() for name in (allocators or "pool,torch,device").split(",") if name.strip()]
     unknown = [name for name in names if name not in ALLOCATORS]
     if unknown or not names:
@@ -513,7 +515,7 @@ def _replay_check(traces, names, settings, memory, as_json, pad=None) -> None:
 
 
 @main.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path())
 @click.option("--allocator", default=None, help="torch (PyTorch's settings; the default for "
               "PyTorch snapshots), torch_npu, or pool (npumem's pool settings; the default for "
               "other traces).")
@@ -531,11 +533,13 @@ def tune(trace, allocator, memory, as_json, steps, scheduler, workers, soc, cann
     one with the lowest peak reserved memory.
 
     For a PyTorch snapshot it sweeps PyTorch's own settings through the model of its allocator
-    and prints the PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_NPU_ALLOC_CONF) line to set.
+    and prints the PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_NPU_ALLOC_CONF) line to set. TRACE may
+    be an `npumem profile` folder (its torch_snapshot.pickle, else snapshot.pickle).
     """
     from .trace import TraceFormatError
     from .trace.formats import holds_snapshot
 
+    trace = _profile_input(trace)
     if allocator not in (None, "torch", "torch_npu", "pool"):
         raise click.BadParameter("choose torch, torch_npu or pool", param_hint="--allocator")
     try:
@@ -776,31 +780,73 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, targ
     script's own exit code. `-m module` runs a module instead of a script.
     """
     from .errors import InvalidParamError
-    from .profile.session import ProfileSession, prepare_folder, run_target
+    from .profile import _stop_environment_session
+    from .profile.session import ProfileSession, claim_folder, run_target
 
     if interval_ms <= 0:
         raise click.BadParameter("must be positive", param_hint="--interval")
+    _stop_environment_session()          # NPUMEM_PROFILE=1 as well: this run is the profile
     try:
-        folder = prepare_folder(out_dir, force)
-        session = ProfileSession(stacks=stacks, interval_ms=interval_ms, max_entries=max_entries,
-                                 torch_memory=torch_memory)
+        folder, lock = claim_folder(out_dir, force)
     except InvalidParamError as exc:
         raise click.UsageError(exc.message) from None
-    session.start()
     try:
-        code, script_globals = run_target(list(target))   # held: live at the end is a leak
-    except InvalidParamError as exc:
-        session.stop()
-        raise click.UsageError(exc.message) from None
-    session.stop()
-    problems = session.write(folder, f"npumem profile of {' '.join(target)}")
+        try:
+            session = ProfileSession(stacks=stacks, interval_ms=interval_ms,
+                                     max_entries=max_entries, torch_memory=torch_memory)
+        except InvalidParamError as exc:
+            raise click.UsageError(exc.message) from None
+        session.start()
+        try:
+            outcome = run_target(list(target))   # its globals held: live at the end is a leak
+        except InvalidParamError as exc:
+            session.stop(quick=True)
+            raise click.UsageError(exc.message) from None
+        title = f"npumem profile of {' '.join(target)}"
+        if outcome.interrupted:
+            _echo_interrupted(session, folder, session.write_interrupted(folder, title))
+            sys.exit(130)
+        try:
+            session.stop()
+            problems = session.write(folder, title)
+        except KeyboardInterrupt:         # Ctrl-C while the reports are built: keep what is whole
+            _echo_interrupted(session, folder, [])
+            sys.exit(130)
+        code = outcome.code or _echo_written(session, folder, problems)
+        torch_used = _echo_torch_memory(session.tracker.torch_memory, session.torch_report,
+                                        folder)
+        if session.npumem_used() or not torch_used:
+            _echo_npumem_memory(session, folder,
+                                "npumem_report.html" if torch_used else "report.html")
+        del outcome
+        sys.exit(code)
+    finally:
+        lock.release()
+
+
+def _echo_written(session, folder, problems: list[str]) -> int:
+    """Say what could not be written and, when files are missing (a full disk), which are
+    whole; 1 when one is missing."""
     for problem in problems:
         click.echo(f"npumem profile: could not write {problem}", err=True)
-    torch_used = _echo_torch_memory(session.tracker.torch_memory, folder)
-    if session.npumem_used() or not torch_used:
-        _echo_npumem_memory(session, folder, "npumem_report.html" if torch_used else "report.html")
-    del script_globals
-    sys.exit(code)
+    if session.incomplete:
+        click.echo(f"npumem profile: incomplete: {', '.join(session.incomplete)} not written "
+                   f"(no part of them is left in {folder}); whole: "
+                   f"{', '.join(session.written) or 'nothing'}", err=True)
+        return 1
+    return 0
+
+
+def _echo_interrupted(session, folder, problems: list[str]) -> None:
+    """An interrupted profile: what it kept, and how to make the reports it skipped."""
+    _echo_written(session, folder, problems)
+    kept = [name for name in session.written if name.endswith(".pickle")]
+    if kept:
+        click.echo(f"npumem profile: interrupted: kept {', '.join(session.written)} in {folder}; "
+                   f"the reports were skipped: npumem report {folder / kept[0]} --html "
+                   f"{folder / 'report.html'} makes them", err=True)
+    else:
+        click.echo("npumem profile: interrupted: nothing was saved", err=True)
 
 
 def _echo_npumem_memory(session, folder, page: str) -> None:
@@ -818,16 +864,17 @@ def _echo_npumem_memory(session, folder, page: str) -> None:
         click.echo(f"npumem profile: probable leak, growing: {growth.describe()}", err=True)
 
 
-def _echo_torch_memory(recorder, folder) -> bool:
-    """The profile's summary of PyTorch's memory, and where to go next; False when the script
-    made no tensor."""
+def _echo_torch_memory(recorder, report, folder) -> bool:
+    """The profile's summary of PyTorch's memory (`report`, the one written), and where to go
+    next; False when the script made no tensor."""
     from .profile.report import build_report
     from .units import format_size
 
     torch_snapshot = recorder.snapshot() if recorder is not None else None
     if torch_snapshot is None:
         return False
-    report = build_report(torch_snapshot, "")
+    if report is None:
+        report = build_report(torch_snapshot, "")
     for device in report.devices:
         reserved = (f", peak reserved {format_size(device.peak_reserved)}"
                     if recorder.device != "cpu" else "")
@@ -1036,16 +1083,34 @@ def diff_command(before, after, top):
     from .profile import diff
 
     def resolve(path):
-        """A folder's snapshot.pickle, else its Ascend profiler's operator_memory.csv."""
-        if not os.path.isdir(path) or os.path.exists(os.path.join(path, "snapshot.pickle")):
-            return os.path.join(path, "snapshot.pickle") if os.path.isdir(path) else path
+        """A profile folder's snapshot (torch_snapshot.pickle, else snapshot.pickle), else the
+        folder's Ascend profiler operator_memory.csv."""
+        from .profile.session import SNAPSHOTS
+
+        if not os.path.isdir(path) or any(os.path.isfile(os.path.join(path, name))
+                                          for name in SNAPSHOTS):
+            return _profile_input(path)
         from .profile.ascend import find_outputs
 
         operators = [files.operator for files in find_outputs(path) if files.operator]
-        return operators[0] if len(operators) == 1 else os.path.join(path, "snapshot.pickle")
+        return operators[0] if len(operators) == 1 else _profile_input(path)
 
-    click.echo(diff(_load(resolve(before)), _load(resolve(after)), top))
-    _echo_recorded_ooms([resolve(before), resolve(after)])
+    before, after = resolve(before), resolve(after)
+    click.echo(diff(_load(before), _load(after), top))
+    _echo_recorded_ooms([before, after])
+
+
+def _profile_input(path: str) -> str:
+    """The file to read for PATH: a profile folder's snapshot (session.profile_snapshot), or
+    PATH itself; a folder without one ends the command in one line."""
+    from .errors import InvalidParamError
+    from .profile.session import profile_snapshot
+
+    try:
+        return profile_snapshot(path)
+    except InvalidParamError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(2)
 
 
 def _echo_recorded_ooms(paths) -> bool:

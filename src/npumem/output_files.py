@@ -52,3 +52,97 @@ def written_whole(path: str):
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+LOCK_NAME = ".npumem-lock"
+
+
+class FolderInUseError(OutputPathError):
+    """Another process holds the folder's lock; `pid` is that process (None if unknown)."""
+
+    def __init__(self, folder: str, pid: int | None):
+        self.folder, self.pid = folder, pid
+        who = f"pid {pid}" if pid else "another process"
+        super().__init__(f"output folder {folder} is being written by another run ({who}); "
+                         "wait for it to finish or choose another folder")
+
+
+class FolderLock:
+    """Held while one run writes a folder, so that two runs given one folder cannot interleave
+    their files. The lock file holds the owner's pid, for the refusal's message.
+
+    An flock dies with its process, so a killed run never leaves the folder locked; where
+    there is no fcntl (Windows), the file's existence is the lock."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = os.fspath(folder)
+        self.path = os.path.join(self.folder, LOCK_NAME)
+        self._fd: int | None = None
+
+    def acquire(self) -> "FolderLock":
+        try:
+            import fcntl
+        except ImportError:
+            fcntl = None
+        for _ in range(10):         # the file we opened may be unlinked by its last owner
+            if fcntl is None:
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    raise FolderInUseError(self.folder, _pid_in(self.path)) from None
+            else:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    raise FolderInUseError(self.folder, _pid_in(self.path, wait=True)) from None
+                try:
+                    current = os.stat(self.path)
+                except FileNotFoundError:
+                    current = None
+                held = os.fstat(fd)
+                if current is None or (current.st_ino, current.st_dev) != (held.st_ino, held.st_dev):
+                    os.close(fd)
+                    continue
+            try:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+            except OSError:
+                self._fd = fd
+                self.release()
+                raise
+            self._fd = fd
+            return self
+        raise FolderInUseError(self.folder, None)
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)          # before closing: nobody locks the old file after us
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> "FolderLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _pid_in(path: str, wait: bool = False) -> int | None:
+    """The pid a lock file names; its owner writes it just after locking, so wait a little."""
+    import time
+
+    for _ in range(20 if wait else 1):
+        try:
+            with open(path, encoding="ascii") as handle:
+                text = handle.read().strip()
+            if text.isdigit():
+                return int(text)
+        except (OSError, ValueError):
+            pass
+        if wait:
+            time.sleep(0.01)
+    return None

@@ -76,27 +76,83 @@ def range(message: str):                       # noqa: A001 - mstx's name, scope
             tracker.annotate("range", message, start, end)
 
 
+_ENVIRONMENT_SESSION: list = []          # the NPUMEM_PROFILE=1 session of this process, if any
+_YES = ("1", "true", "yes", "on")
+
+
 def _start_from_environment() -> None:
     """NPUMEM_PROFILE=1: profile the whole process and write a folder at exit
-    (NPUMEM_PROFILE_OUT, default npumem-profile-<pid>; NPUMEM_PROFILE_STACKS=1 for stacks)."""
-    if os.environ.get("NPUMEM_PROFILE", "").lower() not in ("1", "true", "yes", "on"):
+    (NPUMEM_PROFILE_OUT, default npumem-profile-<pid>; NPUMEM_PROFILE_STACKS=1 for stacks).
+
+    Called at interpreter start by npumem-profile.pth (so any Python program is profiled,
+    also one that never imports npumem) and again when npumem is imported: it starts once.
+    A child process whose parent is profiled into one NPUMEM_PROFILE_OUT is not profiled:
+    both would write that folder. Never raises: a profile must not break the program."""
+    if os.environ.get("NPUMEM_PROFILE", "").strip().lower() not in _YES or _ENVIRONMENT_SESSION:
         return
-    from .session import ProfileSession, prepare_folder
+    owner = os.environ.get("_NPUMEM_PROFILED_BY")
+    if owner and owner != str(os.getpid()) and os.environ.get("NPUMEM_PROFILE_OUT"):
+        return
+    try:
+        from .session import ProfileSession
 
-    stacks = os.environ.get("NPUMEM_PROFILE_STACKS", "").lower() in ("1", "true", "yes", "on")
-    interval = float(os.environ.get("NPUMEM_PROFILE_INTERVAL_MS", "10"))
-    session = ProfileSession(stacks=stacks, interval_ms=interval).start()
+        stacks = os.environ.get("NPUMEM_PROFILE_STACKS", "").strip().lower() in _YES
+        interval = float(os.environ.get("NPUMEM_PROFILE_INTERVAL_MS", "10"))
+        if not interval > 0:
+            raise ValueError(f"NPUMEM_PROFILE_INTERVAL_MS={interval:g}: must be positive")
+        out = os.path.abspath(os.environ.get("NPUMEM_PROFILE_OUT")
+                              or f"npumem-profile-{os.getpid()}")
+        session = ProfileSession(stacks=stacks, interval_ms=interval).start()
+    except Exception as exc:       # noqa: BLE001 - say it in one line; the program runs on
+        print(f"npumem profile: not profiling: {exc}", file=sys.stderr)
+        return
+    os.environ["_NPUMEM_PROFILED_BY"] = str(os.getpid())
+    _ENVIRONMENT_SESSION[:] = [session, os.getpid(), out]
+    atexit.register(_finish_environment_session)
 
-    def finish() -> None:
-        session.stop()
-        out = os.environ.get("NPUMEM_PROFILE_OUT") or f"npumem-profile-{os.getpid()}"
-        try:
-            folder = prepare_folder(out, force=True)
-        except Exception as exc:       # noqa: BLE001 - at exit, say it and go
-            print(f"npumem profile: {exc}", file=sys.stderr)
-            return
-        for problem in session.write(folder, f"npumem profile of {' '.join(sys.argv)}"):
-            print(f"npumem profile: could not write {problem}", file=sys.stderr)
-        print(f"npumem profile: wrote {folder}/report.html", file=sys.stderr)
 
-    atexit.register(finish)
+def _stop_environment_session() -> None:
+    """Stop this process's NPUMEM_PROFILE session without writing it (`npumem profile` makes
+    the profile itself)."""
+    if _ENVIRONMENT_SESSION:
+        session = _ENVIRONMENT_SESSION[0]
+        _ENVIRONMENT_SESSION.clear()
+        atexit.unregister(_finish_environment_session)
+        session.stop(quick=True)
+
+
+def _finish_environment_session() -> None:
+    """At exit: the folder, as `npumem profile` writes it; after a Ctrl-C that ended the
+    program, only the snapshots, quickly. Not in a forked child (its parent writes)."""
+    if not _ENVIRONMENT_SESSION or _ENVIRONMENT_SESSION[1] != os.getpid():
+        return
+    from .session import claim_folder
+
+    session, _, out = _ENVIRONMENT_SESSION
+    _ENVIRONMENT_SESSION.clear()
+    interrupted = isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
+    title = f"npumem profile of {' '.join(sys.argv)}"
+    try:
+        folder, lock = claim_folder(out, force=True)
+    except Exception as exc:       # noqa: BLE001 - at exit, say it and go
+        session.stop(quick=True)
+        print(f"npumem profile: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return
+    try:
+        if interrupted:
+            problems = session.write_interrupted(folder, title)
+        else:
+            session.stop()
+            problems = session.write(folder, title)
+    except KeyboardInterrupt:
+        problems = ["interrupted while writing"]
+    finally:
+        lock.release()
+    for problem in problems:
+        print(f"npumem profile: could not write {problem}", file=sys.stderr)
+    if session.incomplete:
+        print(f"npumem profile: incomplete: {', '.join(session.incomplete)} not written",
+              file=sys.stderr)
+    page = "report.html" if "report.html" in session.written else None
+    print(f"npumem profile: wrote {folder / page if page else folder} "
+          f"({', '.join(session.written) or 'nothing'})", file=sys.stderr)

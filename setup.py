@@ -1,0 +1,34 @@
+"""Installs npumem-profile.pth beside the packages, so that NPUMEM_PROFILE=1 profiles any Python
+program (src/npumem/profile_hook.py). Everything else is in pyproject.toml.
+
+A .pth file must sit directly in site-packages, which no pyproject.toml key of setuptools
+places a file in: build_py puts it at the root of the wheel, and for an editable install
+(`pip install -e .`) at the root of the editable wheel, which setuptools assembles in the
+folder its `install` command targets."""
+
+import os
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+PTH = "npumem-profile.pth"
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "src", PTH)
+
+
+class BuildWithProfileHook(build_py):
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            folder = self.get_finalized_command("install").install_lib
+        else:
+            folder = self.build_lib
+        self.mkpath(folder)
+        self.copy_file(SOURCE, os.path.join(folder, PTH), preserve_mode=False)
+
+    def get_outputs(self, *args, **kwargs):
+        outputs = super().get_outputs(*args, **kwargs)
+        return outputs if getattr(self, "editable_mode", False) else \
+            [*outputs, os.path.join(self.build_lib, PTH)]
+
+
+setup(cmdclass={"build_py": BuildWithProfileHook})
