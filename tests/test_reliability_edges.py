@@ -148,3 +148,11 @@ def test_convert_never_exits_0_on_a_file_it_cannot_read_back(tmp_path, suffix):
     else:
         assert done.exit_code == 2 and "nothing was written" in done.output
         assert not target.exists() and not list(tmp_path.glob("*.partial*"))
+
+
+def test_the_demo_says_how_to_check_accesses_inside_the_pool_when_it_did_not():
+    off = run("demo", "--size", "16K", env={k: v for k, v in os.environ.items()
+                                             if k != "NPUMEM_SANITIZE"})
+    assert off.returncode == 0 and "NPUMEM_SANITIZE=1 catches" in off.stdout
+    on = run("demo", "--size", "16K", env=dict(os.environ, NPUMEM_SANITIZE="1"))
+    assert on.returncode == 0 and "NPUMEM_SANITIZE" not in on.stdout
