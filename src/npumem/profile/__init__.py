@@ -153,6 +153,10 @@ def _finish_environment_session() -> None:
     if session.incomplete:
         print(f"npumem profile: incomplete: {', '.join(session.incomplete)} not written",
               file=sys.stderr)
-    page = "report.html" if "report.html" in session.written else None
-    print(f"npumem profile: wrote {folder / page if page else folder} "
-          f"({', '.join(session.written) or 'nothing'})", file=sys.stderr)
+    kept = ", ".join(session.written) or "nothing"
+    if interrupted:
+        print(f"npumem profile: interrupted: kept {kept} in {folder}; the reports were skipped "
+              "(npumem report makes them from the snapshot)", file=sys.stderr)
+    else:
+        page = folder / "report.html" if "report.html" in session.written else folder
+        print(f"npumem profile: wrote {page} ({kept})", file=sys.stderr)
