@@ -779,7 +779,7 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, targ
     summary.txt, or npumem_report.html and npumem_summary.txt beside PyTorch's. Exits with the
     script's own exit code (1 if a file could not be written). `-m module` runs a module
     instead of a script. One run at a time writes a folder; each file appears whole or not at
-    all. Ctrl-C saves only the snapshots (within 3 s) and exits 130.
+    all. Ctrl-C saves only the snapshots (within 3.5 s) and exits 130.
     """
     from .errors import InvalidParamError
     from .profile import _stop_environment_session

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import gc
 import importlib.util
 import os
 import runpy
@@ -36,7 +37,7 @@ from .tracker import Tracker
 OUTPUTS = ("report.html", "snapshot.pickle", "trace.json", "memory_record.csv",
            "operator_memory.csv", "leaks.txt", "summary.txt")
 SNAPSHOTS = ("torch_snapshot.pickle", "snapshot.pickle")      # what a profile folder is read by
-INTERRUPTED_BUDGET_S = 3.0     # an interrupted run's time to save its snapshots (Ctrl-C: out in 5 s)
+INTERRUPTED_BUDGET_S = 3.5     # an interrupted run's time to save its snapshots (Ctrl-C: out in 5 s)
 
 
 def profile_snapshot(path: str | os.PathLike) -> str:
@@ -178,6 +179,8 @@ class ProfileSession:
         a run at once, and a recording of a million events takes longer than that to save."""
         problems: list[str] = []
         self.written, self.incomplete = [], []
+        collecting = gc.isenabled()
+        gc.disable()            # a million new dicts would set off collections of everything
         try:
             with _deadline(seconds):
                 self.stop(quick=True)
@@ -192,6 +195,10 @@ class ProfileSession:
             problems += [f"{name}: not saved: the recording takes longer than the {seconds:g} s "
                          "an interrupted run waits (--max-entries keeps fewer events)"
                          for name in missing]
+        finally:
+            if collecting:
+                gc.enable()
+        gc.freeze()     # exit at once: the interpreter's last collections skip the recording
         return problems
 
     def npumem_used(self) -> bool:
