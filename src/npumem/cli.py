@@ -807,6 +807,9 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, targ
         title = f"npumem profile of {' '.join(target)}"
         if outcome.interrupted:
             _echo_interrupted(session, folder, session.write_interrupted(folder, title))
+            import gc
+
+            gc.freeze()      # exit now: no last collections over the recording (seconds)
             sys.exit(130)
         try:
             session.stop()

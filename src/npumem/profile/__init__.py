@@ -141,6 +141,9 @@ def _finish_environment_session() -> None:
     try:
         if interrupted:
             problems = session.write_interrupted(folder, title)
+            import gc
+
+            gc.freeze()      # the process ends now: no last collections over the recording
         else:
             session.stop()
             problems = session.write(folder, title)

@@ -176,7 +176,9 @@ class ProfileSession:
                           seconds: float = INTERRUPTED_BUDGET_S) -> list[str]:
         """Stop and write the snapshots only, within `seconds` where the platform has timers:
         whatever is whole by then stays, the rest is listed in `incomplete`. Ctrl-C must end
-        a run at once, and a recording of a million events takes longer than that to save."""
+        a run at once, and a recording of a million events takes longer than that to save.
+        A caller about to exit calls gc.freeze() first: the interpreter's last collections
+        would walk the whole recording again (seconds)."""
         problems: list[str] = []
         self.written, self.incomplete = [], []
         collecting = gc.isenabled()
@@ -198,7 +200,6 @@ class ProfileSession:
         finally:
             if collecting:
                 gc.enable()
-        gc.freeze()     # exit at once: the interpreter's last collections skip the recording
         return problems
 
     def npumem_used(self) -> bool:
