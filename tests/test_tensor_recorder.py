@@ -191,3 +191,20 @@ def test_torch_compile_runs_under_the_recorder_without_tracing_into_it():
     assert torch.equal(result, f(torch.ones(8, 8)))
     assert not [w for w in caught if "Dynamo" in str(w.message)]
     assert recorder.events > 0
+
+
+def test_memory_made_now_and_then_over_many_steps_is_no_leak():
+    from npumem.profile.step_leaks import step_leaks
+
+    kept = []
+    with TensorRecorder() as recorder:
+        model = torch.nn.Linear(8, 8)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(40):
+            model(torch.ones(2, 8)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step in (5, 20):                  # a cache filled twice in 40 steps
+                kept.append(torch.empty(100))
+    assert step_leaks(recorder.snapshot(), 0) == []
+    assert len(kept) == 2
