@@ -148,3 +148,18 @@ def test_a_module_run_with_dash_m_is_profiled_like_a_script(tmp_path):
     stderr, snapshot, summary = profile(tmp_path, "dash_m", train(3, "validate()"), "-m", "train")
     assert "train.py:11 in validate" in summary
     assert any(e["action"] == "alloc" for e in snapshot["device_traces"][0])
+
+
+def test_a_sampled_profile_still_finds_the_leak_and_says_it_sampled(tmp_path):
+    folder = tmp_path / "sampled"
+    library = folder / "site-packages"
+    library.mkdir(parents=True)
+    (library / "tinygpt.py").write_text(MODEL)
+    (folder / "train.py").write_text(train(4, "validate()"))
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(library), str(folder)]))
+    run = subprocess.run([sys.executable, "-m", "npumem", "profile", "--out", str(folder / "out"),
+                          "--sample-bytes", "64KiB", "--", str(folder / "train.py")],
+                         capture_output=True, text=True, timeout=240, env=environment)
+    assert run.returncode == 0, run.stderr
+    assert "train.py:11 in validate" in next(l for l in run.stderr.splitlines() if "leak:" in l)
+    assert "sampled (--sample-bytes)" in (folder / "out" / "summary.txt").read_text()

@@ -762,11 +762,16 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
 @click.option("--max-entries", default=1_000_000, show_default=True, type=int,
               help="Events kept (a ring buffer: the oldest go first).")
 @click.option("--torch/--no-torch", "torch_memory", default=True, show_default=True,
-              help="Also record PyTorch's own memory when the script imports torch: the CUDA "
-              "or NPU caching allocator's history, or on a machine without either the CPU "
-              "through torch.profiler (which slows Python code down).")
+              help="Also record PyTorch's own memory when the script imports torch: every "
+              "tensor storage with its line and category, and on a GPU or NPU the caching "
+              "allocator's history.")
+@click.option("--sample-bytes", "sample_bytes", default=None, metavar="SIZE",
+              help="For loops too hot to record whole: keep about one PyTorch allocation in "
+              "SIZE bytes of those smaller than SIZE (e.g. 1MiB); larger ones are all kept. "
+              "Default: every allocation.")
 @click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True)
-def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, target):
+def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, sample_bytes,
+            target):
     """Run a Python script with memory tracking on and write a report folder.
 
         npumem profile --stacks -- train.py --epochs 1
@@ -787,6 +792,9 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, targ
 
     if interval_ms <= 0:
         raise click.BadParameter("must be positive", param_hint="--interval")
+    if max_entries <= 0:
+        raise click.BadParameter("must be positive", param_hint="--max-entries")
+    sample = _size_option(sample_bytes, "--sample-bytes") if sample_bytes is not None else 0
     _stop_environment_session()          # NPUMEM_PROFILE=1 as well: this run is the profile
     try:
         folder, lock = claim_folder(out_dir, force)
@@ -795,7 +803,8 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, targ
     try:
         try:
             session = ProfileSession(stacks=stacks, interval_ms=interval_ms,
-                                     max_entries=max_entries, torch_memory=torch_memory)
+                                     max_entries=max_entries, torch_memory=torch_memory,
+                                     sample_bytes=sample)
         except InvalidParamError as exc:
             raise click.UsageError(exc.message) from None
         session.start()

@@ -103,6 +103,11 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     else:
         rows, heading, growing = _snapshot_leaks(snapshot)
     notes = list(snapshot.get("npumem_notes") or [])        # what reading the file changed
+    meta = snapshot.get("npumem")                          # the tensor recorder's own notes
+    sampled = meta.get("sampled_out_bytes") if isinstance(meta, dict) else 0
+    if sampled:
+        notes.append(f"sampled (--sample-bytes): {format_size(sampled)} of small allocations "
+                     "were left out; peaks and sites count what was kept")
     traces = snapshot.get("device_traces") or []
     if any(traces) and not snapshot.get("segments") and not any(
             entry.get("action", "").startswith("segment_") for trace in traces for entry in trace):

@@ -98,9 +98,12 @@ class OutOfTime(BaseException):
 
 class ProfileSession:
     def __init__(self, stacks: bool = False, interval_ms: float = 10.0,
-                 max_entries: int = 1_000_000, torch_memory: bool = True):
+                 max_entries: int = 1_000_000, torch_memory: bool = True,
+                 sample_bytes: int = 0):
         self.tracker = Tracker(stacks=stacks, max_entries=max_entries,
                                torch_memory=bool(torch_memory))   # the CPU too, when asked
+        if self.tracker.torch_memory is not None:
+            self.tracker.torch_memory.sample_bytes = sample_bytes
         self.sampler = Sampler(interval_ms=interval_ms)
         self.written: list[str] = []        # files written whole by write()
         self.incomplete: list[str] = []     # files write() tried and could not write

@@ -33,8 +33,9 @@ class TorchMemory:
     `cpu`: on a machine without an accelerator, record the CPU with the tensor recorder
     (`npumem profile` does, `track()` only when asked)."""
 
-    def __init__(self, max_entries: int = 1_000_000, cpu: bool = True):
+    def __init__(self, max_entries: int = 1_000_000, cpu: bool = True, sample_bytes: int = 0):
         self.max_entries, self.cpu = max_entries, cpu
+        self.sample_bytes = sample_bytes        # the recorder's sampling (0: every storage)
         self.device: str | None = None          # "cuda", "npu" or "cpu" once recording
         self.error: str | None = None           # why nothing could be recorded
         self._lock = threading.Lock()
@@ -91,6 +92,7 @@ class TorchMemory:
                 return
             from .tensor_recorder import TensorRecorder
             self._recorder = TensorRecorder(self.max_entries, stacks=accelerator is None,
+                                            sample_bytes=self.sample_bytes,
                                             addresses=True).start()
             self.device, self._recording = accelerator or "cpu", True
             if accelerator == "cuda":
