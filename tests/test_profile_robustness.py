@@ -287,9 +287,19 @@ def test_an_interrupted_run_saves_only_what_it_can_in_its_time(tmp_path, monkeyp
             time.sleep(30)               # far longer than an interrupted run waits
             out.write(b"rest")
 
+    import npumem
+
     monkeypatch.setattr(session_module, "save_snapshot", slow)
+    npumem.init()
+    npumem.set_device(0)
     session = ProfileSession(torch_memory=False).start()
-    problems = session.write_interrupted(tmp_path, "interrupted", seconds=0.5)
+    kept = npumem.zeros(1024)                 # npumem's runtime recorded something to save
+    try:
+        problems = session.write_interrupted(tmp_path, "interrupted", seconds=0.5)
+    finally:
+        del kept
+        npumem.reset_device(0)
+        npumem.finalize()
     assert session.incomplete == ["snapshot.pickle"] and session.written == []
     assert "an interrupted run waits" in problems[0]
     assert list(tmp_path.iterdir()) == []            # no part of a file is left
@@ -306,3 +316,9 @@ def test_ctrl_c_inside_npumems_own_code_is_raised_in_the_scripts(monkeypatch):
             for _ in range(1000):
                 time.sleep(0.01)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_run_interrupted_before_it_recorded_anything_saves_nothing(tmp_path):
+    session = ProfileSession(torch_memory=False).start()
+    problems = session.write_interrupted(tmp_path, "interrupted at once")
+    assert problems == [] and session.written == [] and list(tmp_path.iterdir()) == []

@@ -859,6 +859,9 @@ def _echo_interrupted(session, folder, problems: list[str]) -> None:
         click.echo(f"npumem profile: interrupted: kept {', '.join(session.written)} in {folder}; "
                    f"the reports were skipped: npumem report {folder / kept[0]} --html "
                    f"{folder / 'report.html'} makes them", err=True)
+    elif not problems:
+        click.echo("npumem profile: interrupted before any memory was recorded: nothing to "
+                   "save", err=True)
     else:
         click.echo("npumem profile: interrupted: nothing was saved", err=True)
 

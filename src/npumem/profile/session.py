@@ -157,7 +157,8 @@ class ProfileSession:
         torch_snapshot = self._torch_snapshot(problems)
         snapshot = self._npumem_snapshot(problems)
         used = bool(snapshot["segments"] or any(snapshot["device_traces"]))
-        npumem_files = used or torch_snapshot is None
+        # an interrupted run keeps what it recorded only: an empty snapshot would mislead
+        npumem_files = used or (torch_snapshot is None and not interrupted)
         if torch_snapshot is not None:
             attempt("torch_snapshot.pickle", lambda p: save_snapshot(torch_snapshot, p))
         if npumem_files:
@@ -194,7 +195,7 @@ class ProfileSession:
             recorder = self.tracker.torch_memory
             torch_used = recorder is not None and recorder.device is not None
             expected = (["torch_snapshot.pickle"] if torch_used else []) + \
-                (["snapshot.pickle"] if self.npumem_used() or not torch_used else [])
+                (["snapshot.pickle"] if self.npumem_used() else [])
             missing = [name for name in expected if name not in self.written]
             self.incomplete += [name for name in missing if name not in self.incomplete]
             problems += [f"{name}: not saved: the recording takes longer than the {seconds:g} s "
