@@ -208,3 +208,20 @@ def test_memory_made_now_and_then_over_many_steps_is_no_leak():
                 kept.append(torch.empty(100))
     assert step_leaks(recorder.snapshot(), 0) == []
     assert len(kept) == 2
+
+
+def test_inputs_given_by_keyword_are_inputs():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 4)
+
+        def forward(self, x=None, mask=None):
+            return self.layer(x) * mask
+
+    net = Net()
+    with TensorRecorder() as recorder:
+        tokens, mask = torch.ones(3, 4), torch.ones(3, 4)
+        net(x=tokens, mask=mask).sum()
+    kinds = [e["category"] for e in allocs(recorder.snapshot())[:2]]
+    assert kinds == ["input", "input"]

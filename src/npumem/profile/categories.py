@@ -18,6 +18,8 @@ this order wins.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 
 PARAMETER, OPTIMIZER_STATE, GRADIENT = "parameter", "optimizer_state", "gradient"
@@ -55,7 +57,7 @@ def install(torch, recorder) -> list:
             recorder.categorize(buffer, PARAMETER)
         level = getattr(depth, "level", 0)
         if level == 0:
-            for item in args:
+            for item in (*args, *_keyword_arguments(sys._getframe(1))):
                 if isinstance(item, torch.Tensor):
                     recorder.categorize(item, INPUT)
         depth.level = level + 1
@@ -87,6 +89,19 @@ def install(torch, recorder) -> list:
     undo.append(_on_profiler_steps(torch, recorder))
     undo.append(_on_npumem_steps(recorder))
     return undo
+
+
+_MODULE_FILE = os.path.join("torch", "nn", "modules", "module.py")
+
+
+def _keyword_arguments(frame) -> tuple:
+    """The keyword arguments of the module call a global forward pre-hook runs in (PyTorch
+    hands such a hook the positional ones only): `model(input_ids=...)`, as transformers'
+    models are called. Read from Module._call_impl's frame, once per outermost call."""
+    if not frame.f_code.co_filename.endswith(_MODULE_FILE):     # _call_impl (or its inner)
+        return ()
+    kwargs = frame.f_locals.get("kwargs")
+    return tuple(kwargs.values()) if isinstance(kwargs, dict) else ()
 
 
 def _unpacked(tensor):
