@@ -225,3 +225,19 @@ def test_inputs_given_by_keyword_are_inputs():
         net(x=tokens, mask=mask).sum()
     kinds = [e["category"] for e in allocs(recorder.snapshot())[:2]]
     assert kinds == ["input", "input"]
+
+
+def test_growth_per_step_is_the_rise_over_the_steps_it_grew_in():
+    from npumem.profile.step_leaks import step_leaks
+
+    kept = []
+    with TensorRecorder() as recorder:
+        model = torch.nn.Linear(8, 8)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            kept.append(torch.empty(256))        # 1 KiB kept each step, before its boundary
+            model(torch.ones(2, 8)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    leak, = step_leaks(recorder.snapshot(), 0)
+    assert leak.per_step == 1024 and leak.live == 5 * 1024

@@ -149,8 +149,8 @@ def step_leaks(snapshot: dict, device: int = 0) -> list[StepLeak]:
         # thousands of steps, rises a few times and is no leak)
         if falls or rises < max(MIN_RISES, (len(series) - 1) // 2):
             continue
-        first = next(i for i, value in enumerate(series) if value == series[0])
-        spans = len(series) - 1 - first
+        # per step over the steps it grew in: from its first value to its last rise
+        spans = max(i for i in range(1, len(series)) if series[i] > series[i - 1])
         mine = [e for e, site in live.values() if site == where]
         kinds = Counter()
         for e in mine:
