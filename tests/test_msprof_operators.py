@@ -222,7 +222,7 @@ def test_npu_module_mem_alone_is_summarized_and_refused_by_convert(tmp_path):
     path = OUTPUT / "npu_module_mem.csv"
     report = _cli("report", path)
     assert report.exit_code == 0 and "RUNTIME on NPU:0: 2 sample(s), over 0.500 ms; peak " \
-        "reserved 112 MB" in report.output
+        "reserved 112.00 MiB" in report.output
     converted = _cli("convert", path, tmp_path / "x.jsonl")
     assert converted.exit_code == 2 and "nothing to replay or convert" in converted.output
     older = tmp_path / "npu_module_mem.csv"     # torch_npu before mid-2025: no Device_id column

@@ -322,3 +322,14 @@ def test_a_run_interrupted_before_it_recorded_anything_saves_nothing(tmp_path):
     session = ProfileSession(torch_memory=False).start()
     problems = session.write_interrupted(tmp_path, "interrupted at once")
     assert problems == [] and session.written == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_target_that_is_not_there_leaves_no_folder(tmp_path):
+    kept = tmp_path / "kept"
+    kept.mkdir()                                 # a folder the user made stays
+    for out, target in ((tmp_path / "new", ["missing.py"]), (tmp_path / "new2", ["-m", "nosuch"]),
+                        (kept, ["missing.py"])):
+        done = CliRunner().invoke(main, ["profile", "--out", str(out), "--", *target])
+        assert done.exit_code == 2 and "Traceback" not in done.output
+    assert not (tmp_path / "new").exists() and not (tmp_path / "new2").exists()
+    assert kept.is_dir()

@@ -60,8 +60,8 @@ def test_memory_record_is_summarized_and_never_replayed(tmp_path):
     path = _write(tmp_path, "memory_record.csv", USAGE)
     report = CliRunner().invoke(main, ["report", path])
     assert report.exit_code == 0, report.output
-    assert "PTA on NPU:0: 2 sample(s), over 0.500 ms; peak allocated 3 MB, peak reserved 20 MB" \
-        in report.output
+    assert ("PTA on NPU:0: 2 sample(s), over 0.500 ms; peak allocated 3.00 MiB, peak reserved "
+            "20.00 MiB") in report.output
     replay = CliRunner().invoke(main, ["replay", path])
     assert replay.exit_code == 2 and "usage curve" in replay.output and "Traceback" not in replay.output
     page = tmp_path / "usage.html"

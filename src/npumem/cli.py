@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -796,10 +797,12 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, samp
         raise click.BadParameter("must be positive", param_hint="--max-entries")
     sample = _size_option(sample_bytes, "--sample-bytes") if sample_bytes is not None else 0
     _stop_environment_session()          # NPUMEM_PROFILE=1 as well: this run is the profile
+    created = not os.path.exists(out_dir)
     try:
         folder, lock = claim_folder(out_dir, force)
     except InvalidParamError as exc:
         raise click.UsageError(exc.message) from None
+    ran = False                          # a target that is not there leaves no folder behind
     try:
         try:
             session = ProfileSession(stacks=stacks, interval_ms=interval_ms,
@@ -813,6 +816,7 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, samp
         except InvalidParamError as exc:
             session.stop(quick=True)
             raise click.UsageError(exc.message) from None
+        ran = True
         title = f"npumem profile of {' '.join(target)}"
         if outcome.interrupted:
             _echo_interrupted(session, folder, session.write_interrupted(folder, title))
@@ -836,6 +840,9 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, samp
         sys.exit(code)
     finally:
         lock.release()
+        if created and not ran:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)         # only if empty
 
 
 def _echo_written(session, folder, problems: list[str]) -> int:
@@ -904,6 +911,10 @@ def _echo_torch_memory(recorder, report, folder) -> bool:
         click.echo(f"npumem profile: leak: {leak.describe()}", err=True)
     if not report.step_leaks and report.step_growth:
         click.echo("npumem profile: no leak: nothing grew step over step", err=True)
+    elif not report.step_growth:
+        click.echo(f"npumem profile: no steps (no optimizer.step(), profiler step or repeated "
+                   f"step), so no leak can be told: {format_size(report.leaked_bytes)} was "
+                   "still live at the end (summary.txt lists it by line)", err=True)
     pickle_path = folder / "torch_snapshot.pickle"
     replay = (f"npumem replay {pickle_path} --allocator torch" if recorder.device == "cpu" else
               f"npumem replay --check {pickle_path}")
@@ -991,7 +1002,8 @@ def report(path, html_out, top, snapshot_path):
             if outputs:                           # a torch_npu (or msprof) profiler output
                 _report_ascend(outputs, top, html_out)
                 return
-            click.echo(f"error: {path} has no snapshot.pickle (an npumem profile folder) and no "
+            click.echo(f"error: {path} has neither torch_snapshot.pickle nor snapshot.pickle "
+                       "(an npumem profile folder) nor "
                        "Ascend profiler memory files (operator_memory.csv, memory_record.csv, "
                        "npu_module_mem.csv, in <name>_ascend_pt/ASCEND_PROFILER_OUTPUT or "
                        "PROF_*/mindstudio_profiler_output)", err=True)
@@ -1083,7 +1095,10 @@ def _report_torch_stats(path: str, snapshot_path: str | None) -> None:
 
     try:
         click.echo(torch_memory_summary(path, snapshot_path), nl=False)
-    except (AclError, SnapshotError) as exc:
+    except AclError as exc:
+        click.echo(f"error: {exc.message}", err=True)          # the sentence, not the ACL code
+        sys.exit(2)
+    except SnapshotError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
 

@@ -196,8 +196,8 @@ def sparkline(curve: list[tuple[float, float]], start: float, end: float,
     return "".join(out)
 
 
-def _span(us: float) -> str:
-    return f"{us / 1e3:.3f} ms" if us < 1e6 else f"{us / 1e6:.3f} s"
+def _span(us: float, digits: str = ".3f") -> str:
+    return f"{us / 1e3:{digits}} ms" if us < 1e6 else f"{us / 1e6:{digits}} s"
 
 
 def timeline_lines(rows: list[tuple[str, list[tuple[float, float]]]]) -> list[str]:
@@ -207,7 +207,7 @@ def timeline_lines(rows: list[tuple[str, list[tuple[float, float]]]]) -> list[st
         return []
     start = min(curve[0][0] for _, curve in rows)
     end = max(curve[-1][0] for _, curve in rows)
-    lines = [f"Timeline over {_span(end - start)} ({COLUMNS} columns of {_span((end - start) / COLUMNS)};"
+    lines = [f"Timeline over {_span(end - start)} ({COLUMNS} columns of {_span((end - start) / COLUMNS, '.4g')};"
              " each line scaled to its own peak):"]
     for label, curve in rows:
         peak_t, peak = max(curve, key=lambda point: (point[1], -point[0]))

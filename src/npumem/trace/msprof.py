@@ -25,6 +25,7 @@ import math
 import re
 from typing import Iterable, Iterator, NamedTuple
 
+from ..units import MiB, format_size
 from .events import TraceEvent, TraceFormatError, checked_event
 from .textio import csv_records, open_for_writing, read_head
 
@@ -360,7 +361,8 @@ def usage_summary(path: str) -> str:
         allocated = max((sample[1] for sample in samples if sample[1] is not None), default=None)
         reserved = max((sample[2] for sample in samples if sample[2] is not None), default=None)
         span = f", over {(max(times) - min(times)) / 1e3:.3f} ms" if len(times) > 1 else ""
-        peaks = ", ".join(f"peak {label} {value:g} MB" for label, value in
+        # the files' "MB" are MiB (torch_npu divides bytes by 1024 twice)
+        peaks = ", ".join(f"peak {label} {format_size(int(value * MiB))}" for label, value in
                           (("allocated", allocated), ("reserved", reserved)) if value is not None)
         lines.append(f"  {component or '?'} on {device or '?'}: {len(samples)} sample(s){span}; "
                      f"{peaks or 'no totals'}")
