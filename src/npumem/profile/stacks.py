@@ -118,9 +118,14 @@ def line_of(code, offset: int) -> int:
 def resolve(raw: tuple | None) -> tuple[Frame, ...]:
     if not raw:
         return ()
-    return tuple(Frame(code.co_filename, line_of(code, offset),
+    return tuple(Frame(_tidy(code.co_filename), line_of(code, offset),
                        getattr(code, "co_qualname", code.co_name))
                  for code, offset in zip(raw[::2], raw[1::2]))
+
+
+def _tidy(filename: str) -> str:
+    """A script run as `python ../train.py` names itself so: drop the `..`."""
+    return os.path.normpath(filename) if f"{os.sep}.." in filename else filename
 
 
 # npumem's files that play a user's program: their lines are the allocation sites.
