@@ -193,21 +193,29 @@ def test_torch_compile_runs_under_the_recorder_without_tracing_into_it():
     assert recorder.events > 0
 
 
-def test_memory_made_now_and_then_over_many_steps_is_no_leak():
-    from npumem.profile.step_leaks import step_leaks
-
+def sgd_steps(steps: int, keep) -> tuple[dict, list]:
+    """A recording of `steps` SGD steps of a small model; `keep(step)` gives a tensor to keep
+    at the start of a step (or None)."""
     kept = []
     with TensorRecorder() as recorder:
         model = torch.nn.Linear(8, 8)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(40):
+        for step in range(steps):
+            tensor = keep(step)
+            if tensor is not None:
+                kept.append(tensor)
             model(torch.ones(2, 8)).sum().backward()
             optimizer.step()
             optimizer.zero_grad()
-            if step in (5, 20):                  # a cache filled twice in 40 steps
-                kept.append(torch.empty(100))
-    assert step_leaks(recorder.snapshot(), 0) == []
-    assert len(kept) == 2
+    return recorder.snapshot(), kept
+
+
+def test_memory_made_now_and_then_over_many_steps_is_no_leak():
+    from npumem.profile.step_leaks import step_leaks
+
+    # a cache filled twice in 40 steps
+    snapshot, kept = sgd_steps(40, lambda step: torch.empty(100) if step in (5, 20) else None)
+    assert step_leaks(snapshot, 0) == [] and len(kept) == 2
 
 
 def test_inputs_given_by_keyword_are_inputs():
@@ -230,14 +238,7 @@ def test_inputs_given_by_keyword_are_inputs():
 def test_growth_per_step_is_the_rise_over_the_steps_it_grew_in():
     from npumem.profile.step_leaks import step_leaks
 
-    kept = []
-    with TensorRecorder() as recorder:
-        model = torch.nn.Linear(8, 8)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(5):
-            kept.append(torch.empty(256))        # 1 KiB kept each step, before its boundary
-            model(torch.ones(2, 8)).sum().backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    leak, = step_leaks(recorder.snapshot(), 0)
+    # 1 KiB kept each step, before its boundary
+    snapshot, kept = sgd_steps(5, lambda step: torch.empty(256))
+    leak, = step_leaks(snapshot, 0)
     assert leak.per_step == 1024 and leak.live == 5 * 1024
