@@ -118,7 +118,12 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
         anchor = "start" if i == 0 else "end" if x(t0 + offset) > width - right - 30 else "middle"
         xticks.append(f'<text x="{x(t0 + offset):.1f}" y="{height - 8}" text-anchor="{anchor}">'
                       f'{offset / scale:g} {unit}</text>')
-    for name, color, stroke in _SERIES:
+    # a trace without segments (the CPU) has reserved and active equal to allocated at every
+    # moment (a free is requested and completed at once): one line
+    settled = {p.time_us: p for p in all_points}.values()      # each moment's last point
+    series = [item for item in _SERIES if item[0] == "allocated"
+              or any(getattr(p, item[0]) != p.allocated for p in settled)]
+    for name, color, stroke in series:
         coords = []
         previous = None
         for p in points:          # steps: a value holds until the next event
@@ -168,7 +173,9 @@ def timeline_svg(points: list[Point], width: int = 1060, height: int = 260, span
            f'<g class=xticks>{"".join(xticks)}</g>'
            f'<rect class=brush x="0" y="{top}" width="0" height="{height - top - bottom}" '
            f'fill="#3b6fd8" fill-opacity="0.12" /></svg>')
-    legend = "".join(f'<i style="background:{c}"></i>{n}' for n, c, _ in _SERIES)
+    legend = "".join(f'<i style="background:{c}"></i>{n}' for n, c, _ in series)
+    if len(series) < len(_SERIES):
+        legend += " (reserved and active are the same here: nothing records segments)"
     extras = [text for shown, text in (
         (largest, "dots: the largest allocations"), (lanes, "lanes: user ranges per thread and "
          "ops per stream"), (any(item.kind == "mark" for item in spans), "dotted lines: marks"))
