@@ -62,7 +62,7 @@ def test_profile_writes_every_output_and_passes_the_exit_code(tmp_path, script):
     out = tmp_path / "prof"
     result = profile_run(["--stacks", "--", str(script), "7"], out)
     assert result.exit_code == 7, result.output
-    assert sorted(p.name for p in out.iterdir()) == sorted(profile.session.OUTPUTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted(profile.folder.OUTPUTS)
     leaks = (out / "leaks.txt").read_text()
     assert f"1.00 MiB in 1 allocation(s) at {script}:15 in <module>" in leaks
     # live when the script's code ended: the planted leak, and the tensors its globals still hold

@@ -19,8 +19,10 @@ from click.testing import CliRunner
 from npumem.cli import main
 from npumem.errors import InvalidParamError
 from npumem.output_files import LOCK_NAME, FolderInUseError, FolderLock
+from npumem.profile import run as run_module
 from npumem.profile import session as session_module
-from npumem.profile.session import OUTPUTS, ProfileSession, profile_snapshot
+from npumem.profile.folder import OUTPUTS, profile_snapshot
+from npumem.profile.session import ProfileSession
 
 PLAIN = "data = [bytearray(1000) for _ in range(10)]\n"      # no torch, no npumem
 
@@ -306,10 +308,10 @@ def test_an_interrupted_run_saves_only_what_it_can_in_its_time(tmp_path, monkeyp
 
 
 def test_ctrl_c_inside_npumems_own_code_is_raised_in_the_scripts(monkeypatch):
-    own = os.path.join(session_module._OWN_CODE, "recorder_frame.py")
+    own = os.path.join(run_module._OWN_CODE, "recorder_frame.py")
     scope: dict = {}
     exec(compile("import sys\nframe = sys._getframe()", own, "exec"), scope)
-    with session_module._interrupts_outside_npumem():
+    with run_module._interrupts_outside_npumem():
         handler = signal.getsignal(signal.SIGINT)
         handler(signal.SIGINT, scope["frame"])        # inside npumem: not raised there ...
         with pytest.raises(KeyboardInterrupt):          # ... but a moment later, here

@@ -789,7 +789,9 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, samp
     """
     from .errors import InvalidParamError
     from .profile import _stop_environment_session
-    from .profile.session import ProfileSession, claim_folder, run_target
+    from .profile.folder import claim_folder
+    from .profile.run import run_target
+    from .profile.session import ProfileSession
 
     if interval_ms <= 0:
         raise click.BadParameter("must be positive", param_hint="--interval")
@@ -1117,7 +1119,7 @@ def diff_command(before, after, top):
     def resolve(path):
         """A profile folder's snapshot (torch_snapshot.pickle, else snapshot.pickle), else the
         folder's Ascend profiler operator_memory.csv."""
-        from .profile.session import SNAPSHOTS
+        from .profile.folder import SNAPSHOTS
 
         if not os.path.isdir(path) or any(os.path.isfile(os.path.join(path, name))
                                           for name in SNAPSHOTS):
@@ -1133,10 +1135,10 @@ def diff_command(before, after, top):
 
 
 def _profile_input(path: str) -> str:
-    """The file to read for PATH: a profile folder's snapshot (session.profile_snapshot), or
+    """The file to read for PATH: a profile folder's snapshot (folder.profile_snapshot), or
     PATH itself; a folder without one ends the command in one line."""
     from .errors import InvalidParamError
-    from .profile.session import profile_snapshot
+    from .profile.folder import profile_snapshot
 
     try:
         return profile_snapshot(path)

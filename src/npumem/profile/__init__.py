@@ -126,7 +126,7 @@ def _finish_environment_session() -> None:
     program, only the snapshots, quickly. Not in a forked child (its parent writes)."""
     if not _ENVIRONMENT_SESSION or _ENVIRONMENT_SESSION[1] != os.getpid():
         return
-    from .session import claim_folder
+    from .folder import claim_folder
 
     session, _, out = _ENVIRONMENT_SESSION
     _ENVIRONMENT_SESSION.clear()
