@@ -242,3 +242,13 @@ def test_growth_per_step_is_the_rise_over_the_steps_it_grew_in():
     snapshot, kept = sgd_steps(5, lambda step: torch.empty(256))
     leak, = step_leaks(snapshot, 0)
     assert leak.per_step == 1024 and leak.live == 5 * 1024
+
+
+def test_a_report_says_when_the_ring_dropped_events():
+    from npumem.profile.report import build_report
+
+    with TensorRecorder(max_events=20) as recorder:
+        for _ in range(50):
+            torch.ones(8)
+    notes = build_report(recorder.snapshot(), "ring").notes
+    assert any("events fell out of the recorder's ring" in note for note in notes)

@@ -108,6 +108,10 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     if sampled:
         notes.append(f"sampled (--sample-bytes): {format_size(sampled)} of small allocations "
                      "were left out; peaks and sites count what was kept")
+    dropped = meta.get("dropped_events") if isinstance(meta, dict) else 0
+    if dropped:
+        notes.append(f"the oldest {dropped:,} events fell out of the recorder's ring "
+                     "(--max-entries keeps more): the trace starts later than the run")
     traces = snapshot.get("device_traces") or []
     if any(traces) and not snapshot.get("segments") and not any(
             entry.get("action", "").startswith("segment_") for trace in traces for entry in trace):
