@@ -156,3 +156,21 @@ def test_the_demo_says_how_to_check_accesses_inside_the_pool_when_it_did_not():
     assert off.returncode == 0 and "NPUMEM_SANITIZE=1 catches" in off.stdout
     on = run("demo", "--size", "16K", env=dict(os.environ, NPUMEM_SANITIZE="1"))
     assert on.returncode == 0 and "NPUMEM_SANITIZE" not in on.stdout
+
+
+def test_report_of_one_device_of_a_snapshot(tmp_path):
+    import gzip
+    import pickle
+
+    with gzip.open(SNAPSHOT) as handle:
+        data = pickle.load(handle)
+    two = {**data, "device_traces": [data["device_traces"][0], data["device_traces"][0]],
+           "segments": data["segments"] + [{**s, "device": 1} for s in data["segments"]]}
+    path = tmp_path / "two.pickle"
+    path.write_bytes(pickle.dumps(two))
+    both = CliRunner().invoke(main, ["report", str(path)])
+    one = CliRunner().invoke(main, ["report", str(path), "--device", "1"])
+    assert "device 0:" in both.output and "device 1:" in both.output
+    assert "device 0:" not in one.output and "device 1:" in one.output
+    missing = CliRunner().invoke(main, ["report", str(path), "--device", "3"])
+    assert missing.exit_code == 2 and "its devices: 0, 1" in missing.output

@@ -957,7 +957,9 @@ def _load(path: str):
               help="Sites to list.")
 @click.option("--snapshot", "snapshot_path", type=click.Path(dir_okay=False), default=None,
               help="With a memory_stats JSON file: the run's snapshot pickle, for fragmentation.")
-def report(path, html_out, top, snapshot_path):
+@click.option("--device", "device", type=click.IntRange(min=0), default=None,
+              help="Report on this device of a snapshot only (default: every device).")
+def report(path, html_out, top, snapshot_path, device):
     """Report on a profile folder, a snapshot pickle (npumem's or PyTorch's
     torch.cuda.memory._snapshot()) or any allocation trace npumem reads: peak, top sites, leaks,
     fragmentation. A JSON file of PyTorch's memory_stats() prints its summary table with hit
@@ -1013,13 +1015,32 @@ def report(path, html_out, top, snapshot_path):
         snapshots = [(name, _load(name)) for name in found]
         if len(snapshots) == 2 and not any(snapshots[0][1].get("device_traces") or []):
             snapshots = snapshots[1:]             # a plain PyTorch script: npumem saw nothing
-        reports = [build_report(data, f"npumem report of {name}") for name, data in snapshots]
     else:
-        reports = [build_report(_load(path), f"npumem report of {path}")]
+        snapshots = [(path, _load(path))]
+    reports = [build_report(_only_device(data, device, name), f"npumem report of {name}")
+               for name, data in snapshots]
     for result in reports:
         click.echo(format_report(result, top), nl=False)
     if html_out:
         _write_page(html_out, render_html(reports[-1]))
+
+
+def _only_device(data: dict, device: int | None, path: str) -> dict:
+    """`data` with device `device`'s trace and segments only (all of it for None); a device
+    the snapshot does not hold exits 2 naming those it does."""
+    if device is None:
+        return data
+    traces = data.get("device_traces") or []
+    segments = data.get("segments") or []
+    held = sorted({index for index, trace in enumerate(traces) if trace}
+                  | {segment.get("device", 0) for segment in segments})
+    if device not in held:
+        click.echo(f"error: {path} holds no device {device}; its devices: "
+                   f"{', '.join(map(str, held)) or 'none'}", err=True)
+        sys.exit(2)
+    return {**data, "device_traces": [trace if index == device else []
+                                      for index, trace in enumerate(traces)],
+            "segments": [segment for segment in segments if segment.get("device", 0) == device]}
 
 
 def _report_ascend(outputs, top: int, html_out: str | None) -> None:
