@@ -98,10 +98,12 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     annotations are placed on the timeline too."""
     devices = analyze_snapshot(snapshot)
     growing: list[StepLeak] = []
+    # where each device's steps begin (the step learner may run: once per device)
+    starts = {d.device: step_starts(snapshot, d.device) for d in devices}
     if leaks is not None:
         rows, heading = leak_sites(leaks), "Leaks: allocations still live at exit"
     else:
-        rows, heading, growing = _snapshot_leaks(snapshot)
+        rows, heading, growing = _snapshot_leaks(snapshot, starts)
     notes = list(snapshot.get("npumem_notes") or [])        # what reading the file changed
     meta = snapshot.get("npumem")                          # the tensor recorder's own notes
     sampled = meta.get("sampled_out_bytes") if isinstance(meta, dict) else 0
@@ -127,8 +129,8 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     report = Report(title, devices, analyze(snapshot), rows, heading, op_rows(list(annotations)),
                     list(samples), notes)
     report.step_leaks = growing
-    report.step_growth = {d.device: growth_per_step(snapshot, d.device) for d in devices
-                          if step_starts(snapshot, d.device)}
+    report.step_growth = {device: growth_per_step(snapshot, device, at)
+                          for device, at in starts.items() if at}
     report.oom = explain_oom(snapshot, title)
     if clock is not None:
         report.spans = spans_of(list(annotations), clock)
@@ -139,14 +141,15 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     return report
 
 
-def _snapshot_leaks(snapshot: dict) -> tuple[list[SiteUsage], str, list[StepLeak]]:
+def _snapshot_leaks(snapshot: dict, starts: dict) -> tuple[list[SiteUsage], str, list[StepLeak]]:
     """A recording's leaks are what grows step over step (`step_leaks`); what is merely live at
     the end (weights, optimizer state, caches) is not. Without steps to compare, the list is
-    what is live at the end, and says that it is no more than that."""
+    what is live at the end, and says that it is no more than that. `starts`: each device's
+    step boundaries."""
     traces = snapshot.get("device_traces") or []
-    if any(step_starts(snapshot, device) for device in range(len(traces))):
-        growing = [leak for device in range(len(traces))
-                   for leak in step_leaks(snapshot, device)]
+    if any(starts.values()):
+        growing = [leak for device, at in starts.items()
+                   for leak in step_leaks(snapshot, device, at)]
         rows = [SiteUsage(leak.where, leak.count, leak.live, leak.stack) for leak in growing]
         return rows, "Leaks: growing step over step", growing
     rows = group_by_site([entry for trace in traces for entry in live_after(trace, len(trace) - 1)])

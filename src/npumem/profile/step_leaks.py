@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from ..trace.step_marks import NPUMEM_STEP, PROFILER_STEP, named
+from ..trace.events import TraceFormatError
+from ..trace.step_marks import PROFILER_STEP, starts_named, step_positions
 from ..units import format_size
 from .analysis import callers, site_name, user_frame
 
@@ -85,34 +86,29 @@ def learned_steps(entries: list[dict]) -> list[int]:
 def marked_steps(snapshot: dict, device: int) -> list[int]:
     """Entry positions where a marked step begins: optimizer.step(), torch.profiler's steps,
     npumem.memory.step() (as the tensor recorder writes them), ProfilerStep annotations."""
-    names = (NPUMEM_STEP, PROFILER_STEP)
-    positions = set()
-    times = None
+    notes = [note for note in snapshot.get("external_annotations") or []
+             if isinstance(note, dict) and note.get("device", device) == device]
+    if not notes:
+        return []
     entries = (snapshot.get("device_traces") or [[]])[device]
-    for note in snapshot.get("external_annotations") or []:
-        if (not isinstance(note, dict) or note.get("stage") != "START"
-                or named(note) not in names or note.get("device", device) != device):
-            continue
-        entry = note.get("npumem_entry")
-        if not isinstance(entry, int) or isinstance(entry, bool):
-            if times is None:
-                times = [e.get("time_us", 0) for e in entries]
-            from bisect import bisect_left
-            when = note.get("time_us")
-            if not isinstance(when, (int, float)):
-                continue
-            entry = bisect_left(times, when)
-        positions.add(entry)
-    return sorted(positions)
+    times = [float(e.get("time_us", 0) or 0) for e in entries]
+    try:
+        positions = step_positions("", notes, None, times)       # npumem's own marks
+        if starts_named(notes, PROFILER_STEP):
+            positions += step_positions("", notes, PROFILER_STEP, times)
+    except TraceFormatError:                 # an annotation without a time: no steps to use
+        return []
+    return sorted(set(positions))
 
 
-def step_leaks(snapshot: dict, device: int = 0) -> list[StepLeak]:
+def step_leaks(snapshot: dict, device: int = 0, starts: list[int] | None = None) -> list[StepLeak]:
     """The sites of `device` that grew step over step, the fastest first (none without three
-    step boundaries)."""
+    step boundaries). `starts`: step_starts, where the caller has them already."""
     traces = snapshot.get("device_traces") or []
     if device >= len(traces):
         return []
-    entries, starts = traces[device], step_starts(snapshot, device)
+    entries = traces[device]
+    starts = step_starts(snapshot, device) if starts is None else starts
     if len(starts) < MIN_RISES + 1:
         return []
     sites: dict[int, str] = {}                  # id(frames) -> site: stacks are shared
@@ -165,10 +161,11 @@ def step_leaks(snapshot: dict, device: int = 0) -> list[StepLeak]:
     return sorted(leaks, key=lambda leak: (-leak.per_step, leak.where))
 
 
-def growth_per_step(snapshot: dict, device: int = 0) -> list[int]:
+def growth_per_step(snapshot: dict, device: int = 0,
+                    starts: list[int] | None = None) -> list[int]:
     """Live bytes at each step boundary and at the end, less the first boundary's."""
     entries = (snapshot.get("device_traces") or [[]])[device]
-    starts = step_starts(snapshot, device)
+    starts = step_starts(snapshot, device) if starts is None else starts
     live, total, points, next_start = {}, 0, [], 0
     for index, entry in enumerate(entries):
         while next_start < len(starts) and starts[next_start] <= index:
