@@ -760,7 +760,7 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
               "(file:line of leaks and top sites; a few microseconds each).")
 @click.option("--interval", "interval_ms", default=10.0, show_default=True, type=float,
               help="Sampling interval of allocated/reserved/host RSS, in milliseconds.")
-@click.option("--max-entries", default=1_000_000, show_default=True, type=int,
+@click.option("--max-entries", default=1_000_000, show_default=True, type=click.IntRange(min=1),
               help="Events kept (a ring buffer: the oldest go first).")
 @click.option("--torch/--no-torch", "torch_memory", default=True, show_default=True,
               help="Also record PyTorch's own memory when the script imports torch: every "
@@ -795,8 +795,6 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, samp
 
     if interval_ms <= 0:
         raise click.BadParameter("must be positive", param_hint="--interval")
-    if max_entries <= 0:
-        raise click.BadParameter("must be positive", param_hint="--max-entries")
     sample = _size_option(sample_bytes, "--sample-bytes") if sample_bytes is not None else 0
     _stop_environment_session()          # NPUMEM_PROFILE=1 as well: this run is the profile
     created = not os.path.exists(out_dir)
