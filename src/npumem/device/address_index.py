@@ -67,12 +67,13 @@ RELEASES = ReleaseEpoch
 class AddressIndex:
     """Live allocations sorted by start address, plus the most recently freed ones."""
 
-    def __init__(self, remembered_frees: int = 4096):
+    def __init__(self, remembered_frees: int = 4096, track_usage: bool = False):
         self._starts: list[int] = []
         self._by_start: dict[int, Allocation] = {}
         self._freed: collections.OrderedDict[int, Allocation] = collections.OrderedDict()
         self._remembered_frees = remembered_frees
-        self.usage: dict[str, list[int]] = {}     # api -> [current, peak] reserved bytes
+        # api -> [current, peak] reserved bytes, for a device's index (get_mem_usage_info)
+        self.usage: dict[str, list[int]] | None = {} if track_usage else None
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -85,9 +86,10 @@ class AddressIndex:
             bisect.insort(self._starts, start)
         self._by_start[start] = allocation
         self._freed.pop(start, None)
-        usage = self.usage.setdefault(allocation.api, [0, 0])
-        usage[0] += allocation.reserved
-        usage[1] = max(usage[1], usage[0])
+        if self.usage is not None:
+            usage = self.usage.setdefault(allocation.api, [0, 0])
+            usage[0] += allocation.reserved
+            usage[1] = max(usage[1], usage[0])
 
     def get(self, start: int) -> Allocation | None:
         """The live allocation that starts exactly at `start`."""
@@ -120,7 +122,8 @@ class AddressIndex:
         allocation = self._by_start.pop(start)
         del self._starts[bisect.bisect_left(self._starts, start)]
         allocation.live = False
-        self.usage[allocation.api][0] -= allocation.reserved
+        if self.usage is not None:
+            self.usage[allocation.api][0] -= allocation.reserved
         RELEASES.bump()
         self._freed[start] = allocation
         if len(self._freed) > self._remembered_frees:

@@ -72,7 +72,7 @@ class SimDevice:
         self.index = index
         self.addresses = AddressSpace(index)
         self.pages = PageAccounting(config.memory, config.huge_memory)
-        self.allocations = AddressIndex()
+        self.allocations = AddressIndex(track_usage=True)
         self.lock = threading.RLock()
 
     def allocate(self, size: int, reserved: int, policy: MallocPolicy, api: str) -> Allocation:

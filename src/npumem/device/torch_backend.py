@@ -63,7 +63,7 @@ class TorchDevice:
         self.index = index
         self.torch_device = torch_device
         self.addresses = AddressSpace(index)
-        self.allocations = AddressIndex()
+        self.allocations = AddressIndex(track_usage=True)
         self.limit = limit
         self.used = 0
         self.lock = threading.RLock()

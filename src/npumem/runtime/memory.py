@@ -384,7 +384,7 @@ def mem_usage_info(device: int, count: int) -> list[dict]:
     backend = RUNTIME.backend
     device_of = getattr(backend, "_device", None)         # the sim and torch backends
     index = getattr(device_of(device), "allocations", None) if callable(device_of) else None
-    if index is not None:
+    if index is not None and index.usage is not None:
         usage = {api: tuple(numbers) for api, numbers in index.usage.items() if numbers[1]}
     else:                                  # a backend without an index: no peaks to report
         usage = {}
