@@ -136,7 +136,7 @@ def query_event_status(event):
 
 def query_event_wait_status(event):
     """(status, ret): ACL_EVENT_WAIT_STATUS_COMPLETE (0) when a wait would not block, else 1."""
-    return values_and_code(lambda: 0 if _control.query_event_wait_status(event) else 1)
+    return values_and_code(lambda: 0 if _control.query_event_status(event, "query_event_wait_status") else 1)
 
 
 def synchronize_event_with_timeout(event, timeout):

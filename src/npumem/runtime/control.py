@@ -276,16 +276,11 @@ def create_event_with_flag(flag: int, reusable: bool = False) -> Event:
     return event
 
 
-def query_event_status(event) -> bool:
-    """aclrtQueryEventStatus: True once the event's latest record was reached; an event never
-    recorded (or reset) is not (unlike query_event, which calls it complete)."""
-    event = lookup(event, Event, "query_event_status")
-    return event.recorded and event.query()
-
-
-def query_event_wait_status(event) -> bool:
-    """aclrtQueryEventWaitStatus: True when a wait for the event would not block now."""
-    event = lookup(event, Event, "query_event_wait_status")
+def query_event_status(event, call: str = "query_event_status") -> bool:
+    """aclrtQueryEventStatus (and aclrtQueryEventWaitStatus, `call`: whether a wait would not
+    block now, the same thing): True once the event's latest record was reached; an event
+    never recorded (or reset) is not (unlike query_event, which calls it complete)."""
+    event = lookup(event, Event, call)
     return event.recorded and event.query()
 
 
