@@ -330,7 +330,7 @@ class Predictor:
         requests, twice as many each time, and then learn from scratch."""
         learned = self.requests - self.quiet_since
         if self.template is not None:
-            self._drop("")
+            self._drop("", relearn=False)
         self.learner, self.wake_at = None, self.requests + self.pause
         self.note = (f"no plan served in {learned} requests of learning; learning paused for "
                      f"the next {self.pause}")
@@ -925,13 +925,14 @@ class Predictor:
                    "serves from now on")
         self.learner = None
 
-    def _drop(self, why: str) -> None:
+    def _drop(self, why: str, relearn: bool = True) -> None:
         self._retire_arena()
         self.dropped, self.fallback = self.template, None
         self.template = self.layout = self.ready = None
         self.step_hits = self.step_misses = 0
         self.note = why
-        self._learn_afresh()
+        if relearn:                 # a pause (_pause) learns nothing until it ends
+            self._learn_afresh()
 
     # --- the pool's other needs -----------------------------------------------------------
 
