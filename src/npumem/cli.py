@@ -1186,3 +1186,8 @@ def _echo_recorded_ooms(paths) -> bool:
             died = True
             click.echo(f"{path}: " + "\n".join(oom_lines(recording)))
     return died
+
+
+from .estimate.command import estimate_command  # noqa: E402 (a verb of its own module)
+
+main.add_command(estimate_command)

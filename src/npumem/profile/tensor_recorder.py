@@ -35,6 +35,18 @@ DEFAULT_STACK_DEPTH = 48
 _GUARD_FILES = (f"{os.sep}_dynamo{os.sep}eval_frame.py", f"{os.sep}torch{os.sep}_compile.py")
 
 
+def _frames_to_dispatch(frame) -> int:
+    """How many frames from `frame` (counted as 1) up to the code that called the operator:
+    through the mode's __torch_dispatch__ and the guards PyTorch wraps it in."""
+    count = 1
+    while frame is not None and frame.f_code.co_name != "__torch_dispatch__":
+        frame, count = frame.f_back, count + 1
+    frame, count = frame.f_back, count + 1
+    while frame is not None and frame.f_code.co_filename.endswith(_GUARD_FILES):
+        frame, count = frame.f_back, count + 1
+    return count
+
+
 class TensorRecorder:
     """Record from `start()` to `stop()`; `snapshot()` returns what was recorded."""
 
@@ -64,6 +76,11 @@ class TensorRecorder:
         self._random = random.Random(0)
         self.started_ns = 0
         self._skip = None                   # frames of the recorder above an op's caller
+        self._labels: dict = {}             # alloc event number -> what made it (record_extra)
+        # intercept(func, args, kwargs, outputs) replaces the call of each operator: it calls
+        # func (or answers for it) and hands the result to outputs (npumem estimate)
+        self.intercept = None
+        self.listener = None                # listener(action, key, size, device) on each event
 
     # --- start and stop --------------------------------------------------------------------------
 
@@ -71,12 +88,14 @@ class TensorRecorder:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        outputs = self._outputs
+        outputs, intercept = self._outputs, self.intercept
 
         class _Mode(TorchDispatchMode):
             # PyTorch wraps this in a dynamo-disabling guard (about 4 us an op): without it,
             # torch.compile would trace into the recorder and break its graphs there
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if intercept is not None:
+                    return intercept(func, args, kwargs or {}, outputs)
                 out = func(*args, **(kwargs or {}))
                 outputs(out)
                 return out
@@ -140,18 +159,14 @@ class TensorRecorder:
                                   stack, device)
             self._live[key] = [number, size, None, weakref.ref(storage, partial(self._freed, key)),
                                device, self._key[-1]]
+        if self.listener is not None:
+            self.listener(ALLOC, key, size, device)
 
     def _own_frames(self) -> int:
         """Frames between _tensor and the code that called the op: _outputs, the mode's
         __torch_dispatch__ and the guards PyTorch wraps it in (counted once)."""
         if self._skip is None:
-            frame, count = sys._getframe(2), 1            # _outputs (0: this, 1: _tensor)
-            while frame is not None and frame.f_code.co_name != "__torch_dispatch__":
-                frame, count = frame.f_back, count + 1
-            frame, count = frame.f_back, count + 1
-            while frame is not None and frame.f_code.co_filename.endswith(_GUARD_FILES):
-                frame, count = frame.f_back, count + 1
-            self._skip = count
+            self._skip = _frames_to_dispatch(sys._getframe(2))   # 0: this, 1: _tensor
         return self._skip
 
     def _freed(self, key: int, _ref) -> None:
@@ -163,6 +178,30 @@ class TensorRecorder:
             if category is not None:
                 self._category_of[number] = category
             self._append(FREE, seen[5], size, -1, device)
+        if self.listener is not None:
+            self.listener(FREE, key, size, device)
+
+    def record_extra(self, size: int, device, label: str, temporary: bool) -> None:
+        """An allocation no tensor shows: a kernel's workspace (`label` says which), made at the
+        current operator's stack; `temporary` frees it at once, else it lives to the end."""
+        raw = capture_above(_frames_to_dispatch(sys._getframe(1)), self.stack_depth) \
+            if self.stacks else ()
+        with self._lock:
+            stack = self._stack_ids.get(raw)
+            if stack is None:
+                stack = self._stack_ids[raw] = len(self._stacks)
+                self._stacks.append(raw)
+            index = self._device_index(device)
+            key = -(len(self._labels) + 1)        # no storage has a negative key
+            number = self._append(ALLOC, key, size, stack, index)
+            self._labels[number] = label
+            self._category_of[number] = cat.TEMPORARY if temporary else cat.OTHER
+            if temporary:
+                self._append(FREE, key, size, -1, index)
+        if self.listener is not None:
+            self.listener(ALLOC, key, size, index)
+            if temporary:
+                self.listener(FREE, key, size, index)
 
     def _append(self, action: int, key: int, size: int, stack: int, device: int) -> int:
         self._action.append(action)
@@ -211,6 +250,11 @@ class TensorRecorder:
     def events(self) -> int:
         return len(self._action)
 
+    @property
+    def devices(self) -> list[str]:
+        """The devices seen, in the order of their index in events and listener calls."""
+        return list(self._devices)
+
     def snapshot(self) -> dict:
         """PyTorch's snapshot format: one device trace per device seen (in order of first use),
         alloc and free_completed entries with frames and category, steps as annotations."""
@@ -241,7 +285,9 @@ class TensorRecorder:
                     if frames is None:
                         frames = resolved[stack] = [f.as_dict() for f in
                                                     resolve_user(self._stacks[stack])]
-                    entry["frames"] = frames
+                    label = self._labels.get(number)
+                    entry["frames"] = frames if label is None else \
+                        [{"name": label, "filename": "<kernel>", "line": 0}, *frames]
                     entry["category"] = alloc_of[key] = categories.get(number, cat.UNSET)
                 else:
                     entry["frames"] = []

@@ -1,0 +1,209 @@
+"""The `npumem estimate` verb: parse, call run.estimate, print."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+
+import click
+
+from ..units import format_size, parse_size
+
+
+def _memory(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory") from None
+    if size <= 0:
+        raise click.BadParameter(f"{value}: give the device's memory, such as 80GiB", param_hint="--memory")
+    return size
+
+
+def _assumptions(values: tuple) -> dict:
+    out = {}
+    for value in values:
+        for part in value.split(","):
+            key, _, text = part.partition("=")
+            key = key.strip()
+            if key not in ("bool", "int", "float") or not text:
+                raise click.BadParameter(f"{part!r}: give bool=True|False, int=N or float=X",
+                                         param_hint="--assume")
+            try:
+                out[key] = {"bool": lambda t: {"true": True, "false": False}[t.lower()],
+                            "int": int, "float": float}[key](text.strip())
+            except (KeyError, ValueError):
+                raise click.BadParameter(f"{part!r}: {text!r} is not a {key}", param_hint="--assume") from None
+    return out
+
+
+def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
+    if text is None:
+        return None
+    name, _, values = text.partition("=")
+    choices = [v.strip() for v in values.split(",") if v.strip()]
+    if not name.strip() or not choices:
+        raise click.BadParameter(f"{text!r}: give NAME=V1,V2,... and use {{NAME}} in the "
+                                 "script's arguments", param_hint="--fit")
+    return name.strip(), choices
+
+
+@click.command("estimate", context_settings={"ignore_unknown_options": True,
+                                             "allow_interspersed_args": False})
+@click.option("--device", type=click.Choice(["cuda", "npu"]), default="cuda", show_default=True,
+              help="cuda: an NVIDIA GPU; npu: an Ascend NPU with torch_npu's allocator (a script "
+                   "written for cuda runs as transfer_to_npu runs it).")
+@click.option("--gpu", default=None, help="The target: h100 (default for cuda), h100-pcie, h200, "
+              "a100-80, a100-40, l4, rtx4090, 910b (default for npu).")
+@click.option("--memory", default=None, help="The memory the script may use (default: the "
+              "target's, less the CUDA context), e.g. 40GiB.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY:VALUE",
+              help="An allocator setting on top of the environment's PYTORCH_CUDA_ALLOC_CONF "
+                   "(repeatable), e.g. --set expandable_segments:True.")
+@click.option("--assume", multiple=True, metavar="KIND=VALUE",
+              help="Answers for data-dependent values: bool=True, int=8, float=0.5.")
+@click.option("--fit", "fit", default=None, metavar="NAME=V1,V2,...",
+              help="Run the script once per value, {NAME} in its arguments replaced; report "
+                   "the largest that fits under the recommended setting.")
+@click.option("--devices", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="How many GPUs the script sees (device 0 is estimated).")
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Write the predicted run's snapshot (open it with npumem report or "
+                   "PyTorch's MemoryViz) and the estimate's JSON here.")
+@click.argument("script", type=click.Path())
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def estimate_command(device, gpu, memory, overrides, assume, fit, devices, as_json, out_dir,
+                     script, script_args):
+    """Predict a PyTorch script's GPU (or NPU) memory on a machine that has neither.
+
+    Runs SCRIPT unchanged on fake device tensors, adds what the GPU's kernels allocate for
+    themselves, and replays it through the model of PyTorch's caching allocator: peak live and
+    peak reserved, whether it fits the target, the setting to use, and what dominates the peak.
+
+        npumem estimate --gpu a100-40 -- train.py --batch 32
+    """
+    from ..errors import InvalidParamError
+    from .native import BuildError
+    from .run import ScriptFailed, estimate, settings_for
+    from .targets import target as find_target
+
+    if not os.path.isfile(script):
+        raise click.BadParameter(f"{script}: no such file (the Python script to estimate)",
+                                 param_hint="SCRIPT")
+    try:
+        find_target(gpu, device)
+        settings = settings_for(device, list(overrides))
+    except KeyError as exc:
+        raise click.BadParameter(exc.args[0], param_hint="--gpu") from None
+    except InvalidParamError as exc:
+        raise click.BadParameter(exc.message, param_hint="--set") from None
+    capacity = _memory(memory)
+    answers = _assumptions(assume)
+    fitting = _fit_values(fit)
+    runs = [(None, list(script_args))] if fitting is None else \
+        [(value, [a.replace("{" + fitting[0] + "}", value) for a in script_args]) for value in fitting[1]]
+    if fitting is not None and not any("{" + fitting[0] + "}" in a for a in script_args):
+        raise click.BadParameter(f"no {{{fitting[0]}}} in the script's arguments to replace",
+                                 param_hint="--fit")
+    results = []
+    for value, args in runs:
+        if value is not None:
+            click.echo(f"== {fitting[0]}={value}: {script} {' '.join(args)}", err=True)
+        try:
+            result = estimate(script, args, device, gpu, capacity, settings, answers, devices,
+                              keep_snapshot=out_dir is not None)
+        except BuildError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except ScriptFailed as exc:
+            click.echo(f"error: the script stopped under fake tensors: {exc}", err=True)
+            click.echo("  a value it needs from the GPU can be given with --assume "
+                       "(bool=..., int=..., float=...); code that needs real data can be "
+                       "skipped when os.environ.get('NPUMEM_ESTIMATE') is set", err=True)
+            sys.exit(1)
+        results.append((value, result))
+        if not as_json:
+            click.echo("\n".join(summary_lines(result)))
+    if out_dir is not None:
+        _write(out_dir, results)
+    if as_json:
+        payload = [dict(r.as_dict(), **({fitting[0]: v} if fitting else {})) for v, r in results]
+        click.echo(json.dumps(payload if fitting else payload[0], indent=2))
+    elif fitting is not None:
+        click.echo("\n".join(fit_lines(fitting[0], results)))
+
+
+def summary_lines(result) -> list[str]:
+    target, run = result.target, result.run
+    lines = [f"{result.script} on {target.describe()}: {format_size(result.capacity)} usable",
+             f"  fake run: {run['ops']:,} operators in {run['seconds']:.1f} s "
+             f"({run['ops'] / max(run['seconds'], 1e-9):,.0f} ops/s)"]
+    if run.get("attention"):
+        lines.append("  attention kernels: " + ", ".join(f"{k} x{v}" for k, v in run["attention"].items()))
+    for note in run.get("answers", []):
+        lines.append(f"  assumed: {note}")
+    current = result.current
+    verdict = "fits" if result.fits else "OUT OF MEMORY"
+    settings = result.settings or "default settings"
+    lines.append(f"  with {settings}: peak live {format_size(current.peak_allocated_bytes)}, "
+                 f"peak reserved {format_size(current.peak_reserved_bytes)} -> {verdict}"
+                 + (f" ({format_size(result.capacity - current.peak_reserved_bytes)} to spare)"
+                    if result.fits else
+                    f" (short by {format_size(current.peak_reserved_bytes - result.capacity)})"))
+    if result.low_peak_reserved is not None:
+        lines.append(f"  {run['bounded_convolutions']} convolution call(s) outside the measured "
+                     f"cuDNN table: peak reserved between {format_size(result.low_peak_reserved)} "
+                     f"and {format_size(current.peak_reserved_bytes)} (the bound is used above)")
+    best = result.recommended
+    if best is not None:
+        lines.append(f"  recommended: {best.line} (peak reserved "
+                     f"{format_size(best.decisive.peak_reserved_bytes)})")
+    else:
+        lines.append("  no setting fits: " + "; ".join(result.tuning.reasons or ["reduce the batch"]))
+    composition = result.composition
+    if composition.get("category"):
+        lines.append("  live at the peak, by category: " + ", ".join(
+            f"{name or 'other'} {format_size(size)}" for name, size in composition["category"].items()))
+        lines.append("  by line:")
+        lines += [f"    {format_size(row['bytes']):>10}  {row['line']}" for row in composition["line"][:5]]
+    return lines
+
+
+def fit_lines(name: str, results) -> list[str]:
+    fitting = [(v, r) for v, r in results if r.recommended is not None]
+    if not fitting:
+        return [f"no {name} fits: the smallest tried needs more than the target's memory"]
+    value, best = max(fitting, key=lambda item: float(item[0]) if _number(item[0]) else 0)
+    chosen = best.recommended
+    margin = best.capacity - chosen.decisive.peak_reserved_bytes
+    return [f"largest {name} that fits: {value}, with {chosen.line} "
+            f"({format_size(margin)} to spare of {format_size(best.capacity)})"]
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _write(folder: str, results) -> None:
+    from ..output_files import written_whole
+    from .predicted import predicted_snapshot
+    os.makedirs(folder, exist_ok=True)
+    for value, result in results:
+        suffix = f"-{value}" if value is not None else ""
+        snapshot = predicted_snapshot(result.snapshot, result.config)
+        with written_whole(os.path.join(folder, f"predicted{suffix}.pickle")) as path, \
+                open(path, "wb") as handle:
+            pickle.dump(snapshot, handle)
+        with written_whole(os.path.join(folder, f"estimate{suffix}.json")) as path, \
+                open(path, "w") as handle:
+            json.dump(result.as_dict(), handle, indent=2)
+    click.echo(f"wrote the predicted snapshot and estimate to {folder}/", err=True)

@@ -1,0 +1,163 @@
+"""`torch.cuda` (and `torch.npu`) as a script sees them under `npumem estimate`: the device is
+there, its properties are the target's, and the memory figures come from npumem's model of the
+caching allocator, which follows every allocation of the fake run as it happens.
+
+The model runs with the settings the script would run with (PYTORCH_CUDA_ALLOC_CONF, or
+`--set`) and no capacity: the run goes to its end, and the verdicts on the target's memory come
+from replays afterwards. Calls with nothing to do on a fake device (synchronize, streams and
+events, seeds, IPC) do nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+from ..alloc.torch_model import TorchAllocatorModel
+from ..profile.tensor_recorder import ALLOC
+from .targets import Target
+
+
+class LiveModel:
+    """The allocator model fed by the recorder (TensorRecorder.listener)."""
+
+    def __init__(self, config):
+        self.model = TorchAllocatorModel(config)
+        self.blocks: dict = {}
+        self.peak_allocated = self.peak_reserved = 0
+        self.requested = 0
+
+    def __call__(self, action, key, size, device) -> None:
+        if action == ALLOC:
+            self.blocks[key] = (self.model.malloc(size), size)
+            self.requested += size
+        else:
+            found = self.blocks.pop(key, None)
+            if found is not None:
+                self.model.free(found[0])
+                self.requested -= found[1]
+        stats = self.model.stats
+        self.peak_allocated = max(self.peak_allocated, stats.allocated)
+        self.peak_reserved = max(self.peak_reserved, stats.reserved)
+
+    def reset_peaks(self) -> None:
+        self.peak_allocated, self.peak_reserved = self.model.stats.allocated, self.model.stats.reserved
+
+    def stats(self) -> dict:
+        """The keys of torch.cuda.memory_stats() scripts read most."""
+        s = self.model.stats
+        out = {}
+        for name, current, peak in (("allocated_bytes", s.allocated, self.peak_allocated),
+                                    ("reserved_bytes", s.reserved, self.peak_reserved),
+                                    ("active_bytes", s.allocated, self.peak_allocated),
+                                    ("requested_bytes", self.requested, s.peak_requested)):
+            for pool in ("all", "large_pool", "small_pool"):
+                out[f"{name}.{pool}.current"] = current if pool == "all" else 0
+                out[f"{name}.{pool}.peak"] = peak if pool == "all" else 0
+        out.update({"num_alloc_retries": s.num_alloc_retries, "num_ooms": s.num_ooms,
+                    "num_device_alloc": s.num_device_alloc, "num_device_free": s.num_device_free,
+                    "allocation.all.current": len(self.blocks)})
+        return out
+
+
+class _Properties(types.SimpleNamespace):
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // 2**20}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
+
+
+class _Stream:
+    """A stand-in for torch.cuda.Stream: work is not timed, so one stream is as good as any."""
+
+    def __init__(self, device=None, priority=0, **_):
+        self.device, self.priority, self.cuda_stream = device, priority, 0
+
+    def wait_stream(self, stream) -> None: ...
+    def wait_event(self, event) -> None: ...
+    def record_event(self, event=None): return event or _Event()
+    def synchronize(self) -> None: ...
+    def query(self) -> bool: return True
+    def __enter__(self): return self
+    def __exit__(self, *exc) -> None: ...
+
+
+class _Event:
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self.enable_timing = enable_timing
+
+    def record(self, stream=None) -> None: ...
+    def wait(self, stream=None) -> None: ...
+    def synchronize(self) -> None: ...
+    def query(self) -> bool: return True
+    def elapsed_time(self, other) -> float: return 0.0
+
+
+def install(torch, target: Target, live: LiveModel, devices: int, on_empty_cache, on_dump) -> None:
+    """Replace torch.cuda's device calls (and add torch.npu) for this process."""
+    state = {"device": 0, "fraction": 1.0}
+    properties = _Properties(name=target.name, major=target.major, minor=target.minor,
+                             total_memory=target.total_memory, multi_processor_count=target.sm_count,
+                             is_integrated=False, is_multi_gpu_board=False, L2_cache_size=50 * 2**20,
+                             max_threads_per_multi_processor=2048, warp_size=32,
+                             uuid="npumem-estimate", gcnArchName="")
+
+    def set_device(device) -> None:
+        index = device if isinstance(device, int) else (torch.device(device).index or 0)
+        state["device"] = index
+
+    def empty_cache() -> None:
+        live.model.empty_cache()
+        on_empty_cache()
+
+    def mem_get_info(device=None):
+        capacity = int(target.capacity * state["fraction"])
+        return max(0, capacity - live.model.stats.reserved), target.total_memory
+
+    def set_fraction(fraction, device=None) -> None:
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        state["fraction"] = fraction
+
+    def record_history(enabled="all", *args, **kwargs) -> None: ...
+
+    api = {
+        "is_available": lambda: True, "device_count": lambda: devices,
+        "is_initialized": lambda: True, "init": lambda: None, "_lazy_init": lambda: None,
+        "current_device": lambda: state["device"], "set_device": set_device,
+        "get_device_name": lambda device=None: target.name,
+        "get_device_properties": lambda device=None: properties,
+        "get_device_capability": lambda device=None: (target.major, target.minor),
+        "is_bf16_supported": lambda including_emulation=True: target.major >= 8,
+        "synchronize": lambda device=None: None, "empty_cache": empty_cache,
+        "ipc_collect": lambda: None,
+        "memory_allocated": lambda device=None: live.model.stats.allocated,
+        "max_memory_allocated": lambda device=None: live.peak_allocated,
+        "memory_reserved": lambda device=None: live.model.stats.reserved,
+        "max_memory_reserved": lambda device=None: live.peak_reserved,
+        "memory_cached": lambda device=None: live.model.stats.reserved,
+        "reset_peak_memory_stats": lambda device=None: live.reset_peaks(),
+        "reset_max_memory_allocated": lambda device=None: live.reset_peaks(),
+        "memory_stats": lambda device=None: live.stats(),
+        "mem_get_info": mem_get_info, "set_per_process_memory_fraction": set_fraction,
+        "manual_seed": lambda seed: None, "manual_seed_all": lambda seed: None,
+        "seed": lambda: None, "seed_all": lambda: None, "initial_seed": lambda: 0,
+        "Stream": _Stream, "Event": _Event, "current_stream": lambda device=None: _Stream(),
+        "default_stream": lambda device=None: _Stream(), "stream": lambda s=None: contextlib.nullcontext(),
+        "set_stream": lambda s: None,
+    }
+    for name, value in api.items():
+        setattr(torch.cuda, name, value)
+    torch.cuda.memory._record_memory_history = record_history
+    torch.cuda.memory._dump_snapshot = on_dump
+    torch.cuda.memory._snapshot = lambda device=None: on_dump(None)
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                 "memory_stats", "reset_peak_memory_stats", "empty_cache", "mem_get_info",
+                 "set_per_process_memory_fraction"):
+        setattr(torch.cuda.memory, name, api[name])
+    # torch.npu for scripts written for an NPU (torch_npu's API mirrors torch.cuda's)
+    npu = types.ModuleType("torch.npu")
+    for name, value in api.items():
+        setattr(npu, name, value)
+    npu.memory = torch.cuda.memory
+    torch.npu = npu

@@ -1,0 +1,156 @@
+"""Memory the GPU's kernels allocate for themselves, which a fake run cannot see: each rule
+turns one operator call into the workspaces PyTorch's CUDA code asks its caching allocator for,
+with the source it follows.
+
+A rule returns (size, label, temporary): a temporary is freed before the operator returns; the
+others are kept by PyTorch to the end of the process (per thread and stream, as cuBLAS's are).
+`bounded` lists calls a rule can only bound (cuDNN convolutions outside the measured table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+
+from .targets import Target
+
+MiB = 1 << 20
+TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cudnn_workspaces.json")
+BOUND_LABEL = "cuDNN convolution workspace (bound)"
+
+# every operator that takes a cuBLAS handle (aten/src/ATen/cuda/Blas.cpp and CUDABlas.cpp)
+CUBLAS_OPS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "addr",
+              "_addmm_activation", "_int_mm", "_scaled_mm", "linalg_vecdot"}
+
+
+def cublas_workspace_size(target: Target, environ=os.environ) -> int:
+    """CublasHandlePool.cpp, parseChosenWorkspaceSize: CUBLAS_WORKSPACE_CONFIG's :SIZE:COUNT
+    pairs (KiB) summed; unset: 4096 KiB x 8 on sm_90, else 4096 KiB x 2 + 16 KiB x 8."""
+    config = environ.get("CUBLAS_WORKSPACE_CONFIG")
+    default = 4096 * 8 * 1024 if (target.major, target.minor) == (9, 0) else 4096 * 1024 * 2 + 16 * 1024 * 8
+    if config is None:
+        return default
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+    return sum(int(size) * 1024 * int(count) for size, count in pairs) if pairs else default
+
+
+def cublaslt_workspace_size(environ=os.environ) -> int:
+    """CublasHandlePool.cpp, parseCUDABlasLtWorkspaceSize: CUBLASLT_WORKSPACE_SIZE KiB, default
+    1024 (the separate cuBLASLt workspace PyTorch 2.11 allocates for addmm with a bias)."""
+    try:
+        return int(environ.get("CUBLASLT_WORKSPACE_SIZE", "1024")) * 1024
+    except ValueError:
+        return 1024 * 1024
+
+
+def _name(func) -> str:
+    return func._schema.name.split("::", 1)[-1]
+
+
+def _numel(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count
+
+
+def _nbytes(tensor) -> int:
+    return _numel(tensor.shape) * tensor.element_size()
+
+
+def _describe(tensor) -> list:
+    return [str(tensor.dtype)[6:], list(tensor.shape), list(tensor.stride())]
+
+
+class KernelRules:
+    def __init__(self, target: Target, environ=os.environ):
+        self.target = target
+        self.cublas = cublas_workspace_size(target, environ)
+        self.cublaslt = cublaslt_workspace_size(environ)
+        self._handles: set = set()          # (thread, stream, kind) that have their workspace
+        self.bounded: dict = {}             # conv config (json) -> calls outside the table
+        with open(TABLE) as handle:
+            table = json.load(handle)
+        self.table_source = table["measured_on"]
+        self._table = {json.dumps(key): sizes for key, sizes in table["entries"]}
+        self._bound_ratio = max((sum(sizes) / max(1, _key_io_bytes(key)) for key, sizes in
+                                 table["entries"]), default=0.0)
+
+    def workspaces(self, func, args, kwargs, stream: int = 0) -> list[tuple[int, str, bool]]:
+        name = _name(func)
+        if name in CUBLAS_OPS:
+            return self._cublas(name, args, stream)
+        if name == "convolution":
+            return self._convolution(["forward", _describe(args[0]), _describe(args[1]),
+                                      args[2] is not None, *[list(a) if isinstance(a, (list, tuple))
+                                                             else a for a in args[3:9]]],
+                                     args[0], args[1])
+        if name == "convolution_backward":
+            return self._convolution(["backward", _describe(args[1]), _describe(args[2]),
+                                      args[3] is not None, *[list(a) if isinstance(a, (list, tuple))
+                                                             else a for a in args[4:11]]],
+                                     args[1], args[2])
+        if name == "_scaled_dot_product_cudnn_attention_backward":
+            return _cudnn_attention_backward(args)
+        if name == "_efficient_attention_backward" or name == "_scaled_dot_product_efficient_attention_backward":
+            return _efficient_attention_backward(args)
+        return []
+
+    def _cublas(self, name, args, stream) -> list:
+        """getCurrentCUDABlasHandle: one workspace per (handle, stream), a handle per thread;
+        the cuBLASLt path (addmm with a 1-D bias: gemm_and_bias) takes its own."""
+        out = []
+        thread = threading.get_ident()
+        if (thread, stream, "cublas") not in self._handles:
+            self._handles.add((thread, stream, "cublas"))
+            out.append((self.cublas, "cuBLAS workspace", False))
+        lt = name == "_addmm_activation" or (name == "addmm" and args[0].dim() == 1)
+        if lt and (thread, stream, "cublaslt") not in self._handles:
+            self._handles.add((thread, stream, "cublaslt"))
+            out.append((self.cublaslt, "cuBLASLt workspace", False))
+        return out
+
+    def _convolution(self, key, data, weight) -> list:
+        """cuDNN picks its algorithm, and so its workspace, at run time: the measured table where
+        the call is in it (same shapes, strides, dtypes and arguments), else a bound."""
+        text = json.dumps(key)
+        sizes = self._table.get(text)
+        if sizes is not None:
+            return [(size, "cuDNN convolution workspace", True) for size in sizes]
+        bound = int(self._bound_ratio * (_nbytes(data) + _nbytes(weight)))
+        self.bounded[text] = self.bounded.get(text, 0) + 1
+        return [(bound, BOUND_LABEL, True)] if bound else []
+
+
+def _key_io_bytes(key) -> int:
+    """Bytes of a table key's data and weight tensors (the bound's yardstick)."""
+    size = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+    return sum(_numel(shape) * size.get(dtype, 4) for dtype, shape, _ in (key[1], key[2]))
+
+
+def _cudnn_attention_backward(args) -> list:
+    """cuDNN's fused attention backward (MHA.cpp, run_cudnn_SDP_bprop): dQ accumulated in fp32
+    (B*H*Lq*D*4), the softmax statistics (B*H*Lq*4) and a 256-byte scratch."""
+    query = args[1]
+    batch, heads, length, dim = (int(x) for x in query.shape)
+    return [(batch * heads * length * dim * 4 + batch * heads * length * 4 + 256,
+             "cuDNN attention backward workspace", True)]
+
+
+def _efficient_attention_backward(args) -> list:
+    """The memory-efficient attention backward (attention_backward.cu): a contiguous copy of a
+    strided grad_out, delta = (grad_out * out).sum(-1) in fp32 (B*H*Lq*4) and its copy, and the
+    kernel's workspace: gQ accumulated in fp32 over tiles of 128 queries, with a 32-byte
+    counter per tile."""
+    grad_out, query = args[0], args[1]
+    batch, heads, length, dim = (int(x) for x in query.shape)
+    out = []
+    if not grad_out.is_contiguous():
+        out.append((_nbytes(grad_out), "efficient attention: contiguous grad_out", True))
+    tiles = -(-length // 128)
+    out += [(batch * heads * length * 4, "efficient attention: delta", True),
+            (batch * heads * length * 4, "efficient attention: delta", True),
+            (batch * heads * tiles * (128 * dim * 4 + 32), "efficient attention workspace", True)]
+    return out

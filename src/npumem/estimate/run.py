@@ -1,0 +1,206 @@
+"""`npumem estimate`: run a script on fake device tensors (child.py, in its own process), then
+replay what it asked for through the allocator model under the user's settings and under each
+candidate setting, on the target's memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..alloc.torch_model import TorchAllocatorConfig, parse_config
+from ..alloc.torch_model.config import npu_pad, read_env
+from ..trace.recording import Recording, recording_from_data
+from ..trace.torch_replay import UNLIMITED, replay_recording
+from ..trace.torch_tune import tune_recording
+from . import native
+from .kernel_rules import BOUND_LABEL
+from .targets import Target, target as find_target
+
+BOOT = ("import ctypes, sys; ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "
+        "from npumem.estimate.child import main; sys.exit(main(sys.argv[2]))")
+
+
+class ScriptFailed(RuntimeError):
+    """The script stopped under fake tensors; `failure` says where (child._describe_failure)."""
+
+    def __init__(self, failure: dict, script: str):
+        self.failure = failure
+        where = f"{failure.get('file')}:{failure.get('line')}" if failure.get("line") else script
+        operator = f" in {failure['operator']}" if failure.get("operator") else ""
+        super().__init__(f"{where}: {failure.get('type')}{operator}: {failure.get('message')}")
+
+
+@dataclass
+class PredictedRecording(Recording):
+    """A recording of a fake run: its settings are the ones the estimate was asked about."""
+    config: TorchAllocatorConfig | None = None
+
+    def base_config(self) -> TorchAllocatorConfig:
+        return self.config
+
+
+@dataclass
+class Estimate:
+    script: str
+    target: Target
+    capacity: int
+    settings: str                       # the settings the script runs with ("" for defaults)
+    run: dict                           # child.py's result: ops, seconds, notes, attention
+    current: object                     # TorchReplay under `settings`, no capacity
+    tuning: object                      # TorchTuning on `capacity`
+    low_peak_reserved: int | None = None   # without the bounded workspaces, where there are any
+    composition: dict = field(default_factory=dict)
+    snapshot: dict | None = None
+    config: TorchAllocatorConfig | None = None   # the settings as the model reads them        # the fake run's recording (PyTorch snapshot, no segments)
+
+    @property
+    def fits(self) -> bool:
+        return self.current.peak_reserved_bytes <= self.capacity
+
+    @property
+    def recommended(self):
+        return self.tuning.best
+
+    def as_dict(self) -> dict:
+        best = self.recommended
+        return {"script": self.script, "target": self.target.name, "device": self.target.device,
+                "capacity_bytes": self.capacity, "settings": self.settings,
+                "peak_allocated_bytes": self.current.peak_allocated_bytes,
+                "peak_reserved_bytes": self.current.peak_reserved_bytes,
+                "peak_reserved_low_bytes": self.low_peak_reserved,
+                "fits": self.fits,
+                "recommended": best.config.describe() if best is not None else None,
+                "recommended_peak_reserved_bytes": best.decisive.peak_reserved_bytes if best else None,
+                "candidates": [{"settings": c.config.describe(), "finishes": c.finishes,
+                                "peak_reserved_bytes": c.decisive.peak_reserved_bytes,
+                                "peak_allocated_bytes": c.decisive.peak_allocated_bytes}
+                               for c in self.tuning.in_order()],
+                "by_category": self.composition.get("category", {}),
+                "by_line": self.composition.get("line", []),
+                "fake_run": {k: self.run.get(k) for k in ("ops", "seconds", "attention", "answers",
+                                                          "unsupported", "bounded_convolutions",
+                                                          "table_source")}}
+
+
+def settings_for(device: str, overrides: list[str], environ=os.environ) -> str:
+    """The allocator settings the script would run with: the environment's, then --set's."""
+    flavour = "npu" if device == "npu" else "cuda"
+    _, text, _ = read_env(flavour, environ)
+    parts = [part for part in text.split(",") if part.strip()]
+    for override in overrides:
+        key = override.split(":", 1)[0].split("=", 1)[0].strip()
+        parts = [p for p in parts if p.split(":", 1)[0].strip() != key]
+        parts.append(override.replace("=", ":", 1))
+    text = ",".join(parts)
+    parse_config(text, flavour, source=f"the settings {text!r}")     # refuse bad ones now
+    return text
+
+
+def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None = None,
+             memory: int | None = None, settings: str = "", assume: dict | None = None,
+             devices: int = 1, keep_snapshot: bool = False) -> Estimate:
+    target = find_target(gpu, device)
+    capacity = memory or target.capacity
+    library = native.stand_in_library()
+    flavour = "npu" if target.device == "npu" else "cuda"
+    config = parse_config(settings, flavour)
+    if flavour == "npu":
+        config = config.replace(pad=npu_pad(target.soc))
+    with tempfile.TemporaryDirectory(prefix="npumem-estimate-") as folder:
+        spec = {"script": script, "args": args, "gpu": target.key, "device": target.device,
+                "settings": settings, "assume": assume or {}, "devices": devices,
+                "out": os.path.join(folder, "recording.pickle")}
+        spec_path = os.path.join(folder, "spec.json")
+        with open(spec_path, "w") as handle:
+            json.dump(spec, handle)
+        env = dict(os.environ, NPUMEM_FAKE_DEVICES=str(devices))
+        env.pop("NPUMEM_PROFILE", None)
+        done = subprocess.run([sys.executable, "-c", BOOT, library, spec_path], env=env)
+        if not os.path.exists(spec["out"] + ".json"):
+            raise ScriptFailed({"type": "the fake run ended without a result",
+                                "message": f"exit status {done.returncode}"}, script)
+        with open(spec["out"] + ".json") as handle:
+            run = json.load(handle)
+        if run.get("error"):
+            raise ScriptFailed(run["error"], script)
+        with open(spec["out"], "rb") as handle:
+            snapshot = pickle.load(handle)
+    recording = _recording(snapshot, script, flavour, config)
+    current = replay_recording(recording, config, capacity=UNLIMITED)
+    tuning = tune_recording(recording, memory=capacity)
+    low = None
+    if run.get("bounded_convolutions"):
+        low = replay_recording(_recording(snapshot, script, flavour, config, without=BOUND_LABEL),
+                               config, capacity=UNLIMITED).peak_reserved_bytes
+    return Estimate(script, target, capacity, settings, run, current, tuning, low,
+                    composition(recording.entries), snapshot if keep_snapshot else None, config)
+
+
+def _recording(snapshot: dict, script: str, flavour: str, config, without: str | None = None):
+    data = snapshot
+    if without is not None:
+        dropped = set()
+        traces = []
+        for trace in snapshot["device_traces"]:
+            kept = []
+            for entry in trace:
+                frames = entry.get("frames") or [{}]
+                if entry["action"] == "alloc" and frames[0].get("name") == without:
+                    dropped.add(entry["addr"])
+                elif entry["addr"] not in dropped:
+                    kept.append(entry)
+            traces.append(kept)
+        data = {**snapshot, "device_traces": traces}
+    if not any(data["device_traces"]):
+        data = {**data, "device_traces": [[{"action": "alloc", "addr": 1, "size": 0, "stream": 0,
+                                            "time_us": 0, "frames": []}]]}
+    base = recording_from_data(data, script, 0, flavour)
+    values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Recording)}
+    return PredictedRecording(**values, config=config)
+
+
+def composition(entries: list) -> dict:
+    """What is live at the peak: bytes by category and by the user's line (the first frame
+    that is not PyTorch's or npumem's)."""
+    live: dict = {}
+    total = peak = 0
+    at_peak: dict = {}
+    for entry in entries:
+        action = entry.get("action")
+        if action == "alloc":
+            live[entry["addr"]] = entry
+            total += entry["size"]
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        elif action == "free_completed":
+            gone = live.pop(entry["addr"], None)
+            if gone is not None:
+                total -= gone["size"]
+    by_category: dict = defaultdict(int)
+    by_line: dict = defaultdict(int)
+    for entry in at_peak.values():
+        by_category[entry.get("category") or "other"] += entry["size"]
+        by_line[_user_line(entry.get("frames") or [])] += entry["size"]
+    lines = sorted(by_line.items(), key=lambda item: -item[1])[:10]
+    return {"peak": peak, "category": dict(sorted(by_category.items(), key=lambda i: -i[1])),
+            "line": [{"line": line, "bytes": size} for line, size in lines]}
+
+
+def _user_line(frames: list) -> str:
+    label = frames[0]["name"] if frames and frames[0].get("filename") == "<kernel>" else None
+    for frame in frames:
+        name = frame.get("filename", "")
+        if name == "<kernel>" or "site-packages" in name or f"{os.sep}npumem{os.sep}" in name \
+                or name.startswith("<"):
+            continue
+        where = f"{name}:{frame.get('line')}"
+        return f"{where} ({label})" if label else where
+    return label or "(no Python frame: autograd's engine)"

@@ -1,0 +1,80 @@
+"""Real values for the small tensors of a fake run, so that a script's arithmetic on them holds.
+
+A fake tensor has no values, yet scripts and PyTorch itself read some: AdamW's step count is a
+one-element tensor on the GPU whose `.item()` divides a bias correction, a scheduler keeps its
+learning rate in one. Each small tensor (at most SMALL elements) gets a shadow: a real CPU
+tensor computed by running the same operator on the shadows of its inputs. Host tensors that
+small are simply real. `.item()` then reads the shadow; only tensors too large to shadow, or
+made from such, fall back to answers.py.
+"""
+
+from __future__ import annotations
+
+SMALL = 4096            # elements
+
+
+class Shadows:
+    def __init__(self, torch, fake_type, unset_fake):
+        self.torch, self.fake_type, self.unset_fake = torch, fake_type, unset_fake
+
+    def real_inputs(self, args, kwargs):
+        """(args, kwargs, device_involved) with each tensor replaced by its real value, or None
+        where some input has none (a large or unshadowed fake tensor)."""
+        torch, fake_type = self.torch, self.fake_type
+        on_device = [False]
+
+        def real(value):
+            if isinstance(value, torch.Tensor):
+                if isinstance(value, fake_type):
+                    shadow = getattr(value, "_npumem_shadow", None)
+                    if shadow is None:
+                        raise LookupError
+                    if value.device.type != "cpu":
+                        on_device[0] = True
+                    return shadow
+                if value.numel() > SMALL:
+                    raise LookupError
+                if value.device.type != "cpu":      # made by the stand-in device's kernels
+                    on_device[0] = True
+                    with self.unset_fake():
+                        return torch.ops.npumem.host_copy(value)
+                return value
+            if isinstance(value, (list, tuple)):
+                return type(value)(real(v) for v in value)
+            if isinstance(value, torch.device) and value.type != "cpu":
+                on_device[0] = True
+                return torch.device("cpu")
+            if isinstance(value, int) and not isinstance(value, bool) and value > SMALL:
+                raise LookupError             # a factory's size: too large to shadow
+            return value
+
+        try:
+            real_args = [real(a) for a in args]
+            real_kwargs = {k: real(v) for k, v in kwargs.items()}
+        except LookupError:
+            return None
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != "cpu":
+            on_device[0] = True
+            real_kwargs["device"] = torch.device("cpu")
+        if "pin_memory" in real_kwargs:
+            real_kwargs["pin_memory"] = False
+        return real_args, real_kwargs, on_device[0]
+
+    def run(self, func, real_args, real_kwargs):
+        """The operator on real inputs, or None where it cannot run on the host."""
+        with self.unset_fake():
+            try:
+                out = func(*real_args, **real_kwargs)
+            except Exception:               # a device-only operator; no values then
+                return None
+        return out
+
+    def attach(self, out, real_out) -> None:
+        torch = self.torch
+        if isinstance(out, torch.Tensor) and isinstance(real_out, torch.Tensor):
+            if out.numel() <= SMALL and isinstance(out, self.fake_type):
+                out._npumem_shadow = real_out
+        elif isinstance(out, (list, tuple)) and isinstance(real_out, (list, tuple)):
+            for item, real in zip(out, real_out):
+                self.attach(item, real)

@@ -1,0 +1,135 @@
+// A stand-in CUDA device for a CPU-only build of PyTorch, so that `npumem estimate` can run a
+// script's cuda tensors as fake tensors (torch._subclasses.FakeTensorMode) on a machine with no
+// GPU. It registers the two things c10 and ATen look up for a device type and do not find in a
+// CPU build:
+//   - a DeviceGuardImplInterface for CUDA: device and stream switches (autograd's engine, every
+//     DeviceGuard, `.to("cuda")` and `copy_`) become bookkeeping;
+//   - CUDAHooks (ATen's registry entry "CUDAHooks"): hasCUDA() is true, so that
+//     at::getAccelerator() finds CUDA (autograd's engine asks it) and pinned memory is CPU memory.
+//   - CUDA kernels for empty, empty_strided and copy_ backed by host memory: the few calls that
+//     reach the device with the Python modes excluded (torch.tensor(data, device="cuda") builds
+//     its tensor so, before FakeTensorMode lifts it); they hold constructor data only.
+// Fake tensors themselves have no memory. The library must
+// be loaded before `import torch`, since ATen reads its CUDA hooks once, at first use.
+// NPUMEM_FAKE_DEVICES sets the device count (default 1). Built by npumem/estimate/native.py.
+#include <ATen/ATen.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/EmptyTensor.h>
+#include <torch/library.h>
+#include <cstring>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <atomic>
+#include <cstdlib>
+using namespace c10;
+namespace {
+DeviceIndex count() { const char* n = std::getenv("NPUMEM_FAKE_DEVICES"); int v = n ? std::atoi(n) : 1; return v < 1 ? 1 : (v > 64 ? 64 : v); }
+thread_local DeviceIndex current = 0;
+std::atomic<int64_t> next_stream{1};
+struct StandIn final : impl::DeviceGuardImplInterface {
+  DeviceType t;
+  explicit StandIn(DeviceType t) : t(t) {}
+  DeviceType type() const override { return t; }
+  Device exchangeDevice(Device d) const override { Device old(t, current); current = d.index(); return old; }
+  Device getDevice() const override { return Device(t, current); }
+  void setDevice(Device d) const override { current = d.index(); }
+  void uncheckedSetDevice(Device d) const noexcept override { current = d.index(); }
+  Stream getStream(Device d) const override { return Stream(Stream::DEFAULT, d); }
+  Stream getNewStream(Device d, int) const override { return Stream(Stream::UNSAFE, d, next_stream++); }
+  Stream exchangeStream(Stream s) const noexcept override { return Stream(Stream::DEFAULT, s.device()); }
+  DeviceIndex deviceCount() const noexcept override { return count(); }
+  void record(void**, const Stream&, const DeviceIndex, const EventFlag) const override {}
+  void block(void*, const Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const DeviceIndex) const noexcept override {}
+  bool queryStream(const Stream&) const override { return true; }
+  void synchronizeStream(const Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const DeviceIndex) const override {}
+  void recordDataPtrOnStream(const DataPtr&, const Stream&) const override {}
+};
+StandIn cuda_impl(DeviceType::CUDA);
+impl::DeviceGuardImplRegistrar reg(DeviceType::CUDA, &cuda_impl);
+}
+namespace at {
+struct StandInHooks : CUDAHooksInterface {
+  StandInHooks(CUDAHooksArgs) {}
+  void init() const override {}
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(DeviceIndex) const override { return true; }
+  bool hasCUDA() const override { return true; }
+  bool hasCuDNN() const override { return true; }
+  bool compiledWithCuDNN() const override { return true; }
+  // the versions of the GPU build npumem's measured tables come from (cudnn_workspaces.json)
+  long versionCuDNN() const override { return 91900; }
+  long versionRuntimeCuDNN() const override { return 91900; }
+  long versionCUDART() const override { return 13000; }
+  DeviceIndex deviceCount() const override { return count(); }
+  int getNumGPUs() const override { return count(); }
+  DeviceIndex current_device() const override { return current; }
+  DeviceIndex getCurrentDevice() const override { return current; }
+  void setCurrentDevice(DeviceIndex d) const override { current = d; }
+  DeviceIndex exchangeDevice(DeviceIndex d) const override { auto old = current; current = d; return old; }
+  DeviceIndex maybeExchangeDevice(DeviceIndex d) const override { return exchangeDevice(d); }
+  Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  Device getDeviceFromPtr(void*) const override { return Device(DeviceType::CUDA, current); }
+  const Generator& getDefaultGenerator(DeviceIndex) const override { static Generator g = detail::createCPUGenerator(); return g; }
+  Generator getNewGenerator(DeviceIndex) const override { return detail::createCPUGenerator(); }
+  void deviceSynchronize(DeviceIndex) const override {}
+};
+C10_REGISTER_TYPED_CLASS(CUDAHooksRegistry, "CUDAHooks", StandInHooks);
+}
+
+namespace {
+// Host memory that says it is on the CUDA device (the stand-in's tensors hold small data only).
+struct HostAsDevice final : c10::Allocator {
+  static void del(void* p) { std::free(p); }
+  c10::DataPtr allocate(size_t n) override {
+    void* p = std::malloc(n ? n : 1);
+    return {p, p, &del, c10::Device(c10::DeviceType::CUDA, current)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &del; }
+  void copy_data(void* dst, const void* src, std::size_t n) const override { std::memcpy(dst, src, n); }
+};
+HostAsDevice host_as_device;
+const c10::DispatchKeySet cuda_keys(c10::DispatchKey::CUDA);
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout>, std::optional<c10::Device>,
+                               std::optional<bool>, std::optional<c10::MemoryFormat> format) {
+  return at::detail::empty_generic(size, &host_as_device, cuda_keys,
+                                   dtype.value_or(c10::ScalarType::Float), format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
+                         std::optional<c10::Device>, std::optional<bool>) {
+  return at::detail::empty_strided_generic(size, stride, &host_as_device, cuda_keys,
+                                           dtype.value_or(c10::ScalarType::Float));
+}
+
+// the same bytes seen as a host tensor, so that the CPU's copy does the work
+at::Tensor as_host(const at::Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(c10::kCPU));
+}
+
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  as_host(self).copy_(as_host(src), non_blocking);
+  return self;
+}
+}
+
+// npumem::host_copy(t): a stand-in device tensor's values, as a host tensor
+at::Tensor host_copy(const at::Tensor& t) { return as_host(t).clone(); }
+
+TORCH_LIBRARY(npumem, m) { m.def("host_copy(Tensor t) -> Tensor"); }
+TORCH_LIBRARY_IMPL(npumem, CUDA, m) { m.impl("host_copy", host_copy); }
+
+TORCH_LIBRARY_IMPL(aten, CUDA, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("copy_", copy_);
+}

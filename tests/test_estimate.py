@@ -1,0 +1,161 @@
+"""npumem estimate: the stand-in device, the rules against PyTorch's source arithmetic, the
+torch.cuda API a script sees, and the shipped GPU recordings within tolerance."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from npumem.estimate import kernel_rules  # noqa: E402
+from npumem.estimate.targets import TARGETS, target  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TRUTH = os.path.join(HERE, "data", "estimate_truth.jsonl")
+needs_build = pytest.mark.skipif(torch.version.cuda is not None or shutil.which("g++") is None,
+                                 reason="estimate runs on a CPU-only PyTorch with g++")
+MiB = 1 << 20
+
+
+def test_cublas_workspace_follows_the_source():
+    h100, a100 = target("h100"), target("a100-80")
+    assert kernel_rules.cublas_workspace_size(h100, {}) == 4096 * 8 * 1024          # sm_90
+    assert kernel_rules.cublas_workspace_size(a100, {}) == 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert kernel_rules.cublas_workspace_size(h100, {"CUBLAS_WORKSPACE_CONFIG": ":4096:8:16:8"}) == \
+        4096 * 1024 * 8 + 16 * 1024 * 8
+    assert kernel_rules.cublas_workspace_size(h100, {"CUBLAS_WORKSPACE_CONFIG": "junk"}) == 32 * MiB
+    assert kernel_rules.cublaslt_workspace_size({}) == MiB
+    assert kernel_rules.cublaslt_workspace_size({"CUBLASLT_WORKSPACE_SIZE": "2048"}) == 2 * MiB
+
+
+def test_attention_workspaces_follow_the_measured_shapes():
+    # cuDNN backward: B*H*L*D*4 + B*H*L*4 + 256 (gpt2_amp on the H200: 12,779,776 bytes)
+    query = torch.empty(8, 12, 512, 64, device="meta", dtype=torch.float16)
+    assert kernel_rules._cudnn_attention_backward([None, query]) == \
+        [(12_779_776, "cuDNN attention backward workspace", True)]
+    # efficient backward on gpt_train's shapes: delta twice and a 1,049,600-byte workspace
+    query = torch.empty(8, 4, 96, 64, device="meta")
+    grad = torch.empty(8, 96, 4, 64, device="meta").transpose(1, 2)
+    sizes = [size for size, _, _ in kernel_rules._efficient_attention_backward([grad, query])]
+    assert sizes == [786_432, 12_288, 12_288, 1_049_600]
+
+
+def test_targets_and_unknown_names():
+    assert target(None).key == "h100" and target(None, "npu").soc.startswith("Ascend910B")
+    assert all(t.capacity < t.total_memory for t in TARGETS.values())
+    with pytest.raises(KeyError, match="known"):
+        target("v100")
+
+
+def _estimate(tmp_path, source: str, *options: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(source))
+    env = dict(os.environ, NPUMEM_CACHE_DIR=str(tmp_path.parent / "npumem-cache"))
+    return subprocess.run([sys.executable, "-m", "npumem", "estimate", *options, "--", str(script)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@needs_build
+def test_a_script_using_torch_cuda_runs_unchanged(tmp_path):
+    done = _estimate(tmp_path, """
+        import torch
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+        props = torch.cuda.get_device_properties(0)
+        print("NAME", props.name, props.multi_processor_count)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        scaler = torch.amp.GradScaler("cuda")
+        for step in range(3):
+            x = torch.randn(64, 512, device="cuda")
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+        step_count = opt.state[next(model.parameters())]["step"].item()
+        print("STEP", step_count, "LOSS", loss.item())
+        print("ALLOCATED", torch.cuda.memory_allocated(), torch.cuda.max_memory_reserved())
+        torch.cuda.empty_cache()
+        print("AFTER", torch.cuda.memory_reserved())
+        """, "--gpu", "a100-40", "--json")
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line[:4].isupper())
+    assert lines["NAME"] == "NVIDIA A100-SXM4-40GB 108"
+    assert lines["STEP"].startswith("3.0")            # AdamW stepped: GradScaler saw no inf
+    allocated, reserved = (int(v) for v in lines["ALLOCATED"].split())
+    # parameters and AdamW's two states (gradients set to None), cuBLAS workspaces (8.1 MiB on sm_80)
+    # of the main thread and of autograd's
+    params = (512 * 1024 + 1024 + 1024 * 10 + 10) * 4
+    assert allocated >= 3 * params + 2 * kernel_rules.cublas_workspace_size(target("a100-40"), {})
+    assert reserved >= allocated
+    report = json.loads(done.stdout[done.stdout.index("{"):])
+    assert report["fits"] and report["target"] == "NVIDIA A100-SXM4-40GB"
+    assert report["peak_reserved_bytes"] >= reserved
+    assert report["fake_run"]["ops"] > 100
+
+
+@needs_build
+def test_a_failing_script_names_its_line_without_a_traceback(tmp_path):
+    done = _estimate(tmp_path, """
+        import torch
+        x = torch.randn(4, device="cuda")
+        y = x.numpy()
+        """)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "script.py:4" in done.stderr and "--assume" in done.stderr
+
+
+@needs_build
+def test_the_npu_estimate_pads_requests(tmp_path):
+    source = """
+        import torch
+        tensors = [torch.empty(1000, dtype=torch.uint8, device="cuda") for _ in range(100)]
+        """
+    cuda = json.loads(_estimate(tmp_path, source, "--json").stdout)
+    npu = json.loads(_estimate(tmp_path, source, "--device", "npu", "--json").stdout)
+    assert npu["device"] == "npu" and npu["target"].startswith("Ascend910B")
+    # 1000 B is one 1024-B block on cuda; torch_npu adds 32 B first: 1032 B -> 1536 B blocks
+    assert cuda["peak_allocated_bytes"] == 100 * 1000 and npu["peak_allocated_bytes"] >= 100 * 1000
+
+
+def test_bad_arguments_are_usage_errors(tmp_path):
+    from click.testing import CliRunner
+
+    from npumem.cli import main
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    runner = CliRunner()
+    for args, message in ((["--gpu", "v100", str(script)], "unknown --gpu"),
+                          (["--set", "expandable_segments:maybe", str(script)], "--set"),
+                          (["--assume", "int=x", str(script)], "not a int"),
+                          (["--memory", "0", str(script)], "--memory"),
+                          ([str(tmp_path / "missing.py")], "no such file"),
+                          (["--fit", "B=1,2", str(script)], "no {B}")):
+        result = runner.invoke(main, ["estimate", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output and "Traceback" not in result.output
+
+
+@needs_build
+@pytest.mark.parametrize("name", ["mlp", "gpt_train"])
+def test_the_shipped_gpu_recordings_within_tolerance(name):
+    """The H200 recordings of bench/estimate_workloads.py (tests/data/estimate_truth.jsonl):
+    the estimate's peak reserved within 3% under every recorded setting."""
+    from npumem.estimate.run import estimate
+    rows = [json.loads(line) for line in open(TRUTH)]
+    for row in (r for r in rows if r["name"] == name):
+        result = estimate(os.path.join(ROOT, "bench", "estimate_workloads.py"), [name], gpu="h200",
+                          settings=row["conf"])
+        ratio = result.current.peak_reserved_bytes / row["peak_reserved"]
+        assert abs(ratio - 1) <= 0.03, (name, row["setting"], ratio)
