@@ -62,6 +62,7 @@ CHECKS: dict[str, Callable[[str], str | None]] = {
     "NPUMEM_PROFILE_STACKS": _choice(YES_NO),
     "NPUMEM_PROFILE_INTERVAL_MS": _number(0.01, 3_600_000),
     "NPUMEM_MAX_SNAPSHOT_BYTES": _size,
+    "NPUMEM_FAKE_DEVICES": _number(1, 64, whole=True),     # set by npumem estimate
 }
 
 

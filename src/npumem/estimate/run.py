@@ -121,7 +121,8 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
         spec_path = os.path.join(folder, "spec.json")
         with open(spec_path, "w") as handle:
             json.dump(spec, handle)
-        env = dict(os.environ, NPUMEM_FAKE_DEVICES=str(devices))
+        # NPUMEM_ESTIMATE: a script may skip what needs real data (documented in estimate.md)
+        env = dict(os.environ, NPUMEM_FAKE_DEVICES=str(devices), NPUMEM_ESTIMATE="1")
         env.pop("NPUMEM_PROFILE", None)
         done = subprocess.run([sys.executable, "-c", BOOT, library, spec_path], env=env)
         if not os.path.exists(spec["out"] + ".json"):

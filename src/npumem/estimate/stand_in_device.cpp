@@ -66,6 +66,7 @@ struct StandInHooks : CUDAHooksInterface {
   long versionCuDNN() const override { return 91900; }
   long versionRuntimeCuDNN() const override { return 91900; }
   long versionCUDART() const override { return 13000; }
+  double batchnormMinEpsilonCuDNN() const override { return 1e-5; }   // CUDNN_BN_MIN_EPSILON
   DeviceIndex deviceCount() const override { return count(); }
   int getNumGPUs() const override { return count(); }
   DeviceIndex current_device() const override { return current; }
