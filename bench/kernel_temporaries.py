@@ -50,7 +50,7 @@ class Bracket(TorchDispatchMode):
         out = func(*args, **kwargs)
         after = torch.cuda.memory_stats()
         key = "allocation.all.allocated", "allocation.all.freed"
-        if after.get(key[0], 0) != before.get(key[0], 0):
+        if after.get(key[0], 0) != before.get(key[0], 0) or "convolution" in str(func):
             outputs = [t.untyped_storage().nbytes() for t in tree_flatten(out)[0]
                        if isinstance(t, torch.Tensor) and t.device.type == "cuda"]
             self.calls.append({"op": str(func), "args": describe(list(args)),
@@ -81,7 +81,8 @@ def resolve(calls, trace, allocs0, frees0):
             match = next((k for k in extra if k >= size), None)
             if match is not None:
                 extra.remove(match)
-        if temporaries or extra:
+        # every convolution is kept, those with no workspace too: the table needs its zeros
+        if temporaries or extra or "convolution" in call["op"]:
             rows.append({**call, "temporaries": temporaries, "kept_beyond_outputs": extra})
     return rows
 

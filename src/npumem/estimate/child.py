@@ -29,7 +29,6 @@ def main(spec_path: str) -> int:
     from torch._subclasses.fake_tensor import (DynamicOutputShapeException, FakeTensor,
                                                FakeTensorMode, UnsupportedOperatorException,
                                                unset_fake_temporarily)
-    from torch.overrides import TorchFunctionMode
 
     from ..alloc.torch_model import parse_config
     from ..profile.tensor_recorder import TensorRecorder
@@ -61,8 +60,13 @@ def main(spec_path: str) -> int:
     local_scalar = torch.ops.aten._local_scalar_dense.default
     counter = [0]
 
+    add, add_ = torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor
+    produced = install_gradient_sums(torch)
+
     def intercept(func, args, kwargs, outputs):
         counter[0] += 1
+        if func is add and produced and _gradient_sum(torch, args, kwargs, produced):
+            return add_(*args)                 # what the engine does on a GPU: old.add_(new)
         if func is local_scalar:
             shadow = args[0] if not isinstance(args[0], FakeTensor) and args[0].device.type == "cpu" \
                 else getattr(args[0], "_npumem_shadow", None)
@@ -98,24 +102,23 @@ def main(spec_path: str) -> int:
 
     recorder.intercept = intercept
 
-    sdpa = torch.nn.functional.scaled_dot_product_attention
     chosen: dict = {}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    class Attention(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func is sdpa and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
-                query, key, value = args[:3]
-                mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-                dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
-                causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
-                scale = kwargs.get("scale", args[6] if len(args) > 6 else None)
-                gqa = kwargs.get("enable_gqa", args[7] if len(args) > 7 else False)
-                backend = attention.choose(target, torch, query, key, value, mask, dropout, causal, gqa)
-                chosen[backend] = chosen.get(backend, 0) + 1
-                if backend != attention.MATH:
-                    return attention.run(backend, torch, query, key, value, mask, dropout, causal, scale)
-            return func(*args, **kwargs)
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        if isinstance(query, torch.Tensor) and query.device.type == "cuda":
+            backend = attention.choose(target, torch, query, key, value, attn_mask, dropout_p,
+                                       is_causal, enable_gqa)
+            chosen[backend] = chosen.get(backend, 0) + 1
+            if backend != attention.MATH:
+                return attention.run(backend, torch, query, key, value, attn_mask, dropout_p,
+                                     is_causal, scale)
+        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                    is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    # the module attribute, which nn.MultiheadAttention and transformers look up at each call
+    torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
 
     def swap_tensors(t1, t2, _swap=torch.utils.swap_tensors):
         # Module.to() swaps each fake parameter for a new one, which fails on the weak
@@ -159,8 +162,7 @@ def main(spec_path: str) -> int:
     with fake:
         recorder.start()
         try:
-            with Attention():
-                runpy.run_path(spec["script"], run_name="__main__")
+            runpy.run_path(spec["script"], run_name="__main__")
         except SystemExit as exc:
             status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException as exc:              # the script failed under fake tensors
@@ -185,6 +187,71 @@ def main(spec_path: str) -> int:
     with open(spec["out"] + ".json", "w") as handle:
         json.dump(result, handle)
     return 0
+
+
+def install_gradient_sums(torch) -> set:
+    """The TensorImpls the autograd node that ran last produced, while the engine hands them
+    on (from the node's post hook to the next node's pre hook); empty otherwise.
+
+    When two gradients reach one input, autograd's engine sums them (input_buffer.cpp,
+    accumulate): in place, old.add_(new), when old is a plain dense tensor that only the engine
+    holds and grad mode is off; out of place whenever a dispatch mode is active
+    (isTensorSubclassLike), which a fake run always is. The sum is the add whose second
+    operand a node has just produced; estimate makes it in place, as the GPU would."""
+    produced: set = set()
+
+    def before(grad_outputs):
+        produced.clear()
+
+    def after(grad_inputs, grad_outputs):
+        produced.clear()
+        produced.update(t._cdata for t in grad_inputs if isinstance(t, torch.Tensor))
+
+    def hook(roots) -> None:
+        stack = [getattr(r, "grad_fn", None) for r in roots]
+        seen: set = set()
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            node.register_prehook(before)
+            node.register_hook(after)
+            stack += [child for child, _ in node.next_functions]
+
+    def roots(value):
+        return [value] if isinstance(value, torch.Tensor) else list(value or ())
+
+    backward, grad = torch.autograd.backward, torch.autograd.grad
+
+    def hooked_backward(tensors, *args, **kwargs):
+        hook(roots(tensors))
+        try:
+            return backward(tensors, *args, **kwargs)
+        finally:
+            produced.clear()
+
+    def hooked_grad(outputs, *args, **kwargs):
+        hook(roots(outputs))
+        try:
+            return grad(outputs, *args, **kwargs)
+        finally:
+            produced.clear()
+
+    torch.autograd.backward, torch.autograd.grad = hooked_backward, hooked_grad
+    return produced
+
+
+def _gradient_sum(torch, args, kwargs, produced) -> bool:
+    """`old + new` is the engine summing gradients, and a GPU would add in place
+    (can_accumulate_inplace: grad mode off, old dense and not a view of more)."""
+    if kwargs or len(args) != 2 or torch.is_grad_enabled():
+        return False
+    old, new = args
+    return (isinstance(new, torch.Tensor) and new._cdata in produced
+            and isinstance(old, torch.Tensor) and old.shape == new.shape and old.dtype == new.dtype
+            and old.is_contiguous() and old.storage_offset() == 0
+            and old.untyped_storage().nbytes() == old.numel() * old.element_size())
 
 
 def _cuda_only(snapshot: dict, empty_cache_us: list) -> dict:
