@@ -35,7 +35,7 @@ def main() -> None:
     print(f"truth: {first['gpu']}, torch {first['torch']}, CUDA {first['cuda']}, cuDNN {first['cudnn']}, "
           f"transformers {first['transformers']}")
     print(f"{'workload':16} {'setting':28} {'reserved pred/real':>24} {'ratio':>6} "
-          f"{'allocated ratio':>15} {'ops/s':>8}")
+          f"{'allocated ratio':>15} {'us/op':>6}")
     worst = []
     for name in names:
         for row in (r for r in rows if r["name"] == name and "error" not in r):
@@ -53,7 +53,7 @@ def main() -> None:
             print(f"{name:16} {row['conf'] or 'default':28} "
                   f"{format_size(result.current.peak_reserved_bytes):>11} / "
                   f"{format_size(row['peak_reserved']):<11} {ratio:6.3f} {allocated:15.3f} "
-                  f"{run['ops'] / max(run['seconds'], 1e-9):8,.0f}  ({time.perf_counter() - started:.0f} s)",
+                  f"{1e6 * run['op_seconds'] / max(run['ops'], 1):6.0f}  ({time.perf_counter() - started:.0f} s)",
                   flush=True)
     within = sum(1 for w in worst if w[0] <= 0.03)
     print(f"within 3% of the real peak reserved: {within} of {len(worst)}; "

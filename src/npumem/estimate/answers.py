@@ -57,10 +57,29 @@ class Answers:
         self.given[("size", name)] = self.given.get(("size", name), 0) + 1
         return torch.empty((count, source.dim()), dtype=torch.long, device=source.device)
 
+    def placeholder(self, tensor, torch, unset_fake, as_list: bool):
+        """Zeros of the tensor's shape for `.numpy()` or `.tolist()` of a fake tensor (its shadow's
+        values where it has one): a script that reads results on the host runs on."""
+        import numpy
+        shadow = getattr(tensor, "_npumem_shadow", None)
+        with unset_fake():
+            if shadow is not None:
+                return shadow.tolist() if as_list else shadow.numpy()
+            try:
+                dtype = torch.empty((), dtype=tensor.dtype).numpy().dtype
+            except TypeError:                   # bfloat16 and others numpy lacks
+                dtype = numpy.float32
+        key = ("placeholder", "tolist" if as_list else "numpy")
+        self.given[key] = self.given.get(key, 0) + 1
+        zeros = numpy.zeros(tuple(tensor.shape), dtype=dtype)
+        return zeros.tolist() if as_list else zeros
+
     def notes(self) -> list[str]:
         lines = []
         for (kind, op), count in sorted(self.given.items()):
-            if kind == "size":
+            if kind == "placeholder":
+                lines.append(f"{count} x {op}() of a device result: zeros of its shape")
+            elif kind == "size":
                 lines.append(f"{count} x {op}: assumed every element selected (the largest output)")
             else:
                 value = True if op in TRUE_OPS else False if op in FALSE_OPS else self.defaults[kind]

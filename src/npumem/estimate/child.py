@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 
 def main(spec_path: str) -> int:
@@ -60,13 +61,18 @@ def main(spec_path: str) -> int:
     local_scalar = torch.ops.aten._local_scalar_dense.default
     counter = [0]
 
-    add, add_ = torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor
-    produced = install_gradient_sums(torch)
+
+    spent = [0]                              # ns inside the operators (fake kernels and all)
 
     def intercept(func, args, kwargs, outputs):
+        started = time.perf_counter_ns()
+        try:
+            return operator(func, args, kwargs, outputs)
+        finally:
+            spent[0] += time.perf_counter_ns() - started
+
+    def operator(func, args, kwargs, outputs):
         counter[0] += 1
-        if func is add and produced and _gradient_sum(torch, args, kwargs, produced):
-            return add_(*args)                 # what the engine does on a GPU: old.add_(new)
         if func is local_scalar:
             shadow = args[0] if not isinstance(args[0], FakeTensor) and args[0].device.type == "cpu" \
                 else getattr(args[0], "_npumem_shadow", None)
@@ -89,7 +95,8 @@ def main(spec_path: str) -> int:
         except UnsupportedOperatorException:
             result["unsupported"][name] = result["unsupported"].get(name, 0) + 1
             raise
-        outputs(out)
+        if not func.is_view:                 # a view never allocates (fake views from
+            outputs(out)                     # FakeTensorMode's cache may carry a new storage)
         if real_out is not None:
             shadows.attach(out, real_out)
         answers.remember(name, out, torch)
@@ -134,6 +141,22 @@ def main(spec_path: str) -> int:
     # that here (on the host), for every small tensor
     torch._subclasses.fake_tensor.CONSTANT_NUMEL_LIMIT = 0
     torch.utils.swap_tensors = swap_tensors
+    to_numpy, to_list = torch.Tensor.numpy, torch.Tensor.tolist
+
+    def numpy(self, *args, **kwargs):
+        if isinstance(self, FakeTensor) and self.device.type != "cpu":     # as on a GPU
+            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
+                            "Tensor.cpu() to copy the tensor to host memory first.")
+        if isinstance(self, FakeTensor):
+            return answers.placeholder(self, torch, unset_fake_temporarily, as_list=False)
+        return to_numpy(self, *args, **kwargs)
+
+    def tolist(self):
+        if isinstance(self, FakeTensor):
+            return answers.placeholder(self, torch, unset_fake_temporarily, as_list=True)
+        return to_list(self)
+
+    torch.Tensor.numpy, torch.Tensor.tolist = numpy, tolist
     # optimizers take their foreach (multi-tensor) path for plain tensors on a GPU; a fake
     # tensor's type is not on their list, which would send them down the per-tensor path
     from torch.optim import optimizer as optimizers
@@ -154,6 +177,8 @@ def main(spec_path: str) -> int:
 
     device_api.install(torch, target, live, spec.get("devices", 1), on_empty_cache, on_dump)
 
+    # PyTorch warns when code reads a fake tensor's data pointer (nn.Module's fast-path checks do)
+    warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
     sys.argv = [spec["script"], *spec["args"]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(spec["script"])))
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -174,6 +199,7 @@ def main(spec_path: str) -> int:
             recorder.stop()
     result["seconds"] = time.perf_counter() - started
     result["ops"] = counter[0]
+    result["op_seconds"] = spent[0] / 1e9
     result["attention"] = chosen
     result["answers"] = answers.notes()
     result["bounded_convolutions"] = sum(rules.bounded.values())
@@ -187,71 +213,6 @@ def main(spec_path: str) -> int:
     with open(spec["out"] + ".json", "w") as handle:
         json.dump(result, handle)
     return 0
-
-
-def install_gradient_sums(torch) -> set:
-    """The TensorImpls the autograd node that ran last produced, while the engine hands them
-    on (from the node's post hook to the next node's pre hook); empty otherwise.
-
-    When two gradients reach one input, autograd's engine sums them (input_buffer.cpp,
-    accumulate): in place, old.add_(new), when old is a plain dense tensor that only the engine
-    holds and grad mode is off; out of place whenever a dispatch mode is active
-    (isTensorSubclassLike), which a fake run always is. The sum is the add whose second
-    operand a node has just produced; estimate makes it in place, as the GPU would."""
-    produced: set = set()
-
-    def before(grad_outputs):
-        produced.clear()
-
-    def after(grad_inputs, grad_outputs):
-        produced.clear()
-        produced.update(t._cdata for t in grad_inputs if isinstance(t, torch.Tensor))
-
-    def hook(roots) -> None:
-        stack = [getattr(r, "grad_fn", None) for r in roots]
-        seen: set = set()
-        while stack:
-            node = stack.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            node.register_prehook(before)
-            node.register_hook(after)
-            stack += [child for child, _ in node.next_functions]
-
-    def roots(value):
-        return [value] if isinstance(value, torch.Tensor) else list(value or ())
-
-    backward, grad = torch.autograd.backward, torch.autograd.grad
-
-    def hooked_backward(tensors, *args, **kwargs):
-        hook(roots(tensors))
-        try:
-            return backward(tensors, *args, **kwargs)
-        finally:
-            produced.clear()
-
-    def hooked_grad(outputs, *args, **kwargs):
-        hook(roots(outputs))
-        try:
-            return grad(outputs, *args, **kwargs)
-        finally:
-            produced.clear()
-
-    torch.autograd.backward, torch.autograd.grad = hooked_backward, hooked_grad
-    return produced
-
-
-def _gradient_sum(torch, args, kwargs, produced) -> bool:
-    """`old + new` is the engine summing gradients, and a GPU would add in place
-    (can_accumulate_inplace: grad mode off, old dense and not a view of more)."""
-    if kwargs or len(args) != 2 or torch.is_grad_enabled():
-        return False
-    old, new = args
-    return (isinstance(new, torch.Tensor) and new._cdata in produced
-            and isinstance(old, torch.Tensor) and old.shape == new.shape and old.dtype == new.dtype
-            and old.is_contiguous() and old.storage_offset() == 0
-            and old.untyped_storage().nbytes() == old.numel() * old.element_size())
 
 
 def _cuda_only(snapshot: dict, empty_cache_us: list) -> dict:
@@ -282,12 +243,16 @@ def _describe_failure(exc: BaseException, script: str) -> dict:
     """The exception, the operator it names (fake tensor errors carry it) and the script's
     line that reached it (the last frame in the user's file)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    script_path = os.path.abspath(script)
-    user = [f for f in frames if os.path.abspath(f.filename) == script_path] or \
-        [f for f in frames if "site-packages" not in f.filename and "/npumem/" not in f.filename]
+    library = (os.path.dirname(os.__file__), "site-packages", f"{os.sep}npumem{os.sep}", "<frozen")
+    user = [f for f in frames if not any(part in f.filename for part in library)] or \
+        [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(script)]
     where = user[-1] if user else (frames[-1] if frames else None)
     operator = getattr(exc, "func", None)
-    return {"type": type(exc).__name__, "message": str(exc).splitlines()[0][:500] if str(exc) else "",
+    message = str(exc).splitlines()[0][:500] if str(exc) else ""
+    if "DispatchStub: missing kernel for cuda" in str(exc):
+        message = ("PyTorch has no fake-device path for this operator (a kernel reached only "
+                   "through a CUDA dispatch stub, as cuDNN RNNs are: nn.LSTM, nn.GRU, nn.RNN)")
+    return {"type": type(exc).__name__, "message": message,
             "operator": str(operator) if operator is not None else None,
             "file": where.filename if where else None, "line": where.lineno if where else None,
             "code": where.line if where else None}

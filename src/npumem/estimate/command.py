@@ -122,9 +122,7 @@ def estimate_command(device, gpu, memory, overrides, assume, fit, devices, as_js
             sys.exit(2)
         except ScriptFailed as exc:
             click.echo(f"error: the script stopped under fake tensors: {exc}", err=True)
-            click.echo("  a value it needs from the GPU can be given with --assume "
-                       "(bool=..., int=..., float=...); code that needs real data can be "
-                       "skipped when os.environ.get('NPUMEM_ESTIMATE') is set", err=True)
+            click.echo("  " + _hint(exc.failure), err=True)
             sys.exit(1)
         results.append((value, result))
         if not as_json:
@@ -138,11 +136,24 @@ def estimate_command(device, gpu, memory, overrides, assume, fit, devices, as_js
         click.echo("\n".join(fit_lines(fitting[0], results)))
 
 
+def _hint(failure: dict) -> str:
+    text = f"{failure.get('type')} {failure.get('message')}"
+    if "DataDependent" in text or "DynamicOutputShape" in text:
+        return ("the script needs a value computed on the GPU: give it with --assume "
+                "(bool=..., int=..., float=...), or skip that part when "
+                "os.environ.get('NPUMEM_ESTIMATE') is set")
+    if "RNN" in text or "no fake-device path" in text:
+        return "estimate cannot run this layer yet (docs/estimate.md, 'What it cannot see yet')"
+    return ("code that needs real data (numpy(), values printed or saved) can be skipped when "
+            "os.environ.get('NPUMEM_ESTIMATE') is set; NPUMEM_ESTIMATE_TRACEBACK=1 shows where "
+            "it stopped in full")
+
+
 def summary_lines(result) -> list[str]:
     target, run = result.target, result.run
     lines = [f"{result.script} on {target.describe()}: {format_size(result.capacity)} usable",
-             f"  fake run: {run['ops']:,} operators in {run['seconds']:.1f} s "
-             f"({run['ops'] / max(run['seconds'], 1e-9):,.0f} ops/s)"]
+             f"  fake run: {run['ops']:,} operators in {run['seconds']:.1f} s, "
+             f"{1e6 * run['op_seconds'] / max(run['ops'], 1):.0f} us per operator"]
     if run.get("attention"):
         lines.append("  attention kernels: " + ", ".join(f"{k} x{v}" for k, v in run["attention"].items()))
     for note in run.get("answers", []):

@@ -85,7 +85,7 @@ class Estimate:
                                for c in self.tuning.in_order()],
                 "by_category": self.composition.get("category", {}),
                 "by_line": self.composition.get("line", []),
-                "fake_run": {k: self.run.get(k) for k in ("ops", "seconds", "attention", "answers",
+                "fake_run": {k: self.run.get(k) for k in ("ops", "seconds", "op_seconds", "attention", "answers",
                                                           "unsupported", "bounded_convolutions",
                                                           "table_source")}}
 
@@ -160,9 +160,8 @@ def _recording(snapshot: dict, script: str, flavour: str, config, without: str |
                     kept.append(entry)
             traces.append(kept)
         data = {**snapshot, "device_traces": traces}
-    if not any(data["device_traces"]):
-        data = {**data, "device_traces": [[{"action": "alloc", "addr": 1, "size": 0, "stream": 0,
-                                            "time_us": 0, "frames": []}]]}
+    if not any(data["device_traces"]):          # the script allocated nothing on the device
+        return PredictedRecording(script, 0, flavour, None, [], [], config=config)
     base = recording_from_data(data, script, 0, flavour)
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Recording)}
     return PredictedRecording(**values, config=config)
