@@ -82,10 +82,13 @@ def main(spec_path: str) -> int:
                 return shadow.item()
         name = func._schema.name.split("::", 1)[-1]
         real = shadows.real_inputs(args, kwargs)
-        real_out = shadows.run(func, *real[:2]) if real is not None else None
-        if real_out is not None and not real[2]:
-            outputs(real_out)                   # the host alone, small: real
-            return real_out
+        if real is not None and not real[2]:    # the host alone
+            if shadows.small_on_host(args):
+                real_out = shadows.run(func, *real[:2])
+                if real_out is not None:
+                    outputs(real_out)           # small: real values
+                    return real_out
+            real = None
         try:
             out = func(*args, **kwargs)
         except DynamicOutputShapeException:
@@ -95,6 +98,7 @@ def main(spec_path: str) -> int:
         except UnsupportedOperatorException:
             result["unsupported"][name] = result["unsupported"].get(name, 0) + 1
             raise
+        real_out = shadows.run(func, *real[:2]) if real is not None and shadows.small(out) else None
         if not func.is_view:                 # a view never allocates (fake views from
             outputs(out)                     # FakeTensorMode's cache may carry a new storage)
         if real_out is not None:
@@ -177,6 +181,7 @@ def main(spec_path: str) -> int:
 
     device_api.install(torch, target, live, spec.get("devices", 1), on_empty_cache, on_dump)
 
+    sys.meta_path.insert(0, _EagerLibraries())
     # PyTorch warns when code reads a fake tensor's data pointer (nn.Module's fast-path checks do)
     warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
     sys.argv = [spec["script"], *spec["args"]]
@@ -213,6 +218,34 @@ def main(spec_path: str) -> int:
     with open(spec["out"] + ".json", "w") as handle:
         json.dump(result, handle)
     return 0
+
+
+class _EagerLibraries:
+    """A finder that patches libraries which run differently on fake tensors once imported:
+    transformers counts a fake tensor as tracing (import_utils.is_fake_tensor) and then keeps
+    the attention masks and paths it drops on a GPU, which changes the attention kernel."""
+
+    PATCHES = {"transformers.utils.import_utils": {"is_fake_tensor": lambda x: False}}
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.PATCHES:
+            return None
+        import importlib.util
+        sys.meta_path.remove(self)              # the normal finders, then put back
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        load, patches = spec.loader.exec_module, self.PATCHES[name]
+
+        def exec_module(module):
+            load(module)
+            for attribute, value in patches.items():
+                setattr(module, attribute, value)
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def _cuda_only(snapshot: dict, empty_cache_us: list) -> dict:

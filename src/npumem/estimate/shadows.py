@@ -2,7 +2,8 @@
 
 A fake tensor has no values, yet scripts and PyTorch itself read some: AdamW's step count is a
 one-element tensor on the GPU whose `.item()` divides a bias correction, a scheduler keeps its
-learning rate in one. Each small tensor (at most SMALL elements) gets a shadow: a real CPU
+learning rate in one, transformers checks whether an attention mask is all ones. Each small
+tensor (at most SMALL elements, as the fake result's shape says) gets a shadow: a real CPU
 tensor computed by running the same operator on the shadows of its inputs. Host tensors that
 small are simply real. `.item()` then reads the shadow; only tensors too large to shadow, or
 made from such, fall back to answers.py.
@@ -44,8 +45,6 @@ class Shadows:
             if isinstance(value, torch.device) and value.type != "cpu":
                 on_device[0] = True
                 return torch.device("cpu")
-            if isinstance(value, int) and not isinstance(value, bool) and value > SMALL:
-                raise LookupError             # a factory's size: too large to shadow
             return value
 
         try:
@@ -60,6 +59,25 @@ class Shadows:
         if "pin_memory" in real_kwargs:
             real_kwargs["pin_memory"] = False
         return real_args, real_kwargs, on_device[0]
+
+    def small_on_host(self, args) -> bool:
+        """Whether a host operator on small real inputs makes a small result, told before running
+        it (FakeTensorMode would run it for real on real inputs, so it cannot be asked first):
+        a factory's size list, else its largest integer (arange(n), randperm(n))."""
+        if any(isinstance(a, self.torch.Tensor) for a in args):
+            return True
+        for value in args:
+            if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+                count = 1
+                for v in value:
+                    count *= v
+                return count <= SMALL
+        return all(v <= SMALL for v in args if isinstance(v, int) and not isinstance(v, bool))
+
+    def small(self, out) -> bool:
+        """Whether every tensor `out` holds is small enough to shadow (the fake result says)."""
+        items = out if isinstance(out, (list, tuple)) else (out,)
+        return all(item.numel() <= SMALL for item in items if isinstance(item, self.torch.Tensor))
 
     def run(self, func, real_args, real_kwargs):
         """The operator on real inputs, or None where it cannot run on the host."""
