@@ -53,7 +53,7 @@ def main(spec_path: str) -> int:
     def listener(action, key, size, device):
         cuda = is_cuda.get(device)
         if cuda is None:
-            cuda = is_cuda[device] = recorder.devices[device].startswith("cuda")
+            cuda = is_cuda[device] = recorder.devices[device].startswith(DEVICES)
         if cuda:
             live(action, key, size, device)
 
@@ -135,9 +135,13 @@ def main(spec_path: str) -> int:
         # Module.to() swaps each fake parameter for a new one, which fails on the weak
         # references fake tensors carry and unties tied weights; a real run sets .data in place
         if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor):
-            with torch.no_grad():
-                t1.data = t2
-            t1.fake_device = t2.fake_device
+            try:
+                with torch.no_grad():
+                    t1.data = t2
+                t1.fake_device = t2.fake_device
+            except RuntimeError:                 # cpu -> npu (PrivateUse1): no shallow copy
+                torch._C._swap_tensor_impl(t1, t2)   # swap_tensors less its weak-reference check
+                t1.__dict__, t2.__dict__ = t2.__dict__, t1.__dict__
             return
         _swap(t1, t2)
 
@@ -179,6 +183,9 @@ def main(spec_path: str) -> int:
         with open(path, "wb") as handle:
             pickle.dump(snapshot, handle)
 
+    if target.device == "npu":                 # PrivateUse1's hooks, before the first npu tensor
+        import ctypes
+        ctypes.CDLL(spec["library"]).npumem_stand_in_npu()
     device_api.install(torch, target, live, spec.get("devices", 1), on_empty_cache, on_dump)
 
     sys.meta_path.insert(0, _EagerLibraries())
@@ -254,7 +261,7 @@ def _cuda_only(snapshot: dict, empty_cache_us: list) -> dict:
     devices = snapshot["npumem"]["devices"]
     traces: list = []
     for name, trace in zip(devices, snapshot["device_traces"]):
-        if not name.startswith("cuda"):
+        if not name.startswith(DEVICES):
             continue
         index = int(name.split(":")[1]) if ":" in name else 0
         while len(traces) <= index:
@@ -268,8 +275,11 @@ def _cuda_only(snapshot: dict, empty_cache_us: list) -> dict:
             trace.insert(at, {"action": "segment_free", "addr": 0, "size": 0, "stream": 0,
                               "time_us": when, "frames": []})
     annotations = [a for a in snapshot.get("external_annotations", [])
-                   if a.get("device", 0) < len(devices) and devices[a["device"]].startswith("cuda")]
+                   if a.get("device", 0) < len(devices) and devices[a["device"]].startswith(DEVICES)]
     return {**snapshot, "device_traces": traces, "external_annotations": annotations}
+
+
+DEVICES = ("cuda", "npu")              # the device types estimated (npu: --device npu)
 
 
 def _describe_failure(exc: BaseException, script: str) -> dict:

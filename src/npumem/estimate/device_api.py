@@ -144,7 +144,7 @@ def install(torch, target: Target, live: LiveModel, devices: int, on_empty_cache
         "seed": lambda: None, "seed_all": lambda: None, "initial_seed": lambda: 0,
         "Stream": _Stream, "Event": _Event, "current_stream": lambda device=None: _Stream(),
         "default_stream": lambda device=None: _Stream(), "stream": lambda s=None: contextlib.nullcontext(),
-        "set_stream": lambda s: None,
+        "set_stream": lambda s: None, "_is_in_bad_fork": lambda: False,
     }
     for name, value in api.items():
         setattr(torch.cuda, name, value)
@@ -160,4 +160,26 @@ def install(torch, target: Target, live: LiveModel, devices: int, on_empty_cache
     for name, value in api.items():
         setattr(npu, name, value)
     npu.memory = torch.cuda.memory
-    torch.npu = npu
+    if target.device == "npu":
+        _npu_backend(torch, npu)
+    else:
+        torch.npu = npu
+
+
+def _npu_backend(torch, npu) -> None:
+    """"npu" as a device (PyTorch's PrivateUse1, renamed as torch_npu does; the stand-in
+    library holds its guard and hooks), and a torch_npu module, for scripts written for an NPU:
+    `import torch_npu`, `from torch_npu.contrib import transfer_to_npu`, `.to("npu")`."""
+    import sys
+    torch.utils.rename_privateuse1_backend("npu")
+    torch._register_device_module("npu", npu)
+    torch.utils.generate_methods_for_privateuse1_backend()
+    package = types.ModuleType("torch_npu")
+    package.__path__ = []
+    package.npu, package.__version__ = npu, "0+npumem.estimate"
+    contrib = types.ModuleType("torch_npu.contrib")
+    contrib.__path__ = []
+    contrib.transfer_to_npu = types.ModuleType("torch_npu.contrib.transfer_to_npu")
+    package.contrib = contrib
+    sys.modules.update({"torch_npu": package, "torch_npu.npu": npu, "torch_npu.contrib": contrib,
+                        "torch_npu.contrib.transfer_to_npu": contrib.transfer_to_npu})

@@ -116,6 +116,7 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
         config = config.replace(pad=npu_pad(target.soc))
     with tempfile.TemporaryDirectory(prefix="npumem-estimate-") as folder:
         spec = {"script": script, "args": args, "gpu": target.key, "device": target.device,
+                "library": library,
                 "settings": settings, "assume": assume or {}, "devices": devices,
                 "out": os.path.join(folder, "recording.pickle")}
         spec_path = os.path.join(folder, "spec.json")

@@ -14,6 +14,7 @@
 // NPUMEM_FAKE_DEVICES sets the device count (default 1). Built by npumem/estimate/native.py.
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/EmptyTensor.h>
 #include <torch/library.h>
 #include <cstring>
@@ -51,6 +52,8 @@ struct StandIn final : impl::DeviceGuardImplInterface {
 };
 StandIn cuda_impl(DeviceType::CUDA);
 impl::DeviceGuardImplRegistrar reg(DeviceType::CUDA, &cuda_impl);
+StandIn npu_impl(DeviceType::PrivateUse1);        // "npu" once renamed (--device npu)
+impl::DeviceGuardImplRegistrar npu_reg(DeviceType::PrivateUse1, &npu_impl);
 }
 namespace at {
 struct StandInHooks : CUDAHooksInterface {
@@ -84,30 +87,35 @@ C10_REGISTER_TYPED_CLASS(CUDAHooksRegistry, "CUDAHooks", StandInHooks);
 }
 
 namespace {
-// Host memory that says it is on the CUDA device (the stand-in's tensors hold small data only).
+// Host memory that says it is on the stand-in device (its tensors hold small data only).
+template <c10::DeviceType D>
 struct HostAsDevice final : c10::Allocator {
   static void del(void* p) { std::free(p); }
   c10::DataPtr allocate(size_t n) override {
     void* p = std::malloc(n ? n : 1);
-    return {p, p, &del, c10::Device(c10::DeviceType::CUDA, current)};
+    return {p, p, &del, c10::Device(D, current)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &del; }
   void copy_data(void* dst, const void* src, std::size_t n) const override { std::memcpy(dst, src, n); }
 };
-HostAsDevice host_as_device;
-const c10::DispatchKeySet cuda_keys(c10::DispatchKey::CUDA);
+HostAsDevice<c10::DeviceType::CUDA> cuda_host;
+HostAsDevice<c10::DeviceType::PrivateUse1> npu_host;
 
+template <c10::DeviceType D, c10::DispatchKey K>
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout>, std::optional<c10::Device>,
                                std::optional<bool>, std::optional<c10::MemoryFormat> format) {
-  return at::detail::empty_generic(size, &host_as_device, cuda_keys,
+  c10::Allocator* host = D == c10::DeviceType::CUDA ? static_cast<c10::Allocator*>(&cuda_host) : &npu_host;
+  return at::detail::empty_generic(size, host, c10::DispatchKeySet(K),
                                    dtype.value_or(c10::ScalarType::Float), format);
 }
 
+template <c10::DeviceType D, c10::DispatchKey K>
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
                          std::optional<c10::Device>, std::optional<bool>) {
-  return at::detail::empty_strided_generic(size, stride, &host_as_device, cuda_keys,
+  c10::Allocator* host = D == c10::DeviceType::CUDA ? static_cast<c10::Allocator*>(&cuda_host) : &npu_host;
+  return at::detail::empty_strided_generic(size, stride, host, c10::DispatchKeySet(K),
                                            dtype.value_or(c10::ScalarType::Float));
 }
 
@@ -123,14 +131,47 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
 }
 }
 
+// The NPU's hooks (PrivateUse1, renamed "npu" by estimate for scripts written for torch_npu),
+// registered at run time by npumem_stand_in_npu(): only then is PrivateUse1 the accelerator.
+struct StandInNpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return count(); }
+  c10::DeviceIndex getCurrentDevice() const override { return current; }
+  void setCurrentDevice(c10::DeviceIndex d) const override { current = d; }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override { auto old = current; current = d; return old; }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  c10::Device getDeviceFromPtr(void*) const override { return {c10::DeviceType::PrivateUse1, current}; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    static at::Generator g = at::detail::createCPUGenerator();
+    return g;
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex) const override { return at::detail::createCPUGenerator(); }
+};
+
+extern "C" void npumem_stand_in_npu() {
+  static StandInNpuHooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+}
+
 // npumem::host_copy(t): a stand-in device tensor's values, as a host tensor
 at::Tensor host_copy(const at::Tensor& t) { return as_host(t).clone(); }
 
 TORCH_LIBRARY(npumem, m) { m.def("host_copy(Tensor t) -> Tensor"); }
 TORCH_LIBRARY_IMPL(npumem, CUDA, m) { m.impl("host_copy", host_copy); }
+TORCH_LIBRARY_IMPL(npumem, PrivateUse1, m) { m.impl("host_copy", host_copy); }
 
 TORCH_LIBRARY_IMPL(aten, CUDA, m) {
-  m.impl("empty.memory_format", empty_memory_format);
-  m.impl("empty_strided", empty_strided);
+  m.impl("empty.memory_format", empty_memory_format<c10::DeviceType::CUDA, c10::DispatchKey::CUDA>);
+  m.impl("empty_strided", empty_strided<c10::DeviceType::CUDA, c10::DispatchKey::CUDA>);
+  m.impl("copy_", copy_);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format",
+         empty_memory_format<c10::DeviceType::PrivateUse1, c10::DispatchKey::PrivateUse1>);
+  m.impl("empty_strided", empty_strided<c10::DeviceType::PrivateUse1, c10::DispatchKey::PrivateUse1>);
   m.impl("copy_", copy_);
 }
