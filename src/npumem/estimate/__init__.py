@@ -1,7 +1,9 @@
 """`npumem estimate`: a PyTorch script's GPU or NPU memory, predicted on a machine with neither.
 
-run.estimate() runs the script in a child process (child.py) on fake device tensors, over a
-stand-in CUDA device (stand_in_device.cpp, built by native.py), records what it allocates,
-adds the kernels' own workspaces (kernel_rules.py) and the attention kernel the target picks
-(attention.py), then replays the recording through the allocator model under each setting.
+run.estimate() starts child.py, which runs the script on fake device tensors over a stand-in
+device (stand_in_device.cpp, built by native.py): operators.py handles each operator (shadows.py
+keeps small tensors' real values, answers.py the rest, kernel_rules.py adds the kernels' own
+workspaces), fake_run.py makes PyTorch take its GPU paths (attention.py: the attention kernel),
+device_api.py serves torch.cuda. run.py then replays the recording through the allocator model
+under each setting on the target's memory (targets.py); predicted.py writes it as a snapshot.
 """

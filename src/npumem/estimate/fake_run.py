@@ -1,0 +1,121 @@
+"""What a fake run changes in PyTorch (and transformers) so that a script takes the path it
+takes on a GPU, each change beside the reason for it. `prepare()` installs them all."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from . import attention
+
+
+def prepare(torch, target, answers) -> dict:
+    """Install every change; returns the attention kernels chosen, as they are (backend ->
+    calls)."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    chosen: dict = {}
+    _attention(torch, target, chosen)
+    _parameters_moved_in_place(torch, FakeTensor)
+    _host_reads(torch, FakeTensor, unset_fake_temporarily, answers)
+    # FakeTensorMode computes one-element constants for real, on their device: the shadows do
+    # that here (on the host), for every small tensor
+    torch._subclasses.fake_tensor.CONSTANT_NUMEL_LIMIT = 0
+    # optimizers take their foreach (multi-tensor) path for plain tensors on a GPU; a fake
+    # tensor's type is not on their list, which would send them down the per-tensor path
+    from torch.optim import optimizer as optimizers
+    if FakeTensor not in optimizers._foreach_supported_types:
+        optimizers._foreach_supported_types.append(FakeTensor)
+    # PyTorch warns when code reads a fake tensor's data pointer (nn.Module's fast-path checks do)
+    warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+    sys.meta_path.insert(0, _EagerLibraries())
+    return chosen
+
+
+def _attention(torch, target, chosen: dict) -> None:
+    """scaled_dot_product_attention runs the fused kernel the target would pick (a fake run,
+    with no GPU to ask, falls back to the math path). The module attribute is replaced, which
+    nn.MultiheadAttention and transformers look up at each call."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        if isinstance(query, torch.Tensor) and query.device.type == "cuda":
+            backend = attention.choose(target, torch, query, key, value, attn_mask, dropout_p,
+                                       is_causal, enable_gqa)
+            chosen[backend] = chosen.get(backend, 0) + 1
+            if backend != attention.MATH:
+                return attention.run(backend, torch, query, key, value, attn_mask, dropout_p,
+                                     is_causal, scale)
+        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                    is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
+
+
+def _parameters_moved_in_place(torch, fake_type) -> None:
+    """Module.to() swaps each fake parameter for a new one (swap_tensors), which fails on the
+    weak references fake tensors carry and would untie tied weights; a GPU run sets .data in
+    place, and so does this."""
+    swap = torch.utils.swap_tensors
+
+    def swap_tensors(t1, t2):
+        if not (isinstance(t1, fake_type) and isinstance(t2, fake_type)):
+            return swap(t1, t2)
+        try:
+            with torch.no_grad():
+                t1.data = t2
+            t1.fake_device = t2.fake_device
+        except RuntimeError:                 # cpu -> npu (PrivateUse1): no shallow copy
+            torch._C._swap_tensor_impl(t1, t2)   # swap_tensors less its weak-reference check
+            t1.__dict__, t2.__dict__ = t2.__dict__, t1.__dict__
+
+    torch.utils.swap_tensors = swap_tensors
+
+
+def _host_reads(torch, fake_type, unset_fake, answers) -> None:
+    """`.numpy()` and `.tolist()` of a fake result: its shadow's values, else zeros of its shape
+    (answers.placeholder); `.numpy()` of a device tensor fails as it does on a GPU."""
+    to_numpy, to_list = torch.Tensor.numpy, torch.Tensor.tolist
+
+    def numpy(self, *args, **kwargs):
+        if isinstance(self, fake_type) and self.device.type != "cpu":
+            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
+                            "Tensor.cpu() to copy the tensor to host memory first.")
+        if isinstance(self, fake_type):
+            return answers.placeholder(self, torch, unset_fake, as_list=False)
+        return to_numpy(self, *args, **kwargs)
+
+    def tolist(self):
+        if isinstance(self, fake_type):
+            return answers.placeholder(self, torch, unset_fake, as_list=True)
+        return to_list(self)
+
+    torch.Tensor.numpy, torch.Tensor.tolist = numpy, tolist
+
+
+class _EagerLibraries:
+    """A finder that patches libraries which run differently on fake tensors once imported:
+    transformers counts a fake tensor as tracing (import_utils.is_fake_tensor) and then keeps
+    the attention masks and paths it drops on a GPU, which changes the attention kernel."""
+
+    PATCHES = {"transformers.utils.import_utils": {"is_fake_tensor": lambda x: False}}
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.PATCHES:
+            return None
+        import importlib.util
+        sys.meta_path.remove(self)              # the normal finders, then put back
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        load, patches = spec.loader.exec_module, self.PATCHES[name]
+
+        def exec_module(module):
+            load(module)
+            for attribute, value in patches.items():
+                setattr(module, attribute, value)
+        spec.loader.exec_module = exec_module
+        return spec

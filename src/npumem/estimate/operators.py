@@ -1,0 +1,87 @@
+"""What happens at each operator of the fake run (TensorRecorder.intercept): a value read from a
+tensor is answered (its shadow, else answers.py), small host work runs for real, everything
+else runs on fake tensors, the results are recorded (views are not allocations), small results
+get their shadows, and the kernels' own workspaces are added after the operator's outputs, in
+the order the GPU allocates them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .answers import SELECTING
+
+ESTIMATED = ("cuda", "npu")         # the device types whose memory is estimated
+
+
+class OperatorHook:
+    def __init__(self, torch, recorder, rules, shadows, answers):
+        from torch._subclasses.fake_tensor import (DynamicOutputShapeException, FakeTensor,
+                                                   UnsupportedOperatorException,
+                                                   unset_fake_temporarily)
+        self.torch, self.recorder, self.rules = torch, recorder, rules
+        self.shadows, self.answers = shadows, answers
+        self.fake_type, self.unset_fake = FakeTensor, unset_fake_temporarily
+        self.dynamic, self.unsupported_error = DynamicOutputShapeException, UnsupportedOperatorException
+        self.local_scalar = torch.ops.aten._local_scalar_dense.default
+        self.calls = 0
+        self.nanoseconds = 0                # inside the operators: fake kernels and all
+        self.unsupported: dict = {}         # operator -> calls FakeTensorMode has no kernel for
+
+    def __call__(self, func, args, kwargs, outputs):
+        started = time.perf_counter_ns()
+        try:
+            return self._operator(func, args, kwargs, outputs)
+        finally:
+            self.nanoseconds += time.perf_counter_ns() - started
+
+    def _operator(self, func, args, kwargs, outputs):
+        self.calls += 1
+        if func is self.local_scalar:
+            return self._value(args[0])
+        shadows = self.shadows
+        name = func._schema.name.split("::", 1)[-1]
+        real = shadows.real_inputs(args, kwargs)
+        if real is not None and not real[2]:    # the host alone
+            if shadows.small_on_host(args):
+                real_out = shadows.run(func, *real[:2])
+                if real_out is not None:
+                    outputs(real_out)           # small: real values
+                    return real_out
+            real = None
+        try:
+            out = func(*args, **kwargs)
+        except self.dynamic:
+            if name not in SELECTING:
+                raise
+            out = self.answers.selecting(name, args, self.torch)
+        except self.unsupported_error:
+            self.unsupported[name] = self.unsupported.get(name, 0) + 1
+            raise
+        real_out = shadows.run(func, *real[:2]) if real is not None and shadows.small(out) else None
+        if not func.is_view:                 # a view never allocates (fake views from
+            outputs(out)                     # FakeTensorMode's cache may carry a new storage)
+        if real_out is not None:
+            shadows.attach(out, real_out)
+        self.answers.remember(name, out, self.torch)
+        self._workspaces(name, func, args, kwargs)
+        return out
+
+    def _value(self, tensor):
+        """`.item()`: the tensor's real value where it has one, else the documented answer."""
+        if not isinstance(tensor, self.fake_type) and tensor.device.type == "cpu":
+            shadow = tensor
+        else:
+            shadow = getattr(tensor, "_npumem_shadow", None)
+        if shadow is None:
+            return self.answers.scalar(tensor, self.torch)
+        with self.unset_fake():
+            return shadow.item()
+
+    def _workspaces(self, name, func, args, kwargs) -> None:
+        first = args[0] if args else None
+        on_gpu = isinstance(first, self.torch.Tensor) and first.device.type == "cuda"
+        if on_gpu or name == "convolution_backward":
+            device = first.device if isinstance(first, self.torch.Tensor) else "cuda:0"
+            for size, label, temporary in self.rules.workspaces(func, args, kwargs):
+                self.recorder.record_extra(size, device, label, temporary)
