@@ -125,10 +125,10 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
         # NPUMEM_ESTIMATE: a script may skip what needs real data (documented in estimate.md)
         env = dict(os.environ, NPUMEM_FAKE_DEVICES=str(devices), NPUMEM_ESTIMATE="1")
         env.pop("NPUMEM_PROFILE", None)
-        done = subprocess.run([sys.executable, "-c", BOOT, library, spec_path], env=env)
+        returncode = _run_child([sys.executable, "-c", BOOT, library, spec_path], env)
         if not os.path.exists(spec["out"] + ".json"):
             raise ScriptFailed({"type": "the fake run ended without a result",
-                                "message": f"exit status {done.returncode}"}, script)
+                                "message": f"exit status {returncode}"}, script)
         with open(spec["out"] + ".json") as handle:
             run = json.load(handle)
         if run.get("error"):
@@ -144,6 +144,30 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
                                config, capacity=UNLIMITED).peak_reserved_bytes
     return Estimate(script, target, capacity, settings, run, current, tuning, low,
                     composition(recording.entries), snapshot if keep_snapshot else None, config)
+
+
+def _run_child(command: list[str], env: dict) -> int:
+    """Run the fake run's process; it ends with this one (Ctrl-C, a kill, an error here)."""
+    child = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+    try:
+        return child.wait()
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))
+    except (OSError, AttributeError):
+        pass
 
 
 def _recording(snapshot: dict, script: str, flavour: str, config, without: str | None = None):
