@@ -138,7 +138,7 @@ def test_bad_arguments_are_usage_errors(tmp_path):
     runner = CliRunner()
     for args, message in ((["--gpu", "v100", str(script)], "unknown --gpu"),
                           (["--set", "expandable_segments:maybe", str(script)], "--set"),
-                          (["--assume", "int=x", str(script)], "not a int"),
+                          (["--assume", "int=x", str(script)], "int takes an integer"),
                           (["--memory", "0", str(script)], "--memory"),
                           ([str(tmp_path / "missing.py")], "no such file"),
                           (["--fit", "B=1,2", str(script)], "no {B}")):

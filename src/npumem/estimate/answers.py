@@ -22,6 +22,10 @@ class Answers:
         self.defaults = {"bool": bool(assume.get("bool", False)), "int": int(assume.get("int", 1)),
                          "float": float(assume.get("float", 0.0))}
         self.given: dict = {}               # what was answered: (kind, op) -> count
+        self.notes_seen: dict = {}          # other things the fake run did in place of the script
+
+    def note(self, text: str) -> None:
+        self.notes_seen[text] = self.notes_seen.get(text, 0) + 1
 
     def remember(self, name: str, out, torch) -> None:
         """Note the operator that made a one-element result (its answer depends on it)."""
@@ -43,6 +47,32 @@ class Answers:
         key = (kind, made_by or "?")
         self.given[key] = self.given.get(key, 0) + 1
         return value
+
+    def dynamic(self, name: str, func, args, kwargs, torch):
+        """The output of an operator whose size depends on data, at its largest: a selection
+        selects every element, `x[mask]` takes every position, `unique` finds every element
+        distinct. None for other operators."""
+        if name in SELECTING:
+            return self.selecting(name, args, torch)
+        if name == "index" and len(args) > 1:
+            indices = []
+            for index in args[1]:
+                if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+                    positions = self.selecting("nonzero", [index], torch)
+                    indices += [positions[:, d] for d in range(index.dim())]
+                else:
+                    indices.append(index)
+            return func(args[0], indices, **kwargs)
+        if name in ("_unique2", "unique_consecutive", "unique_dim"):
+            source = args[0]
+            self.given[("size", name)] = self.given.get(("size", name), 0) + 1
+            flags = [*args[1:], *kwargs.values()]
+            inverse, counts = (bool(flags[-2]), bool(flags[-1])) if len(flags) >= 2 else (False, False)
+            values = torch.empty(source.numel(), dtype=source.dtype, device=source.device)
+            return (values,
+                    torch.empty(source.shape if inverse else (0,), dtype=torch.long, device=source.device),
+                    torch.empty(source.numel() if counts else 0, dtype=torch.long, device=source.device))
+        return None
 
     def selecting(self, name: str, args, torch):
         """The output of a selection when every element is selected."""
@@ -75,13 +105,15 @@ class Answers:
         return zeros.tolist() if as_list else zeros
 
     def notes(self) -> list[str]:
-        lines = []
+        lines = [f"{count} x {text}" if count > 1 else text for text, count in self.notes_seen.items()]
         for (kind, op), count in sorted(self.given.items()):
             if kind == "placeholder":
                 lines.append(f"{count} x {op}() of a device result: zeros of its shape")
             elif kind == "size":
-                lines.append(f"{count} x {op}: assumed every element selected (the largest output)")
+                what = "distinct" if "unique" in op else "selected"
+                lines.append(f"{count} x {op}: assumed every element {what} (the largest output)")
             else:
                 value = True if op in TRUE_OPS else False if op in FALSE_OPS else self.defaults[kind]
-                lines.append(f"{count} x {kind} value of {op}(): assumed {value}")
+                made = f"{op}()" if op != "?" else "a tensor"
+                lines.append(f"{count} x {kind} value of {made}: assumed {value}")
         return lines

@@ -68,10 +68,12 @@ def main(spec_path: str) -> int:
             pickle.dump(snapshot, handle)
 
     chosen = fake_run.prepare(torch, target, answers)
-    if target.device == "npu":                 # PrivateUse1's hooks, before the first npu tensor
+    npu_strings = target.device == "npu" and _mentions_npu(spec["script"])
+    if npu_strings:                           # PrivateUse1's hooks, before the first npu tensor
         import ctypes
         ctypes.CDLL(spec["library"]).npumem_stand_in_npu()
-    device_api.install(torch, target, live, spec.get("devices", 1), on_empty_cache, on_dump)
+    device_api.install(torch, target, live, spec.get("devices", 1), on_empty_cache, on_dump,
+                       npu_strings)
     sys.argv = [spec["script"], *spec["args"]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(spec["script"])))
     result = {"error": None, "status": 0}
@@ -80,7 +82,9 @@ def main(spec_path: str) -> int:
         recorder.start()
         try:
             runpy.run_path(spec["script"], run_name="__main__")
-        except SystemExit as exc:
+        except SystemExit as exc:                 # as Python ends on it: a message, a status
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
             result["status"] = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         except BaseException as exc:              # the script failed under fake tensors
             result.update(error=_describe_failure(exc, spec["script"]), status=1)
@@ -98,6 +102,18 @@ def main(spec_path: str) -> int:
     with open(spec["out"] + ".json", "w") as handle:
         json.dump(result, handle)
     return 0
+
+
+def _mentions_npu(script: str) -> bool:
+    """Whether a script is written for torch_npu ("npu" devices), not for cuda: then "npu"
+    becomes a device. Otherwise the script's cuda tensors stand for the NPU's, as
+    transfer_to_npu runs them (autograd cannot mix the two kinds of stand-in)."""
+    try:
+        with open(script, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return False
+    return any(mark in text for mark in ("torch_npu", '"npu', "'npu", ".npu("))
 
 
 def _estimated_traces(snapshot: dict, empty_cache_us: list) -> dict:
@@ -125,8 +141,9 @@ def _estimated_traces(snapshot: dict, empty_cache_us: list) -> dict:
 
 
 def _describe_failure(exc: BaseException, script: str) -> dict:
-    """The exception, the operator it names (fake tensor errors carry it) and the script's
-    line that reached it (the last frame in the user's file)."""
+    """The exception, the operator it names (fake tensor errors carry it), the user's line that
+    reached it (the deepest frame outside Python's, PyTorch's and npumem's files), and whether it
+    is `ordinary`: raised by the user's own code (or a syntax error), as on a GPU."""
     frames = traceback.extract_tb(exc.__traceback__)
     library = (os.path.dirname(os.__file__), "site-packages", f"{os.sep}npumem{os.sep}", "<frozen")
     user = [f for f in frames if not any(part in f.filename for part in library)] or \
@@ -137,10 +154,15 @@ def _describe_failure(exc: BaseException, script: str) -> dict:
     if "DispatchStub: missing kernel for cuda" in str(exc):
         message = ("PyTorch has no fake-device path for this operator (a kernel reached only "
                    "through a CUDA dispatch stub, as cuDNN RNNs are: nn.LSTM, nn.GRU, nn.RNN)")
-    return {"type": type(exc).__name__, "message": message,
-            "operator": str(operator) if operator is not None else None,
-            "file": where.filename if where else None, "line": where.lineno if where else None,
-            "code": where.line if where else None}
+    failure = {"type": type(exc).__name__, "message": message,
+               "operator": str(operator) if operator is not None else None,
+               "file": where.filename if where else None, "line": where.lineno if where else None,
+               "code": where.line if where else None,
+               "ordinary": bool(frames) and frames[-1] is where and operator is None}
+    if isinstance(exc, SyntaxError):
+        failure.update(file=exc.filename, line=exc.lineno, code=(exc.text or "").strip(),
+                       message=exc.msg, ordinary=True)
+    return failure
 
 
 if __name__ == "__main__":

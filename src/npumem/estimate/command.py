@@ -19,8 +19,9 @@ def _memory(value: str | None) -> int | None:
         size = parse_size(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--memory") from None
-    if size <= 0:
-        raise click.BadParameter(f"{value}: give the device's memory, such as 80GiB", param_hint="--memory")
+    if size < 64 * (1 << 20):
+        raise click.BadParameter(f"{value} is {format_size(size)}: give the device's memory with "
+                                 "its unit, such as 80GiB", param_hint="--memory")
     return size
 
 
@@ -37,7 +38,9 @@ def _assumptions(values: tuple) -> dict:
                 out[key] = {"bool": lambda t: {"true": True, "false": False}[t.lower()],
                             "int": int, "float": float}[key](text.strip())
             except (KeyError, ValueError):
-                raise click.BadParameter(f"{part!r}: {text!r} is not a {key}", param_hint="--assume") from None
+                kind = {"bool": "True or False", "int": "an integer", "float": "a number"}[key]
+                raise click.BadParameter(f"{part!r}: {key} takes {kind}, not {text!r}",
+                                         param_hint="--assume") from None
     return out
 
 
@@ -54,9 +57,10 @@ def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
 
 @click.command("estimate", context_settings={"ignore_unknown_options": True,
                                              "allow_interspersed_args": False})
-@click.option("--device", type=click.Choice(["cuda", "npu"]), default="cuda", show_default=True,
-              help="cuda: an NVIDIA GPU; npu: an Ascend NPU with torch_npu's allocator (a script "
-                   "written for cuda runs as transfer_to_npu runs it).")
+@click.option("--device", type=click.Choice(["cuda", "npu"]), default=None,
+              help="cuda (default): an NVIDIA GPU; npu: an Ascend NPU with torch_npu's allocator "
+                   "(a script written for cuda runs as transfer_to_npu runs it). --gpu 910b "
+                   "implies npu.")
 @click.option("--gpu", default=None, help="The target: h100 (default for cuda), h100-pcie, h200, "
               "a100-80, a100-40, l4, rtx4090, 910b (default for npu).")
 @click.option("--memory", default=None, help="The memory the script may use (default: the "
@@ -66,7 +70,7 @@ def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
                    "(repeatable), e.g. --set expandable_segments:True.")
 @click.option("--assume", multiple=True, metavar="KIND=VALUE",
               help="Answers for data-dependent values: bool=True, int=8, float=0.5.")
-@click.option("--fit", "fit", default=None, metavar="NAME=V1,V2,...",
+@click.option("--fit", "fits", multiple=True, metavar="NAME=V1,V2,...",
               help="Run the script once per value, {NAME} in its arguments replaced; report "
                    "the largest that fits under the recommended setting.")
 @click.option("--devices", default=1, show_default=True, type=click.IntRange(1, 64),
@@ -77,31 +81,43 @@ def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
                    "PyTorch's MemoryViz) and the estimate's JSON here.")
 @click.argument("script", type=click.Path())
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def estimate_command(device, gpu, memory, overrides, assume, fit, devices, as_json, out_dir,
+def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_json, out_dir,
                      script, script_args):
     """Predict a PyTorch script's GPU (or NPU) memory on a machine that has neither.
 
     Runs SCRIPT unchanged on fake device tensors, adds what the GPU's kernels allocate for
     themselves, and replays it through the model of PyTorch's caching allocator: peak live and
     peak reserved, whether it fits the target, the setting to use, and what dominates the peak.
+    Exit status: 0 it fits (under your settings or the one recommended), 3 nothing fits, 1 the
+    script failed, 2 a usage error.
 
         npumem estimate --gpu a100-40 -- train.py --batch 32
     """
     from ..errors import InvalidParamError
     from .native import BuildError
     from .run import ScriptFailed, estimate, settings_for
-    from .targets import target as find_target
+    from .targets import TARGETS, target as find_target
 
     if not os.path.isfile(script):
         raise click.BadParameter(f"{script}: no such file (the Python script to estimate)",
                                  param_hint="SCRIPT")
     try:
-        find_target(gpu, device)
-        settings = settings_for(device, list(overrides))
+        chosen = find_target(gpu, device or "cuda")
     except KeyError as exc:
         raise click.BadParameter(exc.args[0], param_hint="--gpu") from None
+    if device is not None and chosen.device != device:
+        raise click.BadParameter(f"--gpu {gpu} is {'an NPU' if chosen.device == 'npu' else 'a GPU'}; "
+                                 f"--device {device} takes " + ", ".join(
+                                     k for k, t in TARGETS.items() if t.device == device),
+                                 param_hint="--gpu")
+    device = chosen.device
+    try:
+        settings = settings_for(device, list(overrides))
     except InvalidParamError as exc:
         raise click.BadParameter(exc.message, param_hint="--set") from None
+    if len(fits) > 1:
+        raise click.BadParameter("give one --fit (one name and its values)", param_hint="--fit")
+    fit = fits[0] if fits else None
     capacity = _memory(memory)
     answers = _assumptions(assume)
     fitting = _fit_values(fit)
@@ -116,13 +132,19 @@ def estimate_command(device, gpu, memory, overrides, assume, fit, devices, as_js
             click.echo(f"== {fitting[0]}={value}: {script} {' '.join(args)}", err=True)
         try:
             result = estimate(script, args, device, gpu, capacity, settings, answers, devices,
-                              keep_snapshot=out_dir is not None)
+                              keep_snapshot=out_dir is not None,
+                              script_output=sys.stderr if as_json else None)
         except BuildError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
         except ScriptFailed as exc:
-            click.echo(f"error: the script stopped under fake tensors: {exc}", err=True)
-            click.echo("  " + _hint(exc.failure), err=True)
+            click.echo(f"error: {_failure_line(exc)}", err=True)
+            hint = _hint(exc.failure)
+            if hint:
+                click.echo("  " + hint, err=True)
+            if as_json:
+                click.echo(json.dumps({"error": exc.failure, **({fitting[0]: value} if fitting else {})},
+                                      indent=2))
             sys.exit(1)
         results.append((value, result))
         if not as_json:
@@ -130,13 +152,29 @@ def estimate_command(device, gpu, memory, overrides, assume, fit, devices, as_js
     if out_dir is not None:
         _write(out_dir, results)
     if as_json:
-        payload = [dict(r.as_dict(), **({fitting[0]: v} if fitting else {})) for v, r in results]
-        click.echo(json.dumps(payload if fitting else payload[0], indent=2))
+        if fitting is None:
+            click.echo(json.dumps(results[0][1].as_dict(), indent=2))
+        else:
+            runs = [dict(r.as_dict(), **{fitting[0]: v}) for v, r in results]
+            click.echo(json.dumps({"fit": fit_answer(fitting[0], results), "runs": runs}, indent=2))
     elif fitting is not None:
         click.echo("\n".join(fit_lines(fitting[0], results)))
+    if not any(r.fits or r.recommended is not None for _, r in results):
+        sys.exit(3)                          # nothing fits, under any setting
+
+
+def _failure_line(exc) -> str:
+    failure = exc.failure
+    if failure.get("exited") is not None:
+        return f"{failure['message']}, before estimate could judge it"
+    if failure.get("ordinary"):
+        return f"the script raised an error (a GPU run would too): {exc}"
+    return f"the script stopped under fake tensors: {exc}"
 
 
 def _hint(failure: dict) -> str:
+    if failure.get("exited") is not None or failure.get("ordinary"):
+        return ""
     text = f"{failure.get('type')} {failure.get('message')}"
     if "DataDependent" in text or "DynamicOutputShape" in text:
         return ("the script needs a value computed on the GPU: give it with --assume "
@@ -152,12 +190,12 @@ def _hint(failure: dict) -> str:
 def summary_lines(result) -> list[str]:
     target, run = result.target, result.run
     lines = [f"{result.script} on {target.describe()}: {format_size(result.capacity)} usable",
-             f"  fake run: {run['ops']:,} operators in {run['seconds']:.1f} s, "
+             f"  fake run: {run['ops']:,} operator{'s' * (run['ops'] != 1)} in {run['seconds']:.1f} s, "
              f"{1e6 * run['op_seconds'] / max(run['ops'], 1):.0f} us per operator"]
     if run.get("attention"):
         lines.append("  attention kernels: " + ", ".join(f"{k} x{v}" for k, v in run["attention"].items()))
     for note in run.get("answers", []):
-        lines.append(f"  assumed: {note}")
+        lines.append(f"  note: {note}")
     current = result.current
     verdict = "fits" if result.fits else "OUT OF MEMORY"
     settings = result.settings or "default settings"
@@ -185,15 +223,26 @@ def summary_lines(result) -> list[str]:
     return lines
 
 
-def fit_lines(name: str, results) -> list[str]:
+def fit_answer(name: str, results) -> dict | None:
+    """The largest value that fits under its recommended setting, with that setting and its
+    margin; None when none fits."""
     fitting = [(v, r) for v, r in results if r.recommended is not None]
     if not fitting:
-        return [f"no {name} fits: the smallest tried needs more than the target's memory"]
+        return None
     value, best = max(fitting, key=lambda item: float(item[0]) if _number(item[0]) else 0)
     chosen = best.recommended
-    margin = best.capacity - chosen.decisive.peak_reserved_bytes
-    return [f"largest {name} that fits: {value}, with {chosen.line} "
-            f"({format_size(margin)} to spare of {format_size(best.capacity)})"]
+    return {"name": name, "value": value, "settings": chosen.config.describe(), "line": chosen.line,
+            "peak_reserved_bytes": chosen.decisive.peak_reserved_bytes,
+            "margin_bytes": best.capacity - chosen.decisive.peak_reserved_bytes,
+            "capacity_bytes": best.capacity}
+
+
+def fit_lines(name: str, results) -> list[str]:
+    answer = fit_answer(name, results)
+    if answer is None:
+        return [f"no {name} fits: the smallest tried needs more than the target's memory"]
+    return [f"largest {name} that fits: {answer['value']}, with {answer['line']} "
+            f"({format_size(answer['margin_bytes'])} to spare of {format_size(answer['capacity_bytes'])})"]
 
 
 def _number(text: str) -> bool:

@@ -44,19 +44,28 @@ class LiveModel:
         self.peak_allocated, self.peak_reserved = self.model.stats.allocated, self.model.stats.reserved
 
     def stats(self) -> dict:
-        """The keys of torch.cuda.memory_stats() scripts read most."""
+        """torch.cuda.memory_stats()'s keys (all of those memory_summary() reads); the model
+        knows the totals, not the large/small pool split or per-stream counts, which are 0."""
         s = self.model.stats
+        known = {"allocated_bytes": (s.allocated, self.peak_allocated),
+                 "active_bytes": (s.allocated, self.peak_allocated),
+                 "requested_bytes": (self.requested, s.peak_requested),
+                 "reserved_bytes": (s.reserved, self.peak_reserved),
+                 "allocation": (len(self.blocks), len(self.blocks))}
         out = {}
-        for name, current, peak in (("allocated_bytes", s.allocated, self.peak_allocated),
-                                    ("reserved_bytes", s.reserved, self.peak_reserved),
-                                    ("active_bytes", s.allocated, self.peak_allocated),
-                                    ("requested_bytes", self.requested, s.peak_requested)):
+        for metric in ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes",
+                       "inactive_split_bytes", "allocation", "active", "segment", "inactive_split"):
+            current, peak = known.get(metric, (0, 0))
             for pool in ("all", "large_pool", "small_pool"):
-                out[f"{name}.{pool}.current"] = current if pool == "all" else 0
-                out[f"{name}.{pool}.peak"] = peak if pool == "all" else 0
+                for field, value in (("current", current), ("peak", peak), ("allocated", 0),
+                                     ("freed", 0)):
+                    out[f"{metric}.{pool}.{field}"] = value if pool == "all" else 0
+        for metric in ("oversize_allocations", "oversize_segments"):
+            for field in ("current", "peak", "allocated", "freed"):
+                out[f"{metric}.{field}"] = 0
         out.update({"num_alloc_retries": s.num_alloc_retries, "num_ooms": s.num_ooms,
-                    "num_device_alloc": s.num_device_alloc, "num_device_free": s.num_device_free,
-                    "allocation.all.current": len(self.blocks)})
+                    "num_sync_all_streams": 0, "num_device_alloc": s.num_device_alloc,
+                    "num_device_free": s.num_device_free, "max_split_size": -1})
         return out
 
 
@@ -93,7 +102,8 @@ class _Event:
     def elapsed_time(self, other) -> float: return 0.0
 
 
-def install(torch, target: Target, live: LiveModel, devices: int, on_empty_cache, on_dump) -> None:
+def install(torch, target: Target, live: LiveModel, devices: int, on_empty_cache, on_dump,
+            npu_strings: bool = False) -> None:
     """Replace torch.cuda's device calls (and add torch.npu) for this process."""
     state = {"device": 0, "fraction": 1.0}
     properties = _Properties(name=target.name, major=target.major, minor=target.minor,
@@ -160,7 +170,7 @@ def install(torch, target: Target, live: LiveModel, devices: int, on_empty_cache
     for name, value in api.items():
         setattr(npu, name, value)
     npu.memory = torch.cuda.memory
-    if target.device == "npu":
+    if npu_strings:
         _npu_backend(torch, npu)
     else:
         torch.npu = npu

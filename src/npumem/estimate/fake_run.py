@@ -14,9 +14,12 @@ def prepare(torch, target, answers) -> dict:
     calls)."""
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     chosen: dict = {}
-    _attention(torch, target, chosen)
+    if target.device == "cuda":             # on an NPU: the math path (not modelled further)
+        _attention(torch, target, chosen)
     _parameters_moved_in_place(torch, FakeTensor)
     _host_reads(torch, FakeTensor, unset_fake_temporarily, answers)
+    _no_files_written(torch, answers)
+    _host_side_data_loading(torch, answers)
     # FakeTensorMode computes one-element constants for real, on their device: the shadows do
     # that here (on the host), for every small tensor
     torch._subclasses.fake_tensor.CONSTANT_NUMEL_LIMIT = 0
@@ -25,8 +28,11 @@ def prepare(torch, target, answers) -> dict:
     from torch.optim import optimizer as optimizers
     if FakeTensor not in optimizers._foreach_supported_types:
         optimizers._foreach_supported_types.append(FakeTensor)
-    # PyTorch warns when code reads a fake tensor's data pointer (nn.Module's fast-path checks do)
-    warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+    # warnings about the fake run itself, not the script: PyTorch's when code reads a fake
+    # tensor's data pointer (nn.Module's fast-path checks do), the CPU build's cuDNN and hooks
+    for message in ("Accessing the data pointer of FakeTensor", "PyTorch was compiled without cuDNN",
+                    ".*global hooks on modules"):
+        warnings.filterwarnings("ignore", message=message)
     sys.meta_path.insert(0, _EagerLibraries())
     return chosen
 
@@ -91,6 +97,33 @@ def _host_reads(torch, fake_type, unset_fake, answers) -> None:
         return to_list(self)
 
     torch.Tensor.numpy, torch.Tensor.tolist = numpy, tolist
+
+
+def _no_files_written(torch, answers) -> None:
+    """torch.save of fake tensors would write a broken file over the user's checkpoint: a fake
+    run writes none (a note counts them)."""
+    def save(obj, f, *args, **kwargs):
+        answers.note(f"torch.save to {f if isinstance(f, (str, bytes)) or hasattr(f, '__fspath__') else 'a file object'}: not written")
+
+    torch.save = save
+
+
+def _host_side_data_loading(torch, answers) -> None:
+    """DataLoader workers and pinned host memory cost no device memory, and fake tensors cannot
+    cross into worker processes or be pinned: loading runs in the script's process, unpinned."""
+    loader = torch.utils.data.DataLoader
+    init = loader.__init__
+
+    def __init__(self, *args, **kwargs):
+        if kwargs.get("num_workers") or kwargs.get("pin_memory"):
+            answers.note("DataLoader: num_workers=0 and pin_memory=False (host-side only)")
+        kwargs["num_workers"], kwargs["pin_memory"] = 0, False
+        kwargs.pop("prefetch_factor", None)
+        kwargs.pop("persistent_workers", None)
+        init(self, *args, **kwargs)
+
+    loader.__init__ = __init__
+    torch.Tensor.pin_memory = lambda self, *args, **kwargs: self
 
 
 class _EagerLibraries:

@@ -79,6 +79,8 @@ class KernelRules:
                                  table["entries"]), default=0.0)
 
     def workspaces(self, func, args, kwargs, stream: int = 0) -> list[tuple[int, str, bool]]:
+        if self.target.device != "cuda":     # an NPU has no cuBLAS or cuDNN
+            return []
         name = _name(func)
         if name in CUBLAS_OPS:
             return self._cublas(name, args, stream)

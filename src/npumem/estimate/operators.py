@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import time
 
-from .answers import SELECTING
-
 ESTIMATED = ("cuda", "npu")         # the device types whose memory is estimated
 
 
@@ -52,13 +50,14 @@ class OperatorHook:
         try:
             out = func(*args, **kwargs)
         except self.dynamic:
-            if name not in SELECTING:
+            out = self.answers.dynamic(name, func, args, kwargs, self.torch)
+            if out is None:
                 raise
-            out = self.answers.selecting(name, args, self.torch)
         except self.unsupported_error:
             self.unsupported[name] = self.unsupported.get(name, 0) + 1
             raise
-        real_out = shadows.run(func, *real[:2]) if real is not None and shadows.small(out) else None
+        real_out = shadows.run(func, *real[:2]) if real is not None and shadows.small(out) \
+            else shadows.absorbed(name, args, out)
         if not func.is_view:                 # a view never allocates (fake views from
             outputs(out)                     # FakeTensorMode's cache may carry a new storage)
         if real_out is not None:

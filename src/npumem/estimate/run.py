@@ -106,14 +106,15 @@ def settings_for(device: str, overrides: list[str], environ=os.environ) -> str:
 
 def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None = None,
              memory: int | None = None, settings: str = "", assume: dict | None = None,
-             devices: int = 1, keep_snapshot: bool = False) -> Estimate:
+             devices: int = 1, keep_snapshot: bool = False, script_output=None) -> Estimate:
+    """`script_output`: where the script's stdout goes (a file object; default: ours)."""
     target = find_target(gpu, device)
     capacity = memory or target.capacity
     library = native.stand_in_library()
     flavour = "npu" if target.device == "npu" else "cuda"
-    config = parse_config(settings, flavour)
+    config, defaults = parse_config(settings, flavour), parse_config("", flavour)
     if flavour == "npu":
-        config = config.replace(pad=npu_pad(target.soc))
+        config, defaults = (c.replace(pad=npu_pad(target.soc)) for c in (config, defaults))
     with tempfile.TemporaryDirectory(prefix="npumem-estimate-") as folder:
         spec = {"script": script, "args": args, "gpu": target.key, "device": target.device,
                 "library": library,
@@ -125,7 +126,7 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
         # NPUMEM_ESTIMATE: a script may skip what needs real data (documented in estimate.md)
         env = dict(os.environ, NPUMEM_FAKE_DEVICES=str(devices), NPUMEM_ESTIMATE="1")
         env.pop("NPUMEM_PROFILE", None)
-        returncode = _run_child([sys.executable, "-c", BOOT, library, spec_path], env)
+        returncode = _run_child([sys.executable, "-c", BOOT, library, spec_path], env, script_output)
         if not os.path.exists(spec["out"] + ".json"):
             raise ScriptFailed({"type": "the fake run ended without a result",
                                 "message": f"exit status {returncode}"}, script)
@@ -133,11 +134,16 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
             run = json.load(handle)
         if run.get("error"):
             raise ScriptFailed(run["error"], script)
+        if run.get("status"):
+            raise ScriptFailed({"type": "SystemExit", "exited": run["status"],
+                                "message": f"the script exited with status {run['status']} "
+                                           f"after {run['ops']:,} operators"}, script)
         with open(spec["out"], "rb") as handle:
             snapshot = pickle.load(handle)
     recording = _recording(snapshot, script, flavour, config)
     current = replay_recording(recording, config, capacity=UNLIMITED)
-    tuning = tune_recording(recording, memory=capacity)
+    # every candidate as it stands, not on top of the settings the user has: those are `current`
+    tuning = tune_recording(_recording(snapshot, script, flavour, defaults), memory=capacity)
     low = None
     if run.get("bounded_convolutions"):
         low = replay_recording(_recording(snapshot, script, flavour, config, without=BOUND_LABEL),
@@ -146,9 +152,9 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
                     composition(recording.entries), snapshot if keep_snapshot else None, config)
 
 
-def _run_child(command: list[str], env: dict) -> int:
+def _run_child(command: list[str], env: dict, stdout=None) -> int:
     """Run the fake run's process; it ends with this one (Ctrl-C, a kill, an error here)."""
-    child = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+    child = subprocess.Popen(command, env=env, stdout=stdout, preexec_fn=_die_with_parent)
     try:
         return child.wait()
     finally:

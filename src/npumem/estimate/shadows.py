@@ -74,6 +74,25 @@ class Shadows:
                 return count <= SMALL
         return all(v <= SMALL for v in args if isinstance(v, int) and not isinstance(v, bool))
 
+    def absorbed(self, name: str, args, out):
+        """A result known without all its inputs: `a & b`, `a * b` with a known all-zero
+        operand is all zeros, `a | b` with a known all-true one all true (generation loops end
+        on `unfinished & ~stopping(...)`, whose second operand is known). None otherwise."""
+        torch = self.torch
+        absorbing = {"bitwise_and": 0, "logical_and": 0, "mul": 0, "bitwise_or": 1, "logical_or": 1}
+        value = absorbing.get(name)
+        if value is None or not isinstance(out, torch.Tensor) or out.numel() > SMALL:
+            return None
+        for arg in args[:2]:
+            shadow = getattr(arg, "_npumem_shadow", None) if isinstance(arg, self.fake_type) else (
+                arg if isinstance(arg, torch.Tensor) and arg.device.type == "cpu" else None)
+            if shadow is None or shadow.numel() == 0:
+                continue
+            with self.unset_fake():
+                if bool((shadow == value).all()) if value else not bool(shadow.any()):
+                    return torch.full(tuple(out.shape), value, dtype=out.dtype)
+        return None
+
     def small(self, out) -> bool:
         """Whether every tensor `out` holds is small enough to shadow (the fake result says)."""
         items = out if isinstance(out, (list, tuple)) else (out,)

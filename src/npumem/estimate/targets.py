@@ -1,11 +1,11 @@
 """The devices `npumem estimate` predicts for: memory, multiprocessors and compute capability,
 which the caching allocator's capacity and the kernels' own allocations depend on.
 
-Memory is what the driver reports as total (`torch.cuda.get_device_properties().total_memory`,
-nvidia-smi's "MiB" column); the capacity a script can use is that less the CUDA context, which
-the runtime takes before the first tensor (CONTEXT, measured on an H100 with CUDA 13; `--memory`
-overrides the whole figure). Multiprocessor counts and capabilities are NVIDIA's published
-figures for each board.
+Memory is PyTorch's `get_device_properties().total_memory` (a little under nvidia-smi's total):
+measured on the H200 lent to this project; for the others, the "total capacity" PyTorch's own
+out-of-memory messages print on those boards (GIB below). The capacity a script can use is that
+less the CUDA context the runtime takes before the first tensor (CONTEXT; `--memory` overrides
+the whole figure). Multiprocessor counts and capabilities are NVIDIA's published figures.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MiB = 1 << 20
+GIB = 1 << 30
 CONTEXT = 512 * MiB          # what the CUDA runtime holds before PyTorch allocates
 
 
@@ -40,13 +41,13 @@ class Target:
 
 
 TARGETS = {t.key: t for t in (
-    Target("h100", "NVIDIA H100 80GB HBM3", "cuda", 81559 * MiB, 132, 9, 0),
-    Target("h100-pcie", "NVIDIA H100 PCIe", "cuda", 81559 * MiB, 114, 9, 0),
-    Target("h200", "NVIDIA H200", "cuda", 143771 * MiB, 132, 9, 0),
-    Target("a100-80", "NVIDIA A100-SXM4-80GB", "cuda", 81920 * MiB, 108, 8, 0),
-    Target("a100-40", "NVIDIA A100-SXM4-40GB", "cuda", 40960 * MiB, 108, 8, 0),
-    Target("l4", "NVIDIA L4", "cuda", 23034 * MiB, 58, 8, 9),
-    Target("rtx4090", "NVIDIA GeForce RTX 4090", "cuda", 24564 * MiB, 128, 8, 9),
+    Target("h100", "NVIDIA H100 80GB HBM3", "cuda", int(79.11 * GIB), 132, 9, 0),
+    Target("h100-pcie", "NVIDIA H100 PCIe", "cuda", int(79.11 * GIB), 114, 9, 0),
+    Target("h200", "NVIDIA H200", "cuda", 150_109_880_320, 132, 9, 0),     # measured
+    Target("a100-80", "NVIDIA A100-SXM4-80GB", "cuda", int(79.33 * GIB), 108, 8, 0),
+    Target("a100-40", "NVIDIA A100-SXM4-40GB", "cuda", int(39.50 * GIB), 108, 8, 0),
+    Target("l4", "NVIDIA L4", "cuda", int(22.03 * GIB), 58, 8, 9),
+    Target("rtx4090", "NVIDIA GeForce RTX 4090", "cuda", int(23.64 * GIB), 128, 8, 9),
     Target("910b", "Ascend910B2", "npu", 65536 * MiB, 24, 0, 0, soc="Ascend910B2"),
 )}
 DEFAULT = {"cuda": "h100", "npu": "910b"}
