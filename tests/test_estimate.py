@@ -89,7 +89,9 @@ def test_a_script_using_torch_cuda_runs_unchanged(tmp_path):
         print("AFTER", torch.cuda.memory_reserved())
         """, "--gpu", "a100-40", "--json")
     assert done.returncode == 0, done.stderr
-    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line[:4].isupper())
+    # with --json the script's own output goes to stderr: stdout is the JSON alone
+    lines = dict(line.split(" ", 1) for line in done.stderr.splitlines() if line[:4].isupper()
+                 and " " in line)
     assert lines["NAME"] == "NVIDIA A100-SXM4-40GB 108"
     assert lines["STEP"].startswith("3.0")            # AdamW stepped: GradScaler saw no inf
     allocated, reserved = (int(v) for v in lines["ALLOCATED"].split())
@@ -98,7 +100,7 @@ def test_a_script_using_torch_cuda_runs_unchanged(tmp_path):
     params = (512 * 1024 + 1024 + 1024 * 10 + 10) * 4
     assert allocated >= 3 * params + 2 * kernel_rules.cublas_workspace_size(target("a100-40"), {})
     assert reserved >= allocated
-    report = json.loads(done.stdout[done.stdout.index("{"):])
+    report = json.loads(done.stdout)
     assert report["fits"] and report["target"] == "NVIDIA A100-SXM4-40GB"
     assert report["peak_reserved_bytes"] >= reserved
     assert report["fake_run"]["ops"] > 100
@@ -181,9 +183,9 @@ def test_attention_views_and_host_reads_as_on_a_gpu(tmp_path):
         print("HOST", values.shape, weight[:2, :2].tolist())
         """, "--json")
     assert done.returncode == 0, done.stderr
-    assert "VIEWS 0" in done.stdout                      # views share their base's memory
-    assert "HOST (192, 64) [[0.0, 0.0], [0.0, 0.0]]" in done.stdout
-    report = json.loads(done.stdout[done.stdout.index("{"):])
+    assert "VIEWS 0" in done.stderr                      # views share their base's memory
+    assert "HOST (192, 64) [[0.0, 0.0], [0.0, 0.0]]" in done.stderr
+    report = json.loads(done.stdout)
     # nn.MultiheadAttention reaches scaled_dot_product_attention from inside
     # F.multi_head_attention_forward: fp32 with dropout on sm_90 is memory-efficient attention
     assert report["fake_run"]["attention"] == {"efficient": 2}
@@ -194,7 +196,7 @@ def test_attention_views_and_host_reads_as_on_a_gpu(tmp_path):
 def test_a_script_that_allocates_nothing_on_the_device(tmp_path):
     done = _estimate(tmp_path, "print(sum(range(10)))\n", "--json")
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout[done.stdout.index("{"):])
+    report = json.loads(done.stdout)
     assert report["peak_reserved_bytes"] == 0 and report["fits"]
 
 
@@ -213,9 +215,49 @@ def test_a_script_written_for_torch_npu_runs_on_the_stand_in_npu(tmp_path):
         print("DEVICE", model.weight.device, torch.npu.memory_allocated())
         """, "--device", "npu", "--json")
     assert done.returncode == 0, done.stderr
-    line = next(l for l in done.stdout.splitlines() if l.startswith("DEVICE"))
+    line = next(l for l in done.stderr.splitlines() if l.startswith("DEVICE"))
     assert line.split()[1] == "npu:0"
     # weights, gradients and AdamW's two states of a 4 MiB weight, each padded by torch_npu
     assert int(line.split()[2]) >= 4 * 1024 * 1024 * 4
-    report = json.loads(done.stdout[done.stdout.index("{"):])
+    report = json.loads(done.stdout)
     assert report["device"] == "npu" and report["peak_allocated_bytes"] >= 16 * MiB
+
+
+@needs_build
+def test_what_a_fake_run_does_in_place_of_the_script(tmp_path):
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"a good checkpoint")
+    done = _estimate(tmp_path, f"""
+        import torch
+        model = torch.nn.Linear(16, 16).cuda()
+        data = torch.utils.data.TensorDataset(torch.randn(64, 16))
+        for (x,) in torch.utils.data.DataLoader(data, batch_size=8, num_workers=2, pin_memory=True):
+            y = model(x.cuda(non_blocking=True))
+        kept = y[y > 0]                                  # as many as there are: all of them
+        print("KEPT", kept.shape[0], torch.unique(y).shape[0])
+        unfinished = torch.ones(4, dtype=torch.long, device="cuda")
+        for step in range(100):                          # a generation loop's stopping test
+            logits = torch.randn(4, 5000, device="cuda")
+            done_now = torch.full((4,), step >= 7, dtype=torch.bool, device="cuda")
+            unfinished = (logits.argmax(-1) > -1).long() * unfinished & ~done_now
+            if unfinished.max() == 0:
+                break
+        print("STEPS", step)
+        torch.save(model.state_dict(), {str(checkpoint)!r})
+        """, "--json")
+    assert done.returncode == 0, done.stderr
+    assert checkpoint.read_bytes() == b"a good checkpoint"
+    assert "KEPT 128 128" in done.stderr and "STEPS 7" in done.stderr
+    notes = json.loads(done.stdout)["fake_run"]["answers"]
+    assert any("torch.save" in note for note in notes) and any("DataLoader" in note for note in notes)
+
+
+@needs_build
+def test_an_early_exit_is_a_failure_with_its_message(tmp_path):
+    done = _estimate(tmp_path, """
+        import sys, torch
+        torch.ones(4, device="cuda")
+        sys.exit("fatal: config missing")
+        """)
+    assert done.returncode == 1
+    assert "fatal: config missing" in done.stderr and "exited with status 1" in done.stderr
