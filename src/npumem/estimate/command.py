@@ -99,7 +99,8 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
     from .targets import TARGETS, target as find_target
 
     if not os.path.isfile(script):
-        raise click.BadParameter(f"{script}: no such file (the Python script to estimate)",
+        what = "is a folder" if os.path.isdir(script) else "no such file"
+        raise click.BadParameter(f"{script}: {what} (give the Python script to estimate)",
                                  param_hint="SCRIPT")
     try:
         chosen = find_target(gpu, device or "cuda")
@@ -126,7 +127,7 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
     if fitting is not None and not any("{" + fitting[0] + "}" in a for a in script_args):
         raise click.BadParameter(f"no {{{fitting[0]}}} in the script's arguments to replace",
                                  param_hint="--fit")
-    results = []
+    results, failed = [], []
     for value, args in runs:
         if value is not None:
             click.echo(f"== {fitting[0]}={value}: {script} {' '.join(args)}", err=True)
@@ -142,13 +143,20 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
             hint = _hint(exc.failure)
             if hint:
                 click.echo("  " + hint, err=True)
-            if as_json:
-                click.echo(json.dumps({"error": exc.failure, **({fitting[0]: value} if fitting else {})},
-                                      indent=2))
-            sys.exit(1)
+            if fitting is None:
+                if as_json:
+                    click.echo(json.dumps({"error": exc.failure}, indent=2))
+                sys.exit(1)
+            failed.append((value, exc.failure))  # the other values still answer the fit
+            continue
         results.append((value, result))
         if not as_json:
             click.echo("\n".join(summary_lines(result)))
+    if fitting is not None and not results:
+        if as_json:
+            click.echo(json.dumps({"fit": None, "runs": [], "failed": [
+                {fitting[0]: v, "error": f} for v, f in failed]}, indent=2))
+        sys.exit(1)
     if out_dir is not None:
         _write(out_dir, results)
     if as_json:
@@ -156,9 +164,14 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
             click.echo(json.dumps(results[0][1].as_dict(), indent=2))
         else:
             runs = [dict(r.as_dict(), **{fitting[0]: v}) for v, r in results]
-            click.echo(json.dumps({"fit": fit_answer(fitting[0], results), "runs": runs}, indent=2))
+            click.echo(json.dumps({"fit": fit_answer(fitting[0], results), "runs": runs,
+                                   "failed": [{fitting[0]: v, "error": f} for v, f in failed]},
+                                  indent=2))
     elif fitting is not None:
         click.echo("\n".join(fit_lines(fitting[0], results)))
+        if failed:
+            click.echo(f"not judged: {', '.join(f'{fitting[0]}={v}' for v, _ in failed)} "
+                       "(the script failed; see above)")
     if not any(r.fits or r.recommended is not None for _, r in results):
         sys.exit(3)                          # nothing fits, under any setting
 
