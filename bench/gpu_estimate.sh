@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU half of `npumem estimate`'s checks, in one run from the repository root:
-#     PYTHONPATH=src bash bench/gpu_estimate.sh OUT_DIR
+#     PYTHONPATH=$PWD/src bash bench/gpu_estimate.sh OUT_DIR
 # Records the real runs (bench/estimate_truth.py) and the operators' temporaries
 # (bench/kernel_temporaries.py) at once, packs them as OUT_DIR/truth.tar.gz.part-*, then runs
 # the suite with the conformance suites on torch:cuda and the allocation benchmark.

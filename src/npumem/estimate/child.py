@@ -50,7 +50,10 @@ def main(spec_path: str) -> int:
     estimated: dict = {}                    # the recorder's device index -> estimated?
 
     def listener(action, key, size, device):
-        if estimated.setdefault(device, recorder.devices[device].startswith(ESTIMATED)):
+        known = estimated.get(device)
+        if known is None:
+            known = estimated[device] = recorder.devices[device].startswith(ESTIMATED)
+        if known:
             live(action, key, size, device)
 
     recorder.listener = listener
