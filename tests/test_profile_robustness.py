@@ -307,17 +307,23 @@ def test_an_interrupted_run_saves_only_what_it_can_in_its_time(tmp_path, monkeyp
     assert list(tmp_path.iterdir()) == []            # no part of a file is left
 
 
-def test_ctrl_c_inside_npumems_own_code_is_raised_in_the_scripts(monkeypatch):
+def test_ctrl_c_inside_npumems_own_code_is_raised_in_the_scripts():
     own = os.path.join(run_module._OWN_CODE, "recorder_frame.py")
     scope: dict = {}
     exec(compile("import sys\nframe = sys._getframe()", own, "exec"), scope)
-    with run_module._interrupts_outside_npumem():
-        handler = signal.getsignal(signal.SIGINT)
-        handler(signal.SIGINT, scope["frame"])        # inside npumem: not raised there ...
-        with pytest.raises(KeyboardInterrupt):          # ... but a moment later, here
-            for _ in range(1000):
-                time.sleep(0.01)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own handler, as a terminal gives it (a background job starts with SIGINT ignored,
+    # which the profiler rightly keeps)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with run_module._interrupts_outside_npumem():
+            handler = signal.getsignal(signal.SIGINT)
+            handler(signal.SIGINT, scope["frame"])        # inside npumem: not raised there ...
+            with pytest.raises(KeyboardInterrupt):          # ... but a moment later, here
+                for _ in range(1000):
+                    time.sleep(0.01)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_run_interrupted_before_it_recorded_anything_saves_nothing(tmp_path):
