@@ -276,3 +276,32 @@ def test_the_h200_recordings_under_each_setting_replay_exactly(setting):
     truth = next(json.loads(line) for line in open(TRUTH)
                  if json.loads(line)["name"] == "mlp" and json.loads(line)["setting"] == setting)
     assert result.divergence is None and result.peak_reserved_bytes == truth["peak_reserved"]
+
+
+@needs_build
+def test_the_predicted_snapshot_opens_like_a_recorded_one(tmp_path):
+    out = tmp_path / "pred"
+    done = _estimate(tmp_path, """
+        import torch
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 8)).cuda()
+        opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+        for _ in range(3):
+            model(torch.randn(64, 256, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        """, "--out", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    estimate = json.loads((out / "estimate.json").read_text())
+    assert estimate == json.loads(done.stdout)
+    from npumem.trace.recording import load_recording
+    from npumem.trace.torch_replay import replay_recording
+    recording = load_recording(str(out / "predicted.pickle"))
+    assert recording.predicted and recording.segments
+    # the predicted snapshot's own segment events replay exactly, and say the estimate's peak
+    result = replay_recording(recording, check=True)
+    assert result.divergence is None
+    assert result.recorded_peak_reserved_bytes == estimate["peak_reserved_bytes"]
+    env = dict(os.environ)
+    tuned = subprocess.run([sys.executable, "-m", "npumem", "tune", str(out / "predicted.pickle")],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert tuned.returncode == 0 and "npumem estimate's predicted run reserved" in tuned.stdout

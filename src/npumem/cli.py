@@ -594,7 +594,10 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
     if result.best is not None:
         ran = {"cuda": "the CUDA run", "npu": "the NPU run"}.get(recording.recorded_flavour,
                                                                  "the recording")
-        real = (f"{ran} really reserved {format_size(result.recorded_peak_reserved_bytes)}"
+        really = "really reserved"
+        if recording.predicted:
+            ran, really = "npumem estimate's predicted run", "reserved"
+        real = (f"{ran} {really} {format_size(result.recorded_peak_reserved_bytes)}"
                 if result.recorded_peak_reserved_bytes is not None else
                 "the recording has no caching-allocator segments to compare with (a CPU or "
                 "plain alloc/free trace)")

@@ -90,6 +90,7 @@ class Recording:
     limits: dict | None = None           # what c10 told its OOM observers (OOM_KEY), if kept
     pad: int | None = None               # the target NPU's request padding (npu_pad); None: 32
     recorded_flavour: str | None = None  # the allocator it was recorded on, where not `flavour`
+    predicted: bool = False              # written by npumem estimate, not recorded on a device
 
     def base_config(self) -> TorchAllocatorConfig:
         """The allocator settings this recording ran with, on the chip it is replayed for."""
@@ -213,7 +214,9 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
     return Recording(path, device, flavour or native,
                      settings if isinstance(settings, dict) else None, mine, entries, annotations,
                      limits=limits if isinstance(limits, dict) and limits.get("device") == device
-                     else None, recorded_flavour=native if flavour not in (None, native) else None)
+                     else None, recorded_flavour=native if flavour not in (None, native) else None,
+                     predicted=str((data.get("npumem") or {}).get("source", "")).startswith(
+                         "npumem estimate"))
 
 
 def _without_workspaces(entries: list, segments: list) -> tuple[list, list, bool]:
