@@ -235,7 +235,7 @@ def test_what_a_fake_run_does_in_place_of_the_script(tmp_path):
         data = torch.utils.data.TensorDataset(torch.randn(64, 16))
         for (x,) in torch.utils.data.DataLoader(data, batch_size=8, num_workers=2, pin_memory=True):
             y = model(x.cuda(non_blocking=True))
-        kept = y[y > 0]                                  # as many as there are: all of them
+        kept = y[y > 0]
         print("KEPT", kept.shape[0], torch.unique(y).shape[0])
         unfinished = torch.ones(4, dtype=torch.long, device="cuda")
         for step in range(100):                          # a generation loop's stopping test
@@ -249,7 +249,10 @@ def test_what_a_fake_run_does_in_place_of_the_script(tmp_path):
         """, "--json")
     assert done.returncode == 0, done.stderr
     assert checkpoint.read_bytes() == b"a good checkpoint"
-    assert "KEPT 128 128" in done.stderr and "STEPS 7" in done.stderr
+    # y is small, so its values are real (shadows): x[mask] and unique give their true sizes
+    kept, distinct = (int(v) for v in next(l for l in done.stderr.splitlines()
+                                           if l.startswith("KEPT")).split()[1:])
+    assert 0 < kept < 128 and distinct == 128 and "STEPS 7" in done.stderr
     notes = json.loads(done.stdout)["fake_run"]["answers"]
     assert any("torch.save" in note for note in notes) and any("DataLoader" in note for note in notes)
 

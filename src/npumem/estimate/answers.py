@@ -2,8 +2,8 @@
 output sizes that depend on data (`nonzero`, `masked_select`).
 
 A scalar's answer depends on the operator that made it, so that common checks take the branch
-a healthy run takes: `all()` is True (an attention mask of ones: no padding), `any()`, `isnan`
-and `isinf` are False (no bad values, so GradScaler steps); other booleans are False, integers
+a healthy run takes: `all()` and `isfinite` are True (an attention mask of ones: no padding),
+`any()`, `isnan` and `isinf` are False (no bad values, so GradScaler steps); other booleans are False, integers
 1 (a count a script may divide by) and floats 0.0 (a loss to print, GradScaler's found_inf).
 `--assume bool=True,int=8,float=1.5` changes the defaults. Sizes that depend on data take
 their largest value (every element selected): a memory estimate should not be short.
@@ -11,7 +11,7 @@ their largest value (every element selected): a memory estimate should not be sh
 
 from __future__ import annotations
 
-TRUE_OPS = {"all"}
+TRUE_OPS = {"all", "isfinite"}
 FALSE_OPS = {"any", "isnan", "isinf", "isneginf", "isposinf"}
 SELECTING = {"nonzero", "masked_select", "argwhere"}
 

@@ -161,7 +161,8 @@ def _describe_failure(exc: BaseException, script: str) -> dict:
                "operator": str(operator) if operator is not None else None,
                "file": where.filename if where else None, "line": where.lineno if where else None,
                "code": where.line if where else None,
-               "ordinary": bool(frames) and frames[-1] is where and operator is None}
+               "ordinary": isinstance(exc, ImportError) or (
+                   bool(frames) and frames[-1] is where and operator is None)}
     if isinstance(exc, SyntaxError):
         failure.update(file=exc.filename, line=exc.lineno, code=(exc.text or "").strip(),
                        message=exc.msg, ordinary=True)

@@ -180,12 +180,18 @@ def _failure_line(exc) -> str:
     failure = exc.failure
     if failure.get("exited") is not None:
         return f"{failure['message']}, before estimate could judge it"
+    if failure.get("ordinary") and any("assumed" in note for note in failure.get("assumed", [])):
+        return f"the script raised an error, after reading values estimate assumed: {exc}"
     if failure.get("ordinary"):
         return f"the script raised an error (a GPU run would too): {exc}"
     return f"the script stopped under fake tensors: {exc}"
 
 
 def _hint(failure: dict) -> str:
+    assumed = [note for note in failure.get("assumed", []) if "assumed" in note]
+    if failure.get("ordinary") and assumed:
+        return ("the script read values estimate could only assume (" + "; ".join(assumed[:3]) +
+                "): if the error follows from one, give it with --assume")
     if failure.get("exited") is not None or failure.get("ordinary"):
         return ""
     text = f"{failure.get('type')} {failure.get('message')}"

@@ -17,49 +17,71 @@ from ..alloc.torch_model import TorchAllocatorModel
 from ..profile.tensor_recorder import ALLOC
 from .targets import Target
 
+SMALL_BLOCK = 1 << 20        # c10's kSmallSize: blocks this size or less come from the small pool
+
 
 class LiveModel:
-    """The allocator model fed by the recorder (TensorRecorder.listener)."""
+    """The allocator model fed by the recorder (TensorRecorder.listener), with the counters
+    torch.cuda.memory_stats() reports: per pool (small: blocks of 1 MiB or less) the current,
+    peak, cumulative allocated and freed figures of allocations and their bytes."""
+
+    METRICS = ("allocation", "allocated_bytes", "requested_bytes")
 
     def __init__(self, config):
         self.model = TorchAllocatorModel(config)
         self.blocks: dict = {}
-        self.peak_allocated = self.peak_reserved = 0
-        self.requested = 0
+        self.peak_reserved = 0
+        # (metric, pool) -> [current, peak, allocated, freed]
+        self.counters = {(m, p): [0, 0, 0, 0] for m in self.METRICS
+                         for p in ("all", "large_pool", "small_pool")}
+
+    @property
+    def peak_allocated(self) -> int:
+        return self.counters["allocated_bytes", "all"][1]
+
+    def _count(self, block, size: int, sign: int) -> None:
+        pool = "small_pool" if block.size <= SMALL_BLOCK else "large_pool"
+        for metric, amount in (("allocation", 1), ("allocated_bytes", block.size),
+                               ("requested_bytes", size)):
+            for where in ("all", pool):
+                counter = self.counters[metric, where]
+                counter[0] += sign * amount
+                counter[1] = max(counter[1], counter[0])
+                counter[2 if sign > 0 else 3] += amount
 
     def __call__(self, action, key, size, device) -> None:
         if action == ALLOC:
-            self.blocks[key] = (self.model.malloc(size), size)
-            self.requested += size
+            block = self.model.malloc(size)
+            self.blocks[key] = (block, size)
+            self._count(block, size, +1)
         else:
             found = self.blocks.pop(key, None)
             if found is not None:
+                self._count(found[0], found[1], -1)
                 self.model.free(found[0])
-                self.requested -= found[1]
-        stats = self.model.stats
-        self.peak_allocated = max(self.peak_allocated, stats.allocated)
-        self.peak_reserved = max(self.peak_reserved, stats.reserved)
+        self.peak_reserved = max(self.peak_reserved, self.model.stats.reserved)
 
     def reset_peaks(self) -> None:
-        self.peak_allocated, self.peak_reserved = self.model.stats.allocated, self.model.stats.reserved
+        self.peak_reserved = self.model.stats.reserved
+        for counter in self.counters.values():
+            counter[1] = counter[0]
 
     def stats(self) -> dict:
-        """torch.cuda.memory_stats()'s keys (all of those memory_summary() reads); the model
-        knows the totals, not the large/small pool split or per-stream counts, which are 0."""
+        """torch.cuda.memory_stats()'s keys (all of those memory_summary() reads). Reserved
+        memory and segments are the model's totals (not split by pool); what the model does not
+        follow (inactive splits, oversize blocks, stream syncs) is 0."""
         s = self.model.stats
-        known = {"allocated_bytes": (s.allocated, self.peak_allocated),
-                 "active_bytes": (s.allocated, self.peak_allocated),
-                 "requested_bytes": (self.requested, s.peak_requested),
-                 "reserved_bytes": (s.reserved, self.peak_reserved),
-                 "allocation": (len(self.blocks), len(self.blocks))}
+        segments = s.num_device_alloc - s.num_device_free
+        known = {("reserved_bytes", "all"): [s.reserved, self.peak_reserved, 0, 0],
+                 ("segment", "all"): [segments, segments, s.num_device_alloc, s.num_device_free]}
         out = {}
         for metric in ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes",
                        "inactive_split_bytes", "allocation", "active", "segment", "inactive_split"):
-            current, peak = known.get(metric, (0, 0))
+            source = {"active_bytes": "allocated_bytes", "active": "allocation"}.get(metric, metric)
             for pool in ("all", "large_pool", "small_pool"):
-                for field, value in (("current", current), ("peak", peak), ("allocated", 0),
-                                     ("freed", 0)):
-                    out[f"{metric}.{pool}.{field}"] = value if pool == "all" else 0
+                values = self.counters.get((source, pool)) or known.get((source, pool)) or [0, 0, 0, 0]
+                for field, value in zip(("current", "peak", "allocated", "freed"), values):
+                    out[f"{metric}.{pool}.{field}"] = value
         for metric in ("oversize_allocations", "oversize_segments"):
             for field in ("current", "peak", "allocated", "freed"):
                 out[f"{metric}.{field}"] = 0
@@ -141,7 +163,7 @@ def install(torch, target: Target, live: LiveModel, devices: int, on_empty_cache
         "is_bf16_supported": lambda including_emulation=True: target.major >= 8,
         "synchronize": lambda device=None: None, "empty_cache": empty_cache,
         "ipc_collect": lambda: None,
-        "memory_allocated": lambda device=None: live.model.stats.allocated,
+        "memory_allocated": lambda device=None: live.counters["allocated_bytes", "all"][0],
         "max_memory_allocated": lambda device=None: live.peak_allocated,
         "memory_reserved": lambda device=None: live.model.stats.reserved,
         "max_memory_reserved": lambda device=None: live.peak_reserved,

@@ -3,6 +3,7 @@ takes on a GPU, each change beside the reason for it. `prepare()` installs them 
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -59,23 +60,31 @@ def _attention(torch, target, chosen: dict) -> None:
 
 
 def _parameters_moved_in_place(torch, fake_type) -> None:
-    """Module.to() swaps each fake parameter for a new one (swap_tensors), which fails on the
-    weak references fake tensors carry and would untie tied weights; a GPU run sets .data in
-    place, and so does this."""
+    """Module.to() keeps each parameter object, as a GPU run does (tied weights stay tied): it
+    is told to swap (set_swap_module_params_on_conversion), and the swap here puts the moved
+    tensor into the parameter's object: by .data for two fake tensors, else (a real parameter
+    loaded from a file, or cpu -> npu) by swapping the objects' contents, as
+    torch.utils.swap_tensors does but without its refusal of weak references, which fake
+    tensors carry."""
     swap = torch.utils.swap_tensors
 
     def swap_tensors(t1, t2):
-        if not (isinstance(t1, fake_type) and isinstance(t2, fake_type)):
+        if not isinstance(t2, fake_type):
             return swap(t1, t2)
-        try:
-            with torch.no_grad():
-                t1.data = t2
-            t1.fake_device = t2.fake_device
-        except RuntimeError:                 # cpu -> npu (PrivateUse1): no shallow copy
-            torch._C._swap_tensor_impl(t1, t2)   # swap_tensors less its weak-reference check
-            t1.__dict__, t2.__dict__ = t2.__dict__, t1.__dict__
+        if isinstance(t1, fake_type):
+            try:
+                with torch.no_grad():
+                    t1.data = t2
+                t1.fake_device = t2.fake_device
+                return
+            except RuntimeError:                 # no shallow copy between these devices
+                pass
+        t1.__class__, t2.__class__ = t2.__class__, t1.__class__
+        t1.__dict__, t2.__dict__ = t2.__dict__, t1.__dict__
+        torch._C._swap_tensor_impl(t1, t2)
 
     torch.utils.swap_tensors = swap_tensors
+    torch.__future__.set_swap_module_params_on_conversion(True)
 
 
 def _host_reads(torch, fake_type, unset_fake, answers) -> None:
@@ -101,11 +110,58 @@ def _host_reads(torch, fake_type, unset_fake, answers) -> None:
 
 def _no_files_written(torch, answers) -> None:
     """torch.save of fake tensors would write a broken file over the user's checkpoint: a fake
-    run writes none (a note counts them)."""
-    def save(obj, f, *args, **kwargs):
-        answers.note(f"torch.save to {f if isinstance(f, (str, bytes)) or hasattr(f, '__fspath__') else 'a file object'}: not written")
+    run writes none, and keeps the object, which torch.load of the same path in this run returns.
+    torch.load onto the device loads on the host and moves each tensor there as a fake one, so
+    that the device's copy is counted (PyTorch's own path makes it outside any dispatch)."""
+    saved: dict = {}
+    load = torch.load
 
-    torch.save = save
+    def name_of(f) -> str | None:
+        return os.path.abspath(os.fspath(f)) if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__") \
+            else None
+
+    def save(obj, f, *args, **kwargs):
+        name = name_of(f)
+        if name is not None:
+            saved[name] = obj
+        answers.note(f"torch.save to {os.fspath(f) if name else 'a file object'}: not written "
+                     "(kept in memory for a torch.load of it)")
+
+    def load_(f, map_location=None, *args, **kwargs):
+        name = name_of(f)
+        if name in saved:
+            answers.note(f"torch.load of {os.fspath(f)}: what this run saved there")
+            return saved[name]
+        device = _device_of(torch, map_location)
+        if device is None:
+            return load(f, map_location, *args, **kwargs)
+        moved: dict = {}                         # tensors that share a storage stay shared
+
+        def to_device(value):
+            if isinstance(value, torch.Tensor):
+                key = id(value)
+                if key not in moved:
+                    moved[key] = value.to(device)
+                return moved[key]
+            if isinstance(value, dict):
+                return type(value)((k, to_device(v)) for k, v in value.items())
+            if isinstance(value, (list, tuple)):
+                return type(value)(to_device(v) for v in value)
+            return value
+        return to_device(load(f, "cpu", *args, **kwargs))
+
+    torch.save, torch.load = save, load_
+
+
+def _device_of(torch, map_location):
+    """The device a map_location sends tensors to, where it is a device (cuda, npu); else None."""
+    if isinstance(map_location, dict):
+        targets = {str(v) for v in map_location.values()}
+        map_location = targets.pop() if len(targets) == 1 else None
+    if isinstance(map_location, (str, torch.device)):
+        device = torch.device(map_location)
+        return device if device.type != "cpu" else None
+    return None
 
 
 def _host_side_data_loading(torch, answers) -> None:
@@ -126,12 +182,30 @@ def _host_side_data_loading(torch, answers) -> None:
     torch.Tensor.pin_memory = lambda self, *args, **kwargs: self
 
 
-class _EagerLibraries:
-    """A finder that patches libraries which run differently on fake tensors once imported:
-    transformers counts a fake tensor as tracing (import_utils.is_fake_tensor) and then keeps
-    the attention masks and paths it drops on a GPU, which changes the attention kernel."""
+def _not_tracing(module) -> None:
+    """transformers counts a fake tensor as tracing (is_fake_tensor) and then keeps the
+    attention masks and paths it drops on a GPU, which changes the attention kernel."""
+    module.is_fake_tensor = lambda x: False
 
-    PATCHES = {"transformers.utils.import_utils": {"is_fake_tensor": lambda x: False}}
+
+def _safetensors_on_host(module) -> None:
+    """safetensors builds device tensors outside any dispatch (the stand-in device cannot hold
+    them): it loads on the host, and the tensors move to the device as fake ones."""
+    load_file = module.load_file
+
+    def load_on_host(filename, device="cpu"):
+        tensors = load_file(filename, device="cpu")
+        if str(device) == "cpu":
+            return tensors
+        return {name: tensor.to(device) for name, tensor in tensors.items()}
+
+    module.load_file = load_on_host
+
+
+class _EagerLibraries:
+    """A finder that patches libraries which run differently on fake tensors, once imported."""
+
+    PATCHES = {"transformers.utils.import_utils": _not_tracing, "safetensors.torch": _safetensors_on_host}
 
     def find_spec(self, name, path=None, target=None):
         if name not in self.PATCHES:
@@ -144,11 +218,10 @@ class _EagerLibraries:
             sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return spec
-        load, patches = spec.loader.exec_module, self.PATCHES[name]
+        load, patch = spec.loader.exec_module, self.PATCHES[name]
 
         def exec_module(module):
             load(module)
-            for attribute, value in patches.items():
-                setattr(module, attribute, value)
+            patch(module)
         spec.loader.exec_module = exec_module
         return spec

@@ -133,7 +133,7 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
         with open(spec["out"] + ".json") as handle:
             run = json.load(handle)
         if run.get("error"):
-            raise ScriptFailed(run["error"], script)
+            raise ScriptFailed({**run["error"], "assumed": run.get("answers", [])}, script)
         if run.get("status"):
             raise ScriptFailed({"type": "SystemExit", "exited": run["status"],
                                 "message": f"the script exited with status {run['status']} "

@@ -93,6 +93,18 @@ class Shadows:
                     return torch.full(tuple(out.shape), value, dtype=out.dtype)
         return None
 
+    def fake_like(self, real_out, args):
+        """Fake tensors shaped as a real result, on the device of the first fake input: a size
+        that depends on data, known because the inputs' values are (small[small > 0])."""
+        torch = self.torch
+        device = next((a.device for a in args if isinstance(a, self.fake_type)), torch.device("cpu"))
+        if isinstance(real_out, (list, tuple)):
+            return type(real_out)(self.fake_like(item, args) for item in real_out)
+        if not isinstance(real_out, torch.Tensor):
+            return real_out
+        return torch.empty_strided(tuple(real_out.shape), real_out.stride(), dtype=real_out.dtype,
+                                   device=device)
+
     def small(self, out) -> bool:
         """Whether every tensor `out` holds is small enough to shadow (the fake result says)."""
         items = out if isinstance(out, (list, tuple)) else (out,)
