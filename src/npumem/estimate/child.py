@@ -77,14 +77,15 @@ def main(spec_path: str) -> int:
         ctypes.CDLL(spec["library"]).npumem_stand_in_npu()
     device_api.install(torch, target, live, spec.get("devices", 1), on_empty_cache, on_dump,
                        npu_strings)
+    script = os.path.abspath(spec["script"])     # as Python gives __main__ its __file__
     sys.argv = [spec["script"], *spec["args"]]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(spec["script"])))
+    sys.path.insert(0, os.path.dirname(script))
     result = {"error": None, "status": 0}
     started = time.perf_counter()
     with FakeTensorMode(allow_non_fake_inputs=True):
         recorder.start()
         try:
-            runpy.run_path(spec["script"], run_name="__main__")
+            runpy.run_path(script, run_name="__main__")
         except SystemExit as exc:                 # as Python ends on it: a message, a status
             if isinstance(exc.code, str):
                 print(exc.code, file=sys.stderr)

@@ -20,6 +20,7 @@ def prepare(torch, target, answers) -> dict:
     _parameters_moved_in_place(torch, FakeTensor)
     _host_reads(torch, FakeTensor, unset_fake_temporarily, answers)
     _no_files_written(torch, answers)
+    _compile_runs_eagerly(torch, answers)
     _host_side_data_loading(torch, answers)
     # FakeTensorMode computes one-element constants for real, on their device: the shadows do
     # that here (on the host), for every small tensor
@@ -151,6 +152,18 @@ def _no_files_written(torch, answers) -> None:
         return to_device(load(f, "cpu", *args, **kwargs))
 
     torch.save, torch.load = save, load_
+
+
+def _compile_runs_eagerly(torch, answers) -> None:
+    """torch.compile would trace fake tensors through dynamo and Inductor, whose kernels'
+    buffers are not modelled: the model runs as written, and a note says so."""
+    def compile(model=None, *args, **kwargs):
+        answers.note("torch.compile: the model runs eagerly (Inductor's buffers are not predicted)")
+        if model is None:                        # used as @torch.compile(...)
+            return lambda fn: fn
+        return model
+
+    torch.compile = compile
 
 
 def _device_of(torch, map_location):

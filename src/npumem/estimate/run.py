@@ -137,7 +137,8 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
         if run.get("status"):
             raise ScriptFailed({"type": "SystemExit", "exited": run["status"],
                                 "message": f"the script exited with status {run['status']} "
-                                           f"after {run['ops']:,} operators"}, script)
+                                           f"after {run['ops']:,} operator{'s' * (run['ops'] != 1)}"},
+                               script)
         with open(spec["out"], "rb") as handle:
             snapshot = pickle.load(handle)
     recording = _recording(snapshot, script, flavour, config)
