@@ -237,6 +237,9 @@ def summary_lines(result) -> list[str]:
     if composition.get("category"):
         lines.append("  live at the peak, by category: " + ", ".join(
             f"{name or 'other'} {format_size(size)}" for name, size in composition["category"].items()))
+        if composition.get("kernels"):
+            lines.append("  of which the kernels' own workspaces: " + ", ".join(
+                f"{name} {format_size(size)}" for name, size in composition["kernels"].items()))
         lines.append("  by line:")
         lines += [f"    {format_size(row['bytes']):>10}  {row['line']}" for row in composition["line"][:5]]
     return lines

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..alloc.torch_model import TorchAllocatorConfig, parse_config
 from ..alloc.torch_model.config import npu_pad, read_env
+from ..profile.analysis import by_category, group_by_site, live_after
 from ..trace.recording import Recording, recording_from_data
 from ..trace.torch_replay import UNLIMITED, replay_recording
 from ..trace.torch_tune import tune_recording
@@ -58,8 +59,8 @@ class Estimate:
     tuning: object                      # TorchTuning on `capacity`
     low_peak_reserved: int | None = None   # without the bounded workspaces, where there are any
     composition: dict = field(default_factory=dict)
-    snapshot: dict | None = None
-    config: TorchAllocatorConfig | None = None   # the settings as the model reads them        # the fake run's recording (PyTorch snapshot, no segments)
+    snapshot: dict | None = None        # the fake run's recording (PyTorch snapshot, no segments)
+    config: TorchAllocatorConfig | None = None   # the settings as the model reads them
 
     @property
     def fits(self) -> bool:
@@ -85,6 +86,7 @@ class Estimate:
                                for c in self.tuning.in_order()],
                 "by_category": self.composition.get("category", {}),
                 "by_line": self.composition.get("line", []),
+                "kernel_workspaces": self.composition.get("kernels", {}),
                 "fake_run": {k: self.run.get(k) for k in ("ops", "seconds", "op_seconds", "attention", "answers",
                                                           "unsupported", "bounded_convolutions",
                                                           "table_source")}}
@@ -185,8 +187,7 @@ def _recording(snapshot: dict, script: str, flavour: str, config, without: str |
         for trace in snapshot["device_traces"]:
             kept = []
             for entry in trace:
-                frames = entry.get("frames") or [{}]
-                if entry["action"] == "alloc" and frames[0].get("name") == without:
+                if entry["action"] == "alloc" and entry.get("user_metadata") == without:
                     dropped.add(entry["addr"])
                 elif entry["addr"] not in dropped:
                     kept.append(entry)
@@ -200,39 +201,23 @@ def _recording(snapshot: dict, script: str, flavour: str, config, without: str |
 
 
 def composition(entries: list) -> dict:
-    """What is live at the peak: bytes by category and by the user's line (the first frame
-    that is not PyTorch's or npumem's)."""
-    live: dict = {}
+    """What is live at the allocated peak: bytes by category, by the user's line (as `npumem
+    report` groups them) and by kernel workspace (the rules' tag, in user_metadata)."""
+    sizes: dict = {}
     total = peak = 0
-    at_peak: dict = {}
-    for entry in entries:
-        action = entry.get("action")
-        if action == "alloc":
-            live[entry["addr"]] = entry
+    peak_at = -1
+    for index, entry in enumerate(entries):
+        if entry["action"] == "alloc":
+            sizes[entry["addr"]] = entry["size"]
             total += entry["size"]
             if total > peak:
-                peak, at_peak = total, dict(live)
-        elif action == "free_completed":
-            gone = live.pop(entry["addr"], None)
-            if gone is not None:
-                total -= gone["size"]
-    by_category: dict = defaultdict(int)
-    by_line: dict = defaultdict(int)
-    for entry in at_peak.values():
-        by_category[entry.get("category") or "other"] += entry["size"]
-        by_line[_user_line(entry.get("frames") or [])] += entry["size"]
-    lines = sorted(by_line.items(), key=lambda item: -item[1])[:10]
-    return {"peak": peak, "category": dict(sorted(by_category.items(), key=lambda i: -i[1])),
-            "line": [{"line": line, "bytes": size} for line, size in lines]}
-
-
-def _user_line(frames: list) -> str:
-    label = frames[0]["name"] if frames and frames[0].get("filename") == "<kernel>" else None
-    for frame in frames:
-        name = frame.get("filename", "")
-        if name == "<kernel>" or "site-packages" in name or f"{os.sep}npumem{os.sep}" in name \
-                or name.startswith("<"):
-            continue
-        where = f"{name}:{frame.get('line')}"
-        return f"{where} ({label})" if label else where
-    return label or "(no Python frame: autograd's engine)"
+                peak, peak_at = total, index
+        elif entry["action"] == "free_requested":
+            total -= sizes.pop(entry["addr"], 0)
+    live = live_after(entries, peak_at) if peak_at >= 0 else []
+    kernels: dict = defaultdict(int)
+    for entry in live:
+        if entry.get("user_metadata"):
+            kernels[entry["user_metadata"]] += entry["size"]
+    return {"peak": peak, "category": by_category(live), "kernels": dict(kernels),
+            "line": [{"line": site.where, "bytes": site.bytes} for site in group_by_site(live)[:10]]}

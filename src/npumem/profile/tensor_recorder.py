@@ -285,10 +285,11 @@ class TensorRecorder:
                     if frames is None:
                         frames = resolved[stack] = [f.as_dict() for f in
                                                     resolve_user(self._stacks[stack])]
-                    label = self._labels.get(number)
-                    entry["frames"] = frames if label is None else \
-                        [{"name": label, "filename": "<kernel>", "line": 0}, *frames]
+                    entry["frames"] = frames
                     entry["category"] = alloc_of[key] = categories.get(number, cat.UNSET)
+                    label = self._labels.get(number)
+                    if label is not None:            # PyTorch's field for a user's tag
+                        entry["user_metadata"] = label
                 else:
                     entry["frames"] = []
                     entry["category"] = alloc_of.pop(key, cat.UNSET)
