@@ -93,17 +93,13 @@ class Estimate:
 
 
 def settings_for(device: str, overrides: list[str], environ=os.environ) -> str:
-    """The allocator settings the script would run with: the environment's, then --set's."""
+    """The allocator settings the script would run with: the environment's, then --set's on
+    top (a later key wins, as in PyTorch's own parsing), as their canonical text."""
     flavour = "npu" if device == "npu" else "cuda"
     _, text, _ = read_env(flavour, environ)
-    parts = [part for part in text.split(",") if part.strip()]
-    for override in overrides:
-        key = override.split(":", 1)[0].split("=", 1)[0].strip()
-        parts = [p for p in parts if p.split(":", 1)[0].strip() != key]
-        parts.append(override.replace("=", ":", 1))
-    text = ",".join(parts)
-    parse_config(text, flavour, source=f"the settings {text!r}")     # refuse bad ones now
-    return text
+    given = [o if ":" in o else o.replace("=", ":", 1) for o in overrides]
+    return parse_config(",".join(filter(None, [text, *given])), flavour,
+                        source="the environment's settings with --set").describe()
 
 
 def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None = None,

@@ -304,6 +304,8 @@ def parse_config(text: str | None, flavour: str = "cuda",
         key = tokens.take()
         if key not in KEYS[flavour]:
             raise _unknown_key(tokens, key, flavour)
+        if not tokens.more():
+            raise tokens.fail(f"{key} has no value: write {key}:VALUE")
         tokens.take(":")
         if key == "max_split_size_mb":
             changes["max_split_size"] = _megabytes(tokens, key, 0)     # checked below
