@@ -11,6 +11,9 @@ their largest value (every element selected): a memory estimate should not be sh
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 TRUE_OPS = {"all", "isfinite"}
 FALSE_OPS = {"any", "isnan", "isinf", "isneginf", "isposinf"}
 SELECTING = {"nonzero", "masked_select", "argwhere"}
@@ -21,11 +24,14 @@ class Answers:
         assume = assume or {}
         self.defaults = {"bool": bool(assume.get("bool", False)), "int": int(assume.get("int", 1)),
                          "float": float(assume.get("float", 0.0))}
-        self.given: dict = {}               # what was answered: (kind, op) -> count
-        self.notes_seen: dict = {}          # other things the fake run did in place of the script
+        self.given: Counter = Counter()     # what was answered: (kind, op) -> count
+        self.notes_seen: Counter = Counter()   # other things the fake run did in place of the script
 
     def note(self, text: str) -> None:
-        self.notes_seen[text] = self.notes_seen.get(text, 0) + 1
+        self.notes_seen[text] += 1
+
+    def _bool(self, op: str) -> bool:
+        return True if op in TRUE_OPS else False if op in FALSE_OPS else self.defaults["bool"]
 
     def remember(self, name: str, out, torch) -> None:
         """Note the operator that made a one-element result (its answer depends on it)."""
@@ -38,14 +44,12 @@ class Answers:
     def scalar(self, tensor, torch):
         made_by = getattr(tensor, "_npumem_made_by", "")
         if tensor.dtype == torch.bool:
-            value = True if made_by in TRUE_OPS else False if made_by in FALSE_OPS else self.defaults["bool"]
-            kind = "bool"
+            value, kind = self._bool(made_by), "bool"
         elif tensor.dtype.is_floating_point or tensor.dtype.is_complex:
             value, kind = self.defaults["float"], "float"
         else:
             value, kind = self.defaults["int"], "int"
-        key = (kind, made_by or "?")
-        self.given[key] = self.given.get(key, 0) + 1
+        self.given[kind, made_by or "?"] += 1
         return value
 
     def dynamic(self, name: str, func, args, kwargs, torch):
@@ -65,7 +69,7 @@ class Answers:
             return func(args[0], indices, **kwargs)
         if name in ("_unique2", "unique_consecutive", "unique_dim"):
             source = args[0]
-            self.given[("size", name)] = self.given.get(("size", name), 0) + 1
+            self.given["size", name] += 1
             flags = [*args[1:], *kwargs.values()]
             inverse, counts = (bool(flags[-2]), bool(flags[-1])) if len(flags) >= 2 else (False, False)
             values = torch.empty(source.numel(), dtype=source.dtype, device=source.device)
@@ -77,15 +81,11 @@ class Answers:
     def selecting(self, name: str, args, torch):
         """The output of a selection when every element is selected."""
         source = args[0]
+        self.given["size", name] += 1
         if name == "masked_select":
-            shape = torch.broadcast_shapes(source.shape, args[1].shape)
-            count = 1
-            for dim in shape:
-                count *= dim
+            count = math.prod(torch.broadcast_shapes(source.shape, args[1].shape))
             return torch.empty(count, dtype=source.dtype, device=source.device)
-        count = source.numel()
-        self.given[("size", name)] = self.given.get(("size", name), 0) + 1
-        return torch.empty((count, source.dim()), dtype=torch.long, device=source.device)
+        return torch.empty((source.numel(), source.dim()), dtype=torch.long, device=source.device)
 
     def placeholder(self, tensor, torch, unset_fake, as_list: bool):
         """Zeros of the tensor's shape for `.numpy()` or `.tolist()` of a fake tensor (its shadow's
@@ -99,13 +99,17 @@ class Answers:
                 dtype = torch.empty((), dtype=tensor.dtype).numpy().dtype
             except TypeError:                   # bfloat16 and others numpy lacks
                 dtype = numpy.float32
-        key = ("placeholder", "tolist" if as_list else "numpy")
-        self.given[key] = self.given.get(key, 0) + 1
+        self.given["placeholder", "tolist" if as_list else "numpy"] += 1
         zeros = numpy.zeros(tuple(tensor.shape), dtype=dtype)
         return zeros.tolist() if as_list else zeros
 
     def notes(self) -> list[str]:
-        lines = [f"{count} x {text}" if count > 1 else text for text, count in self.notes_seen.items()]
+        """What the fake run did in place of the script, then what it assumed."""
+        return [f"{count} x {text}" if count > 1 else text
+                for text, count in self.notes_seen.items()] + self.assumptions()
+
+    def assumptions(self) -> list[str]:
+        lines = []
         for (kind, op), count in sorted(self.given.items()):
             if kind == "placeholder":
                 lines.append(f"{count} x {op}() of a device result: zeros of its shape")
@@ -113,7 +117,7 @@ class Answers:
                 what = "distinct" if "unique" in op else "selected"
                 lines.append(f"{count} x {op}: assumed every element {what} (the largest output)")
             else:
-                value = True if op in TRUE_OPS else False if op in FALSE_OPS else self.defaults[kind]
+                value = self._bool(op) if kind == "bool" else self.defaults[kind]
                 made = f"{op}()" if op != "?" else "a tensor"
                 lines.append(f"{count} x {kind} value of {made}: assumed {value}")
         return lines

@@ -35,7 +35,7 @@ def main(spec_path: str) -> int:
     from . import device_api, fake_run
     from .answers import Answers
     from .kernel_rules import KernelRules
-    from .operators import ESTIMATED, OperatorHook
+    from .operators import OperatorHook
     from .shadows import Shadows
     from .targets import target as find_target
 
@@ -98,7 +98,7 @@ def main(spec_path: str) -> int:
             recorder.stop()
     result.update(seconds=time.perf_counter() - started, ops=hook.calls,
                   op_seconds=hook.nanoseconds / 1e9, unsupported=hook.unsupported,
-                  attention=chosen, answers=answers.notes(),
+                  attention=chosen, answers=answers.notes(), assumed=answers.assumptions(),
                   bounded_convolutions=sum(rules.bounded.values()), table_source=rules.table_source)
     with open(spec["out"] + ".partial", "wb") as handle:
         pickle.dump(_estimated_traces(recorder.snapshot(), empty_cache_us), handle)
@@ -148,9 +148,9 @@ def _describe_failure(exc: BaseException, script: str) -> dict:
     """The exception, the operator it names (fake tensor errors carry it), the user's line that
     reached it (the deepest frame outside Python's, PyTorch's and npumem's files), and whether it
     is `ordinary`: raised by the user's own code (or a syntax error), as on a GPU."""
+    from ..profile.analysis import is_library
     frames = traceback.extract_tb(exc.__traceback__)
-    library = (os.path.dirname(os.__file__), "site-packages", f"{os.sep}npumem{os.sep}", "<frozen")
-    user = [f for f in frames if not any(part in f.filename for part in library)] or \
+    user = [f for f in frames if not is_library(f.filename)] or \
         [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(script)]
     where = user[-1] if user else (frames[-1] if frames else None)
     operator = getattr(exc, "func", None)
@@ -168,7 +168,3 @@ def _describe_failure(exc: BaseException, script: str) -> dict:
         failure.update(file=exc.filename, line=exc.lineno, code=(exc.text or "").strip(),
                        message=exc.msg, ordinary=True)
     return failure
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))

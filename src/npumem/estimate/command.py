@@ -180,7 +180,7 @@ def _failure_line(exc) -> str:
     failure = exc.failure
     if failure.get("exited") is not None:
         return f"{failure['message']}, before estimate could judge it"
-    if failure.get("ordinary") and any("assumed" in note for note in failure.get("assumed", [])):
+    if failure.get("ordinary") and failure.get("assumed"):
         return f"the script raised an error, after reading values estimate assumed: {exc}"
     if failure.get("ordinary"):
         return f"the script raised an error (a GPU run would too): {exc}"
@@ -188,7 +188,7 @@ def _failure_line(exc) -> str:
 
 
 def _hint(failure: dict) -> str:
-    assumed = [note for note in failure.get("assumed", []) if "assumed" in note]
+    assumed = failure.get("assumed", [])
     if failure.get("ordinary") and assumed:
         return ("the script read values estimate could only assume (" + "; ".join(assumed[:3]) +
                 "): if the error follows from one, give it with --assume")

@@ -10,6 +10,7 @@ others are kept by PyTorch to the end of the process (per thread and stream, as 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import threading
@@ -45,19 +46,8 @@ def cublaslt_workspace_size(environ=os.environ) -> int:
         return 1024 * 1024
 
 
-def _name(func) -> str:
-    return func._schema.name.split("::", 1)[-1]
-
-
-def _numel(shape) -> int:
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count
-
-
 def _nbytes(tensor) -> int:
-    return _numel(tensor.shape) * tensor.element_size()
+    return math.prod(tensor.shape) * tensor.element_size()
 
 
 def _describe(tensor) -> list:
@@ -69,7 +59,7 @@ class KernelRules:
         self.target = target
         self.cublas = cublas_workspace_size(target, environ)
         self.cublaslt = cublaslt_workspace_size(environ)
-        self._handles: set = set()          # (thread, stream, kind) that have their workspace
+        self._handles: set = set()          # (thread, kind) that have their workspace
         self.bounded: dict = {}             # conv config (json) -> calls outside the table
         with open(TABLE) as handle:
             table = json.load(handle)
@@ -78,45 +68,42 @@ class KernelRules:
         self._bound_ratio = max((sum(sizes) / max(1, _key_io_bytes(key)) for key, sizes in
                                  table["entries"]), default=0.0)
 
-    def workspaces(self, func, args, kwargs, stream: int = 0) -> list[tuple[int, str, bool]]:
+    def workspaces(self, name: str, args) -> list[tuple[int, str, bool]]:
+        """The workspaces of one call of operator `name` (aten's name, no namespace)."""
         if self.target.device != "cuda":     # an NPU has no cuBLAS or cuDNN
             return []
-        name = _name(func)
         if name in CUBLAS_OPS:
-            return self._cublas(name, args, stream)
-        if name == "convolution":
-            return self._convolution(["forward", _describe(args[0]), _describe(args[1]),
-                                      args[2] is not None, *[list(a) if isinstance(a, (list, tuple))
-                                                             else a for a in args[3:9]]],
-                                     args[0], args[1])
-        if name == "convolution_backward":
-            return self._convolution(["backward", _describe(args[1]), _describe(args[2]),
-                                      args[3] is not None, *[list(a) if isinstance(a, (list, tuple))
-                                                             else a for a in args[4:11]]],
-                                     args[1], args[2])
+            return self._cublas(name, args)
+        if name == "convolution":            # (input, weight, bias, stride, ..., groups)
+            return self._convolution("forward", args[0], args[1], args[2], args[3:9])
+        if name == "convolution_backward":   # (grad_output, input, weight, bias_sizes, ...)
+            return self._convolution("backward", args[1], args[2], args[3], args[4:11])
         if name == "_scaled_dot_product_cudnn_attention_backward":
             return _cudnn_attention_backward(args)
-        if name == "_efficient_attention_backward" or name == "_scaled_dot_product_efficient_attention_backward":
+        if name in ("_efficient_attention_backward", "_scaled_dot_product_efficient_attention_backward"):
             return _efficient_attention_backward(args)
         return []
 
-    def _cublas(self, name, args, stream) -> list:
-        """getCurrentCUDABlasHandle: one workspace per (handle, stream), a handle per thread;
-        the cuBLASLt path (addmm with a 1-D bias: gemm_and_bias) takes its own."""
+    def _cublas(self, name, args) -> list:
+        """getCurrentCUDABlasHandle: one workspace per (handle, stream), a handle per thread
+        (a fake run has one stream); the cuBLASLt path (addmm with a 1-D bias: gemm_and_bias)
+        takes its own."""
         out = []
         thread = threading.get_ident()
-        if (thread, stream, "cublas") not in self._handles:
-            self._handles.add((thread, stream, "cublas"))
+        if (thread, "cublas") not in self._handles:
+            self._handles.add((thread, "cublas"))
             out.append((self.cublas, "cuBLAS workspace", False))
         lt = name == "_addmm_activation" or (name == "addmm" and args[0].dim() == 1)
-        if lt and (thread, stream, "cublaslt") not in self._handles:
-            self._handles.add((thread, stream, "cublaslt"))
+        if lt and (thread, "cublaslt") not in self._handles:
+            self._handles.add((thread, "cublaslt"))
             out.append((self.cublaslt, "cuBLASLt workspace", False))
         return out
 
-    def _convolution(self, key, data, weight) -> list:
+    def _convolution(self, kind, data, weight, bias, rest) -> list:
         """cuDNN picks its algorithm, and so its workspace, at run time: the measured table where
         the call is in it (same shapes, strides, dtypes and arguments), else a bound."""
+        key = [kind, _describe(data), _describe(weight), bias is not None,
+               *[list(a) if isinstance(a, (list, tuple)) else a for a in rest]]
         text = json.dumps(key)
         sizes = self._table.get(text)
         if sizes is not None:
@@ -129,7 +116,7 @@ class KernelRules:
 def _key_io_bytes(key) -> int:
     """Bytes of a table key's data and weight tensors (the bound's yardstick)."""
     size = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-    return sum(_numel(shape) * size.get(dtype, 4) for dtype, shape, _ in (key[1], key[2]))
+    return sum(math.prod(shape) * size.get(dtype, 4) for dtype, shape, _ in (key[1], key[2]))
 
 
 def _cudnn_attention_backward(args) -> list:

@@ -65,7 +65,7 @@ class OperatorHook:
         if real_out is not None:
             shadows.attach(out, real_out)
         self.answers.remember(name, out, self.torch)
-        self._workspaces(name, func, args, kwargs)
+        self._workspaces(name, args)
         return out
 
     def _value(self, tensor):
@@ -79,10 +79,8 @@ class OperatorHook:
         with self.unset_fake():
             return shadow.item()
 
-    def _workspaces(self, name, func, args, kwargs) -> None:
+    def _workspaces(self, name, args) -> None:
         first = args[0] if args else None
-        on_gpu = isinstance(first, self.torch.Tensor) and first.device.type == "cuda"
-        if on_gpu or name == "convolution_backward":
-            device = first.device if isinstance(first, self.torch.Tensor) else "cuda:0"
-            for size, label, temporary in self.rules.workspaces(func, args, kwargs):
-                self.recorder.record_extra(size, device, label, temporary)
+        if isinstance(first, self.torch.Tensor) and first.device.type == "cuda":
+            for size, label, temporary in self.rules.workspaces(name, args):
+                self.recorder.record_extra(size, first.device, label, temporary)

@@ -34,7 +34,10 @@ class ScriptFailed(RuntimeError):
 
     def __init__(self, failure: dict, script: str):
         self.failure = failure
-        where = f"{failure.get('file')}:{failure.get('line')}" if failure.get("line") else script
+        file = failure.get("file") or script
+        shown = os.path.relpath(file) if os.path.isabs(file) and not \
+            os.path.relpath(file).startswith("..") else file          # as the user named it
+        where = f"{shown}:{failure.get('line')}" if failure.get("line") else script
         operator = f" in {failure['operator']}" if failure.get("operator") else ""
         super().__init__(f"{where}: {failure.get('type')}{operator}: {failure.get('message')}")
 
@@ -131,7 +134,7 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
         with open(spec["out"] + ".json") as handle:
             run = json.load(handle)
         if run.get("error"):
-            raise ScriptFailed({**run["error"], "assumed": run.get("answers", [])}, script)
+            raise ScriptFailed({**run["error"], "assumed": run.get("assumed", [])}, script)
         if run.get("status"):
             raise ScriptFailed({"type": "SystemExit", "exited": run["status"],
                                 "message": f"the script exited with status {run['status']} "

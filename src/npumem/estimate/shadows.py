@@ -11,6 +11,8 @@ made from such, fall back to answers.py.
 
 from __future__ import annotations
 
+import math
+
 SMALL = 4096            # elements
 
 
@@ -68,10 +70,7 @@ class Shadows:
             return True
         for value in args:
             if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
-                count = 1
-                for v in value:
-                    count *= v
-                return count <= SMALL
+                return math.prod(value) <= SMALL
         return all(v <= SMALL for v in args if isinstance(v, int) and not isinstance(v, bool))
 
     def absorbed(self, name: str, args, out):
