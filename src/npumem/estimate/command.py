@@ -9,20 +9,7 @@ import sys
 
 import click
 
-from ..units import format_size, parse_size
-
-
-def _memory(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        size = parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--memory") from None
-    if size < 64 * (1 << 20):
-        raise click.BadParameter(f"{value} is {format_size(size)}: give the device's memory with "
-                                 "its unit, such as 80GiB", param_hint="--memory")
-    return size
+from ..units import format_size
 
 
 def _assumptions(values: tuple) -> dict:
@@ -119,7 +106,8 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
     if len(fits) > 1:
         raise click.BadParameter("give one --fit (one name and its values)", param_hint="--fit")
     fit = fits[0] if fits else None
-    capacity = _memory(memory)
+    from ..cli import _device_memory           # the rule every --memory follows
+    capacity = _device_memory(memory)
     answers = _assumptions(assume)
     fitting = _fit_values(fit)
     runs = [(None, list(script_args))] if fitting is None else \
@@ -127,6 +115,13 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
     if fitting is not None and not any("{" + fitting[0] + "}" in a for a in script_args):
         raise click.BadParameter(f"no {{{fitting[0]}}} in the script's arguments to replace",
                                  param_hint="--fit")
+    if out_dir is not None:                    # before minutes of work, not after
+        from ..output_files import OutputPathError, check_output
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            check_output(os.path.join(out_dir, "estimate.json"))
+        except (OSError, OutputPathError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--out") from None
     results, failed = [], []
     for value, args in runs:
         if value is not None:
@@ -278,7 +273,6 @@ def _number(text: str) -> bool:
 def _write(folder: str, results) -> None:
     from ..output_files import written_whole
     from .predicted import predicted_snapshot
-    os.makedirs(folder, exist_ok=True)
     for value, result in results:
         suffix = f"-{value}" if value is not None else ""
         snapshot = predicted_snapshot(result.snapshot, result.config)

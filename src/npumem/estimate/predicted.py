@@ -11,7 +11,7 @@ Each request becomes an `alloc` at the address the model gives it, each free a
 from __future__ import annotations
 
 from ..alloc.torch_model import TorchAllocatorModel
-from ..alloc.torch_model.config import TorchAllocatorConfig
+from ..alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
 
 
 def predicted_snapshot(recorded: dict, config: TorchAllocatorConfig) -> dict:
@@ -43,19 +43,17 @@ def predicted_snapshot(recorded: dict, config: TorchAllocatorConfig) -> dict:
         traces.append(out)
         frames_at = {block.addr: made.get("frames", []) for block, made in placed.values()}
         for segment in model.segment_list():
-            for block in segment["blocks"]:
-                if block["state"] == "active_allocated":
-                    block["frames"] = frames_at.get(block["address"], [])
-            segments.append({**segment, "device": device,
-                             "allocated_size": sum(b["size"] for b in segment["blocks"]
-                                                   if b["state"] == "active_allocated"),
-                             "active_size": sum(b["size"] for b in segment["blocks"]
-                                                if b["state"] == "active_allocated"),
+            allocated = [b for b in segment["blocks"] if b["state"] == "active_allocated"]
+            for block in allocated:
+                block["frames"] = frames_at.get(block["address"], [])
+            in_use = sum(b["size"] for b in allocated)
+            segments.append({**segment, "device": device, "allocated_size": in_use,
+                             "active_size": in_use,
                              "requested_size": sum(b["requested_size"] for b in segment["blocks"])})
     settings = {"PYTORCH_CUDA_ALLOC_CONF": config.text,
                 "expandable_segments": config.expandable_segments,
                 "garbage_collection_threshold": config.garbage_collection_threshold}
-    if config.max_split_size < (1 << 62):
+    if config.max_split_size != NO_LIMIT:
         settings["max_split_size"] = config.max_split_size
     return {"segments": segments, "device_traces": traces,
             "external_annotations": recorded.get("external_annotations", []),
