@@ -75,8 +75,8 @@ def main(spec_path: str) -> int:
     if npu_strings:                           # PrivateUse1's hooks, before the first npu tensor
         import ctypes
         ctypes.CDLL(spec["library"]).npumem_stand_in_npu()
-    device_api.install(torch, target, live, spec.get("devices", 1), on_empty_cache, on_dump,
-                       npu_strings)
+    device_api.install(torch, target, spec.get("capacity") or target.capacity, live,
+                       spec.get("devices", 1), on_empty_cache, on_dump, npu_strings)
     script = os.path.abspath(spec["script"])     # as Python gives __main__ its __file__
     sys.argv = [spec["script"], *spec["args"]]
     sys.path.insert(0, os.path.dirname(script))

@@ -23,21 +23,34 @@ SMALL_BLOCK = 1 << 20        # c10's kSmallSize: blocks this size or less come f
 class LiveModel:
     """The allocator model fed by the recorder (TensorRecorder.listener), with the counters
     torch.cuda.memory_stats() reports: per pool (small: blocks of 1 MiB or less) the current,
-    peak, cumulative allocated and freed figures of allocations and their bytes."""
+    peak, cumulative allocated and freed figures of allocations and their bytes.
+
+    Events wait in a list and reach the model when the script asks a question (`current()`),
+    or when many are waiting: most scripts never ask, and the fake run's operators then pay one
+    append per allocation, not a model's malloc."""
 
     METRICS = ("allocation", "allocated_bytes", "requested_bytes")
+    WAITING = 100_000                        # events kept waiting at most
 
     def __init__(self, config):
         self.model = TorchAllocatorModel(config)
         self.blocks: dict = {}
+        self.waiting: list = []
         self.peak_reserved = 0
         # (metric, pool) -> [current, peak, allocated, freed]
         self.counters = {(m, p): [0, 0, 0, 0] for m in self.METRICS
                          for p in ("all", "large_pool", "small_pool")}
 
+    def current(self) -> "LiveModel":
+        """This model with every event so far applied."""
+        waiting, self.waiting = self.waiting, []
+        for action, key, size in waiting:
+            self._apply(action, key, size)
+        return self
+
     @property
     def peak_allocated(self) -> int:
-        return self.counters["allocated_bytes", "all"][1]
+        return self.current().counters["allocated_bytes", "all"][1]
 
     def _count(self, block, size: int, sign: int) -> None:
         pool = "small_pool" if block.size <= SMALL_BLOCK else "large_pool"
@@ -50,6 +63,11 @@ class LiveModel:
                 counter[2 if sign > 0 else 3] += amount
 
     def __call__(self, action, key, size, device) -> None:
+        self.waiting.append((action, key, size))
+        if len(self.waiting) >= self.WAITING:
+            self.current()
+
+    def _apply(self, action, key, size) -> None:
         if action == ALLOC:
             block = self.model.malloc(size)
             self.blocks[key] = (block, size)
@@ -62,6 +80,7 @@ class LiveModel:
         self.peak_reserved = max(self.peak_reserved, self.model.stats.reserved)
 
     def reset_peaks(self) -> None:
+        self.current()
         self.peak_reserved = self.model.stats.reserved
         for counter in self.counters.values():
             counter[1] = counter[0]
@@ -70,7 +89,7 @@ class LiveModel:
         """torch.cuda.memory_stats()'s keys (all of those memory_summary() reads). Reserved
         memory and segments are the model's totals (not split by pool); what the model does not
         follow (inactive splits, oversize blocks, stream syncs) is 0."""
-        s = self.model.stats
+        s = self.current().model.stats
         segments = s.num_device_alloc - s.num_device_free
         known = {("reserved_bytes", "all"): [s.reserved, self.peak_reserved, 0, 0],
                  ("segment", "all"): [segments, segments, s.num_device_alloc, s.num_device_free]}
@@ -124,9 +143,10 @@ class _Event:
     def elapsed_time(self, other) -> float: return 0.0
 
 
-def install(torch, target: Target, live: LiveModel, devices: int, on_empty_cache, on_dump,
-            npu_strings: bool = False) -> None:
-    """Replace torch.cuda's device calls (and add torch.npu) for this process."""
+def install(torch, target: Target, capacity: int, live: LiveModel, devices: int, on_empty_cache,
+            on_dump, npu_strings: bool = False) -> None:
+    """Replace torch.cuda's device calls (and add torch.npu) for this process; `capacity` is
+    what the script may use (the target's, or --memory), which mem_get_info reports."""
     state = {"device": 0, "fraction": 1.0}
     properties = _Properties(name=target.name, major=target.major, minor=target.minor,
                              total_memory=target.total_memory, multi_processor_count=target.sm_count,
@@ -139,12 +159,12 @@ def install(torch, target: Target, live: LiveModel, devices: int, on_empty_cache
         state["device"] = index
 
     def empty_cache() -> None:
-        live.model.empty_cache()
+        live.current().model.empty_cache()
         on_empty_cache()
 
     def mem_get_info(device=None):
-        capacity = int(target.capacity * state["fraction"])
-        return max(0, capacity - live.model.stats.reserved), target.total_memory
+        usable = int(capacity * state["fraction"])
+        return max(0, usable - live.current().model.stats.reserved), target.total_memory
 
     def set_fraction(fraction, device=None) -> None:
         if not 0 <= fraction <= 1:
@@ -163,11 +183,11 @@ def install(torch, target: Target, live: LiveModel, devices: int, on_empty_cache
         "is_bf16_supported": lambda including_emulation=True: target.major >= 8,
         "synchronize": lambda device=None: None, "empty_cache": empty_cache,
         "ipc_collect": lambda: None,
-        "memory_allocated": lambda device=None: live.counters["allocated_bytes", "all"][0],
+        "memory_allocated": lambda device=None: live.current().counters["allocated_bytes", "all"][0],
         "max_memory_allocated": lambda device=None: live.peak_allocated,
-        "memory_reserved": lambda device=None: live.model.stats.reserved,
-        "max_memory_reserved": lambda device=None: live.peak_reserved,
-        "memory_cached": lambda device=None: live.model.stats.reserved,
+        "memory_reserved": lambda device=None: live.current().model.stats.reserved,
+        "max_memory_reserved": lambda device=None: live.current().peak_reserved,
+        "memory_cached": lambda device=None: live.current().model.stats.reserved,
         "reset_peak_memory_stats": lambda device=None: live.reset_peaks(),
         "reset_max_memory_allocated": lambda device=None: live.reset_peaks(),
         "memory_stats": lambda device=None: live.stats(),

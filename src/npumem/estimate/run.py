@@ -118,7 +118,7 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
         config, defaults = (c.replace(pad=npu_pad(target.soc)) for c in (config, defaults))
     with tempfile.TemporaryDirectory(prefix="npumem-estimate-") as folder:
         spec = {"script": script, "args": args, "gpu": target.key, "device": target.device,
-                "library": library,
+                "library": library, "capacity": capacity,
                 "settings": settings, "assume": assume or {}, "devices": devices,
                 "out": os.path.join(folder, "recording.pickle")}
         spec_path = os.path.join(folder, "spec.json")
