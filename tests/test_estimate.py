@@ -191,6 +191,9 @@ def test_attention_views_and_host_reads_as_on_a_gpu(tmp_path):
     # nn.MultiheadAttention reaches scaled_dot_product_attention from inside
     # F.multi_head_attention_forward: fp32 with dropout on sm_90 is memory-efficient attention
     assert report["fake_run"]["attention"] == {"efficient": 2}
+    # what the fused kernel allocates is the user's line's, not npumem's or PyTorch's
+    assert not any("site-packages" in row["line"] or "npumem" in row["line"]
+                   for row in report["by_line"])
     assert any("numpy() of a device result" in note for note in report["fake_run"]["answers"])
 
 

@@ -16,6 +16,9 @@ _RUNPY = "<frozen runpy>"          # how `npumem profile` runs a script: not the
 # Test runners that call the user's code: a stack ends where they begin, as it does at npumem.
 _RUNNERS = (f"{os.sep}_pytest{os.sep}", f"{os.sep}pluggy{os.sep}")
 _internal_code: dict = {}          # code object -> npumem or a runner of the user's code (cache)
+# npumem's files that stand in for a library's function inside the user's stack (npumem
+# estimate's scaled_dot_product_attention): a stack goes on through them, as through the library
+_pass_through: set = set()
 
 
 class Frame(NamedTuple):
@@ -35,9 +38,17 @@ def _internal(code) -> bool:
     internal = _internal_code.get(code)
     if internal is None:
         name = code.co_filename
-        internal = _internal_code[code] = ((is_internal_file(name) or name.startswith(_RUNPY))
-                                           or any(runner in name for runner in _RUNNERS))
+        internal = _internal_code[code] = name not in _pass_through and (
+            is_internal_file(name) or name.startswith(_RUNPY)
+            or any(runner in name for runner in _RUNNERS))
     return internal
+
+
+def pass_through(*filenames: str) -> None:
+    """Let stacks go on through these npumem files (their frames are kept, as a library's are,
+    and reports pass over them to the user's line): code that stands in for a library's."""
+    _pass_through.update(os.path.abspath(name) for name in filenames)
+    _internal_code.clear()
 
 
 def capture(limit: int, skip: int = 0) -> tuple:
