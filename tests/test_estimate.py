@@ -145,6 +145,8 @@ def test_bad_arguments_are_usage_errors(tmp_path):
                           (["--assume", "int=x", str(script)], "int takes an integer"),
                           (["--memory", "0", str(script)], "--memory"),
                           ([str(tmp_path / "missing.py")], "no such file"),
+                          ([os.path.join(HERE, "data", "cuda_snapshots", "mlp.pickle.gz")],
+                           "not a Python script"),
                           (["--fit", "B=1,2", str(script)], "no {B}")):
         result = runner.invoke(main, ["estimate", *args])
         assert result.exit_code == 2, (args, result.output)

@@ -89,6 +89,10 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
         what = "is a folder" if os.path.isdir(script) else "no such file"
         raise click.BadParameter(f"{script}: {what} (give the Python script to estimate)",
                                  param_hint="SCRIPT")
+    with open(script, "rb") as handle:
+        if b"\0" in handle.read(8192):
+            raise click.BadParameter(f"{script} is a binary file, not a Python script (npumem "
+                                     "report, replay and tune read recordings)", param_hint="SCRIPT")
     try:
         chosen = find_target(gpu, device or "cuda")
     except KeyError as exc:
