@@ -9,29 +9,7 @@ import sys
 import click
 
 from . import __version__
-from .units import parse_size
-
-
-def _size_option(value: str, option: str) -> int:
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=option) from None
-
-
-def _device_memory(value: str | None) -> int | None:
-    """--memory: a device's size in bytes (None when not given). A bare number is refused: a
-    device's size in bytes is written with a unit, and '40' means 40 GiB far more often."""
-    if value is None:
-        return None
-    if value.strip().isdigit() and int(value) > 0:
-        raise click.BadParameter(f"{value}: give the unit, such as {value}GiB (a bare number "
-                                 "would be bytes)", param_hint="--memory")
-    size = _size_option(value, "--memory")
-    if size <= 0:
-        raise click.BadParameter(f"{value}: a device holds some memory; give a size such as "
-                                 "16GiB", param_hint="--memory")
-    return size
+from .cli_sizes import device_memory as _device_memory, size_option as _size_option
 
 
 class _Commands(click.Group):

@@ -110,8 +110,8 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
     if len(fits) > 1:
         raise click.BadParameter("give one --fit (one name and its values)", param_hint="--fit")
     fit = fits[0] if fits else None
-    from ..cli import _device_memory           # the rule every --memory follows
-    capacity = _device_memory(memory)
+    from ..cli_sizes import device_memory      # the rule every --memory follows
+    capacity = device_memory(memory)
     answers = _assumptions(assume)
     fitting = _fit_values(fit)
     runs = [(None, list(script_args))] if fitting is None else \
