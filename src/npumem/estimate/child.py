@@ -34,6 +34,7 @@ def main(spec_path: str) -> int:
     from ..profile.tensor_recorder import TensorRecorder
     from . import device_api, fake_run
     from .answers import Answers
+    from .fake_cache import FakeCache
     from .kernel_rules import KernelRules
     from .operators import OperatorHook
     from .shadows import Shadows
@@ -43,8 +44,9 @@ def main(spec_path: str) -> int:
     config = parse_config(spec["settings"], "npu" if target.device == "npu" else "cuda")
     recorder = TensorRecorder(max_events=spec.get("max_events", 50_000_000), stacks=True)
     answers, rules = Answers(spec.get("assume")), KernelRules(target)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     hook = OperatorHook(torch, recorder, rules, Shadows(torch, FakeTensor, unset_fake_temporarily),
-                        answers)
+                        answers, FakeCache(torch, fake_mode))
     recorder.intercept = hook
     live = device_api.LiveModel(config)
     estimated: dict = {}                    # the recorder's device index -> estimated?
@@ -82,7 +84,7 @@ def main(spec_path: str) -> int:
     sys.path.insert(0, os.path.dirname(script))
     result = {"error": None, "status": 0}
     started = time.perf_counter()
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with fake_mode:
         recorder.start()
         try:
             runpy.run_path(script, run_name="__main__")
@@ -98,6 +100,7 @@ def main(spec_path: str) -> int:
             recorder.stop()
     result.update(seconds=time.perf_counter() - started, ops=hook.calls,
                   op_seconds=hook.nanoseconds / 1e9, unsupported=hook.unsupported,
+                  cache={"hits": hook.fake.hits, "misses": hook.fake.misses, "views": hook.fake.views},
                   attention=chosen, answers=answers.notes(), assumed=answers.assumptions(),
                   bounded_convolutions=sum(rules.bounded.values()), table_source=rules.table_source)
     with open(spec["out"] + ".partial", "wb") as handle:

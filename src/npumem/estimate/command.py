@@ -209,7 +209,8 @@ def summary_lines(result) -> list[str]:
     target, run = result.target, result.run
     lines = [f"{result.script} on {target.describe()}: {format_size(result.capacity)} usable",
              f"  fake run: {run['ops']:,} operator{'s' * (run['ops'] != 1)} in {run['seconds']:.1f} s, "
-             f"{1e6 * run['op_seconds'] / max(run['ops'], 1):.0f} us per operator"]
+             f"{run['ops'] / max(run['op_seconds'], 1e-9):,.0f} per second inside the operators "
+             f"({1e6 * run['op_seconds'] / max(run['ops'], 1):.0f} us each)"]
     if run.get("attention"):
         lines.append("  attention kernels: " + ", ".join(f"{k} x{v}" for k, v in run["attention"].items()))
     for note in run.get("answers", []):

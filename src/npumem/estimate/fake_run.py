@@ -25,6 +25,7 @@ def prepare(torch, target, answers) -> dict:
     # FakeTensorMode computes one-element constants for real, on their device: the shadows do
     # that here (on the host), for every small tensor
     torch._subclasses.fake_tensor.CONSTANT_NUMEL_LIMIT = 0
+    _one_fake_mode(torch)
     # optimizers take their foreach (multi-tensor) path for plain tensors on a GPU; a fake
     # tensor's type is not on their list, which would send them down the per-tensor path
     from torch.optim import optimizer as optimizers
@@ -60,6 +61,13 @@ def _attention(torch, target, chosen: dict) -> None:
     torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
     from ..profile.stacks import pass_through
     pass_through(__file__, attention.__file__)   # the user's line stays on what these allocate
+
+
+def _one_fake_mode(torch) -> None:
+    """copy.deepcopy of a module (nn.TransformerEncoder clones its layer so) copies each fake
+    tensor's attributes, its FakeTensorMode among them: the copies keep the one mode (the
+    operator cache answers for its own mode's tensors)."""
+    torch._subclasses.fake_tensor.FakeTensorMode.__deepcopy__ = lambda mode, memo: mode
 
 
 def _parameters_moved_in_place(torch, fake_type) -> None:

@@ -13,15 +13,20 @@ ESTIMATED = ("cuda", "npu")         # the device types whose memory is estimated
 
 
 class OperatorHook:
-    def __init__(self, torch, recorder, rules, shadows, answers):
+    def __init__(self, torch, recorder, rules, shadows, answers, fake):
         from torch._subclasses.fake_tensor import (DynamicOutputShapeException, FakeTensor,
                                                    UnsupportedOperatorException,
                                                    unset_fake_temporarily)
         self.torch, self.recorder, self.rules = torch, recorder, rules
         self.shadows, self.answers = shadows, answers
+        self.fake = fake                    # FakeCache: FakeTensorMode's answers, remembered
         self.fake_type, self.unset_fake = FakeTensor, unset_fake_temporarily
         self.dynamic, self.unsupported_error = DynamicOutputShapeException, UnsupportedOperatorException
         self.local_scalar = torch.ops.aten._local_scalar_dense.default
+        # PyTorch's C++ asks a fake tensor its device through the dispatcher (prim.device): an
+        # artefact of fake tensors that a GPU run never dispatches, answered first, not counted
+        self.device_of = torch.ops.prim.device.default
+        self.names: dict = {}               # operator -> aten's name, no namespace
         self.calls = 0
         self.nanoseconds = 0                # inside the operators: fake kernels and all
         self.unsupported: dict = {}         # operator -> calls FakeTensorMode has no kernel for
@@ -34,11 +39,15 @@ class OperatorHook:
             self.nanoseconds += time.perf_counter_ns() - started
 
     def _operator(self, func, args, kwargs, outputs):
+        if func is self.device_of and type(args[0]) is self.fake_type:
+            return args[0].fake_device
         self.calls += 1
         if func is self.local_scalar:
             return self._value(args[0])
         shadows = self.shadows
-        name = func._schema.name.split("::", 1)[-1]
+        name = self.names.get(func)
+        if name is None:
+            name = self.names[func] = func._schema.name.split("::", 1)[-1]
         real = shadows.real_inputs(args, kwargs)
         if real is not None and not real[2]:    # the host alone
             if shadows.small_on_host(args):
@@ -48,7 +57,7 @@ class OperatorHook:
                     return real_out
             real = None
         try:
-            out = func(*args, **kwargs)
+            out = self.fake(func, args, kwargs)
         except self.dynamic:
             real_out = shadows.run(func, *real[:2]) if real is not None else None
             out = shadows.fake_like(real_out, args) if real_out is not None else \

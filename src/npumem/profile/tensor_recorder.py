@@ -92,7 +92,12 @@ class TensorRecorder:
 
         class _Mode(TorchDispatchMode):
             # PyTorch wraps this in a dynamo-disabling guard (about 4 us an op): without it,
-            # torch.compile would trace into the recorder and break its graphs there
+            # torch.compile would trace into the recorder and break its graphs there. An
+            # intercepting caller (npumem estimate) runs torch.compile eagerly: no guard then
+            @classmethod
+            def _should_skip_dynamo(cls):
+                return intercept is None
+
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 if intercept is not None:
                     return intercept(func, args, kwargs or {}, outputs)
