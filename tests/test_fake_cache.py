@@ -65,7 +65,7 @@ def _program(x, y, step, number):
     note("add int scalar", (x,), x + 1)
     note("add float scalar", (x,), x + 0.5)
     note("add_ in place", (x,), torch.ops.aten.add_.Tensor(x, y))     # what the kernel returns
-    z = torch.empty(12, 8)
+    z = torch.empty_like(x)
     note("add out=", (z,), torch.ops.aten.add.out(x, y, out=z))
     note("mm", (x, y), x @ y.t())
     note("sum", (x,), x.sum(0))
@@ -75,23 +75,26 @@ def _program(x, y, step, number):
     note("reshape of a transposed tensor", (x,), x.t().reshape(-1))     # a copy
     note("cat", (x, y), torch.cat([x, y]))
     note("layer norm", (x,), torch.nn.functional.layer_norm(x, (8,)))
+    note("layer norm backward", (x,), torch.ops.aten.native_layer_norm_backward(
+        x, x, (8,), x.sum(1, keepdim=True), x.sum(1, keepdim=True), None, None, [True, False, False]))
     note("softmax", (x,), x.softmax(-1))
     note("bool mask", (x,), x > 0)
     note("to bfloat16", (x,), x.to(torch.bfloat16))
     note("factory", (), torch.zeros(3, 5, dtype=torch.float16))
     note("foreach with floats", (x, y), torch._foreach_mul([x, y], [0.1 * number, 0.2]))
     note("host scalar tensor", (x, step), x * step)
-    note("matmul 3d (unsafe view)", (x,), torch.matmul(x.view(2, 6, 8), x.t()))
+    note("matmul 3d (unsafe view)", (x,), torch.matmul(x.view(-1, 6, 8), x.t()))
     return out
 
 
-def _run(cached: bool, steps=3):
+def _run(cached: bool, rows=(12, 12, 12, 24, 24)):
+    """The program on growing inputs: the cache's answers, then new shapes (meta kernels)."""
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     described = []
     with fake:
         with _Cached(FakeCache(torch, fake) if cached else None) as mode:
-            for step in range(steps):
-                x, y = torch.empty(12, 8), torch.empty(12, 8)
+            for step, count in enumerate(rows):
+                x, y = torch.empty(count, 8), torch.empty(count, 8)
                 step_tensor = torch.tensor(float(step + 1))
                 for name, inputs, result in _program(x, y, step_tensor if step else 1.0, step):
                     described.append((step, name, _describe(result, inputs)))
@@ -106,6 +109,8 @@ def test_the_cache_makes_what_fake_tensor_mode_makes():
     cache = mode.cache
     assert cache.hits > 20 and cache.views > 10      # later steps are answered by the cache
     assert cache.misses < cache.hits
+    assert cache._trusted[torch.ops.aten.mm.default]               # new shapes: meta kernels
+    assert not cache._trusted[torch.ops.aten.native_layer_norm.default]   # FakeTensorMode's own
 
 
 def test_results_are_fake_tensors_of_the_mode_with_their_own_storage():

@@ -32,7 +32,8 @@ class FakeCache:
         self._never: set = set()    # operators that change their inputs' metadata
         self._blind: dict = {}      # operator -> results blind to float values (_part)
         self._script_object = torch.ScriptObject
-        self._direct: set = set()   # operators that return a view without being one (_unsafe_view)
+        self._direct: set = set()
+        self._trusted: dict = {}    # operator -> its meta kernel agreed with FakeTensorMode   # operators that return a view without being one (_unsafe_view)
         self._template: dict | None = None   # a FakeTensor's own attributes, as __new__ sets them
         self._mark = (torch._C._set_warn_deprecated_on_mutable_data_ptr
                       if fake_mode._allow_unsafe_data_ptr_access
@@ -121,7 +122,14 @@ class FakeCache:
 
     def _learn(self, key, func, args, kwargs):
         before = self._aliasable(args, kwargs)
-        out = func(*args, **kwargs)
+        device = self._one_device(args, kwargs)
+        trusted = self._trusted.get(func) if device is not None else False
+        if trusted:
+            out = self._kernel(func, args, kwargs, device)
+        else:
+            out = func(*args, **kwargs)
+            if trusted is None:
+                self._trusted[func] = self._agrees(func, args, kwargs, device, out)
         entry = NOT_CACHED
         if not any(tag in func.tags for tag in self._tags):
             try:
@@ -138,6 +146,42 @@ class FakeCache:
                 entry = NOT_CACHED
         self.entries[key] = entry
         return out
+
+    # --- new shapes: the meta kernel, once it agreed with FakeTensorMode --------------------------
+
+    def _one_device(self, args, kwargs):
+        """The device of every tensor argument (all fake), or None: a factory, a `device`
+        argument, a real tensor or two devices are FakeTensorMode's to place."""
+        if "device" in kwargs:
+            return None
+        device = None
+        for value in (*args, *kwargs.values()):
+            items = value if isinstance(value, (list, tuple)) else (value,)
+            for item in items:
+                if type(item) is self.fake_type:
+                    if device is None:
+                        device = item._fake_device
+                    elif item._fake_device != device:
+                        return None
+                elif isinstance(item, self.torch.Tensor):
+                    return None
+        return device
+
+    def _agrees(self, func, args, kwargs, device, expected) -> bool:
+        """Whether the operator's meta kernel, run directly, makes what FakeTensorMode made
+        (asked at an operator's first new shape; FakeTensorMode's own implementations of an
+        operator, a convolution's memory format or an attention's seeds, are never replaced)."""
+        from torch._subclasses import fake_impls
+        if any(check(func) for check, _ in fake_impls.op_implementations_checks) or \
+                self.torch._library.simple_registry.singleton.find(func.name()).fake_impl.kernel:
+            return False
+        inputs = [*args, *kwargs.values()]
+        inputs += [t for value in inputs if isinstance(value, (list, tuple)) for t in value]
+        try:
+            got = self._kernel(func, args, kwargs, device)
+        except Exception:           # no meta kernel, a size that depends on data: never
+            return False
+        return _signature(got, inputs) == _signature(expected, inputs)
 
     def _aliasable(self, args, kwargs) -> dict:
         """Each fake input's metadata by id, to tell an operator that reshapes its input."""
@@ -208,24 +252,49 @@ class FakeCache:
 
     def _view(self, func, args, kwargs):
         """A view by PyTorch's meta kernel, on the input's own (meta) storage."""
-        device = args[0]._fake_device      # a view's first argument is the tensor it views
+        self.views += 1
+        return self._kernel(func, args, kwargs, args[0]._fake_device)   # the tensor it views
+
+    def _kernel(self, func, args, kwargs, device):
+        """The operator's meta kernel on the fake inputs, as FakeTensorMode runs one: new
+        results wrapped as fake tensors on `device`, inputs given back as they are."""
         mode = self.mode
         before = mode.in_kernel_invocation
         with self._disable(), self._preserve():
-            self._meta_tls(True)            # as FakeTensorMode runs a kernel: on the meta key
+            self._meta_tls(True)            # the meta key, and fake tensors say "meta"
             mode.in_kernel_invocation = True
             try:
                 out = func(*args, **kwargs)
             finally:
                 mode.in_kernel_invocation = before
-        self.views += 1
         if isinstance(out, (list, tuple)):
-            return type(out)(self._wrap(item, device) for item in out)
-        return self._wrap(out, device)
+            return type(out)(self._wrapped(item, device) for item in out)
+        return self._wrapped(out, device)
+
+    def _wrapped(self, value, device):
+        if type(value) is self.fake_type or not isinstance(value, self.torch.Tensor):
+            return value
+        return self._wrap(value, device)
 
 
 class _Direct(Exception):
     """A result on its first input's storage, from an operator that is not a view."""
+
+
+def _signature(value, inputs):
+    """What a result is: which input, or its metadata and which inputs' storage it shares."""
+    if isinstance(value, (list, tuple)):
+        return (type(value), *(_signature(v, inputs) for v in value))
+    if not hasattr(value, "untyped_storage"):
+        return value
+    for index, tensor in enumerate(inputs):
+        if value is tensor:
+            return ("input", index)
+    storage = value.untyped_storage()
+    shared = tuple(i for i, t in enumerate(inputs) if hasattr(t, "untyped_storage")
+                   and t.untyped_storage()._cdata == storage._cdata)
+    return (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
+            value.fake_device, storage.nbytes(), shared)
 
 
 def _tensors(values, fake_type):
