@@ -942,7 +942,10 @@ def _load(path: str):
               help="With a memory_stats JSON file: the run's snapshot pickle, for fragmentation.")
 @click.option("--device", "device", type=click.IntRange(min=0), default=None,
               help="Report on this device of a snapshot only (default: every device).")
-def report(path, html_out, top, snapshot_path, device):
+@click.option("--window", "window_text", default=None, metavar="START:END",
+              help="Report on part of a recording: entry numbers (1000000:2000000) or times "
+                   "from its start (90s:120s, 1500ms:, :2.5s), with what was live at START.")
+def report(path, html_out, top, snapshot_path, device, window_text):
     """Report on a profile folder, a snapshot pickle (npumem's or PyTorch's
     torch.cuda.memory._snapshot()) or any allocation trace npumem reads: peak, top sites, leaks,
     fragmentation. A JSON file of PyTorch's memory_stats() prints its summary table with hit
@@ -957,15 +960,18 @@ def report(path, html_out, top, snapshot_path, device):
     if not (os.path.isfile(path) or os.path.isdir(path)):
         click.echo(f"error: {path}: {not_a_file(path)}", err=True)
         sys.exit(2)
+    window = _window(window_text)
     if html_out:
         try:
             check_output(html_out, None if os.path.isdir(path) else path)
         except OutputPathError as exc:
             raise click.BadParameter(str(exc), param_hint="--html") from None
     if path.endswith(".json") and os.path.isfile(path) and not _is_chrome_trace(path):
+        _no_window(window, "a memory_stats file")
         _report_torch_stats(path, snapshot_path)
         return
     if os.path.isfile(path) and _is_usage_curve(path):
+        _no_window(window, "a usage curve")
         click.echo(_usage_summary(path), nl=False)
         if html_out:
             from .profile.html import render_usage_html
@@ -976,6 +982,7 @@ def report(path, html_out, top, snapshot_path, device):
     if os.path.isfile(path) and _is_operator_memory(path):
         from .profile.ascend import files_beside
 
+        _no_window(window, "Ascend profiler output")
         _report_ascend([files_beside(path)], top, html_out)
         return
     if os.path.isdir(path):
@@ -987,6 +994,7 @@ def report(path, html_out, top, snapshot_path, device):
 
             outputs = find_outputs(path)
             if outputs:                           # a torch_npu (or msprof) profiler output
+                _no_window(window, "Ascend profiler output")
                 _report_ascend(outputs, top, html_out)
                 return
             click.echo(f"error: {path} has neither torch_snapshot.pickle nor snapshot.pickle "
@@ -1000,12 +1008,41 @@ def report(path, html_out, top, snapshot_path, device):
             snapshots = snapshots[1:]             # a plain PyTorch script: npumem saw nothing
     else:
         snapshots = [(path, _load(path))]
-    reports = [build_report(_only_device(data, device, name), f"npumem report of {name}")
-               for name, data in snapshots]
+    reports = [build_report(_cut(_only_device(data, device, name), window, name),
+                            f"npumem report of {name}") for name, data in snapshots]
     for result in reports:
         click.echo(format_report(result, top), nl=False)
     if html_out:
         _write_page(html_out, render_html(reports[-1]))
+
+
+def _window(text: str | None):
+    """--window's START:END, read (None without it); a bad one is a usage error."""
+    if text is None:
+        return None
+    from .profile.window import WindowError, parse_window
+    try:
+        return parse_window(text)
+    except WindowError as exc:
+        raise click.BadParameter(str(exc), param_hint="--window") from None
+
+
+def _no_window(window, what: str) -> None:
+    if window is not None:
+        raise click.BadParameter(f"{what} has no entries to cut: --window reads snapshots and "
+                                 "traces", param_hint="--window")
+
+
+def _cut(data: dict, window, path: str) -> dict:
+    """`data` cut to --window; a window outside the recording exits 2 saying its extent."""
+    if window is None:
+        return data
+    from .profile.window import WindowError, windowed
+    try:
+        return windowed(data, window)
+    except WindowError as exc:
+        click.echo(f"error: {path}: {exc}", err=True)
+        sys.exit(2)
 
 
 def _only_device(data: dict, device: int | None, path: str) -> dict:

@@ -159,7 +159,7 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
     """`start_live` (entries of the blocks live at the first entry) and `start_reserved` are
     the state the trace began in."""
     result = DeviceAnalysis(device, events=len(entries))
-    live: dict[int, dict] = {}
+    live: dict[int, dict] = {entry["addr"]: entry for entry in start_live}   # frees find them
     allocated = active = sum(entry["size"] for entry in start_live)
     reserved = start_reserved
     points = []
@@ -279,7 +279,11 @@ def live_after(entries: list[dict], last: int) -> list[dict]:
 
 
 def start_of(snapshot: dict, device: int) -> tuple[list[dict], int]:
-    """(entries standing for the blocks live at the trace's first entry, reserved bytes then)."""
+    """(entries standing for the blocks live at the trace's first entry, reserved bytes then);
+    a window of a recording (profile/window.py) carries its own."""
+    given = snapshot.get("npumem_start")
+    if given and device in given:
+        return given[device]
     from ..trace.recording import recording_from_data
 
     try:
