@@ -46,8 +46,8 @@ def _describe(value, inputs):
     if not isinstance(value, torch.Tensor):
         return value
     for index, tensor in enumerate(inputs):
-        if value is tensor:
-            return ("input", index)
+        if value is tensor:             # and what it is now (unsqueeze_ changes it)
+            return ("input", index, tuple(value.shape), value.stride(), value.storage_offset())
     shared = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)
               and t.untyped_storage()._cdata == value.untyped_storage()._cdata]
     return (type(value).__name__, tuple(value.shape), value.stride(), value.storage_offset(),
@@ -67,6 +67,8 @@ def _program(x, y, step, number):
     note("add_ in place", (x,), torch.ops.aten.add_.Tensor(x, y))     # what the kernel returns
     z = torch.empty_like(x)
     note("add out=", (z,), torch.ops.aten.add.out(x, y, out=z))
+    w = x.clone()
+    note("unsqueeze_ (changes its input)", (w,), torch.ops.aten.unsqueeze_(w, 0))
     note("mm", (x, y), x @ y.t())
     note("sum", (x,), x.sum(0))
     note("view", (x,), x.view(-1))

@@ -1,26 +1,30 @@
-"""FakeTensorMode's answers, remembered cheaply: the fake run's operators at a few microseconds.
+"""FakeTensorMode's answers, remembered cheaply: the fake run's operators at tens of microseconds.
 
-FakeTensorMode spends about 100 us of Python on every operator of this VM, even when its own
-cache answers (most of it hashing the arguments). A training loop repeats the same operators on
-the same shapes, so this cache asks FakeTensorMode once per (operator, inputs' metadata) and
-then makes the outputs itself:
+FakeTensorMode spends 100-350 us of Python on every operator of this VM, even when its own
+cache answers (most of it hashing the arguments), and milliseconds where it runs a Python meta
+kernel or decomposition. A training loop repeats the same operators on the same shapes, so this
+cache asks FakeTensorMode once per (operator, inputs' metadata) and then makes the results itself:
 
-- an operator that writes into an input (`add_`, `copy_`, out=) returns that input again;
+- an operator that writes into an input (`add_`, `copy_`, out=) gives that input back;
 - a new result is a new fake tensor of the remembered shape, strides and dtype, on the
   remembered device, made as FakeTensorMode makes one (a meta tensor wrapped as a FakeTensor);
-- a view is run directly by PyTorch's C++ meta kernel on the input's storage (every view
-  operator has one), as FakeTensorMode runs it, without the cache.
+- a view runs PyTorch's meta kernel on the input's storage directly (every view operator has a
+  C++ one), as FakeTensorMode runs it;
+- an operator's new shapes run its meta kernel directly too, once that kernel made what
+  FakeTensorMode made on the operator's first new shape (never for an operator that writes into
+  its inputs, nor for FakeTensorMode's own implementations: convolutions, attention, factories).
 
-Anything else goes to FakeTensorMode, every time: inputs that are not this mode's fake tensors,
-sizes that depend on data, results that are not tensors, an operator that changed an input's
-shape (resize_, set_) or returned part of an input without being a view. The key is made of
-what decides a result's metadata at the dispatcher: the operator, each argument's value or, for
-a tensor, its shape, strides, offset, dtype and device, and the default dtype (factories).
+Anything else goes to FakeTensorMode, every time: real tensors among the inputs (but a host
+scalar), sizes that depend on data, results that are not tensors, an operator that changed an
+input's shape (resize_, set_). The key is made of what decides a result's metadata at the
+dispatcher: the operator, each argument's value or, for a tensor, its shape, strides, offset,
+dtype and device, and the default dtype (factories).
 """
 
 from __future__ import annotations
 
 NOT_CACHED = object()               # the cache's value for a key FakeTensorMode must answer
+_UNSET = object()
 
 
 class FakeCache:
@@ -32,8 +36,8 @@ class FakeCache:
         self._never: set = set()    # operators that change their inputs' metadata
         self._blind: dict = {}      # operator -> results blind to float values (_part)
         self._script_object = torch.ScriptObject
-        self._direct: set = set()
-        self._trusted: dict = {}    # operator -> its meta kernel agreed with FakeTensorMode   # operators that return a view without being one (_unsafe_view)
+        self._direct: set = set()   # operators that return a view without being one (_unsafe_view)
+        self._trusted: dict = {}    # operator -> its meta kernel agreed with FakeTensorMode
         self._template: dict | None = None   # a FakeTensor's own attributes, as __new__ sets them
         self._mark = (torch._C._set_warn_deprecated_on_mutable_data_ptr
                       if fake_mode._allow_unsafe_data_ptr_access
@@ -124,9 +128,13 @@ class FakeCache:
         before = self._aliasable(args, kwargs)
         device = self._one_device(args, kwargs)
         trusted = self._trusted.get(func) if device is not None else False
+        out = _UNSET
         if trusted:
-            out = self._kernel(func, args, kwargs, device)
-        else:
+            try:
+                out = self._kernel(func, args, kwargs, device)
+            except Exception:       # FakeTensorMode says what is wrong, as it would have
+                out = _UNSET
+        if out is _UNSET:
             out = func(*args, **kwargs)
             if trusted is None:
                 self._trusted[func] = self._agrees(func, args, kwargs, device, out)
@@ -172,6 +180,8 @@ class FakeCache:
         (asked at an operator's first new shape; FakeTensorMode's own implementations of an
         operator, a convolution's memory format or an attention's seeds, are never replaced)."""
         from torch._subclasses import fake_impls
+        if func._schema.is_mutable:     # run twice, unsqueeze_ would add two dimensions
+            return False
         if any(check(func) for check, _ in fake_impls.op_implementations_checks) or \
                 self.torch._library.simple_registry.singleton.find(func.name()).fake_impl.kernel:
             return False
