@@ -250,6 +250,7 @@ def test_what_a_fake_run_does_in_place_of_the_script(tmp_path):
             if unfinished.max() == 0:
                 break
         print("STEPS", step)
+        print(f"FMT {{torch.tensor(3.25, device='cuda'):.2f}} {{torch.randn(99999, device='cuda').sum():.1f}}")
         torch.save(model.state_dict(), {str(checkpoint)!r})
         """, "--json")
     assert done.returncode == 0, done.stderr
@@ -258,6 +259,7 @@ def test_what_a_fake_run_does_in_place_of_the_script(tmp_path):
     kept, distinct = (int(v) for v in next(l for l in done.stderr.splitlines()
                                            if l.startswith("KEPT")).split()[1:])
     assert 0 < kept < 128 and distinct == 128 and "STEPS 7" in done.stderr
+    assert "FMT 3.25 0.0" in done.stderr      # formatted as .item() gives it: shadow, or answer
     notes = json.loads(done.stdout)["fake_run"]["answers"]
     assert any("torch.save" in note for note in notes) and any("DataLoader" in note for note in notes)
 

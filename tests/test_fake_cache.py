@@ -152,6 +152,7 @@ def test_sizes_that_depend_on_data_still_reach_fake_tensor_mode():
                     torch.nonzero(x)
 
 
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
 def test_a_deep_copied_module_shares_the_mode():
     from npumem.estimate.fake_run import _one_fake_mode
     _one_fake_mode(torch)

@@ -116,3 +116,36 @@ def test_the_command_line(tmp_path):
     assert refused.exit_code == 2 and "--window reads snapshots and traces" in refused.output
     for result in (bad, outside, refused):
         assert "Traceback" not in result.output
+
+
+def test_a_window_ending_early_says_fragmentation_is_not_known(tmp_path):
+    runner = CliRunner()
+    early = runner.invoke(main, ["report", SNAPSHOT, "--window", "0:2000", "--html",
+                                 str(tmp_path / "w.html")])
+    assert early.exit_code == 0, early.output
+    assert "Fragmentation (now):\n  not known for a window that ends before" in early.output
+    assert "nothing is reserved" not in early.output
+    assert "no segment data" not in early.output          # reserved is known: segments were
+    page = (tmp_path / "w.html").read_text()
+    assert "Fragmentation: not known for a window" in page and "nothing is reserved" not in page
+    late = runner.invoke(main, ["report", SNAPSHOT, "--window", "2000:"])
+    assert "fragmentation" in late.output and "not known for a window" not in late.output
+
+
+def test_choosing_a_device_does_not_move_a_time_window(tmp_path):
+    snapshot = _snapshot()
+    trace = snapshot["device_traces"][0]
+    later = [{**entry, "time_us": entry["time_us"] + 250_000} for entry in trace]
+    two = {**snapshot, "device_traces": [later, trace],
+           "segments": snapshot["segments"] + [{**s, "device": 1} for s in snapshot["segments"]]}
+    path = tmp_path / "two.pickle"
+    path.write_bytes(pickle.dumps(two))
+    runner = CliRunner()
+    both = runner.invoke(main, ["report", str(path), "--window", "0ms:10ms"])
+    one = runner.invoke(main, ["report", str(path), "--device", "1", "--window", "0ms:10ms"])
+    assert both.exit_code == one.exit_code == 0, one.output
+    assert "device 0: no entries; device 1: entries 0–5 of 4,282" in both.output
+    assert "device 0: no entries; device 1: entries 0–5 of 4,282" in one.output
+    assert "device 1: 6 events" in one.output
+    missing = runner.invoke(main, ["report", str(path), "--device", "3", "--window", "0:10"])
+    assert missing.exit_code == 2 and "its devices: 0, 1" in missing.output

@@ -218,6 +218,12 @@ def test_torch_stats_get_hit_rate_and_fragmentation(tmp_path):
     snapshot_path.write_bytes(pickle.dumps(snapshot))
     result = CliRunner().invoke(main, ["report", str(path), "--snapshot", str(snapshot_path)])
     assert result.exit_code == 0 and "Fragmentation: 50.0%" in result.output
+    path.write_text(json.dumps({**TORCH_STATS, "max_split_size": -1}))    # PyTorch's "not set"
+    unset = CliRunner().invoke(main, ["report", str(path)])
+    assert unset.exit_code == 0, unset.output
+    path.write_text(json.dumps({**TORCH_STATS, "num_ooms": -1}))
+    negative = CliRunner().invoke(main, ["report", str(path)])
+    assert negative.exit_code == 2 and "'num_ooms' is -1" in negative.output
 
 
 def test_torch_stats_errors(tmp_path):

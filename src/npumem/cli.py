@@ -1008,8 +1008,8 @@ def report(path, html_out, top, snapshot_path, device, window_text):
             snapshots = snapshots[1:]             # a plain PyTorch script: npumem saw nothing
     else:
         snapshots = [(path, _load(path))]
-    reports = [build_report(_cut(_only_device(data, device, name), window, name),
-                            f"npumem report of {name}") for name, data in snapshots]
+    reports = [build_report(_part(data, device, window, name), f"npumem report of {name}")
+               for name, data in snapshots]
     for result in reports:
         click.echo(format_report(result, top), nl=False)
     if html_out:
@@ -1045,11 +1045,11 @@ def _cut(data: dict, window, path: str) -> dict:
         sys.exit(2)
 
 
-def _only_device(data: dict, device: int | None, path: str) -> dict:
-    """`data` with device `device`'s trace and segments only (all of it for None); a device
+def _part(data: dict, device: int | None, window, path: str) -> dict:
+    """`data` cut to --window (its clock is the whole recording's), then to --device; a device
     the snapshot does not hold exits 2 naming those it does."""
     if device is None:
-        return data
+        return _cut(data, window, path)
     traces = data.get("device_traces") or []
     segments = data.get("segments") or []
     held = sorted({index for index, trace in enumerate(traces) if trace}
@@ -1058,9 +1058,12 @@ def _only_device(data: dict, device: int | None, path: str) -> dict:
         click.echo(f"error: {path} holds no device {device}; its devices: "
                    f"{', '.join(map(str, held)) or 'none'}", err=True)
         sys.exit(2)
+    data = _cut(data, window, path)
+    traces = data.get("device_traces") or []
     return {**data, "device_traces": [trace if index == device else []
                                       for index, trace in enumerate(traces)],
-            "segments": [segment for segment in segments if segment.get("device", 0) == device]}
+            "segments": [segment for segment in data.get("segments") or []
+                         if segment.get("device", 0) == device]}
 
 
 def _report_ascend(outputs, top: int, html_out: str | None) -> None:

@@ -80,6 +80,8 @@ def _read_stats_file(path) -> dict:
         raise InvalidParamError(f"{path}: holds a JSON {type(data).__name__}, not the dict "
                                 "torch.cuda.memory_stats() returns")
     for key, value in data.items():
+        if key == "max_split_size" and value == -1:       # PyTorch's word for "not set"
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not 0 <= value < 2**64:
             shown = repr(value) if isinstance(value, (int, float)) else type(value).__name__

@@ -100,7 +100,8 @@ def _parameters_moved_in_place(torch, fake_type) -> None:
 
 def _host_reads(torch, fake_type, unset_fake, answers) -> None:
     """`.numpy()` and `.tolist()` of a fake result: its shadow's values, else zeros of its shape
-    (answers.placeholder); `.numpy()` of a device tensor fails as it does on a GPU."""
+    (answers.placeholder); `.numpy()` of a device tensor fails as it does on a GPU. A
+    one-element fake tensor formats (f"{loss:.4f}") as its value."""
     to_numpy, to_list = torch.Tensor.numpy, torch.Tensor.tolist
 
     def numpy(self, *args, **kwargs):
@@ -116,7 +117,15 @@ def _host_reads(torch, fake_type, unset_fake, answers) -> None:
             return answers.placeholder(self, torch, unset_fake, as_list=True)
         return to_list(self)
 
+    def format_value(self, spec):
+        # PyTorch formats a one-element tensor by its value for plain tensors only
+        # (f"{loss:.4f}"); a fake one gives its value as .item() does: its shadow, or the answer
+        if self.dim() == 0:
+            return self.detach().item().__format__(spec)
+        return object.__format__(self, spec)
+
     torch.Tensor.numpy, torch.Tensor.tolist = numpy, tolist
+    fake_type.__format__ = format_value
 
 
 def _no_files_written(torch, answers) -> None:

@@ -463,7 +463,9 @@ def render_html(report: Report, extra: str = "", curves: dict | None = None) -> 
         out += [f"<li class=bad><code>{escape(line)}</code></li>" for line in report.growth[:50]]
         out.append("</ul>")
     out.append("<h2>Fragmentation and block map</h2>")
-    if not report.fragmentation:
+    if report.fragmentation_note:
+        out.append(f"<p class=sub>Fragmentation: {escape(report.fragmentation_note)}.</p>")
+    elif not report.fragmentation:
         out.append("<p class=sub>No segments: nothing is reserved.</p>")
     for pool in report.fragmentation:
         out.append(f"<p>device {pool.device}: reserved {escape(format_size(pool.reserved))}, "

@@ -53,6 +53,7 @@ class Report:
     step_growth: dict = field(default_factory=dict)
     step_leaks: list[StepLeak] = field(default_factory=list)   # a recording's growing sites
     kernels: list = field(default_factory=list)       # AI core Timelines (a live profile only)
+    fragmentation_note: str = ""      # why fragmentation is not known (a window of a recording)
 
     @property
     def leaked_bytes(self) -> int:
@@ -115,7 +116,8 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
         notes.append(f"the oldest {dropped:,} events fell out of the recorder's ring "
                      "(--max-entries keeps more): the trace starts later than the run")
     traces = snapshot.get("device_traces") or []
-    if any(traces) and not snapshot.get("segments") and not any(
+    window = snapshot.get("npumem_window") or {}
+    if any(traces) and not snapshot.get("segments") and not window.get("reserved_known") and not any(
             entry.get("action", "").startswith("segment_") for trace in traces for entry in trace):
         notes.append("This trace has allocations and frees but no segment data, so what an "
                      "allocator reserved cannot be known: the reserved figures here are the "
@@ -134,6 +136,10 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     report.oom = explain_oom(snapshot, title)
     if clock is not None:
         report.spans = spans_of(list(annotations), clock)
+    if window and not window.get("end_state"):
+        report.fragmentation_note = ("not known for a window that ends before the recording "
+                                     "does: the snapshot's segments are its end state")
+        return report
     for device in report.devices:
         moments = maps_over_time(snapshot, device.device, also=device.peak_entry)
         if any(maps for _, _, maps in moments):         # a trace with segments to draw
@@ -211,7 +217,8 @@ def format_report(report: Report, limit: int = 10) -> str:
         lines += [f"  {line}" for line in report.growth[:limit]]
     lines.append("")
     lines.append("Fragmentation (now):")
-    lines += ["  " + line for line in format_fragmentation(report.fragmentation, 8).splitlines()]
+    lines += ["  " + line for line in (report.fragmentation_note or format_fragmentation(
+        report.fragmentation, 8)).splitlines()]
     if report.kernels:
         lines.append("")
         lines.append(f"Kernel launches on the AI cores (modelled; the last {len(report.kernels)}):")

@@ -61,7 +61,10 @@ def parse_window(text: str) -> Window:
 def windowed(snapshot: dict, window: Window) -> dict:
     """The snapshot cut to `window`: each device's entries in it, the state each began in
     (`npumem_start`, which analysis.start_of reads), the step marks in it, and a note. The
-    snapshot's segments are its end state: kept only when the window runs to the end."""
+    snapshot's segments are its end state: kept only when the window runs to the end
+    (`npumem_window` tells the report so, and whether reserved bytes are known).
+    The window's clock starts at the recording's first entry on any device, so that `--device`
+    does not move it."""
     traces = snapshot.get("device_traces") or []
     held = [trace for trace in traces if trace]
     if not held:
@@ -95,14 +98,20 @@ def windowed(snapshot: dict, window: Window) -> dict:
         raise WindowError(f"window {window.text} holds no entry: the recording has {total:,} "
                           f"entries over {_duration(length)}")
     whole = all(last == len(traces[device]) for device, (_, last) in spans.items())
-    note = f"window {window.text} ({'; '.join(descriptions)}), starting with what was live then"
+    begins = min((traces[d][first].get("time_us", 0) for d, (first, last) in spans.items()
+                  if last > first), default=origin) - origin
+    note = (f"window {window.text} ({'; '.join(descriptions)}), starting with what was live "
+            f"then; times here count from the window's start, {_duration(begins)} into the "
+            f"recording")
     if not whole:
-        note += ("; the snapshot's segments (its end state) and fragmentation are left out, and "
-                 "'still live' means at the window's end")
+        note += "; 'still live' means at the window's end"
+    reserved_known = bool(snapshot.get("segments")) or any(
+        entry.get("action") in _RESERVE for trace in held for entry in trace)
     return {**snapshot, "device_traces": cut,
             "segments": (snapshot.get("segments") or []) if whole else [],
             "external_annotations": _annotations(snapshot, spans),
             "npumem_start": states,
+            "npumem_window": {"end_state": whole, "reserved_known": reserved_known},
             "npumem_notes": [*(snapshot.get("npumem_notes") or []), note]}
 
 
