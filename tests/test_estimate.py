@@ -107,6 +107,24 @@ def test_a_script_using_torch_cuda_runs_unchanged(tmp_path):
 
 
 @needs_build
+def test_each_device_answers_for_its_own_memory(tmp_path):
+    done = _estimate(tmp_path, """
+        import torch
+        a = torch.empty(2**20, dtype=torch.uint8, device="cuda:0")
+        b = torch.empty(3 * 2**20, dtype=torch.uint8, device="cuda:1")
+        print("PER", torch.cuda.memory_allocated(0), torch.cuda.memory_allocated("cuda:1"))
+        with torch.cuda.device(1):                  # libraries switch devices so
+            print("CURRENT", torch.cuda.current_device(), torch.cuda.memory_allocated())
+        print("BACK", torch.cuda.current_device())
+        state = torch.cuda.get_rng_state()
+        torch.cuda.set_rng_state(state)
+        """, "--devices", "2")
+    assert done.returncode == 0, done.stderr
+    assert f"PER {2**20} {3 * 2**20}" in done.stdout
+    assert f"CURRENT 1 {3 * 2**20}" in done.stdout and "BACK 0" in done.stdout
+
+
+@needs_build
 def test_a_failing_script_names_its_line_without_a_traceback(tmp_path):
     done = _estimate(tmp_path, """
         import torch

@@ -48,15 +48,17 @@ def main(spec_path: str) -> int:
     hook = OperatorHook(torch, recorder, rules, Shadows(torch, FakeTensor, unset_fake_temporarily),
                         answers, FakeCache(torch, fake_mode))
     recorder.intercept = hook
-    live = device_api.LiveModel(config)
-    estimated: dict = {}                    # the recorder's device index -> estimated?
+    live = device_api.LiveModels(config)
+    models: dict = {}                       # the recorder's device index -> its LiveModel
 
     def listener(action, key, size, device):
-        known = estimated.get(device)
-        if known is None:
-            known = estimated[device] = recorder.devices[device].startswith(ESTIMATED)
-        if known:
-            live(action, key, size, device)
+        model = models.get(device, False)
+        if model is False:
+            name = recorder.devices[device]         # "cuda:1"; None: not an estimated device
+            model = models[device] = live.of(int(name.partition(":")[2] or 0)) \
+                if name.startswith(ESTIMATED) else None
+        if model is not None:
+            model(action, key, size, device)
 
     recorder.listener = listener
     empty_cache_us: list = []

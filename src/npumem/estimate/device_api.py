@@ -143,11 +143,44 @@ class _Event:
     def elapsed_time(self, other) -> float: return 0.0
 
 
-def install(torch, target: Target, capacity: int, live: LiveModel, devices: int, on_empty_cache,
+class LiveModels:
+    """A LiveModel per device, as PyTorch keeps an allocator per device (made at first use)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.models: dict[int, LiveModel] = {}
+
+    def of(self, ordinal: int) -> LiveModel:
+        model = self.models.get(ordinal)
+        if model is None:
+            model = self.models[ordinal] = LiveModel(self.config)
+        return model
+
+
+def install(torch, target: Target, capacity: int, live: LiveModels, devices: int, on_empty_cache,
             on_dump, npu_strings: bool = False) -> None:
     """Replace torch.cuda's device calls (and add torch.npu) for this process; `capacity` is
-    what the script may use (the target's, or --memory), which mem_get_info reports."""
+    what the script may use (the target's, or --memory), which mem_get_info reports. Memory
+    questions are answered for the device asked about (default: the current one)."""
     state = {"device": 0, "fraction": 1.0}
+
+    def ordinal(device=None) -> int:
+        if device is None:
+            return state["device"]
+        if isinstance(device, int):
+            return device
+        index = torch.device(device).index
+        return state["device"] if index is None else index
+
+    def on(device=None) -> LiveModel:
+        return live.of(ordinal(device)).current()
+
+    def exchange_device(device: int) -> int:
+        """torch.cuda.device(...)'s switch: the previous device (a negative one: no switch)."""
+        previous = state["device"]
+        if device >= 0:
+            state["device"] = device
+        return previous
     properties = _Properties(name=target.name, major=target.major, minor=target.minor,
                              total_memory=target.total_memory, multi_processor_count=target.sm_count,
                              is_integrated=False, is_multi_gpu_board=False, L2_cache_size=50 * 2**20,
@@ -159,12 +192,13 @@ def install(torch, target: Target, capacity: int, live: LiveModel, devices: int,
         state["device"] = index
 
     def empty_cache() -> None:
-        live.current().model.empty_cache()
+        for model in live.models.values():          # every device's cache, as PyTorch's does
+            model.current().model.empty_cache()
         on_empty_cache()
 
     def mem_get_info(device=None):
         usable = int(capacity * state["fraction"])
-        return max(0, usable - live.current().model.stats.reserved), target.total_memory
+        return max(0, usable - on(device).model.stats.reserved), target.total_memory
 
     def set_fraction(fraction, device=None) -> None:
         if not 0 <= fraction <= 1:
@@ -183,14 +217,19 @@ def install(torch, target: Target, capacity: int, live: LiveModel, devices: int,
         "is_bf16_supported": lambda including_emulation=True: target.major >= 8,
         "synchronize": lambda device=None: None, "empty_cache": empty_cache,
         "ipc_collect": lambda: None,
-        "memory_allocated": lambda device=None: live.current().counters["allocated_bytes", "all"][0],
-        "max_memory_allocated": lambda device=None: live.peak_allocated,
-        "memory_reserved": lambda device=None: live.current().model.stats.reserved,
-        "max_memory_reserved": lambda device=None: live.current().peak_reserved,
-        "memory_cached": lambda device=None: live.current().model.stats.reserved,
-        "reset_peak_memory_stats": lambda device=None: live.reset_peaks(),
-        "reset_max_memory_allocated": lambda device=None: live.reset_peaks(),
-        "memory_stats": lambda device=None: live.stats(),
+        "memory_allocated": lambda device=None: on(device).counters["allocated_bytes", "all"][0],
+        "max_memory_allocated": lambda device=None: on(device).peak_allocated,
+        "memory_reserved": lambda device=None: on(device).model.stats.reserved,
+        "max_memory_reserved": lambda device=None: on(device).peak_reserved,
+        "memory_cached": lambda device=None: on(device).model.stats.reserved,
+        "reset_peak_memory_stats": lambda device=None: on(device).reset_peaks(),
+        "reset_max_memory_allocated": lambda device=None: on(device).reset_peaks(),
+        "memory_stats": lambda device=None: on(device).stats(),
+        "_exchange_device": exchange_device, "_maybe_exchange_device": exchange_device,
+        "get_rng_state": lambda device="cuda": torch.get_rng_state(),
+        "set_rng_state": lambda new_state, device="cuda": None,
+        "get_rng_state_all": lambda: [torch.get_rng_state() for _ in range(devices)],
+        "set_rng_state_all": lambda new_states: None,
         "mem_get_info": mem_get_info, "set_per_process_memory_fraction": set_fraction,
         "manual_seed": lambda seed: None, "manual_seed_all": lambda seed: None,
         "seed": lambda: None, "seed_all": lambda: None, "initial_seed": lambda: 0,
