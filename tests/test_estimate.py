@@ -333,3 +333,10 @@ def test_the_predicted_snapshot_opens_like_a_recorded_one(tmp_path):
     tuned = subprocess.run([sys.executable, "-m", "npumem", "tune", str(out / "predicted.pickle")],
                            capture_output=True, text=True, env=env, timeout=120)
     assert tuned.returncode == 0 and "npumem estimate's predicted run reserved" in tuned.stdout
+    # an earlier estimate's files are written over only when asked to
+    again = _estimate(tmp_path, "x = 1\n", "--out", str(out))
+    assert again.returncode == 2 and "holds an earlier estimate" in again.stderr
+    assert json.loads((out / "estimate.json").read_text()) == estimate
+    forced = _estimate(tmp_path, "x = 1\n", "--out", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads((out / "estimate.json").read_text())["peak_reserved_bytes"] == 0

@@ -66,10 +66,11 @@ def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Write the predicted run's snapshot (open it with npumem report or "
                    "PyTorch's MemoryViz) and the estimate's JSON here.")
+@click.option("--force", is_flag=True, help="Write over an earlier estimate's files in --out.")
 @click.argument("script", type=click.Path())
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_json, out_dir,
-                     script, script_args):
+                     force, script, script_args):
     """Predict a PyTorch script's GPU (or NPU) memory on a machine that has neither.
 
     Runs SCRIPT unchanged on fake device tensors, adds what the GPU's kernels allocate for
@@ -103,10 +104,16 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
                                      k for k, t in TARGETS.items() if t.device == device),
                                  param_hint="--gpu")
     device = chosen.device
+    for override in overrides:
+        if ":" not in override and "=" not in override:
+            raise click.BadParameter(f"{override!r}: give KEY:VALUE (or KEY=VALUE), for example "
+                                     "expandable_segments:True", param_hint="--set")
     try:
         settings = settings_for(device, list(overrides))
-    except InvalidParamError as exc:
-        raise click.BadParameter(exc.message, param_hint="--set") from None
+    except InvalidParamError as exc:          # the environment's own, where no --set was given
+        variable = "PYTORCH_NPU_ALLOC_CONF" if device == "npu" else "PYTORCH_CUDA_ALLOC_CONF"
+        raise click.BadParameter(exc.message, param_hint="--set" if overrides else variable) \
+            from None
     if len(fits) > 1:
         raise click.BadParameter("give one --fit (one name and its values)", param_hint="--fit")
     fit = fits[0] if fits else None
@@ -121,6 +128,12 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
                                  param_hint="--fit")
     if out_dir is not None:                    # before minutes of work, not after
         from ..output_files import OutputPathError, check_output
+        earlier = [name for name in ("predicted.pickle", "estimate.json")
+                   if os.path.exists(os.path.join(out_dir, name))]
+        if earlier and not force:
+            raise click.BadParameter(f"{out_dir} holds an earlier estimate ({', '.join(earlier)}): "
+                                     "choose another --out or pass --force to write over it",
+                                     param_hint="--out")
         try:
             os.makedirs(out_dir, exist_ok=True)
             check_output(os.path.join(out_dir, "estimate.json"))
