@@ -223,6 +223,8 @@ def test_a_script_that_allocates_nothing_on_the_device(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["peak_reserved_bytes"] == 0 and report["fits"]
+    said = _estimate(tmp_path, "print(sum(range(10)))\n")
+    assert "note: the script put nothing on the GPU" in said.stdout
 
 
 @needs_build

@@ -48,6 +48,7 @@ def main(spec_path: str) -> int:
     hook = OperatorHook(torch, recorder, rules, Shadows(torch, FakeTensor, unset_fake_temporarily),
                         answers, FakeCache(torch, fake_mode))
     recorder.intercept = hook
+    hook.progress = _Progress(answers)
     live = device_api.LiveModels(config)
     models: dict = {}                       # the recorder's device index -> its LiveModel
 
@@ -111,6 +112,30 @@ def main(spec_path: str) -> int:
     with open(spec["out"] + ".json", "w") as handle:
         json.dump(result, handle)
     return 0
+
+
+class _Progress:
+    """A line on stderr every SECONDS of a long fake run: how far it got, and the assumption
+    made most often so far (a loop that waits for a value no fake run can give spins on one)."""
+
+    SECONDS = 15.0
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.started = self.last = time.perf_counter()
+
+    def __call__(self, operators: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.SECONDS:
+            return
+        self.last = now
+        line = f"npumem estimate: fake run at {operators:,} operators, {now - self.started:.0f} s"
+        common = self.answers.given.most_common(1)
+        if common:
+            (kind, made_by), count = common[0]
+            line += f"; most often assumed: {kind} value of {made_by}() ({count:,} times"
+            line += f"; --assume {kind}=VALUE changes it)" if kind in ("bool", "int", "float") else ")"
+        print(line, file=sys.stderr, flush=True)
 
 
 def _mentions_npu(script: str) -> bool:

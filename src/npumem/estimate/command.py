@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -82,8 +83,7 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
         npumem estimate --gpu a100-40 -- train.py --batch 32
     """
     from ..errors import InvalidParamError
-    from .native import BuildError
-    from .run import ScriptFailed, estimate, settings_for
+    from .run import settings_for
     from .targets import TARGETS, target as find_target
 
     if not os.path.isfile(script):
@@ -139,6 +139,39 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
             check_output(os.path.join(out_dir, "estimate.json"))
         except (OSError, OutputPathError) as exc:
             raise click.BadParameter(str(exc), param_hint="--out") from None
+    with _interrupted_by_sigterm():
+        results, failed = _run_each(runs, fitting, script, device, gpu, capacity, settings,
+                                    answers, devices, out_dir, as_json)
+    if fitting is not None and not results:
+        if as_json:
+            click.echo(json.dumps({"fit": None, "runs": [], "failed": [
+                {fitting[0]: v, "error": f} for v, f in failed]}, indent=2))
+        sys.exit(1)
+    if out_dir is not None:
+        _write(out_dir, results)
+    if as_json:
+        if fitting is None:
+            click.echo(json.dumps(results[0][1].as_dict(), indent=2))
+        else:
+            runs = [dict(r.as_dict(), **{fitting[0]: v}) for v, r in results]
+            click.echo(json.dumps({"fit": fit_answer(fitting[0], results), "runs": runs,
+                                   "failed": [{fitting[0]: v, "error": f} for v, f in failed]},
+                                  indent=2))
+    elif fitting is not None:
+        click.echo("\n".join(fit_lines(fitting[0], results)))
+        if failed:
+            click.echo(f"not judged: {', '.join(f'{fitting[0]}={v}' for v, _ in failed)} "
+                       "(the script failed; see above)")
+    if not any(r.fits or r.recommended is not None for _, r in results):
+        sys.exit(3)                          # nothing fits, under any setting
+
+
+def _run_each(runs, fitting, script, device, gpu, capacity, settings, answers, devices,
+              out_dir, as_json):
+    """Each run's estimate, printed as it comes: (results, failed) as (value, result) and
+    (value, failure) pairs; a failure without --fit ends the command."""
+    from .native import BuildError
+    from .run import ScriptFailed, estimate
     results, failed = [], []
     for value, args in runs:
         if value is not None:
@@ -164,28 +197,7 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
         results.append((value, result))
         if not as_json:
             click.echo("\n".join(summary_lines(result)))
-    if fitting is not None and not results:
-        if as_json:
-            click.echo(json.dumps({"fit": None, "runs": [], "failed": [
-                {fitting[0]: v, "error": f} for v, f in failed]}, indent=2))
-        sys.exit(1)
-    if out_dir is not None:
-        _write(out_dir, results)
-    if as_json:
-        if fitting is None:
-            click.echo(json.dumps(results[0][1].as_dict(), indent=2))
-        else:
-            runs = [dict(r.as_dict(), **{fitting[0]: v}) for v, r in results]
-            click.echo(json.dumps({"fit": fit_answer(fitting[0], results), "runs": runs,
-                                   "failed": [{fitting[0]: v, "error": f} for v, f in failed]},
-                                  indent=2))
-    elif fitting is not None:
-        click.echo("\n".join(fit_lines(fitting[0], results)))
-        if failed:
-            click.echo(f"not judged: {', '.join(f'{fitting[0]}={v}' for v, _ in failed)} "
-                       "(the script failed; see above)")
-    if not any(r.fits or r.recommended is not None for _, r in results):
-        sys.exit(3)                          # nothing fits, under any setting
+    return results, failed
 
 
 def _failure_line(exc) -> str:
@@ -218,6 +230,26 @@ def _hint(failure: dict) -> str:
             "it stopped in full")
 
 
+@contextlib.contextmanager
+def _interrupted_by_sigterm():
+    """SIGTERM (`timeout`, a job scheduler) stops the estimate as Ctrl-C does: the fake run's
+    process ends and its temporary folder goes (a bare SIGTERM would leave both)."""
+    import signal
+    import threading
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def summary_lines(result) -> list[str]:
     target, run = result.target, result.run
     lines = [f"{result.script} on {target.describe()}: {format_size(result.capacity)} usable",
@@ -229,6 +261,10 @@ def summary_lines(result) -> list[str]:
     for note in run.get("answers", []):
         lines.append(f"  note: {note}")
     current = result.current
+    if not current.peak_allocated_bytes:
+        device = result.target.device
+        lines.append(f"  note: the script put nothing on the {'NPU' if device == 'npu' else 'GPU'}"
+                     f" (no .to(\"{device}\"), .{device}() or device=\"{device}\" reached a tensor)")
     verdict = "fits" if result.fits else "OUT OF MEMORY"
     settings = result.settings or "default settings"
     lines.append(f"  with {settings}: peak live {format_size(current.peak_allocated_bytes)}, "

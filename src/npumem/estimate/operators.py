@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 ESTIMATED = ("cuda", "npu")         # the device types whose memory is estimated
+PROGRESS_EVERY = 16384              # operators between looks at the clock
 
 
 class OperatorHook:
@@ -27,6 +28,7 @@ class OperatorHook:
         # artefact of fake tensors that a GPU run never dispatches, answered first, not counted
         self.device_of = torch.ops.prim.device.default
         self.names: dict = {}               # operator -> aten's name, no namespace
+        self.progress = None                # called every PROGRESS_EVERY operators
         self.calls = 0
         self.nanoseconds = 0                # inside the operators: fake kernels and all
         self.unsupported: dict = {}         # operator -> calls FakeTensorMode has no kernel for
@@ -42,6 +44,8 @@ class OperatorHook:
         if func is self.device_of and type(args[0]) is self.fake_type:
             return args[0].fake_device
         self.calls += 1
+        if not self.calls % PROGRESS_EVERY and self.progress is not None:
+            self.progress(self.calls)
         if func is self.local_scalar:
             return self._value(args[0])
         shadows = self.shadows
