@@ -9,6 +9,7 @@ os.environ.setdefault("NPUMEM_SANITIZE", "1")
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 import npumem
 from npumem.device import SimBackend, SimConfig, sanitizer
@@ -16,6 +17,13 @@ from npumem.units import MiB
 
 if os.environ["NPUMEM_SANITIZE"] not in ("", "0"):
     sanitizer.enable()
+
+# Property tests draw the same examples on every run, CI's included: a failure is one anybody can
+# repeat, and a run does not fail by the luck of its draw. HYPOTHESIS_PROFILE=explore draws new
+# examples each run, to look for more (a failure found so becomes an example of its own).
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 SMALL_SIM = SimConfig(devices=2, memory=256 * MiB, huge_memory=128 * MiB)
 

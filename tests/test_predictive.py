@@ -835,6 +835,17 @@ def test_any_repeated_step_is_served_correctly(step, into_next, kept_every, expa
     assert peaks[1] <= peaks[0]
 
 
+@pytest.mark.xfail(strict=True, reason="a known defect of the predictive pool, found by the "
+                   "property above drawing at random (2026-11-26): after a block living into the "
+                   "next step, the plan misses 138 requests where at most 1 may")
+def test_a_step_whose_blocks_live_into_the_next_is_served_from_its_plan():
+    step = [(1, 1)] * 16 + [(97, 17)] + [(1, 1)] * 8 + [
+        (1, 16), (45409, 15), (1, 14), (1, 13), (1, 12), (1, 11), (334113, 1)] + \
+        [(1, 1)] * 7 + [(1048417, 1)]
+    test_any_repeated_step_is_served_correctly.hypothesis.inner_test(
+        step=step, into_next=[(0, 1), (31, 31)], kept_every=0, expandable=False)
+
+
 RECORDINGS = [Path(__file__).parent / "data" / "cpu_recordings" / "lstm.jsonl.gz",
               Path(__file__).parent / "data" / "cpu_recordings" / "cnn_accum.jsonl.gz",
               Path(__file__).parent / "data" / "cuda_snapshots" / "cnn_sgd.pickle.gz",
