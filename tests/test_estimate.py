@@ -125,6 +125,34 @@ def test_each_device_answers_for_its_own_memory(tmp_path):
 
 
 @needs_build
+def test_sigterm_stops_a_spinning_run_and_leaves_nothing_behind(tmp_path):
+    script = tmp_path / "spin.py"
+    script.write_text("import torch\nx = torch.randn(100000, device='cuda')\n"
+                      "print('spinning', flush=True)\n"
+                      "while x.abs().max().item() < 1.0:     # an assumed 0.0: never ends\n"
+                      "    x = x * 2\n")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, NPUMEM_CACHE_DIR=str(tmp_path.parent / "npumem-cache"),
+               TMPDIR=str(scratch))
+    run = subprocess.Popen([sys.executable, "-m", "npumem", "estimate", "--", str(script)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert run.stdout.readline().strip() == "spinning"
+        run.terminate()                                      # SIGTERM, as `timeout` sends
+        code = run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    stderr = run.stderr.read()
+    run.stdout.close()
+    run.stderr.close()
+    assert code == 130 and "interrupted" in stderr and "Traceback" not in stderr
+    assert not list(scratch.glob("npumem-estimate-*"))   # the fake run's folder went with it
+
+
+@needs_build
 def test_a_failing_script_names_its_line_without_a_traceback(tmp_path):
     done = _estimate(tmp_path, """
         import torch
@@ -337,7 +365,7 @@ def test_the_predicted_snapshot_opens_like_a_recorded_one(tmp_path):
     assert tuned.returncode == 0 and "npumem estimate's predicted run reserved" in tuned.stdout
     # an earlier estimate's files are written over only when asked to
     again = _estimate(tmp_path, "x = 1\n", "--out", str(out))
-    assert again.returncode == 2 and "holds an earlier estimate" in again.stderr
+    assert again.returncode == 2 and "exists and is not empty" in again.stderr
     assert json.loads((out / "estimate.json").read_text()) == estimate
     forced = _estimate(tmp_path, "x = 1\n", "--out", str(out), "--force")
     assert forced.returncode == 0, forced.stderr

@@ -67,7 +67,7 @@ def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Write the predicted run's snapshot (open it with npumem report or "
                    "PyTorch's MemoryViz) and the estimate's JSON here.")
-@click.option("--force", is_flag=True, help="Write over an earlier estimate's files in --out.")
+@click.option("--force", is_flag=True, help="Write into --out even if it holds files.")
 @click.argument("script", type=click.Path())
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_json, out_dir,
@@ -128,16 +128,11 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
                                  param_hint="--fit")
     if out_dir is not None:                    # before minutes of work, not after
         from ..output_files import OutputPathError, check_output
-        earlier = [name for name in ("predicted.pickle", "estimate.json")
-                   if os.path.exists(os.path.join(out_dir, name))]
-        if earlier and not force:
-            raise click.BadParameter(f"{out_dir} holds an earlier estimate ({', '.join(earlier)}): "
-                                     "choose another --out or pass --force to write over it",
-                                     param_hint="--out")
+        from ..profile.folder import prepare_folder     # profile's rule for --out, --force
         try:
-            os.makedirs(out_dir, exist_ok=True)
+            prepare_folder(out_dir, force)
             check_output(os.path.join(out_dir, "estimate.json"))
-        except (OSError, OutputPathError) as exc:
+        except (InvalidParamError, OutputPathError) as exc:
             raise click.BadParameter(str(exc), param_hint="--out") from None
     with _interrupted_by_sigterm():
         results, failed = _run_each(runs, fitting, script, device, gpu, capacity, settings,
