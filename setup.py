@@ -4,11 +4,13 @@ program (src/npumem/profile_hook.py). Everything else is in pyproject.toml.
 A .pth file must sit directly in site-packages, which no pyproject.toml key of setuptools
 places a file in: build_py puts it at the root of the wheel, and for an editable install
 (`pip install -e .`) at the root of the editable wheel, which setuptools assembles in the
-folder its `install` command targets."""
+folder its `install` command targets.
+
+It also builds the one C extension, the snapshot reader."""
 
 import os
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 PTH = "npumem-profile.pth"
@@ -31,4 +33,10 @@ class BuildWithProfileHook(build_py):
             [*outputs, os.path.join(self.build_lib, PTH)]
 
 
-setup(cmdclass={"build_py": BuildWithProfileHook})
+# Snapshot pickles read into columns (src/npumem/trace/_snapshot_reader.c): plain C, no numpy
+# headers, so building it needs only a compiler and Python's own headers.
+SNAPSHOT_READER = Extension("npumem.trace._snapshot_reader",
+                            ["src/npumem/trace/_snapshot_reader.c"],
+                            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
+
+setup(cmdclass={"build_py": BuildWithProfileHook}, ext_modules=[SNAPSHOT_READER])

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from ..alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
                                            round_size)
 from ..alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig, from_snapshot
-from . import jsonl, safe_pickle
-from .events import TraceFormatError
+from . import entry_columns, jsonl
+from .events import TraceFormatError, shown
 from .snapshot_schema import OOM_KEY, check_snapshot
 from .textio import max_snapshot_bytes, read_bounded, read_head
 
@@ -154,13 +154,24 @@ def died_at(entries) -> int | None:
 
 def load_data(path: str) -> dict:
     """The snapshot's dict, read without running code (or from a JSONL file that holds a whole
-    snapshot), its shape checked; TraceFormatError when it is not one."""
+    snapshot), its shape checked; TraceFormatError when it is not one. Each device trace is an
+    `entry_columns.Entries`: the entries as columns, a dict each when asked for."""
     if jsonl.holds_snapshot(read_head(path, 64)):
         return check_snapshot(jsonl.read_snapshot(path), path)
     try:
-        data = safe_pickle.loads(read_bounded(path, max_snapshot_bytes()))
-    except safe_pickle.UnsafePickleError as exc:
+        data, devices, _ = entry_columns.load_pickle(read_bounded(path, max_snapshot_bytes()),
+                                                     shown)
+    except entry_columns.UnsafePickle as exc:
         raise TraceFormatError(path, "0", f"not a readable snapshot pickle: {exc}") from None
+    except entry_columns.EntryError as exc:
+        raise TraceFormatError(path, exc.where, exc.reason) from None
+    if devices:
+        traces = data.get("device_traces") if isinstance(data, dict) else None
+        if not (isinstance(traces, list) and len(traces) == len(devices)
+                and all(isinstance(trace, list) and not trace for trace in traces)):
+            raise TraceFormatError(path, "device_traces", "not laid out as pickle.dump writes "
+                                   "a snapshot (a list of one list of entries per device)")
+        data["device_traces"] = devices
     return check_snapshot(data, path)
 
 
@@ -200,7 +211,8 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
     if device not in with_entries and device not in with_segments:
         raise TraceFormatError(path, "device_traces", f"no device {device}; devices with events: "
                                f"{with_entries}, with segments: {with_segments}")
-    entries = traces[device] if device < len(traces) and isinstance(traces[device], list) else []
+    entries = traces[device] if device < len(traces) and isinstance(
+        traces[device], (list, entry_columns.Entries)) else []
     mine = [s for s in segments if s.get("device", 0) == device]
     settings = data.get("allocator_settings")
     annotations = data.get("external_annotations")

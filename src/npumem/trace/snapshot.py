@@ -80,7 +80,11 @@ def write(events: Iterable[TraceEvent], path: str) -> int:
 
 
 def save(data: dict, path: str) -> int:
-    """Pickle a snapshot dict (gzip for .gz); the number of its trace entries."""
+    """Pickle a snapshot dict (gzip for .gz); the number of its trace entries. Traces read
+    into columns are written as the lists of dicts PyTorch writes."""
+    traces = data.get("device_traces")
+    if isinstance(traces, list) and any(not isinstance(t, list) for t in traces):
+        data = {**data, "device_traces": [list(trace) for trace in traces]}
     try:
         with open_for_writing(path, binary=True) as out:
             pickle.dump(data, out)

@@ -8,7 +8,8 @@ snapshots leave it out, but never None where PyTorch writes a number.
 
 from __future__ import annotations
 
-from .events import ADDRESS_LIMIT, TraceFormatError, finite_number, natural, shown
+from . import entry_columns
+from .events import ADDRESS_LIMIT, TraceFormatError, natural, shown
 
 MAX_DEVICES = 1024
 # npumem's key for what c10 told its OOM observers (profile.torch_memory writes it): the memory
@@ -19,13 +20,12 @@ OOM_FIELDS = ("device", "alloc_size", "allowed", "device_free", "device_total")
 # Every trace entry action c10's allocator records (TraceEntry::Action), by the names
 # `torch.cuda.memory._snapshot()` gives them: `annotate` since 2.14, `workspace_snapshot` from
 # torch_npu (its workspace allocator's blocks); neither changes the caching allocator's state.
-ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-           "segment_map", "segment_unmap", "oom", "snapshot", "annotate", "workspace_snapshot")
-
+# Trace entries are checked by the reader that puts them in columns (_snapshot_reader.c).
+ACTIONS = entry_columns.ACTIONS
 
 # Frames kept per stack: PyTorch's unwinder stops far below this; a file whose entries share a
 # list of 100,000 frames would otherwise cost every reader 100,000 frames per entry.
-MAX_FRAMES = 256
+MAX_FRAMES = entry_columns.MAX_FRAMES
 NOTES_KEY = "npumem_notes"          # what reading a file changed, for the report to say
 
 
@@ -120,22 +120,14 @@ class _Checker:
                           f"its segment [{start:#x}, {end:#x})")
             self.frames(block, at)
 
-    def entry(self, entry, where: str) -> None:
-        if not isinstance(entry, dict) or not isinstance(entry.get("action"), str):
-            self.fail(where, f"a trace entry must be a dict with an action, got {shown(entry)}")
-        action = entry["action"]
-        if action not in ACTIONS:
-            self.fail(f"{where}.action", f"unknown action {shown(action)}; PyTorch writes "
-                      f"{', '.join(ACTIONS)}")
-        # PyTorch's oom entry carries the driver's free bytes in place of an address
-        # (older npumem files wrote both, hand-made ones an address)
-        address = "device_free" if action == "oom" and "addr" not in entry else "addr"
-        self.fields(entry, where, (address, "size"), ("stream", "device_free", "requested_size"))
-        self.pool_id(entry, where, "pool_id")
-        when = entry.get("time_us", 0)
-        if not finite_number(when):
-            self.fail(f"{where}.time_us", f"must be a finite number, got {shown(when)}")
-        self.frames(entry, where)
+    def tables(self, tables: entry_columns.Tables) -> None:
+        """The stacks and extra fields the entries share, checked again as the reader left them:
+        a hostile pickle can change a frame after the entry that used it was checked."""
+        for index, frames in enumerate(tables.stacks):
+            self._check_frames(frames, f"device_traces: stack {index}")
+        for extra in tables.extra_dicts:
+            self.fields(extra, "device_traces: an entry", (), ("device_free",))
+            self.pool_id(extra, "device_traces: an entry", "pool_id")
 
 
 def _plain_frames(frames) -> bool:
@@ -176,11 +168,21 @@ def check_snapshot(data, path: str) -> dict:
         checker.fields(limits, OOM_KEY, OOM_FIELDS)
     for index, segment in enumerate(segments):
         checker.segment(segment, f"segments[{index}]")
-    for device, trace in enumerate(traces):
-        if not isinstance(trace, list):
-            checker.fail(f"device_traces[{device}]", f"must be a list, got {shown(trace)}")
-        for index, entry in enumerate(trace):
-            checker.entry(entry, f"device_traces[{device}][{index}]")
+    lists = [trace for trace in traces if not isinstance(trace, entry_columns.Entries)]
+    if lists:
+        for device, trace in enumerate(traces):
+            if not isinstance(trace, (list, entry_columns.Entries)):
+                checker.fail(f"device_traces[{device}]", f"must be a list, got {shown(trace)}")
+        try:
+            columns, _ = entry_columns.from_entry_lists(
+                [list(trace) for trace in traces], shown)
+        except entry_columns.EntryError as exc:
+            checker.fail(exc.where, exc.reason)
+        data["device_traces"] = traces = columns
+    if traces:
+        tables = traces[0].columns.tables
+        checker.tables(tables)
+        checker.cut += tables.cut
     if checker.cut:
         data.setdefault(NOTES_KEY, []).append(
             f"{checker.cut} stack(s) had more than {MAX_FRAMES} frames: the innermost "

@@ -1,0 +1,1441 @@
+/* Reading a PyTorch memory snapshot pickle into columns.
+ *
+ * A snapshot of ten million trace entries unpickles, the usual way, into ten million dicts
+ * (5 GiB and more). This reader runs the pickle's opcodes itself: everything but the trace
+ * entries becomes the usual Python objects, and each entry of `device_traces`, as it is appended
+ * to its device's list, is checked and stored as one row of fixed-size columns (about 50 bytes),
+ * its stack interned. Only plain data is admitted: an opcode that would call a class or function
+ * (how hostile pickles run code) ends the read with UnsafePickle, as does a memo index no
+ * pickler would write, so a few bytes cannot ask for gigabytes.
+ *
+ * The entry rule (types and ranges of each field) is stated here once; the Python side
+ * (snapshot_columns.py) turns the errors into messages naming the field.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_FRAMES 256          /* frames kept (and checked) per stack: snapshot_schema.MAX_FRAMES */
+#define MEMO_SLACK 1024         /* a PUT may run this far past the memo's end, no further */
+#define BATCH_HINT 1024
+
+static PyObject *UnsafePickle;  /* the pickle is not plain data, or is damaged */
+static PyObject *EntryError;    /* (where, reason with {} for the value, value) */
+
+/* action codes: the order of snapshot_schema.ACTIONS */
+static const char *ACTIONS[] = {"alloc", "free_requested", "free_completed", "segment_alloc",
+                                "segment_free", "segment_map", "segment_unmap", "oom",
+                                "snapshot", "annotate", "workspace_snapshot"};
+#define N_ACTIONS 11
+#define OOM 7
+
+/* flags: which optional fields a row has */
+enum { HAS_ADDR = 1, HAS_SIZE = 2, HAS_STREAM = 4, HAS_TIME = 8, TIME_FLOAT = 16,
+       HAS_REQUESTED = 32, HAS_FRAMES = 64 };
+
+static PyObject *interned_keys[8];
+enum { K_ACTION, K_ADDR, K_SIZE, K_STREAM, K_TIME, K_REQUESTED, K_FRAMES, K_DEVICE_FREE };
+static const char *KEY_NAMES[] = {"action", "addr", "size", "stream", "time_us",
+                                  "requested_size", "frames", "device_free"};
+static PyObject *s_filename, *s_line, *s_name, *s_pool_id;
+
+/* ---- growable columns: bytearrays the Python side views with numpy ---- */
+
+typedef struct {
+    PyObject *array;            /* bytearray */
+    Py_ssize_t width, count, capacity;
+} Column;
+
+static int column_init(Column *c, Py_ssize_t width) {
+    c->width = width;
+    c->count = 0;
+    c->capacity = BATCH_HINT;
+    c->array = PyByteArray_FromStringAndSize(NULL, width * c->capacity);
+    return c->array ? 0 : -1;
+}
+
+static void *column_slot(Column *c) {
+    if (c->count == c->capacity) {
+        Py_ssize_t grown = c->capacity * 2;
+        if (PyByteArray_Resize(c->array, grown * c->width) < 0)
+            return NULL;
+        c->capacity = grown;
+    }
+    return PyByteArray_AS_STRING(c->array) + c->width * c->count++;
+}
+
+enum { C_ACTION, C_FLAGS, C_ADDR, C_SIZE, C_STREAM, C_TIME, C_REQUESTED, C_STACK, C_EXTRA, N_COLUMNS };
+static const char *COLUMN_NAMES[] = {"action", "flags", "addr", "size", "stream", "time",
+                                     "requested", "stack", "extra"};
+static const Py_ssize_t COLUMN_WIDTHS[] = {1, 1, 8, 8, 8, 8, 8, 4, 4};
+
+typedef struct {
+    Column columns[N_COLUMNS];
+    Py_ssize_t device;
+} Device;
+
+/* ---- interned stacks and extras, shared by every device of one file ---- */
+
+typedef struct {
+    uint64_t hash;
+    Py_ssize_t n;
+    uint32_t stack;
+    PyObject **frames;          /* a copy of the kept list's first items (it holds them alive) */
+} IdentitySlot;
+
+typedef struct {
+    PyObject *stacks;           /* list: stack id -> the kept frames list */
+    PyObject *by_content;       /* dict: tuple of frame keys -> stack id */
+    IdentitySlot *slots;        /* open addressing, by the frames' addresses */
+    Py_ssize_t slot_count, slot_used;
+    Py_ssize_t cut;             /* stacks longer than MAX_FRAMES */
+    PyObject *extras;           /* list: extra id -> tuple of (key, value) pairs */
+    PyObject *extras_by_value;  /* dict: that tuple -> extra id */
+    PyObject *last_extra_items; /* the last entry's extras (a tuple) and its id */
+    uint32_t last_extra;
+} Interned;
+
+static int interned_init(Interned *t) {
+    memset(t, 0, sizeof *t);
+    t->stacks = PyList_New(0);
+    t->by_content = PyDict_New();
+    t->extras = PyList_New(0);
+    t->extras_by_value = PyDict_New();
+    t->slot_count = 1024;
+    t->slots = PyMem_Calloc(t->slot_count, sizeof(IdentitySlot));
+    if (!t->stacks || !t->by_content || !t->extras || !t->extras_by_value || !t->slots)
+        return -1;
+    /* extra id 0: no extra fields */
+    PyObject *none = PyTuple_New(0);
+    if (!none || PyList_Append(t->extras, none) < 0 || PyDict_SetItem(t->extras_by_value, none,
+                                                                      PyLong_FromLong(0)) < 0) {
+        Py_XDECREF(none);
+        return -1;
+    }
+    Py_DECREF(none);
+    return 0;
+}
+
+static void interned_clear(Interned *t) {
+    Py_CLEAR(t->stacks);
+    Py_CLEAR(t->by_content);
+    Py_CLEAR(t->extras);
+    Py_CLEAR(t->extras_by_value);
+    Py_CLEAR(t->last_extra_items);
+    for (Py_ssize_t i = 0; t->slots && i < t->slot_count; i++)
+        PyMem_Free(t->slots[i].frames);
+    PyMem_Free(t->slots);
+    t->slots = NULL;
+}
+
+static uint64_t pointers_hash(PyObject **items, Py_ssize_t n) {
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h ^= (uint64_t)(uintptr_t)items[i];
+        h *= 1099511628211ULL;
+        h ^= h >> 29;
+    }
+    return h ? h : 1;                                      /* 0 marks an empty slot */
+}
+
+static IdentitySlot *identity_find(Interned *t, uint64_t hash, PyObject **items, Py_ssize_t n) {
+    Py_ssize_t mask = t->slot_count - 1;
+    for (Py_ssize_t i = (Py_ssize_t)(hash & mask);; i = (i + 1) & mask) {
+        IdentitySlot *slot = &t->slots[i];
+        if (slot->hash == 0)
+            return slot;                                   /* empty: not found */
+        if (slot->hash == hash && slot->n == n &&
+            (n == 0 || memcmp(slot->frames, items, n * sizeof(PyObject *)) == 0))
+            return slot;
+    }
+}
+
+static int identity_add(Interned *t, uint64_t hash, PyObject *kept, uint32_t stack) {
+    if ((t->slot_used + 1) * 2 > t->slot_count) {          /* keep it at most half full */
+        Py_ssize_t old_count = t->slot_count;
+        IdentitySlot *old = t->slots;
+        t->slot_count *= 2;
+        t->slots = PyMem_Calloc(t->slot_count, sizeof(IdentitySlot));
+        if (!t->slots) {
+            t->slots = old;
+            t->slot_count = old_count;
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < old_count; i++)
+            if (old[i].hash) {
+                IdentitySlot *slot = identity_find(t, old[i].hash, old[i].frames, old[i].n);
+                *slot = old[i];
+            }
+        PyMem_Free(old);
+    }
+    Py_ssize_t n = PyList_GET_SIZE(kept);
+    PyObject **items = ((PyListObject *)kept)->ob_item;
+    IdentitySlot *slot = identity_find(t, hash, items, n);
+    if (slot->hash)
+        return 0;                                          /* already there */
+    /* a copy: a hostile pickle may append to the kept list later, moving its items */
+    PyObject **copy = PyMem_Malloc((n ? n : 1) * sizeof(PyObject *));
+    if (!copy) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (n)
+        memcpy(copy, items, n * sizeof(PyObject *));
+    slot->hash = hash;
+    slot->n = n;
+    slot->stack = stack;
+    slot->frames = copy;
+    t->slot_used++;
+    return 0;
+}
+
+/* ---- errors ---- */
+
+static int entry_error(Py_ssize_t device, Py_ssize_t index, const char *field,
+                       const char *reason, PyObject *value) {
+    PyObject *where = field
+        ? PyUnicode_FromFormat("device_traces[%zd][%zd].%s", device, index, field)
+        : PyUnicode_FromFormat("device_traces[%zd][%zd]", device, index);
+    if (!where)
+        return -1;
+    PyObject *args = Py_BuildValue("(NsO)", where, reason, value ? value : Py_None);
+    if (args) {
+        PyErr_SetObject(EntryError, args);
+        Py_DECREF(args);
+    }
+    return -1;
+}
+
+static int unsafe(const char *fmt, ...) {
+    va_list va;
+    va_start(va, fmt);
+    PyObject *message = PyUnicode_FromFormatV(fmt, va);
+    va_end(va);
+    if (message) {
+        PyErr_SetObject(UnsafePickle, message);
+        Py_DECREF(message);
+    }
+    return -1;
+}
+
+/* ---- one entry -> one row ---- */
+
+static int is_int(PyObject *v) { return PyLong_CheckExact(v) || (PyLong_Check(v) && !PyBool_Check(v)); }
+
+/* An int in [0, 2**64) into *out: 1; not one: 0; -1 on a Python error. */
+static int natural64(PyObject *v, uint64_t *out) {
+    if (!v || !is_int(v))
+        return 0;
+    unsigned long long x = PyLong_AsUnsignedLongLong(v);
+    if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+static const char *INTEGER = "must be an integer in [0, 2**64), got {}";
+
+/* an integer field: required (error if absent) or optional (absent: 0, flag clear) */
+static int integer_field(PyObject *entry, int key, int required, uint64_t *out, int *present,
+                         Py_ssize_t device, Py_ssize_t index) {
+    PyObject *v = PyDict_GetItemWithError(entry, interned_keys[key]);
+    if (!v) {
+        if (PyErr_Occurred())
+            return -1;
+        *present = 0;
+        *out = 0;
+        if (required)
+            return entry_error(device, index, KEY_NAMES[key], INTEGER, Py_None);
+        return 0;
+    }
+    int ok = natural64(v, out);
+    if (ok < 0)
+        return -1;
+    if (!ok)
+        return entry_error(device, index, KEY_NAMES[key], INTEGER, v);
+    *present = 1;
+    return 0;
+}
+
+static int check_frame(PyObject *frame, Py_ssize_t device, Py_ssize_t index, Py_ssize_t at) {
+    char field[64];
+    if (!PyDict_Check(frame)) {
+        snprintf(field, sizeof field, "frames[%zd]", at);
+        return entry_error(device, index, field, "must be a dict, got {}", frame);
+    }
+    PyObject *keys[2] = {s_filename, s_name};
+    const char *names[2] = {"filename", "name"};
+    for (int k = 0; k < 2; k++) {
+        PyObject *v = PyDict_GetItemWithError(frame, keys[k]);
+        if (!v && PyErr_Occurred())
+            return -1;
+        if (v && v != Py_None && !PyUnicode_Check(v)) {
+            snprintf(field, sizeof field, "frames[%zd].%s", at, names[k]);
+            return entry_error(device, index, field, "must be a string, got {}", v);
+        }
+    }
+    PyObject *line = PyDict_GetItemWithError(frame, s_line);
+    if (!line && PyErr_Occurred())
+        return -1;
+    if (line && line != Py_None && !is_int(line)) {
+        snprintf(field, sizeof field, "frames[%zd].line", at);
+        return entry_error(device, index, field, "must be an integer, got {}", line);
+    }
+    return 0;
+}
+
+/* The content of a frame, hashable: (filename, line, name) for the usual three fields, else
+ * the dict's items; NULL with no error set when a value is unhashable. */
+static PyObject *frame_key(PyObject *frame) {
+    if (PyDict_GET_SIZE(frame) == 3) {
+        PyObject *f = PyDict_GetItemWithError(frame, s_filename);
+        PyObject *l = f ? PyDict_GetItemWithError(frame, s_line) : NULL;
+        PyObject *n = l ? PyDict_GetItemWithError(frame, s_name) : NULL;
+        if (n)
+            return PyTuple_Pack(3, f, l, n);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    PyObject *items = PyDict_Items(frame);
+    if (!items)
+        return NULL;
+    PyObject *key = PyList_AsTuple(items);
+    Py_DECREF(items);
+    if (key && PyObject_Hash(key) == -1) {
+        Py_DECREF(key);
+        PyErr_Clear();
+        return NULL;
+    }
+    return key;
+}
+
+/* The stack id of an entry's frames: interned by identity (frames shared by the pickle's memo),
+ * else by content; the first MAX_FRAMES frames are checked and kept. */
+static int intern_stack(Interned *t, PyObject *frames, uint32_t *out, Py_ssize_t device,
+                        Py_ssize_t index) {
+    if (!PyList_Check(frames))
+        return entry_error(device, index, "frames", "must be a list, got {}", frames);
+    Py_ssize_t length = PyList_GET_SIZE(frames);
+    Py_ssize_t n = length < MAX_FRAMES ? length : MAX_FRAMES;
+    PyObject **items = ((PyListObject *)frames)->ob_item;
+    uint64_t hash = pointers_hash(items, n);
+    IdentitySlot *slot = identity_find(t, hash, items, n);
+    if (slot->hash) {
+        *out = slot->stack;
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (check_frame(items[i], device, index, i) < 0)
+            return -1;
+    PyObject *key = PyTuple_New(n);
+    if (!key)
+        return -1;
+    int hashable = 1;
+    for (Py_ssize_t i = 0; i < n && hashable; i++) {
+        PyObject *k = frame_key(items[i]);
+        if (!k) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(key);
+                return -1;
+            }
+            hashable = 0;
+            break;
+        }
+        PyTuple_SET_ITEM(key, i, k);
+    }
+    if (hashable) {
+        PyObject *known = PyDict_GetItemWithError(t->by_content, key);
+        if (known) {
+            Py_DECREF(key);
+            *out = (uint32_t)PyLong_AsUnsignedLong(known);
+            return 0;
+        }
+        if (PyErr_Occurred()) {
+            Py_DECREF(key);
+            return -1;
+        }
+    }
+    Py_ssize_t id = PyList_GET_SIZE(t->stacks);
+    if (id >= UINT32_MAX) {
+        Py_DECREF(key);
+        return unsafe("more than 2**32 different stacks");
+    }
+    PyObject *kept = PyList_GetSlice(frames, 0, n);
+    if (!kept) {
+        Py_DECREF(key);
+        return -1;
+    }
+    if (length > n)
+        t->cut++;
+    int failed = PyList_Append(t->stacks, kept) < 0;
+    if (!failed && hashable) {
+        PyObject *value = PyLong_FromSsize_t(id);
+        failed = !value || PyDict_SetItem(t->by_content, key, value) < 0;
+        Py_XDECREF(value);
+    }
+    Py_DECREF(key);
+    if (!failed)
+        failed = identity_add(t, pointers_hash(((PyListObject *)kept)->ob_item, n), kept,
+                              (uint32_t)id) < 0;
+    Py_DECREF(kept);
+    if (failed)
+        return -1;
+    *out = (uint32_t)id;
+    return 0;
+}
+
+static int is_known_key(PyObject *key) {
+    for (int k = 0; k < K_DEVICE_FREE; k++)          /* device_free stays with the extras */
+        if (key == interned_keys[k])
+            return 1;
+    if (!PyUnicode_Check(key))
+        return 0;
+    for (int k = 0; k < K_DEVICE_FREE; k++)
+        if (PyUnicode_Compare(key, interned_keys[k]) == 0)
+            return 1;
+    return 0;
+}
+
+/* The fields npumem does not keep in a column, interned: (key, value, key, value, ...). */
+static int intern_extras(Interned *t, PyObject *entry, uint32_t *out) {
+    Py_ssize_t pos = 0, count = 0;
+    PyObject *key, *value;
+    Py_ssize_t total = PyDict_GET_SIZE(entry);
+    PyObject *items = PyTuple_New(2 * total);
+    if (!items)
+        return -1;
+    while (PyDict_Next(entry, &pos, &key, &value)) {
+        if (is_known_key(key))
+            continue;
+        Py_INCREF(key);
+        Py_INCREF(value);
+        PyTuple_SET_ITEM(items, count++, key);
+        PyTuple_SET_ITEM(items, count++, value);
+    }
+    if (count == 0) {
+        Py_DECREF(items);
+        *out = 0;
+        return 0;
+    }
+    if (count < 2 * total) {
+        Py_SETREF(items, PyTuple_GetSlice(items, 0, count));
+        if (!items)
+            return -1;
+    }
+    /* the common case: the same objects as the last entry's (memoized strings) */
+    if (t->last_extra_items && PyTuple_GET_SIZE(t->last_extra_items) == count) {
+        int same = 1;
+        for (Py_ssize_t i = 0; i < count && same; i++)
+            same = PyTuple_GET_ITEM(items, i) == PyTuple_GET_ITEM(t->last_extra_items, i);
+        if (same) {
+            Py_DECREF(items);
+            *out = t->last_extra;
+            return 0;
+        }
+    }
+    uint32_t id;
+    PyObject *known = NULL;
+    if (PyObject_Hash(items) == -1)
+        PyErr_Clear();                                   /* unhashable: its own id */
+    else {
+        known = PyDict_GetItemWithError(t->extras_by_value, items);
+        if (!known && PyErr_Occurred()) {
+            Py_DECREF(items);
+            return -1;
+        }
+    }
+    if (known)
+        id = (uint32_t)PyLong_AsUnsignedLong(known);
+    else {
+        Py_ssize_t n = PyList_GET_SIZE(t->extras);
+        if (n >= UINT32_MAX) {
+            Py_DECREF(items);
+            return unsafe("more than 2**32 different sets of extra fields");
+        }
+        id = (uint32_t)n;
+        if (PyList_Append(t->extras, items) < 0) {
+            Py_DECREF(items);
+            return -1;
+        }
+        if (PyObject_Hash(items) != -1) {
+            PyObject *v = PyLong_FromUnsignedLong(id);
+            if (!v || PyDict_SetItem(t->extras_by_value, items, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(items);
+                return -1;
+            }
+            Py_DECREF(v);
+        } else
+            PyErr_Clear();
+    }
+    Py_XSETREF(t->last_extra_items, items);
+    t->last_extra = id;
+    *out = id;
+    return 0;
+}
+
+static int check_pool_id(PyObject *entry, Py_ssize_t device, Py_ssize_t index) {
+    PyObject *v = PyDict_GetItemWithError(entry, s_pool_id);
+    if (!v || v == Py_None)
+        return PyErr_Occurred() ? -1 : 0;
+    if ((PyTuple_Check(v) || PyList_Check(v)) && PySequence_Fast_GET_SIZE(v) == 2) {
+        uint64_t part;
+        int a = natural64(PySequence_Fast_ITEMS(v)[0], &part);
+        int b = a > 0 ? natural64(PySequence_Fast_ITEMS(v)[1], &part) : a;
+        if (a < 0 || b < 0)
+            return -1;
+        if (a && b)
+            return 0;
+    }
+    return entry_error(device, index, "pool_id", "must be a pair of integers in [0, 2**64) (a "
+                       "memory pool's id), got {}", v);
+}
+
+static int add_entry(Device *d, Interned *t, PyObject *entry) {
+    Py_ssize_t index = d->columns[C_ACTION].count;
+    PyObject *action = PyDict_Check(entry) ? PyDict_GetItemWithError(entry, interned_keys[K_ACTION])
+                                           : NULL;
+    if (PyErr_Occurred())
+        return -1;
+    if (!action || !PyUnicode_Check(action))
+        return entry_error(d->device, index, NULL, "a trace entry must be a dict with an action, "
+                           "got {}", entry);
+    int code = -1;
+    for (int a = 0; a < N_ACTIONS && code < 0; a++)
+        if (PyUnicode_CompareWithASCIIString(action, ACTIONS[a]) == 0)
+            code = a;
+    if (code < 0)
+        return entry_error(d->device, index, "action", "unknown action {}; PyTorch writes alloc, "
+                           "free_requested, free_completed, segment_alloc, segment_free, "
+                           "segment_map, segment_unmap, oom, snapshot, annotate, "
+                           "workspace_snapshot", action);
+    uint8_t flags = 0;
+    uint64_t addr, size, stream, requested, device_free;
+    int present;
+    /* PyTorch's oom entry carries the driver's free bytes in place of an address */
+    int has_addr_key = PyDict_Contains(entry, interned_keys[K_ADDR]);
+    if (has_addr_key < 0)
+        return -1;
+    int key = code == OOM && !has_addr_key ? K_DEVICE_FREE : K_ADDR;
+    if (integer_field(entry, key, 1, key == K_ADDR ? &addr : &device_free, &present, d->device,
+                      index) < 0)
+        return -1;
+    if (key == K_DEVICE_FREE)
+        addr = 0;
+    else
+        flags |= HAS_ADDR;
+    if (integer_field(entry, K_SIZE, 1, &size, &present, d->device, index) < 0)
+        return -1;
+    flags |= HAS_SIZE;
+    if (integer_field(entry, K_STREAM, 0, &stream, &present, d->device, index) < 0)
+        return -1;
+    flags |= present ? HAS_STREAM : 0;
+    if (key == K_ADDR &&
+        integer_field(entry, K_DEVICE_FREE, 0, &device_free, &present, d->device, index) < 0)
+        return -1;
+    if (integer_field(entry, K_REQUESTED, 0, &requested, &present, d->device, index) < 0)
+        return -1;
+    flags |= present ? HAS_REQUESTED : 0;
+    if (check_pool_id(entry, d->device, index) < 0)
+        return -1;
+    /* time_us: a finite int or float; ints that fit 64 bits stay exact */
+    union { int64_t i; double f; } when = {0};
+    PyObject *time = PyDict_GetItemWithError(entry, interned_keys[K_TIME]);
+    if (!time && PyErr_Occurred())
+        return -1;
+    if (time) {
+        int ok = 0;
+        if (PyFloat_CheckExact(time) || (PyFloat_Check(time))) {
+            when.f = PyFloat_AS_DOUBLE(time);
+            ok = isfinite(when.f);
+            flags |= TIME_FLOAT;
+        } else if (is_int(time)) {
+            int overflow;
+            long long x = PyLong_AsLongLongAndOverflow(time, &overflow);
+            if (x == -1 && PyErr_Occurred())
+                return -1;
+            if (!overflow) {
+                when.i = x;
+                ok = 1;
+            } else {
+                when.f = PyLong_AsDouble(time);
+                if (when.f == -1.0 && PyErr_Occurred())
+                    PyErr_Clear();
+                else
+                    ok = isfinite(when.f);
+                flags |= TIME_FLOAT;
+            }
+        }
+        if (!ok)
+            return entry_error(d->device, index, "time_us", "must be a finite number, got {}", time);
+        flags |= HAS_TIME;
+    }
+    uint32_t stack = 0, extra;
+    PyObject *frames = PyDict_GetItemWithError(entry, interned_keys[K_FRAMES]);
+    if (!frames && PyErr_Occurred())
+        return -1;
+    if (frames && frames != Py_None) {
+        if (intern_stack(t, frames, &stack, d->device, index) < 0)
+            return -1;
+        flags |= HAS_FRAMES;
+    }
+    if (intern_extras(t, entry, &extra) < 0)
+        return -1;
+    void *slots[N_COLUMNS];
+    for (int c = 0; c < N_COLUMNS; c++)
+        if (!(slots[c] = column_slot(&d->columns[c])))
+            return -1;
+    *(uint8_t *)slots[C_ACTION] = (uint8_t)code;
+    *(uint8_t *)slots[C_FLAGS] = flags;
+    memcpy(slots[C_ADDR], &addr, 8);
+    memcpy(slots[C_SIZE], &size, 8);
+    memcpy(slots[C_STREAM], &stream, 8);
+    memcpy(slots[C_TIME], &when, 8);
+    memcpy(slots[C_REQUESTED], &requested, 8);
+    memcpy(slots[C_STACK], &stack, 4);
+    memcpy(slots[C_EXTRA], &extra, 4);
+    return 0;
+}
+
+/* ---- the devices of one read ---- */
+
+typedef struct {
+    Device *devices;
+    Py_ssize_t count, capacity;
+    Interned interned;
+} Reader;
+
+static Device *reader_device(Reader *r) {
+    if (r->count == r->capacity) {
+        Py_ssize_t grown = r->capacity ? 2 * r->capacity : 4;
+        Device *more = PyMem_Realloc(r->devices, grown * sizeof(Device));
+        if (!more) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        r->devices = more;
+        r->capacity = grown;
+    }
+    Device *d = &r->devices[r->count];
+    memset(d, 0, sizeof *d);
+    d->device = r->count;
+    for (int c = 0; c < N_COLUMNS; c++)
+        if (column_init(&d->columns[c], COLUMN_WIDTHS[c]) < 0)
+            return NULL;
+    r->count++;
+    return d;
+}
+
+static void reader_clear(Reader *r) {
+    for (Py_ssize_t i = 0; i < r->count; i++)
+        for (int c = 0; c < N_COLUMNS; c++)
+            Py_CLEAR(r->devices[i].columns[c].array);
+    PyMem_Free(r->devices);
+    r->devices = NULL;
+    r->count = r->capacity = 0;
+    interned_clear(&r->interned);
+}
+
+/* (devices, stacks, extras, cut): devices a list of dicts of column name -> bytearray */
+static PyObject *reader_result(Reader *r) {
+    PyObject *devices = PyList_New(r->count);
+    if (!devices)
+        return NULL;
+    for (Py_ssize_t i = 0; i < r->count; i++) {
+        PyObject *columns = PyDict_New();
+        if (!columns) {
+            Py_DECREF(devices);
+            return NULL;
+        }
+        PyList_SET_ITEM(devices, i, columns);
+        for (int c = 0; c < N_COLUMNS; c++) {
+            Column *col = &r->devices[i].columns[c];
+            if (PyByteArray_Resize(col->array, col->count * col->width) < 0 ||
+                PyDict_SetItemString(columns, COLUMN_NAMES[c], col->array) < 0) {
+                Py_DECREF(devices);
+                return NULL;
+            }
+        }
+    }
+    return Py_BuildValue("(NOOn)", devices, r->interned.stacks, r->interned.extras,
+                         r->interned.cut);
+}
+
+/* ---- the pickle machine ---- */
+
+typedef struct {
+    PyObject **items;
+    Py_ssize_t size, capacity;
+} Stack;
+
+static int stack_push(Stack *s, PyObject *v) {             /* steals v */
+    if (!v)
+        return -1;
+    if (s->size == s->capacity) {
+        Py_ssize_t grown = s->capacity ? 2 * s->capacity : 64;
+        PyObject **more = PyMem_Realloc(s->items, grown * sizeof(PyObject *));
+        if (!more) {
+            Py_DECREF(v);
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->items = more;
+        s->capacity = grown;
+    }
+    s->items[s->size++] = v;
+    return 0;
+}
+
+typedef struct {
+    Py_ssize_t *at;
+    Py_ssize_t size, capacity;
+} Marks;
+
+typedef struct {
+    const unsigned char *data;
+    Py_ssize_t length, pos;
+    Stack stack;
+    Marks marks;
+    PyObject **memo;
+    Py_ssize_t memo_size, memo_capacity;
+    /* the trace's lists: "device_traces"'s value, and each device's list in it */
+    PyObject *traces;
+    PyObject **device_lists;
+    Py_ssize_t device_count;
+    /* memo slots filled while a device list is open: entries and their frames lists are
+     * replaced there once they are rows (the row's marker; the interned stack) */
+    Py_ssize_t *pending;
+    Py_ssize_t pending_size, pending_capacity;
+    PyObject *entry_marker;
+    Reader reader;
+} Machine;
+
+static int memo_put(Machine *m, Py_ssize_t index, PyObject *v) {
+    if (index < 0 || index > m->memo_size + MEMO_SLACK)
+        return unsafe("memo index %zd at byte %zd, with %zd memo entries: not a pickle a "
+                      "pickler wrote", index, m->pos, m->memo_size);
+    if (index >= m->memo_capacity) {
+        Py_ssize_t grown = m->memo_capacity ? m->memo_capacity : 1024;
+        while (grown <= index)
+            grown *= 2;
+        PyObject **more = PyMem_Realloc(m->memo, grown * sizeof(PyObject *));
+        if (!more) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(more + m->memo_capacity, 0, (grown - m->memo_capacity) * sizeof(PyObject *));
+        m->memo = more;
+        m->memo_capacity = grown;
+    }
+    Py_INCREF(v);
+    Py_XSETREF(m->memo[index], v);
+    if (index >= m->memo_size)
+        m->memo_size = index + 1;
+    if (m->device_count && (PyDict_CheckExact(v) || PyList_CheckExact(v))) {
+        if (m->pending_size == m->pending_capacity) {
+            Py_ssize_t grown = m->pending_capacity ? 2 * m->pending_capacity : 4096;
+            Py_ssize_t *more = PyMem_Realloc(m->pending, grown * sizeof(Py_ssize_t));
+            if (!more) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            m->pending = more;
+            m->pending_capacity = grown;
+        }
+        m->pending[m->pending_size++] = index;
+    }
+    return 0;
+}
+
+static int device_of(Machine *m, PyObject *list) {
+    for (Py_ssize_t i = m->device_count - 1; i >= 0; i--)
+        if (m->device_lists[i] == list)
+            return (int)i;
+    return -1;
+}
+
+/* After rows were taken from `entries`: memo slots that held those entries now hold the
+ * marker, and slots that held their frames lists the interned stack. The batch's objects are
+ * found by address in a small open-addressing table (they are alive until this returns). */
+static int settle_pending(Machine *m, PyObject **entries, Py_ssize_t count, Device *d,
+                          Py_ssize_t first_row) {
+    if (m->pending_size == 0)
+        return 0;
+    Py_ssize_t size = 16;
+    while (size < 4 * count)
+        size *= 2;
+    struct { PyObject *key; PyObject *value; } *table = PyMem_Calloc(size, 2 * sizeof(PyObject *));
+    if (!table) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t mask = size - 1;
+#define SLOT_OF(p) ((Py_ssize_t)(((uintptr_t)(p) >> 4) * 11400714819323198485ULL >> 20) & mask)
+    for (Py_ssize_t e = 0; e < count; e++) {
+        PyObject *keys[2] = {entries[e], PyDict_CheckExact(entries[e])
+                             ? PyDict_GetItem(entries[e], interned_keys[K_FRAMES]) : NULL};
+        uint32_t stack;
+        memcpy(&stack, PyByteArray_AS_STRING(d->columns[C_STACK].array) + 4 * (first_row + e), 4);
+        PyObject *values[2] = {m->entry_marker, NULL};
+        if (keys[1] && PyList_GET_SIZE(m->reader.interned.stacks) > (Py_ssize_t)stack)
+            values[1] = PyList_GET_ITEM(m->reader.interned.stacks, stack);
+        else
+            keys[1] = NULL;
+        for (int k = 0; k < 2; k++) {
+            if (!keys[k])
+                continue;
+            Py_ssize_t i = SLOT_OF(keys[k]);
+            while (table[i].key && table[i].key != keys[k])
+                i = (i + 1) & mask;
+            table[i].key = keys[k];
+            table[i].value = values[k];
+        }
+    }
+    for (Py_ssize_t p = 0; p < m->pending_size; p++) {
+        Py_ssize_t slot = m->pending[p];
+        PyObject *v = m->memo[slot];
+        if (!v)
+            continue;
+        Py_ssize_t i = SLOT_OF(v);
+        while (table[i].key && table[i].key != v)
+            i = (i + 1) & mask;
+        if (table[i].key)
+            Py_SETREF(m->memo[slot], Py_NewRef(table[i].value));
+    }
+#undef SLOT_OF
+    PyMem_Free(table);
+    m->pending_size = 0;
+    return 0;
+}
+
+/* Rows from entries appended to device list `device`. */
+static int take_entries(Machine *m, int device, PyObject **entries, Py_ssize_t count) {
+    Device *d = &m->reader.devices[device];
+    Py_ssize_t first = d->columns[C_ACTION].count;
+    for (Py_ssize_t e = 0; e < count; e++)
+        if (add_entry(d, &m->reader.interned, entries[e]) < 0)
+            return -1;
+    return settle_pending(m, entries, count, d, first);
+}
+
+/* A new list was pushed: is it device_traces's value, or a device's list in it? */
+static int note_new_list(Machine *m, PyObject *list) {
+    Stack *s = &m->stack;
+    Py_ssize_t top = s->size - 1;                             /* the list itself */
+    if (!m->traces) {
+        /* right after the key "device_traces" of the outermost dict */
+        int key_place = m->marks.size == 0 ? top == 2
+                        : m->marks.size == 1 && m->marks.at[0] == 1 && top >= 2 && top % 2 == 0;
+        if (key_place && PyDict_CheckExact(s->items[0]) && PyUnicode_Check(s->items[top - 1]) &&
+            PyUnicode_CompareWithASCIIString(s->items[top - 1], "device_traces") == 0)
+            m->traces = list;
+        return 0;
+    }
+    /* a list inside the traces list: under its mark, or right above it */
+    Py_ssize_t mark = m->marks.size ? m->marks.at[m->marks.size - 1] : 0;
+    int inside = top >= 1 && ((mark >= 1 && s->items[mark - 1] == m->traces) ||
+                              s->items[top - 1] == m->traces);
+    if (!inside)
+        return 0;
+    PyObject **more = PyMem_Realloc(m->device_lists, (m->device_count + 1) * sizeof(PyObject *));
+    if (!more) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    m->device_lists = more;
+    m->device_lists[m->device_count++] = list;
+    return reader_device(&m->reader) ? 0 : -1;
+}
+
+static int need(Machine *m, Py_ssize_t n) {
+    if (n < 0 || m->length - m->pos < n)
+        return unsafe("a truncated pickle: it needs %zd more bytes at byte %zd", n, m->pos);
+    return 0;
+}
+
+static uint64_t read_le(const unsigned char *p, int n) {
+    uint64_t x = 0;
+    for (int i = n - 1; i >= 0; i--)
+        x = (x << 8) | p[i];
+    return x;
+}
+
+/* a newline-ended argument (protocol 0): its length, without the newline */
+static Py_ssize_t line_length(Machine *m) {
+    const unsigned char *start = m->data + m->pos;
+    const unsigned char *end = memchr(start, '\n', m->length - m->pos);
+    if (!end) {
+        unsafe("a truncated pickle: a line at byte %zd has no end", m->pos);
+        return -1;
+    }
+    return end - start;
+}
+
+static Py_ssize_t pop_mark(Machine *m) {
+    if (m->marks.size == 0) {
+        unsafe("a damaged pickle: no mark to close at byte %zd", m->pos);
+        return -1;
+    }
+    return m->marks.at[--m->marks.size];
+}
+
+static int check_stack(Machine *m, Py_ssize_t n) {
+    Py_ssize_t floor = m->marks.size ? m->marks.at[m->marks.size - 1] : 0;
+    if (m->stack.size - floor < n)
+        return unsafe("a damaged pickle: its stack underflows at byte %zd", m->pos);
+    return 0;
+}
+
+static void drop_from(Machine *m, Py_ssize_t from) {
+    while (m->stack.size > from)
+        Py_DECREF(m->stack.items[--m->stack.size]);
+}
+
+static int append_items(Machine *m, Py_ssize_t from) {
+    if (from < 1)
+        return unsafe("a damaged pickle: APPENDS with no list at byte %zd", m->pos);
+    PyObject *target = m->stack.items[from - 1];
+    Py_ssize_t count = m->stack.size - from;
+    PyObject **items = m->stack.items + from;
+    int device = PyList_CheckExact(target) ? device_of(m, target) : -1;
+    int result = 0;
+    if (device >= 0)
+        result = take_entries(m, device, items, count);
+    else if (PyList_Check(target)) {
+        for (Py_ssize_t i = 0; i < count && result == 0; i++)
+            result = PyList_Append(target, items[i]);
+    } else if (PyAnySet_Check(target)) {
+        for (Py_ssize_t i = 0; i < count && result == 0; i++)
+            result = PySet_Add(target, items[i]);
+    } else
+        result = unsafe("it appends to a %s: not plain data", Py_TYPE(target)->tp_name);
+    drop_from(m, from);
+    return result;
+}
+
+static int set_items(Machine *m, Py_ssize_t from) {
+    if (from < 1 || (m->stack.size - from) % 2)
+        return unsafe("a damaged pickle: SETITEMS out of step at byte %zd", m->pos);
+    PyObject *target = m->stack.items[from - 1];
+    if (!PyDict_Check(target))
+        return unsafe("it sets items of a %s: not plain data", Py_TYPE(target)->tp_name);
+    int result = 0;
+    for (Py_ssize_t i = from; i < m->stack.size && result == 0; i += 2)
+        result = PyDict_SetItem(target, m->stack.items[i], m->stack.items[i + 1]);
+    drop_from(m, from);
+    if (result < 0 && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        return unsafe("a damaged pickle: an unhashable dict key at byte %zd", m->pos);
+    }
+    return result;
+}
+
+static PyObject *tuple_from(Machine *m, Py_ssize_t from) {
+    Py_ssize_t n = m->stack.size - from;
+    PyObject *t = PyTuple_New(n);
+    if (!t)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(t, i, m->stack.items[from + i]);     /* moves the references */
+    m->stack.size = from;
+    return t;
+}
+
+static PyObject *refused(const char *what) {
+    unsafe("%s; a memory snapshot holds only plain data, so npumem does not load it (it could "
+           "run code)", what);
+    return NULL;
+}
+
+static int run(Machine *m, PyObject **result) {
+    const unsigned char *d = m->data;
+    for (;;) {
+        if (need(m, 1) < 0)
+            return -1;
+        unsigned char op = d[m->pos++];
+        PyObject *v = NULL;
+        Py_ssize_t n, from;
+        switch (op) {
+        case 0x80:                                            /* PROTO */
+            if (need(m, 1) < 0)
+                return -1;
+            if (d[m->pos] > 5)
+                return unsafe("pickle protocol %d is newer than this reader knows", d[m->pos]);
+            m->pos++;
+            continue;
+        case 0x95:                                            /* FRAME: a length; data follows */
+            if (need(m, 8) < 0)
+                return -1;
+            m->pos += 8;
+            continue;
+        case '.':                                             /* STOP */
+            if (m->stack.size != 1 || m->marks.size)
+                return unsafe("a damaged pickle: it ends with %zd objects on its stack",
+                              m->stack.size);
+            *result = m->stack.items[--m->stack.size];
+            return 0;
+        case '(':                                             /* MARK */
+            if (m->marks.size == m->marks.capacity) {
+                Py_ssize_t grown = m->marks.capacity ? 2 * m->marks.capacity : 64;
+                Py_ssize_t *more = PyMem_Realloc(m->marks.at, grown * sizeof(Py_ssize_t));
+                if (!more) {
+                    PyErr_NoMemory();
+                    return -1;
+                }
+                m->marks.at = more;
+                m->marks.capacity = grown;
+            }
+            m->marks.at[m->marks.size++] = m->stack.size;
+            continue;
+        case '0':                                             /* POP */
+            if (m->marks.size && m->marks.at[m->marks.size - 1] == m->stack.size) {
+                m->marks.size--;                              /* POP of a mark, as pickle does */
+                continue;
+            }
+            if (check_stack(m, 1) < 0)
+                return -1;
+            drop_from(m, m->stack.size - 1);
+            continue;
+        case '1':                                             /* POP_MARK */
+            if ((from = pop_mark(m)) < 0)
+                return -1;
+            drop_from(m, from);
+            continue;
+        case '2':                                             /* DUP */
+            if (check_stack(m, 1) < 0)
+                return -1;
+            v = m->stack.items[m->stack.size - 1];
+            Py_INCREF(v);
+            break;
+        case 'N': v = Py_NewRef(Py_None); break;
+        case 0x88: v = Py_NewRef(Py_True); break;
+        case 0x89: v = Py_NewRef(Py_False); break;
+        case 'K':                                             /* BININT1 */
+            if (need(m, 1) < 0)
+                return -1;
+            v = PyLong_FromLong(d[m->pos]);
+            m->pos += 1;
+            break;
+        case 'M':                                             /* BININT2 */
+            if (need(m, 2) < 0)
+                return -1;
+            v = PyLong_FromLong((long)read_le(d + m->pos, 2));
+            m->pos += 2;
+            break;
+        case 'J':                                             /* BININT */
+            if (need(m, 4) < 0)
+                return -1;
+            v = PyLong_FromLong((long)(int32_t)read_le(d + m->pos, 4));
+            m->pos += 4;
+            break;
+        case 0x8a:                                            /* LONG1 */
+        case 0x8b:                                            /* LONG4 */
+            n = op == 0x8a ? 1 : 4;
+            if (need(m, n) < 0)
+                return -1;
+            {
+                int64_t size = op == 0x8a ? d[m->pos] : (int32_t)read_le(d + m->pos, 4);
+                m->pos += n;
+                if (size < 0)
+                    return unsafe("a damaged pickle: a negative length at byte %zd", m->pos);
+                if (need(m, size) < 0)
+                    return -1;
+                if (size > 4000)              /* past Python's 4,300-digit int limit anyway */
+                    return unsafe("an integer of %lld bytes at byte %zd", (long long)size, m->pos);
+                v = size == 0 ? PyLong_FromLong(0)
+                    : _PyLong_FromByteArray(d + m->pos, (size_t)size, 1, 1);
+                m->pos += size;
+            }
+            break;
+        case 'I':                                             /* INT (text) */
+        case 'L':                                             /* LONG (text) */
+            if ((n = line_length(m)) < 0)
+                return -1;
+            {
+                PyObject *text = PyUnicode_DecodeASCII((const char *)d + m->pos, n, "strict");
+                m->pos += n + 1;
+                if (!text)
+                    return unsafe("a damaged pickle: a number that is not ASCII");
+                Py_ssize_t len = PyUnicode_GET_LENGTH(text);
+                if (op == 'I' && len == 2 && PyUnicode_READ_CHAR(text, 0) == '0' &&
+                    (PyUnicode_READ_CHAR(text, 1) == '0' || PyUnicode_READ_CHAR(text, 1) == '1')) {
+                    v = Py_NewRef(PyUnicode_READ_CHAR(text, 1) == '1' ? Py_True : Py_False);
+                } else {
+                    if (op == 'L' && len && PyUnicode_READ_CHAR(text, len - 1) == 'L')
+                        Py_SETREF(text, PyUnicode_Substring(text, 0, len - 1));
+                    v = text ? PyLong_FromUnicodeObject(text, 10) : NULL;
+                    if (!v && PyErr_ExceptionMatches(PyExc_ValueError)) {
+                        PyErr_Clear();
+                        Py_XDECREF(text);
+                        return unsafe("a damaged pickle: a bad integer at byte %zd", m->pos);
+                    }
+                }
+                Py_XDECREF(text);
+            }
+            break;
+        case 'F':                                             /* FLOAT (text) */
+            if ((n = line_length(m)) < 0)
+                return -1;
+            {
+                char buffer[64];
+                if (n >= (Py_ssize_t)sizeof buffer)
+                    return unsafe("a damaged pickle: a float of %zd characters", n);
+                memcpy(buffer, d + m->pos, n);
+                buffer[n] = 0;
+                m->pos += n + 1;
+                double x = PyOS_string_to_double(buffer, NULL, NULL);
+                if (x == -1.0 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    return unsafe("a damaged pickle: a bad float at byte %zd", m->pos);
+                }
+                v = PyFloat_FromDouble(x);
+            }
+            break;
+        case 'G':                                             /* BINFLOAT */
+            if (need(m, 8) < 0)
+                return -1;
+#if PY_VERSION_HEX >= 0x030B0000
+            v = PyFloat_FromDouble(PyFloat_Unpack8((const char *)d + m->pos, 0));
+#else
+            v = PyFloat_FromDouble(_PyFloat_Unpack8(d + m->pos, 0));
+#endif
+            m->pos += 8;
+            break;
+        case 0x8c: case 'X': case 0x8d:                       /* str: 1, 4, 8-byte length */
+        case 'U': case 'T':                                   /* py2 str: decoded as ASCII */
+        case 'C': case 'B': case 0x8e: case 0x96:             /* bytes, bytearray */
+            n = (op == 0x8c || op == 'U' || op == 'C') ? 1 : (op == 0x8d || op == 0x8e ||
+                                                            op == 0x96) ? 8 : 4;
+            if (need(m, n) < 0)
+                return -1;
+            {
+                uint64_t size = read_le(d + m->pos, (int)n);
+                m->pos += n;
+                if (op == 'T' && (int32_t)size < 0)
+                    return unsafe("a damaged pickle: a negative length at byte %zd", m->pos);
+                if (size > (uint64_t)(m->length - m->pos))
+                    return need(m, m->length - m->pos + 1);
+                const char *p = (const char *)d + m->pos;
+                m->pos += (Py_ssize_t)size;
+                if (op == 0x8c || op == 'X' || op == 0x8d)
+                    v = PyUnicode_DecodeUTF8(p, (Py_ssize_t)size, "surrogatepass");
+                else if (op == 'U' || op == 'T')
+                    v = PyUnicode_DecodeASCII(p, (Py_ssize_t)size, "strict");
+                else if (op == 0x96)
+                    v = PyByteArray_FromStringAndSize(p, (Py_ssize_t)size);
+                else
+                    v = PyBytes_FromStringAndSize(p, (Py_ssize_t)size);
+                if (!v && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                    PyErr_Clear();
+                    return unsafe("a damaged pickle: a string that does not decode at byte %zd",
+                                  m->pos);
+                }
+            }
+            break;
+        case 'V':                                             /* UNICODE (text) */
+            if ((n = line_length(m)) < 0)
+                return -1;
+            v = PyUnicode_DecodeRawUnicodeEscape((const char *)d + m->pos, n, "strict");
+            m->pos += n + 1;
+            if (!v) {
+                PyErr_Clear();
+                return unsafe("a damaged pickle: a string that does not decode at byte %zd",
+                              m->pos);
+            }
+            break;
+        case 'S':
+            return unsafe("a protocol-0 byte string at byte %zd: a memory snapshot has none",
+                          m->pos);
+        case ']': v = PyList_New(0); break;
+        case '}': v = PyDict_New(); break;
+        case ')': v = PyTuple_New(0); break;
+        case 0x8f: v = PySet_New(NULL); break;
+        case 'l':                                             /* LIST */
+        case 't':                                             /* TUPLE */
+        case 'd':                                             /* DICT */
+        case 0x91:                                            /* FROZENSET */
+            if ((from = pop_mark(m)) < 0)
+                return -1;
+            if (op == 'd') {
+                if ((m->stack.size - from) % 2)
+                    return unsafe("a damaged pickle: DICT with an odd count at byte %zd", m->pos);
+                v = PyDict_New();
+                int failed = !v;
+                for (Py_ssize_t i = from; i < m->stack.size && !failed; i += 2)
+                    failed = PyDict_SetItem(v, m->stack.items[i], m->stack.items[i + 1]) < 0;
+                drop_from(m, from);
+                if (failed) {
+                    Py_XDECREF(v);
+                    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+                        PyErr_Clear();
+                        return unsafe("a damaged pickle: an unhashable dict key at byte %zd",
+                                      m->pos);
+                    }
+                    return -1;
+                }
+                break;
+            }
+            v = tuple_from(m, from);
+            if (v && op == 0x91)
+                Py_SETREF(v, PyFrozenSet_New(v));
+            else if (v && op == 'l') {
+                /* a list built from a mark: pushed empty, then its items appended, so a
+                 * device's list gets its entries as rows */
+                PyObject *items = v;
+                if (stack_push(&m->stack, PyList_New(0)) < 0 ||
+                    note_new_list(m, m->stack.items[m->stack.size - 1]) < 0) {
+                    Py_DECREF(items);
+                    return -1;
+                }
+                Py_ssize_t count = PyTuple_GET_SIZE(items);
+                for (Py_ssize_t i = 0; i < count; i++)
+                    if (stack_push(&m->stack, Py_NewRef(PyTuple_GET_ITEM(items, i))) < 0) {
+                        Py_DECREF(items);
+                        return -1;
+                    }
+                Py_DECREF(items);
+                if (append_items(m, m->stack.size - count) < 0)
+                    return -1;
+                continue;
+            }
+            break;
+        case 0x85: case 0x86: case 0x87:                      /* TUPLE1..3 */
+            n = op - 0x84;
+            if (check_stack(m, n) < 0)
+                return -1;
+            v = tuple_from(m, m->stack.size - n);
+            break;
+        case 'a':                                             /* APPEND */
+            if (check_stack(m, 1) < 0)
+                return -1;
+            if (append_items(m, m->stack.size - 1) < 0)
+                return -1;
+            continue;
+        case 'e':                                             /* APPENDS */
+        case 0x90:                                            /* ADDITEMS */
+            if ((from = pop_mark(m)) < 0 || append_items(m, from) < 0)
+                return -1;
+            continue;
+        case 's':                                             /* SETITEM */
+            if (check_stack(m, 2) < 0 || set_items(m, m->stack.size - 2) < 0)
+                return -1;
+            continue;
+        case 'u':                                             /* SETITEMS */
+            if ((from = pop_mark(m)) < 0 || set_items(m, from) < 0)
+                return -1;
+            continue;
+        case 'g': case 'h': case 'j':                         /* GET, BINGET, LONG_BINGET */
+        case 'p': case 'q': case 'r': case 0x94:              /* PUT, BINPUT, LONG_BINPUT, MEMOIZE */
+            {
+                Py_ssize_t index;
+                if (op == 'g' || op == 'p') {
+                    if ((n = line_length(m)) < 0)
+                        return -1;
+                    char buffer[24];
+                    if (n == 0 || n >= (Py_ssize_t)sizeof buffer)
+                        return unsafe("a damaged pickle: a bad memo index at byte %zd", m->pos);
+                    memcpy(buffer, d + m->pos, n);
+                    buffer[n] = 0;
+                    char *end;
+                    long long x = strtoll(buffer, &end, 10);
+                    if (*end || x < 0)
+                        return unsafe("a damaged pickle: a bad memo index at byte %zd", m->pos);
+                    index = (Py_ssize_t)x;
+                    m->pos += n + 1;
+                } else if (op == 0x94)
+                    index = m->memo_size;
+                else {
+                    n = (op == 'h' || op == 'q') ? 1 : 4;
+                    if (need(m, n) < 0)
+                        return -1;
+                    index = (Py_ssize_t)read_le(d + m->pos, (int)n);
+                    m->pos += n;
+                }
+                if (op == 'g' || op == 'h' || op == 'j') {
+                    if (index >= m->memo_size || !m->memo[index])
+                        return unsafe("a damaged pickle: memo index %zd was never set (byte %zd)",
+                                      index, m->pos);
+                    if (m->memo[index] == m->entry_marker)
+                        return unsafe("it refers back to a trace entry (memo index %zd): a "
+                                      "snapshot pickle has each entry once", index);
+                    v = Py_NewRef(m->memo[index]);
+                    break;
+                }
+                if (check_stack(m, 1) < 0)
+                    return -1;
+                if (memo_put(m, index, m->stack.items[m->stack.size - 1]) < 0)
+                    return -1;
+                continue;
+            }
+        case 'c': case 0x93:
+            {
+                /* name what it asks for, as the message a user sees */
+                PyObject *what = NULL;
+                if (op == 'c') {
+                    Py_ssize_t a = line_length(m);
+                    if (a >= 0) {
+                        Py_ssize_t module_end = m->pos + a;
+                        m->pos = module_end + 1;
+                        Py_ssize_t b = line_length(m);
+                        if (b >= 0)
+                            what = PyUnicode_FromFormat("it asks for %.*s.%.*s", (int)a,
+                                                        d + module_end - a, (int)b, d + m->pos);
+                    }
+                    PyErr_Clear();
+                } else if (m->stack.size >= 2 && PyUnicode_Check(m->stack.items[m->stack.size - 2])
+                           && PyUnicode_Check(m->stack.items[m->stack.size - 1]))
+                    what = PyUnicode_FromFormat("it asks for %U.%U",
+                                                m->stack.items[m->stack.size - 2],
+                                                m->stack.items[m->stack.size - 1]);
+                if (!what)
+                    what = PyUnicode_FromString("it asks for a class or function");
+                if (!what)
+                    return -1;
+                refused(PyUnicode_AsUTF8(what));
+                Py_DECREF(what);
+                return -1;
+            }
+        case 'R': case 'b': case 'i': case 'o': case 0x81: case 0x92:
+        case 0x82: case 0x83: case 0x84: case 'P': case 'Q': case 0x97: case 0x98:
+            refused("it builds objects with code (an opcode past plain data)");
+            return -1;
+        default:
+            return unsafe("a damaged pickle: opcode 0x%02x at byte %zd is not one", op, m->pos - 1);
+        }
+        if (!v)
+            return -1;
+        if (stack_push(&m->stack, v) < 0)
+            return -1;
+        if (PyList_CheckExact(v) && note_new_list(m, v) < 0)
+            return -1;
+    }
+}
+
+static void machine_clear(Machine *m) {
+    drop_from(m, 0);
+    PyMem_Free(m->stack.items);
+    PyMem_Free(m->marks.at);
+    for (Py_ssize_t i = 0; i < m->memo_capacity; i++)
+        Py_XDECREF(m->memo[i]);
+    PyMem_Free(m->memo);
+    PyMem_Free(m->device_lists);
+    PyMem_Free(m->pending);
+    Py_XDECREF(m->entry_marker);
+    reader_clear(&m->reader);
+}
+
+static PyObject *load(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Machine m;
+    memset(&m, 0, sizeof m);
+    PyObject *root = NULL, *result = NULL;
+    m.data = view.buf;
+    m.length = view.len;
+    m.entry_marker = PyCapsule_New(&m, "npumem.trace_entry", NULL);
+    if (m.entry_marker && interned_init(&m.reader.interned) == 0 && run(&m, &root) == 0) {
+        PyObject *tables = reader_result(&m.reader);
+        if (tables) {
+            result = Py_BuildValue("(NN)", root, tables);
+            root = NULL;
+        }
+    }
+    Py_XDECREF(root);
+    machine_clear(&m);
+    PyBuffer_Release(&view);
+    if (!result && PyErr_ExceptionMatches(PyExc_RecursionError)) {
+        PyErr_Clear();
+        unsafe("it nests too deeply");
+    }
+    return result;
+}
+
+/* Rows from lists of entry dicts (a snapshot read from JSON): one device per list. */
+static PyObject *from_entries(PyObject *self, PyObject *traces) {
+    if (!PyList_Check(traces)) {
+        PyErr_SetString(PyExc_TypeError, "a list of device traces");
+        return NULL;
+    }
+    Reader r;
+    memset(&r, 0, sizeof r);
+    PyObject *result = NULL;
+    if (interned_init(&r.interned) == 0) {
+        Py_ssize_t i, n = PyList_GET_SIZE(traces);
+        for (i = 0; i < n; i++) {
+            PyObject *trace = PyList_GET_ITEM(traces, i);
+            Device *d = reader_device(&r);
+            if (!d)
+                break;
+            if (!PyList_Check(trace)) {
+                PyErr_SetObject(EntryError, Py_BuildValue("(NsO)", PyUnicode_FromFormat(
+                    "device_traces[%zd]", i), "must be a list, got {}", trace));
+                break;
+            }
+            Py_ssize_t k, m = PyList_GET_SIZE(trace);
+            for (k = 0; k < m; k++)
+                if (add_entry(d, &r.interned, PyList_GET_ITEM(trace, k)) < 0)
+                    break;
+            if (k < m)
+                break;
+        }
+        if (i == n)
+            result = reader_result(&r);
+    }
+    reader_clear(&r);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"load", load, METH_O, "(root object, (devices' columns, stacks, extras, stacks cut)) of a "
+     "snapshot pickle's bytes"},
+    {"from_entries", from_entries, METH_O, "(devices' columns, stacks, extras, stacks cut) of "
+     "lists of entry dicts"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_snapshot_reader",
+                                    "Snapshot pickles into columns.", -1, methods};
+
+PyMODINIT_FUNC PyInit__snapshot_reader(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    UnsafePickle = PyErr_NewException("npumem.trace._snapshot_reader.UnsafePickle",
+                                      PyExc_ValueError, NULL);
+    EntryError = PyErr_NewException("npumem.trace._snapshot_reader.EntryError",
+                                    PyExc_ValueError, NULL);
+    if (!UnsafePickle || !EntryError || PyModule_AddObjectRef(m, "UnsafePickle", UnsafePickle) < 0
+        || PyModule_AddObjectRef(m, "EntryError", EntryError) < 0)
+        return NULL;
+    for (int k = 0; k < 8; k++)
+        if (!(interned_keys[k] = PyUnicode_InternFromString(KEY_NAMES[k])))
+            return NULL;
+    s_filename = PyUnicode_InternFromString("filename");
+    s_line = PyUnicode_InternFromString("line");
+    s_name = PyUnicode_InternFromString("name");
+    s_pool_id = PyUnicode_InternFromString("pool_id");
+    if (!s_filename || !s_line || !s_name || !s_pool_id)
+        return NULL;
+    PyObject *actions = PyTuple_New(N_ACTIONS);
+    if (!actions)
+        return NULL;
+    for (int a = 0; a < N_ACTIONS; a++)
+        PyTuple_SET_ITEM(actions, a, PyUnicode_FromString(ACTIONS[a]));
+    PyModule_AddObject(m, "ACTIONS", actions);
+    PyModule_AddIntConstant(m, "MAX_FRAMES", MAX_FRAMES);
+    PyModule_AddIntConstant(m, "HAS_ADDR", HAS_ADDR);
+    PyModule_AddIntConstant(m, "HAS_SIZE", HAS_SIZE);
+    PyModule_AddIntConstant(m, "HAS_STREAM", HAS_STREAM);
+    PyModule_AddIntConstant(m, "HAS_TIME", HAS_TIME);
+    PyModule_AddIntConstant(m, "TIME_FLOAT", TIME_FLOAT);
+    PyModule_AddIntConstant(m, "HAS_REQUESTED", HAS_REQUESTED);
+    PyModule_AddIntConstant(m, "HAS_FRAMES", HAS_FRAMES);
+    return m;
+}
