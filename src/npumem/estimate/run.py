@@ -213,7 +213,7 @@ def composition(entries: list) -> dict:
                 peak, peak_at = total, index
         elif entry["action"] == "free_requested":
             total -= sizes.pop(entry["addr"], 0)
-    live = live_after(entries, peak_at) if peak_at >= 0 else []
+    live = live_after([], entries, peak_at) if peak_at >= 0 else []
     kernels: dict = defaultdict(int)
     for entry in live:
         if entry.get("user_metadata"):

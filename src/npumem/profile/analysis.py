@@ -9,15 +9,18 @@ the memory that was live or cached before the trace, and blocks live then count 
 from __future__ import annotations
 
 import heapq
+import itertools
+import weakref
 from dataclasses import dataclass, field
 
+from ..trace.entry_columns import rows, take
 from ..units import format_size
 from .stacks import is_internal_file
 
 _RESERVE = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 
 
-@dataclass
+@dataclass(slots=True)
 class Point:
     time_us: float
     allocated: int
@@ -157,21 +160,28 @@ def group_by_site(entries) -> list[SiteUsage]:
 def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
                   start_reserved: int = 0) -> DeviceAnalysis:
     """`start_live` (entries of the blocks live at the first entry) and `start_reserved` are
-    the state the trace began in."""
+    the state the trace began in. One walk over the entries' rows, a second to the peak; dicts
+    are made only for what the report shows (live at the peak, the largest requests)."""
     result = DeviceAnalysis(device, events=len(entries))
-    live: dict[int, dict] = {entry["addr"]: entry for entry in start_live}   # frees find them
+    live: dict[int, int] = {entry["addr"]: entry["size"] for entry in start_live}
     allocated = active = sum(entry["size"] for entry in start_live)
     reserved = start_reserved
     points = []
     peak_index = peak_entry = -1
-    for i, entry in enumerate(entries):
-        action, size = entry.get("action"), entry.get("size", 0)
+    sites = _SiteCounter()
+    largest: list[tuple[int, int]] = []         # (size, -index) of the largest requests
+    for i, (action, addr, size, _, time_us, frames, extra, requested) in enumerate(rows(entries)):
         if action == "alloc":
-            live[entry["addr"]] = entry
+            live[addr] = size
             allocated += size
             active += size
+            sites.add(frames, extra, requested or size)
+            if len(largest) < LARGEST:
+                heapq.heappush(largest, (size, -i))
+            elif size > largest[0][0]:
+                heapq.heapreplace(largest, (size, -i))
         elif action == "free_requested":
-            if live.pop(entry["addr"], None) is not None:
+            if live.pop(addr, None) is not None:
                 allocated -= size
         elif action == "free_completed":
             active -= size
@@ -179,7 +189,7 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
             reserved += _RESERVE[action] * size
         else:
             continue
-        points.append(Point(entry.get("time_us", 0), allocated, reserved, active))
+        points.append(Point(time_us, allocated, reserved, active))
         if action == "alloc" and (peak_index < 0 or allocated > points[peak_index].allocated):
             peak_index, peak_entry = len(points) - 1, i
     if points:                      # lift a trace that started with memory already in use
@@ -197,24 +207,53 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
             result.peak_time_us = points[peak_index].time_us
     result.timeline = points
     result.peak_entry = peak_entry
-    live_at_peak = live_after(list(start_live) + entries, peak_entry + len(start_live))
+    live_at_peak = live_after(start_live, entries, peak_entry)
     result.at_peak = group_by_site(live_at_peak)
     result.peak_categories = by_category(live_at_peak)
     if result.peak_categories or any("category" in e for e in entries[:1000]):
-        result.category_timeline = category_timeline(list(start_live) + entries)
+        result.category_timeline = category_timeline(start_live, entries)
     result.peak_stacks = stacks_by_bytes(live_at_peak)
-    allocs = [e for e in entries if e.get("action") == "alloc"]
-    result.by_site = group_by_site(allocs)
+    result.by_site = sites.usage()
+    chosen = take(entries, sorted(-index for _, index in largest))
     result.largest = [Request(e.get("time_us", 0), e.get("requested_size") or e.get("size", 0),
                               site_name(e), callers(e.get("frames") or [], None))
-                      for e in heapq.nlargest(LARGEST, allocs, key=lambda e: e.get("size", 0))]
+                      for e in sorted(chosen, key=lambda e: -e.get("size", 0))]
     return result
+
+
+class _SiteCounter:
+    """Requests and requested bytes by allocation site, the site found once per stack."""
+
+    def __init__(self):
+        self.sites: dict[str, SiteUsage] = {}
+        self.known: dict[tuple[int, object], SiteUsage] = {}   # (id(frames), tag) -> its site
+        self.kept: list = []                     # the stacks keyed by id, kept alive
+
+    def add(self, frames, extra, nbytes: int) -> None:
+        tag = extra.get("user_metadata")
+        key = (id(frames), tag if isinstance(tag, str) else None)
+        site = self.known.get(key)
+        if site is None:
+            entry = {"frames": frames, "user_metadata": tag}
+            where = site_name(entry)
+            site = self.sites.get(where)
+            if site is None:
+                stack = frames or []
+                site = self.sites[where] = SiteUsage(where, callers=callers(
+                    stack, user_frame(stack)))
+            self.known[key] = site
+            self.kept.append(frames)
+        site.count += 1
+        site.bytes += nbytes
+
+    def usage(self) -> list[SiteUsage]:
+        return sorted(self.sites.values(), key=lambda s: (-s.bytes, s.where))
 
 
 CATEGORY_POINTS = 800                # points of a category timeline kept for drawing
 
 
-def category_timeline(entries: list[dict]) -> list[tuple[float, dict[str, int]]]:
+def category_timeline(start_live: list[dict], entries) -> list[tuple[float, dict[str, int]]]:
     """Live bytes by category after each alloc and free, thinned to about CATEGORY_POINTS
     points (each kept point is the highest total of its stretch, so peaks stay). Two passes:
     the totals first, then the split by category at the points kept only."""
@@ -222,13 +261,13 @@ def category_timeline(entries: list[dict]) -> list[tuple[float, dict[str, int]]]
         live: dict = {}
         totals: dict[str, int] = {}
         total = 0
-        for index, entry in enumerate(entries):
-            action = entry.get("action")
+        every = itertools.chain(rows(start_live), rows(entries))
+        for index, (action, addr, size, _, time_us, _, extra, _) in enumerate(every):
             if action == "alloc":
-                kind, size = entry.get("category") or "other", entry.get("size", 0)
-                live[entry.get("addr")] = (kind, size)
-            elif action == "free_requested" and entry.get("addr") in live:
-                kind, size = live.pop(entry.get("addr"))
+                kind = extra.get("category") or "other"
+                live[addr] = (kind, size)
+            elif action == "free_requested" and addr in live:
+                kind, size = live.pop(addr)
                 size = -size
             else:
                 continue
@@ -237,7 +276,7 @@ def category_timeline(entries: list[dict]) -> list[tuple[float, dict[str, int]]]
             if at is None:
                 yield index, total
             elif index in at:
-                yield entry.get("time_us", 0), dict(totals)
+                yield time_us, dict(totals)
 
     points = list(walk())
     stride = max(1, len(points) // CATEGORY_POINTS)
@@ -267,15 +306,17 @@ def stacks_by_bytes(entries: list[dict]) -> dict[tuple[str, ...], int]:
     return stacks
 
 
-def live_after(entries: list[dict], last: int) -> list[dict]:
-    """Blocks allocated and not yet freed after entries[last]."""
-    live: dict[int, dict] = {}
-    for entry in entries[:last + 1]:
-        if entry.get("action") == "alloc":
-            live[entry["addr"]] = entry
-        elif entry.get("action") == "free_requested":
-            live.pop(entry["addr"], None)
-    return list(live.values())
+def live_after(start_live: list[dict], entries, last: int) -> list[dict]:
+    """Blocks allocated and not yet freed after entries[last], `start_live` live before the
+    first."""
+    live: dict[int, object] = {entry["addr"]: entry for entry in start_live}
+    for index, (action, addr, *_) in enumerate(rows(entries[:last + 1])):
+        if action == "alloc":
+            live[addr] = index
+        elif action == "free_requested":
+            live.pop(addr, None)
+    made = iter(take(entries, [v for v in live.values() if isinstance(v, int)]))
+    return [v if not isinstance(v, int) else next(made) for v in live.values()]
 
 
 def start_of(snapshot: dict, device: int) -> tuple[list[dict], int]:
@@ -284,10 +325,8 @@ def start_of(snapshot: dict, device: int) -> tuple[list[dict], int]:
     given = snapshot.get("npumem_start")
     if given and device in given:
         return given[device]
-    from ..trace.recording import recording_from_data
-
     try:
-        state = recording_from_data(snapshot, device=device).start_state()
+        state = start_state_of(snapshot, device)
     except (ValueError, KeyError, TypeError):      # unreadable entries: start from nothing
         return [], 0
     live = [{"action": "alloc", "addr": block.addr, "size": block.requested,
@@ -295,6 +334,28 @@ def start_of(snapshot: dict, device: int) -> tuple[list[dict], int]:
              "user_metadata": "" if block.frames else "allocated before the trace began"}
             for block in state.live.values()]
     return live, state.reserved
+
+
+_STARTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def start_state_of(snapshot: dict, device: int, recording=None):
+    """The state at the first entry of `device`'s trace (trace.recording.rebuild_start, a walk
+    back over the whole trace), found once per trace read into columns however many parts of
+    the report ask."""
+    from ..trace.entry_columns import Entries
+    from ..trace.recording import recording_from_data
+
+    recording = recording or recording_from_data(snapshot, device=device)
+    entries = recording.entries
+    if not isinstance(entries, Entries):
+        return recording.start_state()
+    key = (device, entries.start, entries.stop, recording.flavour,
+           tuple(id(segment) for segment in recording.segments))
+    known = _STARTS.setdefault(entries.columns, {})
+    if key not in known:
+        known[key] = recording.start_state()
+    return known[key]
 
 
 def analyze_snapshot(snapshot: dict) -> list[DeviceAnalysis]:
@@ -310,7 +371,7 @@ def _live_blocks(snapshot: dict) -> list[dict]:
         return [block for segment in snapshot["segments"] for block in segment["blocks"]
                 if block.get("state") == "active_allocated"]
     return [entry for trace in snapshot.get("device_traces") or []
-            for entry in live_after(trace, len(trace) - 1)]
+            for entry in live_after([], trace, len(trace) - 1)]
 
 
 def live_by_site(snapshot: dict) -> dict[str, int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from ..trace.entry_columns import rows
 from ..units import format_size
 
 LIVE_STATES = ("active_allocated", "active_pending_free")
@@ -146,12 +147,13 @@ def maps_over_time(snapshot: dict, device: int, moments: int = 24, also: int = -
     after entry `also` (the peak, say): [(time_us, allocated, [(address, size, map)])], in time
     order. Built from the state at the first entry and the trace's segment and block events."""
     from ..trace.recording import recording_from_data
+    from .analysis import start_state_of
 
     recording = recording_from_data(snapshot, device=device)
     entries = recording.entries
     if not entries:
         return []
-    start = recording.start_state()
+    start = start_state_of(snapshot, device, recording)
     ranges = {segment.addr: segment.size for segment in start.segments}
     live = {block.addr: block.size for block in start.live.values()}
     pending: set[int] = set()
@@ -160,8 +162,7 @@ def maps_over_time(snapshot: dict, device: int, moments: int = 24, also: int = -
     if 0 <= also < len(entries):
         chosen.add(also)
     out = []
-    for i, entry in enumerate(entries):
-        action, addr, size = entry.get("action"), entry.get("addr", 0), entry.get("size", 0)
+    for i, (action, addr, size, _, time_us, *_) in enumerate(rows(entries)):
         if action == "alloc":
             live[addr] = size
             allocated += size
@@ -178,8 +179,7 @@ def maps_over_time(snapshot: dict, device: int, moments: int = 24, also: int = -
         elif action in ("segment_free", "segment_unmap"):
             _remove_range(ranges, addr, size)
         if i in chosen:
-            out.append((float(entry.get("time_us", 0) or 0), allocated,
-                        _maps(ranges, live, pending, width, max_segments)))
+            out.append((time_us, allocated, _maps(ranges, live, pending, width, max_segments)))
     return out
 
 

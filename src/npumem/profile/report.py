@@ -158,7 +158,8 @@ def _snapshot_leaks(snapshot: dict, starts: dict) -> tuple[list[SiteUsage], str,
                    for leak in step_leaks(snapshot, device, at)]
         rows = [SiteUsage(leak.where, leak.count, leak.live, leak.stack) for leak in growing]
         return rows, "Leaks: growing step over step", growing
-    rows = group_by_site([entry for trace in traces for entry in live_after(trace, len(trace) - 1)])
+    rows = group_by_site([entry for trace in traces
+                          for entry in live_after([], trace, len(trace) - 1)])
     return rows, ("Allocated during the trace and still live at its end (no steps are marked, so "
                   "growth cannot be told from memory made once)"), []
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from ..trace.entry_columns import rows, take
 from ..trace.events import TraceFormatError
 from ..trace.step_marks import PROFILER_STEP, starts_named, step_positions
 from ..units import format_size
@@ -64,19 +65,18 @@ def learned_steps(entries: list[dict]) -> list[int]:
     learner = StepLearner()
     alloc_positions: list[int] = []
     found = None
-    for position, entry in enumerate(entries):
-        action = entry.get("action")
+    for position, (action, addr, size, *_) in enumerate(rows(entries)):
         if action == "alloc":
             alloc_positions.append(position)
             if found is not None:
                 continue                     # the period is known: only count allocations
-            learner.on_alloc(entry.get("addr"), entry.get("size", 0), entry.get("size", 0))
+            learner.on_alloc(addr, size, size)
             if learner.confirmed:
                 found = (learner.confirmed, learner.anchor)
             elif len(alloc_positions) >= LEARN_ALLOCATIONS:
                 return []
         elif action == "free_completed" and found is None:
-            learner.on_free(entry.get("addr"))
+            learner.on_free(addr)
     if found is None:
         return []
     period, anchor = found
@@ -91,7 +91,7 @@ def marked_steps(snapshot: dict, device: int) -> list[int]:
     if not notes:
         return []
     entries = (snapshot.get("device_traces") or [[]])[device]
-    times = [float(e.get("time_us", 0) or 0) for e in entries]
+    times = [time_us for _, _, _, _, time_us, *_ in rows(entries)]
     try:
         positions = step_positions("", notes, None, times)       # npumem's own marks
         if starts_named(notes, PROFILER_STEP):
@@ -116,24 +116,22 @@ def step_leaks(snapshot: dict, device: int = 0, starts: list[int] | None = None)
     by_site: dict[str, int] = defaultdict(int)
     samples: list[dict] = []                     # by_site at each boundary, then at the end
     next_start = 0
-    for index, entry in enumerate(entries):
+    for index, (action, addr, size, _, _, frames, extra, _) in enumerate(rows(entries)):
         while next_start < len(starts) and starts[next_start] <= index:
             samples.append(dict(by_site))
             next_start += 1
-        action = entry.get("action")
         if action == "alloc":
-            frames = entry.get("frames")
             where = sites.get(id(frames)) if frames else None
             if where is None:
-                where = site_name(entry)
+                where = site_name({"frames": frames, "user_metadata": extra.get("user_metadata")})
                 if frames:
                     sites[id(frames)] = where
-            live[entry.get("addr")] = (entry, where)
-            by_site[where] += entry.get("size", 0)
+            live[addr] = (index, size, where)
+            by_site[where] += size
         elif action in ("free_requested", "free_completed"):
-            alloc, where = live.pop(entry.get("addr"), (None, None))
-            if alloc is not None:
-                by_site[where] -= alloc.get("size", 0)
+            _, size, where = live.pop(addr, (None, 0, None))
+            if where is not None:
+                by_site[where] -= size
     samples += [dict(by_site)] * (len(starts) - next_start)
     samples.append(dict(by_site))
     leaks = []
@@ -147,7 +145,7 @@ def step_leaks(snapshot: dict, device: int = 0, starts: list[int] | None = None)
             continue
         # per step over the steps it grew in: from its first value to its last rise
         spans = max(i for i in range(1, len(series)) if series[i] > series[i - 1])
-        mine = [e for e, site in live.values() if site == where]
+        mine = take(entries, [index for index, _, site in live.values() if site == where])
         kinds = Counter()
         for e in mine:
             kinds[e.get("category") or "other"] += e.get("size", 0)
@@ -167,14 +165,14 @@ def growth_per_step(snapshot: dict, device: int = 0,
     entries = (snapshot.get("device_traces") or [[]])[device]
     starts = step_starts(snapshot, device) if starts is None else starts
     live, total, points, next_start = {}, 0, [], 0
-    for index, entry in enumerate(entries):
+    for index, (action, addr, size, *_) in enumerate(rows(entries)):
         while next_start < len(starts) and starts[next_start] <= index:
             points.append(total)
             next_start += 1
-        if entry.get("action") == "alloc":
-            live[entry.get("addr")] = entry.get("size", 0)
-            total += entry.get("size", 0)
-        elif entry.get("action") in ("free_requested", "free_completed"):
-            total -= live.pop(entry.get("addr"), 0)
+        if action == "alloc":
+            live[addr] = size
+            total += size
+        elif action in ("free_requested", "free_completed"):
+            total -= live.pop(addr, 0)
     points += [total] * (len(starts) - next_start) + [total]
     return [p - points[0] for p in points] if points else []

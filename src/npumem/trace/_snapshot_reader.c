@@ -1280,14 +1280,18 @@ static int run(Machine *m, PyObject **result) {
                 PyObject *what = NULL;
                 if (op == 'c') {
                     Py_ssize_t a = line_length(m);
-                    if (a >= 0) {
-                        Py_ssize_t module_end = m->pos + a;
-                        m->pos = module_end + 1;
+                    PyObject *module = a >= 0 ? PyUnicode_DecodeLatin1(
+                        (const char *)d + m->pos, a, NULL) : NULL;
+                    if (module) {
+                        m->pos += a + 1;
                         Py_ssize_t b = line_length(m);
-                        if (b >= 0)
-                            what = PyUnicode_FromFormat("it asks for %.*s.%.*s", (int)a,
-                                                        d + module_end - a, (int)b, d + m->pos);
+                        PyObject *name = b >= 0 ? PyUnicode_DecodeLatin1(
+                            (const char *)d + m->pos, b, NULL) : NULL;
+                        if (name)
+                            what = PyUnicode_FromFormat("it asks for %U.%U", module, name);
+                        Py_XDECREF(name);
                     }
+                    Py_XDECREF(module);
                     PyErr_Clear();
                 } else if (m->stack.size >= 2 && PyUnicode_Check(m->stack.items[m->stack.size - 2])
                            && PyUnicode_Check(m->stack.items[m->stack.size - 1]))

@@ -27,6 +27,14 @@ class Tables:
     def __init__(self, stacks: list, extras: list, cut: int):
         self.stacks, self.extras, self.cut = stacks, extras, cut
         self.extra_dicts = [dict(zip(items[::2], items[1::2])) for items in extras]
+        self.action_names = None            # object arrays for `rows`, made on first use
+
+    def prepare(self) -> None:
+        self.action_names = np.array(ACTIONS, dtype=object)
+        self.stack_objects = np.empty(len(self.stacks) + 1, dtype=object)
+        self.stack_objects[:len(self.stacks)] = self.stacks    # the last: no frames (None)
+        self.extra_objects = np.empty(len(self.extra_dicts), dtype=object)
+        self.extra_objects[:] = self.extra_dicts
 
 
 class Columns:
@@ -77,11 +85,11 @@ class Entries(Sequence):
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError("trace entry index out of range")
-        return next(self._dicts(self.start + index, self.start + index + 1))
+        return next(self._dicts(slice(self.start + index, self.start + index + 1)))
 
     def __iter__(self):
         for start in range(self.start, self.stop, _CHUNK):
-            yield from self._dicts(start, min(start + _CHUNK, self.stop))
+            yield from self._dicts(slice(start, min(start + _CHUNK, self.stop)))
 
     def __eq__(self, other) -> bool:
         if isinstance(other, (Entries, list)):
@@ -97,30 +105,61 @@ class Entries(Sequence):
     def __repr__(self) -> str:
         return f"<{len(self):,} trace entries>"
 
-    def _dicts(self, start: int, stop: int):
+    def rows(self, reverse: bool = False):
+        """`rows(self)`, by chunks of columns."""
+        c = self.columns
+        tables = c.tables
+        if tables.action_names is None:
+            tables.prepare()
+        bounds = [(start, min(start + _CHUNK, self.stop))
+                  for start in range(self.start, self.stop, _CHUNK)]
+        for start, stop in reversed(bounds) if reverse else bounds:
+            flags = c.flags[start:stop]
+            stack = np.where(flags & native.HAS_FRAMES, c.stack[start:stop], len(tables.stacks))
+            chunk = zip(tables.action_names[c.action[start:stop]].tolist(),
+                        c.addr[start:stop].tolist(), c.size[start:stop].tolist(),
+                        c.stream[start:stop].tolist(), c.times(start, stop).tolist(),
+                        tables.stack_objects[stack].tolist(),
+                        tables.extra_objects[c.extra[start:stop]].tolist(),
+                        c.requested[start:stop].tolist())
+            if reverse:
+                yield from reversed(list(chunk))
+            else:
+                yield from chunk
+
+    def take(self, positions) -> list[dict]:
+        """The entries at these positions (in this view), as dicts."""
+        return list(self._dicts(np.asarray(positions, dtype=np.int64) + self.start))
+
+    def indices(self, *actions: str) -> np.ndarray:
+        """Positions (in this view) of the entries with one of these actions."""
+        codes = [ACTION_CODE[a] for a in actions]
+        return np.flatnonzero(np.isin(self.columns.action[self.start:self.stop], codes))
+
+    def _dicts(self, at):
+        """Dicts of the rows at `at` (a slice or an array of row numbers)."""
         c = self.columns
         tables = c.tables
         stacks, extras = tables.stacks, tables.extra_dicts
-        times = c.time_raw[start:stop]
-        rows = zip(c.action[start:stop].tolist(), c.flags[start:stop].tolist(),
-                   c.addr[start:stop].tolist(), c.size[start:stop].tolist(),
-                   c.stream[start:stop].tolist(), times.tolist(),
-                   times.view(np.float64).tolist(), c.requested[start:stop].tolist(),
-                   c.stack[start:stop].tolist(), c.extra[start:stop].tolist())
+        times = c.time_raw[at]
+        rows = zip(c.action[at].tolist(), c.flags[at].tolist(), c.addr[at].tolist(),
+                   c.size[at].tolist(), c.stream[at].tolist(), times.tolist(),
+                   times.view(np.float64).tolist(), c.requested[at].tolist(),
+                   c.stack[at].tolist(), c.extra[at].tolist())
         for action, flags, addr, size, stream, when, when_float, requested, stack, extra in rows:
             entry = {"action": ACTIONS[action]}
-            if flags & 1:
+            if flags & native.HAS_ADDR:
                 entry["addr"] = addr
             entry["size"] = size
-            if flags & 4:
+            if flags & native.HAS_STREAM:
                 entry["stream"] = stream
-            if flags & 8:
-                entry["time_us"] = when_float if flags & 16 else when
+            if flags & native.HAS_TIME:
+                entry["time_us"] = when_float if flags & native.TIME_FLOAT else when
             if extra:
                 entry.update(extras[extra])
-            if flags & 32:
+            if flags & native.HAS_REQUESTED:
                 entry["requested_size"] = requested
-            if flags & 64:
+            if flags & native.HAS_FRAMES:
                 entry["frames"] = stacks[stack]
             yield entry
 
@@ -160,6 +199,33 @@ def load_pickle(data: bytes, shown) -> tuple[object, list[Entries], Tables]:
 
 
 UnsafePickle = native.UnsafePickle
+
+
+def rows(entries, reverse: bool = False):
+    """(action, addr, size, stream, time_us, frames, extra, requested) of each entry, in order
+    (or backwards): what a walk over millions of entries reads, without a dict per entry.
+    `extra` answers .get() for the other fields (pool_id, category, user_metadata); absent
+    numbers are 0, absent frames None, time_us a float, requested the requested_size."""
+    if isinstance(entries, Entries):
+        return entries.rows(reverse)
+    return ((e["action"], e.get("addr", 0) or 0, e.get("size", 0) or 0,
+             int(e.get("stream") or 0), float(e.get("time_us", 0) or 0), e.get("frames"), e,
+             e.get("requested_size") or 0)
+            for e in (reversed(entries) if reverse else entries))
+
+
+def take(entries, positions) -> list[dict]:
+    """The entries at these positions, as dicts."""
+    if isinstance(entries, Entries):
+        return entries.take(positions)
+    return [entries[p] for p in positions]
+
+
+def indices(entries, *actions: str) -> list[int]:
+    """Positions of the entries with one of these actions."""
+    if isinstance(entries, Entries):
+        return entries.indices(*actions).tolist()
+    return [i for i, e in enumerate(entries) if e.get("action") in actions]
 
 
 def columns_of(entries) -> Entries:

@@ -28,6 +28,7 @@ from ..alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER
                                            round_size)
 from ..alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig, from_snapshot
 from . import entry_columns, jsonl
+from .entry_columns import indices, rows
 from .events import TraceFormatError, shown
 from .snapshot_schema import OOM_KEY, check_snapshot
 from .textio import max_snapshot_bytes, read_bounded, read_head
@@ -114,12 +115,10 @@ class Recording:
     @property
     def free_action(self) -> str:
         """Blocks become reusable at free_completed; old traces only have free_requested."""
-        if any(entry.get("action") == "free_completed" for entry in self.entries):
-            return "free_completed"
-        return "free_requested"
+        return "free_completed" if indices(self.entries, "free_completed") else "free_requested"
 
     def recorded_segment_events(self) -> list[dict]:
-        return [e for e in self.entries if e.get("action") in SEGMENT_ADD + SEGMENT_REMOVE]
+        return [self.entries[i] for i in indices(self.entries, *SEGMENT_ADD, *SEGMENT_REMOVE)]
 
     def start_state(self, config: TorchAllocatorConfig | None = None) -> StartState:
         if self.continues is not None:
@@ -139,15 +138,15 @@ class Recording:
 
 def first_oom(entries) -> int | None:
     """The index of a device trace's first `oom` entry; None if it has none."""
-    return next((i for i, e in enumerate(entries or [])
-                 if isinstance(e, dict) and e.get("action") == "oom"), None)
+    found = indices(entries or [], "oom")
+    return found[0] if len(found) else None
 
 
 def died_at(entries) -> int | None:
     """The first `oom` entry, where the run ended on it: no allocation follows it (the frees of
     the exception's unwinding may). None when it never ran out, or caught it and went on."""
     index = first_oom(entries)
-    if index is None or any(e.get("action") == "alloc" for e in entries[index + 1:]):
+    if index is None or len(indices(entries[index + 1:], "alloc")):
         return None
     return index
 
@@ -236,6 +235,8 @@ def _without_workspaces(entries: list, segments: list) -> tuple[list, list, bool
     block of its workspace allocator (a separate allocator) at the front of the trace, as
     `workspace_snapshot`, `segment_alloc` and `alloc` of one address, and its segment among
     the segments."""
+    if not len(indices(entries, "workspace_snapshot")):
+        return entries, segments, False
     pending: dict[int, set] = {}
     kept = []
     for entry in entries:
@@ -359,9 +360,8 @@ def rebuild_start(recording: Recording, config: TorchAllocatorConfig) -> StartSt
     entry_nodes: dict[int, int] = {}  # alloc and segment entries -> the segment's node
     mapped: list[tuple[int, int]] = []   # (node, address) of each page range (un)mapped
     entries = recording.entries
-    for index in range(len(entries) - 1, -1, -1):
-        entry = entries[index]
-        action, addr, size = entry["action"], entry.get("addr", 0), entry.get("size", 0)
+    for index, (action, addr, size, stream, _, frames, extra, _) in zip(
+            range(len(entries) - 1, -1, -1), rows(entries, reverse=True)):
         node = None
         if action == "alloc":
             if live.pop(addr, None) is None:
@@ -371,7 +371,7 @@ def rebuild_start(recording: Recording, config: TorchAllocatorConfig) -> StartSt
         elif action == free_action:
             if addr in live:
                 inconsistent += 1
-            live[addr] = StartBlock(addr, 0, size, True, entry.get("frames") or [])
+            live[addr] = StartBlock(addr, 0, size, True, frames or [])
             start = ranges.containing(addr)
             node = None if start is None else ranges[start][4]
         elif action == "segment_alloc":
@@ -382,7 +382,7 @@ def rebuild_start(recording: Recording, config: TorchAllocatorConfig) -> StartSt
                 node = segment[4]
         elif action == "segment_free":
             node = nodes.new()
-            ranges[addr] = [size, int(entry.get("stream") or 0), size == SMALL_BUFFER, False, node]
+            ranges[addr] = [size, stream, size == SMALL_BUFFER, False, node]
         elif action == "segment_map":
             start = ranges.containing(addr)
             if start is None:
@@ -394,7 +394,6 @@ def rebuild_start(recording: Recording, config: TorchAllocatorConfig) -> StartSt
             if addr + size < start + total:
                 ranges[addr + size] = [start + total - addr - size, stream, small, True, node]
         elif action == "segment_unmap":
-            stream = int(entry.get("stream") or 0)
             before = ranges.containing(addr - 1)
             small = ranges[before][2] if before is not None else size % (20 << 20) != 0
             start, total, node = addr, size, nodes.new()
@@ -408,7 +407,7 @@ def rebuild_start(recording: Recording, config: TorchAllocatorConfig) -> StartSt
                 nodes.join(node, after[4])
             ranges[start] = [total, stream, small, True, node]
         if node is not None:
-            nodes.learn(node, read_pool_id(entry.get("pool_id")))
+            nodes.learn(node, read_pool_id(extra.get("pool_id")))
             entry_nodes[index] = node
             if action in ("segment_map", "segment_unmap"):
                 mapped.append((node, addr))
@@ -428,10 +427,9 @@ def rebuild_start(recording: Recording, config: TorchAllocatorConfig) -> StartSt
                  (held, users, free_action) if complete else None)
     state = _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
     state.pools = {index: nodes.of(node) or DEFAULT_POOL for index, node in entry_nodes.items()}
-    for index, entry in enumerate(entries):
-        if entry["action"] == "oom":           # a refused request: no segment to tell
-            state.pools[index] = (read_pool_id(entry.get("pool_id"))
-                                  or _between(entries, state.pools, index) or DEFAULT_POOL)
+    for index in indices(entries, "oom"):     # a refused request: no segment to tell
+        state.pools[index] = (read_pool_id(entries[index].get("pool_id"))
+                              or _between(entries, state.pools, index) or DEFAULT_POOL)
     state.captured = _during_captures(entries, state.pools)
     return state
 
@@ -449,11 +447,13 @@ def _during_captures(entries: list[dict], pools: dict[int, tuple]) -> set[int]:
     """Requests to the default pools made while a capture was under way: between two requests of
     one private pool on a stream with no default request there between (c10 then skips the
     release of cached segments in the out-of-memory retry)."""
+    if not any(pool != DEFAULT_POOL for pool in pools.values()):
+        return set()                        # no private pool: no capture
     spans, open_spans = [], {}              # open_spans: stream -> [pool, first, last]
-    for index, entry in enumerate(entries):
-        if entry["action"] not in ("alloc", "oom"):
+    for index, (action, _, _, stream, *_) in enumerate(rows(entries)):
+        if action not in ("alloc", "oom"):
             continue
-        stream, pool = int(entry.get("stream") or 0), pools.get(index, DEFAULT_POOL)
+        pool = pools.get(index, DEFAULT_POOL)
         span = open_spans.get(stream)
         if span is not None and span[0] == pool:
             span[2] = index
@@ -462,9 +462,9 @@ def _during_captures(entries: list[dict], pools: dict[int, tuple]) -> set[int]:
             spans.append(span)
         open_spans[stream] = [pool, index, index]
     spans += [span for span in open_spans.values() if span[0] != DEFAULT_POOL]
+    requests = set(indices(entries, "alloc", "oom"))
     return {index for _, first, last in spans for index in range(first + 1, last)
-            if entries[index]["action"] in ("alloc", "oom")
-            and pools.get(index, DEFAULT_POOL) == DEFAULT_POOL}
+            if index in requests and pools.get(index, DEFAULT_POOL) == DEFAULT_POOL}
 
 
 def _infer_pools(entries: list[dict], nodes: _PoolNodes, entry_nodes: dict[int, int],
@@ -474,17 +474,17 @@ def _infer_pools(entries: list[dict], nodes: _PoolNodes, entry_nodes: dict[int, 
     frees a block, when every release frees all idle segments it may."""
     requests: list[tuple[int, int, int]] = []   # (entry index, stream, node) of each request
     runs, run = [], []                      # each run of segment frees: its entry indices
-    for index, entry in enumerate(entries):
+    for index, (action, _, _, stream, *_) in enumerate(rows(entries)):
         node = entry_nodes.get(index)
-        if entry["action"] in SEGMENT_REMOVE:
+        if action in SEGMENT_REMOVE:
             if node is not None:
                 run.append(index)
             continue
         if run:
             runs.append(run)
             run = []
-        if entry["action"] == "alloc" and node is not None:
-            requests.append((index, int(entry.get("stream") or 0), node))
+        if action == "alloc" and node is not None:
+            requests.append((index, stream, node))
     if run:
         runs.append(run)
     freed = [[entry_nodes[index] for index in run] for run in runs]
@@ -557,7 +557,7 @@ def _by_what_releases_kept(entries, nodes: _PoolNodes, entry_nodes: dict[int, in
     held, users = Counter(held), Counter(users)
     learned = False
     ends = {run[0]: run for run in runs}
-    for index, entry in enumerate(entries):
+    for index, (action, _, size, *_) in enumerate(rows(entries)):
         node = entry_nodes.get(index)
         root = None if node is None else nodes.find(node)
         run = ends.get(index)
@@ -573,7 +573,6 @@ def _by_what_releases_kept(entries, nodes: _PoolNodes, entry_nodes: dict[int, in
                     break
                 if whole:                               # both: a guess is wrong, but which
                     break
-        action = entry["action"]
         if root is None:
             continue
         if action == "alloc":
@@ -581,9 +580,9 @@ def _by_what_releases_kept(entries, nodes: _PoolNodes, entry_nodes: dict[int, in
         elif action == free_action:
             users[root] -= 1
         elif action in SEGMENT_ADD:
-            held[root] += entry.get("size", 0)
+            held[root] += size
         elif action in SEGMENT_REMOVE:
-            held[root] -= entry.get("size", 0)
+            held[root] -= size
     return learned
 
 

@@ -1,0 +1,203 @@
+"""The C snapshot reader (trace/_snapshot_reader.c) against Python's own unpickler, the oracle:
+the same plain data for any pickle a pickler writes, the same entries as dicts, and the same
+refusals for what is not plain data or breaks the entry rule."""
+
+import gzip
+import pathlib
+import pickle
+import pickletools
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npumem.trace import entry_columns
+from npumem.trace.entry_columns import EntryError, UnsafePickle, load_pickle, rows
+from npumem.trace.events import shown
+from npumem.trace.recording import load_data
+
+
+DATA = pathlib.Path(__file__).parent / "data"
+PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
+
+plain = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=12) | st.binary(max_size=8),
+    lambda inner: (st.lists(inner, max_size=5) | st.tuples(inner, inner)
+                   | st.dictionaries(st.text(max_size=6) | st.integers(-5, 5), inner, max_size=5)
+                   | st.frozensets(st.integers(0, 9), max_size=3)),
+    max_leaves=25)
+
+frames = st.lists(st.fixed_dictionaries({"filename": st.sampled_from(["a.py", "b.py", "<x>"]),
+                                         "line": st.integers(0, 999),
+                                         "name": st.sampled_from(["f", "g", "forward"])}),
+                  max_size=4)
+
+entries = st.fixed_dictionaries(
+    {"action": st.sampled_from(["alloc", "free_requested", "free_completed", "segment_alloc",
+                                "segment_free", "snapshot"]),
+     "addr": st.integers(0, 2**64 - 1), "size": st.integers(0, 2**64 - 1)},
+    optional={"stream": st.integers(0, 2**64 - 1),
+              "time_us": st.integers(-2**63, 2**63 - 1) | st.floats(-1e18, 1e18),
+              "frames": frames, "requested_size": st.integers(0, 2**40),
+              "compile_context": st.just("N/A"), "user_metadata": st.sampled_from(["", "tag"]),
+              "pool_id": st.tuples(st.integers(0, 9), st.integers(0, 9)),
+              "category": st.sampled_from(["activation", "parameter"])})
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain, st.sampled_from(PROTOCOLS))
+def test_plain_data_reads_as_pickle_reads_it(value, protocol):
+    data = pickle.dumps(value, protocol=protocol)
+    if any(op.name in ("GLOBAL", "STACK_GLOBAL") for op, _, _ in pickletools.genops(data)):
+        # older protocols write sets and bytes as calls (builtins.set, _codecs.encode)
+        with pytest.raises(UnsafePickle, match="it asks for"):
+            load_pickle(data, shown)
+        return
+    root, devices, _ = load_pickle(data, shown)
+    assert devices == []
+    assert root == pickle.loads(data) and type(root) is type(pickle.loads(data))
+
+
+def _shared_frames(traces: list) -> list:
+    """The traces as PyTorch's snapshot writes them: equal frames are one object."""
+    seen: dict = {}
+    for trace in traces:
+        for entry in trace:
+            if "frames" in entry:
+                entry["frames"] = [seen.setdefault(tuple(f.items()), f) for f in entry["frames"]]
+    return traces
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(entries, max_size=30), min_size=1, max_size=3),
+       st.sampled_from(PROTOCOLS), st.booleans())
+def test_entries_read_into_columns_are_the_entries_pickle_reads(traces, protocol, share):
+    if share:
+        traces = _shared_frames(traces)
+    snapshot = {"segments": [], "device_traces": traces, "allocator_settings": {"x": 1}}
+    data = pickle.dumps(snapshot, protocol=protocol)
+    root, devices, _ = load_pickle(data, shown)
+    expected = pickle.loads(data)
+    assert root["allocator_settings"] == {"x": 1}
+    assert [list(device) for device in devices] == expected["device_traces"]
+    for device, trace in zip(devices, expected["device_traces"]):
+        for row, entry in zip(rows(device), trace):
+            assert row[:3] == (entry["action"], entry["addr"], entry["size"])
+            assert row[4] == float(entry.get("time_us", 0))
+            assert row[6].get("pool_id") == entry.get("pool_id")
+    columns, _ = entry_columns.from_entry_lists(expected["device_traces"], shown)
+    assert [list(c) for c in columns] == expected["device_traces"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_projects_gpu_recordings_read_the_same(protocol):
+    for path in sorted((DATA / "cuda_snapshots").glob("*.pickle.gz"))[:3]:
+        expected = pickle.loads(gzip.decompress(path.read_bytes()))
+        root, devices, tables = load_pickle(pickle.dumps(expected, protocol=protocol), shown)
+        assert [list(d) for d in devices] == expected["device_traces"]
+        assert {k: v for k, v in root.items() if k != "device_traces"} == \
+            {k: v for k, v in expected.items() if k != "device_traces"}
+        assert len(tables.stacks) < len(devices[0]) / 10        # stacks interned
+
+
+@pytest.mark.parametrize("value, where, words", [
+    ({"action": "alloc", "addr": -1, "size": 1}, "[0][1].addr", "an integer in [0, 2**64)"),
+    ({"action": "alloc", "addr": 2**64, "size": 1}, "[0][1].addr", "an integer in [0, 2**64)"),
+    ({"action": "alloc", "addr": True, "size": 1}, "[0][1].addr", "got True"),
+    ({"action": "alloc", "addr": 1}, "[0][1].size", "got None"),
+    ({"action": "sneeze", "addr": 1, "size": 1}, "[0][1].action", "unknown action 'sneeze'"),
+    ({"action": 3}, "[0][1]", "a dict with an action"),
+    ({"action": "alloc", "addr": 1, "size": 1, "time_us": float("nan")}, "[0][1].time_us",
+     "finite number"),
+    ({"action": "alloc", "addr": 1, "size": 1, "time_us": 10**400}, "[0][1].time_us",
+     "finite number"),
+    ({"action": "alloc", "addr": 1, "size": 1, "frames": "x"}, "[0][1].frames", "a list"),
+    ({"action": "alloc", "addr": 1, "size": 1, "frames": [{"line": "7"}]},
+     "[0][1].frames[0].line", "an integer"),
+    ({"action": "alloc", "addr": 1, "size": 1, "pool_id": (1,)}, "[0][1].pool_id", "a pair"),
+    ({"action": "oom", "size": 1}, "[0][1].device_free", "an integer"),
+    ("not a dict", "[0][1]", "a dict with an action"),
+])
+@pytest.mark.parametrize("protocol", [0, 2, 5])
+def test_a_wrong_entry_is_named_with_its_field(value, where, words, protocol):
+    good = {"action": "alloc", "addr": 1, "size": 1}
+    data = pickle.dumps({"segments": [], "device_traces": [[good, value]]}, protocol=protocol)
+    with pytest.raises(EntryError) as caught:
+        load_pickle(data, shown)
+    assert caught.value.where == "device_traces" + where and words in caught.value.reason, \
+        str(caught.value)
+
+
+class _Code:
+    def __reduce__(self):
+        return (print, ("ran",))
+
+
+@pytest.mark.parametrize("data, words", [
+    (pickle.dumps({"segments": [], "device_traces": [[]], "x": _Code()}), "builtins.print"),
+    (pickle.dumps({"x": _Code()}, protocol=0), "__builtin__.print"),
+    (b"\x80\x02]r\xff\xff\xff\x7f.", "memo index 2147483647"),
+    (b"\x80\x02h\x05.", "never set"),
+    (b"\x80\x02]", "truncated"),
+    (b"\x80\x02}(K\x01.", "damaged"),
+    (b"\x80\x02\x8a\xff" + b"\x01" * 10, "truncated"),
+    (b"\x80\x09N.", "protocol 9"),
+    (b"\xff", "not one"),
+])
+def test_what_is_not_plain_data_is_refused(data, words):
+    with pytest.raises(UnsafePickle, match=words.replace("[", r"\[").replace(".", r"\.")):
+        load_pickle(data, shown)
+
+
+def test_an_entry_referred_to_again_is_refused():
+    entry = {"action": "alloc", "addr": 1, "size": 1}
+    data = pickle.dumps({"segments": [], "device_traces": [[entry, entry]], "again": entry})
+    with pytest.raises(UnsafePickle, match="refers back to a trace entry"):
+        load_pickle(data, shown)
+
+
+def _text(value: str) -> bytes:
+    return b"X" + len(value).to_bytes(4, "little") + value.encode()
+
+
+def test_a_frame_changed_after_its_entry_was_read_is_still_refused(tmp_path):
+    """A hostile pickle can set a frame's field after the entry using it was checked: the
+    stacks are checked again as the reader left them."""
+    frame = (b"}q\x01(" + _text("filename") + _text("a.py") + _text("line") + b"K\x01"
+             + _text("name") + _text("f") + b"u")
+    entry = (b"}(" + _text("action") + _text("alloc") + _text("addr") + b"K\x01" + _text("size")
+             + b"K\x01" + _text("frames") + b"]" + frame + b"au")
+    data = (b"\x80\x02}(" + _text("segments") + b"]" + _text("device_traces") + b"]]" + entry
+            + b"aau" + b"h\x01" + _text("line") + _text("x") + b"s0.")
+    assert pickle.loads(data)["device_traces"][0][0]["frames"][0]["line"] == "x"
+    path = tmp_path / "changed.pickle"
+    path.write_bytes(data)
+    with pytest.raises(Exception, match="line: must be an integer"):
+        load_data(str(path))
+
+
+def test_stacks_past_the_limit_are_cut_and_a_shared_huge_stack_costs_once():
+    huge = [{"filename": "a.py", "line": i, "name": "f"} for i in range(100_000)]
+    trace = [{"action": "alloc", "addr": i, "size": 1, "frames": huge} for i in range(2_000)]
+    root, devices, tables = load_pickle(pickle.dumps({"segments": [], "device_traces": [trace]}),
+                                        shown)
+    assert tables.cut == 1 and len(tables.stacks) == 1
+    assert len(devices[0][1999]["frames"]) == entry_columns.MAX_FRAMES
+
+
+def test_random_damage_never_crashes_the_reader():
+    """Truncations and byte flips of a real recording: a clean refusal or plain data."""
+    data = pickle.dumps(pickle.loads(gzip.decompress(
+        (DATA / "cuda_snapshots" / "mlp.pickle.gz").read_bytes())), protocol=4)
+    generator = random.Random(7)
+    for _ in range(400):
+        damaged = bytearray(data[:generator.randrange(1, len(data))] if generator.random() < 0.3
+                            else data)
+        for _ in range(generator.randrange(1, 6)):
+            damaged[generator.randrange(len(damaged))] = generator.randrange(256)
+        try:
+            load_pickle(bytes(damaged), shown)
+        except (UnsafePickle, EntryError):
+            pass
