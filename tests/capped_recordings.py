@@ -5,7 +5,8 @@ had only `capacity` bytes: the recording's allocations and frees go through the 
 allocator (exact on these recordings: `replay --check` MATCHes them) from the recording's start
 state. The trace shows the model's segment events as c10 records them, then the `oom` entry as
 PyTorch writes it (`device_free`, no `addr`). A `cap` of "fraction" stands for
-set_per_process_memory_fraction on a larger device: the driver still reports plenty free.
+set_per_process_memory_fraction on a larger device: `capacity` is the fraction's limit (c10's
+allowed_memory_maximum, in bytes), and the driver still reports plenty free.
 
 `truth(path, capacity, settings)` is whether the whole recorded run fits under those settings:
 what a run on the GPU would show, since the whole run is known here.
@@ -21,21 +22,25 @@ from npumem.trace.torch_replay import plan_calls, replay_recording
 DEVICE = 80 << 30            # the device behind a fraction cap (an H100's memory)
 
 
-def _device(capacity: int, cap: str) -> DeviceMemory:
-    return DeviceMemory(DEVICE if cap == "fraction" else capacity, fresh_base=0x7E0000000000)
+def _limits(capacity: int, cap: str) -> dict:
+    """replay_recording's limits: the device's bytes, or a fraction's on a DEVICE-sized one."""
+    if cap == "fraction":
+        return {"capacity": DEVICE, "allowed": capacity}
+    return {"capacity": capacity}
 
 
-def _config(recording, settings: str, capacity: int, cap: str):
+def _config(recording, settings: str):
     config = from_snapshot(recording.settings, recording.flavour)
-    config = parse_config(settings, base=config) if settings else config
-    return config.replace(per_process_memory_fraction=capacity / DEVICE) if cap == "fraction" else config
+    return parse_config(settings, base=config) if settings else config
 
 
 def capped(path: str, capacity: int, cap: str = "device") -> dict | None:
     """The snapshot dumped at the OOM; None when the run fits in `capacity`."""
     recording = load_recording(path)
-    config = _config(recording, "", capacity, cap)
-    model = TorchAllocatorModel(config, _device(capacity, cap))
+    config = _config(recording, "")
+    limits = _limits(capacity, cap)
+    model = TorchAllocatorModel(config, DeviceMemory(limits["capacity"], fresh_base=0x7E0000000000),
+                                limits.get("allowed"))
     live = model.restore(recording.start_state(config).segments)
     trace: list[dict] = []
 
@@ -80,6 +85,5 @@ def capped(path: str, capacity: int, cap: str = "device") -> dict | None:
 def truth(path: str, capacity: int, settings: str, cap: str = "device") -> bool:
     """Whether the whole recorded run fits in `capacity` under `settings`."""
     recording = load_recording(path)
-    config = _config(recording, settings, capacity, cap)
-    limit = DEVICE if cap == "fraction" else capacity
-    return replay_recording(recording, config, capacity=limit).oom is None
+    return replay_recording(recording, _config(recording, settings),
+                            **_limits(capacity, cap)).oom is None

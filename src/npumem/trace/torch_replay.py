@@ -5,7 +5,9 @@ Each trace entry becomes a call on the model: `alloc` -> malloc, the free that m
 reusable -> free, `oom` -> a request the real allocator refused, and a run of segment frees that
 no failed allocation caused -> empty_cache(). The device's capacity matters only where the
 recording ran into it (a retry that freed cached segments, or an OOM); it is then inferred from
-the trace, so the model meets the same wall at the same place.
+the trace, so the model meets the same wall at the same place: a full device as the device's
+capacity, a cap below the device (set_per_process_memory_fraction) as that fraction's limit,
+which c10 checks otherwise (the allocator model says how).
 
 Each request goes to the pool that served it (the start state says which, recording.py): the
 default pools or a CUDA graph's or MemPool's private pool. Frees of a private pool's segments
@@ -43,7 +45,8 @@ class TorchReplay:
     trace: str
     flavour: str
     settings: str                         # the allocator settings replayed ("" = defaults)
-    capacity: int | None                  # device bytes the model was given (None: no limit)
+    capacity: int | None                  # the bytes the model could hold: the device's, or a
+                                          # memory fraction's limit (None: no limit)
     events: int
     start_reserved_bytes: int
     start_allocated_bytes: int
@@ -188,12 +191,12 @@ def capacity_bounds(recording: Recording, start_reserved: int) -> CapacityBounds
         elif action == "oom":
             low = max(low, most)
             free = oom_device_free(entry)
-            wanted = sizer.segment_size(round_size(entry.get("size", 0), sizer.config))
-            if free < wanted:                   # the device itself was full
+            size = round_size(entry.get("size", 0), sizer.config)
+            if free < sizer.segment_size(size):     # the device itself was full
                 highs.append(reserved + free)
                 full = True
-            else:                               # a cap below the device stopped it
-                highs.append(reserved + wanted - 1)
+            else:                                   # a memory fraction stopped it: its check
+                highs.append(reserved + sizer.allocation_size(size) - 1)    # counts this
     if not highs:
         return None
     limits = recording.limits
@@ -209,25 +212,39 @@ def capacity_bounds(recording: Recording, start_reserved: int) -> CapacityBounds
     return CapacityBounds(min(low, high) or high, high, False)
 
 
+def device_total(recording: Recording) -> int | None:
+    """The device's memory as the OOM observer reported it (None: not kept)."""
+    return recording.limits["device_total"] if recording.limits is not None else None
+
+
 def replay_recording(recording: Recording, config: TorchAllocatorConfig | None = None,
                      capacity: int | None = None, check: bool = False,
-                     progress=None) -> TorchReplay:
+                     progress=None, allowed: int | None = None) -> TorchReplay:
     """Run the recording through the model. `capacity` None: inferred where the recording hit
-    the device's limit, else unlimited; UNLIMITED: no limit whatever the recording shows.
-    `check` stops at the first divergence from the recorded segment events."""
+    a limit (the device's, or a memory fraction's: then as `allowed`), else unlimited;
+    UNLIMITED: no limit whatever the recording shows. `allowed`: a memory fraction's limit in
+    bytes (c10's allowed_memory_maximum), on the device the recording ran on (`capacity`
+    None) or on `capacity`. `check` stops at the first divergence from the recorded segment
+    events."""
     config = config or TorchAllocatorConfig(recording.flavour)
     started = time.perf_counter()
     start = recording.start_state(config)
     notes = []
     if capacity == UNLIMITED:
         capacity = None
-    elif capacity is None:
+    elif capacity is None and allowed is None:
         bounds = capacity_bounds(recording, start.reserved)
         if bounds is not None:
-            capacity = bounds.low
+            if bounds.device_full:
+                capacity = bounds.low
+            else:
+                allowed = bounds.low
             notes.append(f"the recording ran out of memory; replayed with the "
-                         f"{format_size(capacity)} it could use"
+                         f"{format_size(bounds.low)} it could use"
+                         + ("" if bounds.device_full else " under a memory fraction")
                          + (f" ({bounds.caveat()})" if bounds.caveat() else ""))
+    if allowed is not None and capacity is None:
+        capacity = device_total(recording)
     recorded_addresses = [e.get("addr", 0) for e in recording.entries] + \
         [s["address"] for s in recording.segments]
     fresh = max(recorded_addresses + [0]) + (1 << 40)
@@ -235,7 +252,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
     for entry in recording.entries:
         if entry["action"] == "segment_alloc":
             device.expect("malloc", entry["addr"], entry["size"])
-    model = TorchAllocatorModel(config, device)
+    model = TorchAllocatorModel(config, device, allowed)
     live = model.restore(start.segments)
     pools, captured = _pools_of(recording, start)
     calls, recorded = plan_calls(recording, pools)
@@ -310,7 +327,8 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         notes.append(f"{start.inconsistent} trace entr(ies) contradict the snapshot's segments")
     return TorchReplay(
         trace=recording.path, flavour=config.flavour, settings=config.describe(),
-        capacity=capacity, events=len(recording.entries),
+        capacity=model.allowed if model.allowed is not None else capacity,
+        events=len(recording.entries),
         start_reserved_bytes=start.reserved, start_allocated_bytes=start.allocated,
         peak_allocated_bytes=peak_allocated, peak_reserved_bytes=stats.peak_reserved,
         device_allocs=stats.num_device_alloc, device_frees=stats.num_device_free,
@@ -396,12 +414,18 @@ def _released(model: TorchAllocatorModel, pools: list[tuple]) -> list[tuple]:
 
 def _free_before_request(model: TorchAllocatorModel, entry: dict) -> None:
     """Segments freed right before a request: the recording says the driver refused memory
-    (or the program called empty_cache()); the model decides what to free. Its retry frees the
-    oversize blocks it picks (with max_split_size), then every unsplit cached block, which is
-    what empty_cache() frees too; an empty_cache() call is also all a request that a cached
-    block could serve can have been preceded by."""
+    (or the program called empty_cache()), or, under a memory fraction, the request's garbage
+    collection freed them; the model decides what to free. Frees that begin with what its
+    collection frees are the request's own: its malloc makes them all (the collection, then the
+    retry if it still does not fit). Its retry frees the oversize blocks it picks (with
+    max_split_size), then every unsplit cached block, which is what empty_cache() frees too;
+    an empty_cache() call is also all a request that a cached block could serve can have been
+    preceded by."""
     size, stream = entry.get("size", 0), int(entry.get("stream") or 0)
     freed = [e.get("addr") for e in entry["frees"]]
+    collected = model.collected(size, stream)
+    if collected and freed[:len(collected)] == collected:
+        return
     first = [] if model.would_reuse(size, stream) else model.oversize_release(size, stream, dry_run=True)
     if first and freed[:len(first)] == first:
         model.oversize_release(size, stream)

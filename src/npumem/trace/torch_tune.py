@@ -54,7 +54,6 @@ class Candidate:
     needed: int | None = None             # about the least memory it fits in, where it did not
     live_peak: int | None = None          # requested bytes live at the peak of the whole run
     capacity: int | None = None
-    replayed_as: TorchAllocatorConfig | None = None   # with the cap the run was under, if any
     extension_start: int = 0              # the entry where the played-on run begins
 
     env: str = ""                         # the variable the recording's PyTorch reads first
@@ -144,7 +143,8 @@ class TorchTuning:
     died_at: int | None = None            # the OOM the run ended on (not one it caught)
     batch: BatchEstimate | None = None
     worth_trying: Candidate | None = None  # gets past the failed request; the rest is unknown
-    unextended: str = ""                  # why a run that died was not played on
+    unextended: str = ""                  # why the rest of a run that died is unknown: it was
+                                          # not played on, or only for one more layer
     caught_at: int | None = None          # an OOM the program caught, going on after it
     reasons: list[str] = field(default_factory=list)
 
@@ -272,8 +272,9 @@ def tune_recording(recording: Recording, memory: int | None = None,
     bounds = capacity_bounds(recording, start.reserved)
     capacity = memory or (bounds.low if bounds is not None else None)
     texts = list(candidates)
-    # a cap such as set_per_process_memory_fraction stopped the run: the model applies it as
-    # the whole of `capacity` (garbage collection acts under it), the advice does not name it
+    # a memory fraction (set_per_process_memory_fraction) stopped the run: `capacity` is its
+    # limit, replayed as c10 applies one (garbage collection acts under it), on the device the
+    # run had; the advice does not name it
     capped = bounds is not None and not bounds.device_full and not memory
     if (capped or base.per_process_memory_fraction is not None) and capacity:
         texts += GC_CANDIDATES
@@ -290,9 +291,13 @@ def tune_recording(recording: Recording, memory: int | None = None,
     finishing = [c for c in results if c.finishes]
     ranked = sorted(finishing, key=lambda c: (c.decisive.peak_reserved_bytes,
                                               c.decisive.device_allocs, len(c.config.describe())))
-    # a run that died before it repeated anything: what comes after the failed request is
-    # unknown, so a setting that gets past it is only worth trying, not recommended
-    certain = died is None or extension is not None
+    # a run that died before it repeated anything, or whose end repeats only the layers of
+    # one step (played on for one more of them): what comes after is unknown, so a setting
+    # that gets past it is only worth trying, not recommended
+    certain = died is None or (extension is not None and not extension.growing)
+    if extension is not None and extension.growing:
+        unextended = ("its end repeats the layers of one step, played on for one more of them; "
+                      "how far the step grows past that is unknown")
     best = ranked[0] if ranked and certain else None
     tuning = TorchTuning(recording.path, recording.flavour, capacity, recorded, best, results,
                          recorded.result.recorded_peak_reserved_bytes, bounds,
@@ -302,11 +307,12 @@ def tune_recording(recording: Recording, memory: int | None = None,
     if best is None and tuning.worth_trying is None and capacity is not None:
         failing = [c for c in results if not c.finishes]
         for candidate, (needed, live) in zip(failing, _each(
-                work.needed, [c.replayed_as for c in failing], workers, len(recording.entries))):
+                work.needed, [c.config for c in failing], workers, len(recording.entries))):
             candidate.needed, candidate.live_peak = needed, live
     if extension is not None and capacity:
-        chosen = best or min(results, key=lambda c: c.needed if c.needed is not None else 1 << 64)
-        tuning.batch = _batch_that_fits(extension, chosen, capacity)
+        chosen = best or tuning.worth_trying or min(
+            results, key=lambda c: c.needed if c.needed is not None else 1 << 64)
+        tuning.batch = _batch_that_fits(extension, chosen, work.limit(capacity))
     tuning.reasons = _reasons(tuning)
     return tuning
 
@@ -323,19 +329,23 @@ class _Work:
     capacity: int | None
     capped: bool
 
+    def limit(self, capacity: int | None) -> dict:
+        """replay_recording's arguments for a limit of `capacity` bytes: a memory fraction's
+        (on the device the run had) where one capped the run, else the device's."""
+        return {"allowed": capacity} if self.capped else {"capacity": capacity}
+
     def judge(self, config: TorchAllocatorConfig) -> Candidate:
-        model = config.replace(per_process_memory_fraction=1.0) if self.capped else config
-        result = replay_recording(self.recording, model, capacity=self.capacity)
-        candidate = Candidate(config, result, capacity=self.capacity, replayed_as=model)
+        limit = self.limit(self.capacity)
+        result = replay_recording(self.recording, config, **limit)
+        candidate = Candidate(config, result, capacity=self.capacity)
         if self.extension is not None:
             candidate.extension_start = self.extension.played_from
-            candidate.extended = replay_recording(self.extension.recording, model,
-                                                  capacity=self.capacity)
+            candidate.extended = replay_recording(self.extension.recording, config, **limit)
         return candidate
 
-    def needed(self, model: TorchAllocatorConfig) -> tuple[int, int]:
+    def needed(self, config: TorchAllocatorConfig) -> tuple[int, int]:
         run = self.extension.recording if self.extension is not None else self.recording
-        return _least_that_fits(run, model, self.capacity)
+        return _least_that_fits(run, config, self.capacity, self.limit)
 
 
 _WORK = None                    # the bound method a forked worker calls
@@ -375,12 +385,12 @@ def _each(function, items: list, workers: int | None, entries: int, progress=Non
 
 
 def _least_that_fits(recording: Recording, config: TorchAllocatorConfig,
-                     capacity: int) -> tuple[int, int]:
-    """About the fewest device bytes on which the run fits under `config`, and the requested
-    bytes live at its peak. The bytes lie between `capacity`
-    (too few) and the peak it reserves with no limit (enough), to within 1/2**NEED_PROBES of
-    the gap. A limit makes the allocator free its cache and retry, so the run can fit on less
-    than it reserves when nothing stops it."""
+                     capacity: int, limit) -> tuple[int, int]:
+    """About the fewest bytes on which the run fits under `config`, and the requested bytes
+    live at its peak (`limit`: _Work.limit, a device's bytes or a fraction's). The bytes lie
+    between `capacity` (too few) and the peak it reserves with no limit (enough), to within
+    1/2**NEED_PROBES of the gap. A limit makes the allocator free its cache and retry, so the
+    run can fit on less than it reserves when nothing stops it."""
     low = capacity
     unlimited = replay_recording(recording, config, capacity=UNLIMITED)
     high = unlimited.peak_reserved_bytes
@@ -388,7 +398,7 @@ def _least_that_fits(recording: Recording, config: TorchAllocatorConfig,
         if high - low <= 2 * MiB:
             break
         middle = (low + high) // 2
-        if replay_recording(recording, config, capacity=middle).oom is None:
+        if replay_recording(recording, config, **limit(middle)).oom is None:
             high = middle
         else:
             low = middle
@@ -426,12 +436,13 @@ def _scaled(extension: Extension, scale: float) -> Recording:
     return replace(extension.recording, entries=scaled)
 
 
-def _batch_that_fits(extension: Extension, candidate: Candidate, capacity: int) -> BatchEstimate | None:
+def _batch_that_fits(extension: Extension, candidate: Candidate,
+                     limit: dict) -> BatchEstimate | None:
     """The largest scale of the step's short-lived allocations (the batch) that fits under the
-    candidate's settings: above 1 where it fits now (up to twice), below 1 where it does not."""
+    candidate's settings (`limit`: replay_recording's, _Work.limit): above 1 where it fits now
+    (up to twice), below 1 where it does not."""
     def fits(scale: float) -> bool:
-        replay = replay_recording(_scaled(extension, scale), candidate.replayed_as or candidate.config,
-                                  capacity=capacity)
+        replay = replay_recording(_scaled(extension, scale), candidate.config, **limit)
         return replay.oom is None
 
     low, high = (1.0, 2.0) if candidate.finishes else (0.0, 1.0)

@@ -13,10 +13,18 @@ segment_unmap for expandable segments). The rules follow c10/cuda/CUDACachingAll
   that are themselves that large and at most max_non_split_rounding smaller;
 - split when the remainder is >= 512 bytes (small pool, expandable segments) or > 1 MiB and the
   request is below max_split_size (large pool); merge with free neighbours on free;
-- when cudaMalloc fails: free oversize cached blocks (with max_split_size), then every unsplit
-  cached segment, and retry; then out of memory;
-- garbage_collection_threshold acts only under a memory fraction, on unsplit large blocks whose
-  age (get_free_block calls since they were cached) is at least the average;
+- a memory fraction (set_per_process_memory_fraction: c10's allowed_memory_maximum) is checked
+  in alloc_block before the driver is asked: reserved bytes plus the segment the request asks
+  for (get_allocation_size) must stay within it. It counts that size, never the pages an
+  expandable segment then maps (2 or 20 MiB each, more than the request needs where a page is
+  part-used), so reserved memory can pass the fraction by up to a page; the device itself
+  (DeviceMemory) refuses only what it does not have;
+- when the driver (or the fraction) refuses: free oversize cached blocks (with max_split_size),
+  then every unsplit cached segment, and retry; then out of memory;
+- garbage_collection_threshold acts only under a memory fraction, before a cache miss asks the
+  driver: once reserved passes threshold x allowed, unsplit large blocks whose age
+  (get_free_block calls since they were cached) is at least the average go, in rounds, until
+  what they free covers the excess;
 - expandable_segments: one growing address range per stream and pool, mapped in 2 MiB (small)
   or 20 MiB (large) pages, unmapped only by empty_cache and the out-of-memory path;
 - private pools (CUDA graph captures, torch.cuda.MemPool): each has its own small and large pool,
@@ -125,7 +133,10 @@ class TorchAllocatorModel:
     `free` takes it back; `stats.events` lists the segment events in order."""
 
     def __init__(self, config: TorchAllocatorConfig | None = None,
-                 device: DeviceMemory | None = None):
+                 device: DeviceMemory | None = None, allowed: int | None = None):
+        """`allowed`: the bytes a memory fraction allows (c10's allowed_memory_maximum), where
+        they are known as bytes; else the config's per_process_memory_fraction of the device's
+        capacity, as setMemoryFraction computes it."""
         self.config = config or TorchAllocatorConfig()
         self.device = device or DeviceMemory()
         self.small = BlockPool(small=True)
@@ -138,7 +149,9 @@ class TorchAllocatorModel:
         self.expandable: list[ExpandableSegment] = []
         fraction = self.config.per_process_memory_fraction
         capacity = self.device.capacity
-        self.allowed = int(fraction * capacity) if fraction is not None and capacity else None
+        if allowed is None and fraction is not None and capacity:
+            allowed = int(fraction * capacity)
+        self.allowed = allowed
         self.total_allocated = 0                  # what the driver gave: reserved bytes
 
     # --- the public calls ------------------------------------------------------------------
@@ -146,12 +159,12 @@ class TorchAllocatorModel:
         config = self.config
         size = round_size(orig_size, config)
         pool = self._get_pool(size, stream)
-        alloc_size = self._new_segment_size(size)
+        alloc_size = self.allocation_size(size)
         block = self._get_free_block(pool, size, stream)
         if block is not None:
             self.stats.cache_hits += 1
         else:
-            if self.allowed is not None and config.garbage_collection_threshold > 0:
+            if self._collects():
                 self._garbage_collect()
             block = (self._alloc_block(pool, size, alloc_size, stream, retry=False)
                      or (self._release_available(pool, size, stream)
@@ -285,10 +298,11 @@ class TorchAllocatorModel:
         if self.config.expandable_segments:
             page = self.expandable_page(size <= SMALL_SIZE)
             return -(-size // page) * page
-        return self._new_segment_size(size)
+        return self.allocation_size(size)
 
-    def _new_segment_size(self, size: int) -> int:
-        """The segment cudaMalloc is asked for on a cache miss (get_allocation_size). torch_npu
+    def allocation_size(self, size: int) -> int:
+        """The segment cudaMalloc is asked for on a cache miss (get_allocation_size), and what a
+        memory fraction's check counts, expandable segments or not. torch_npu
         takes it from aclrtMallocAlign32, which adds nothing to it (NPUCachingAllocator.cpp
         l.3011): page_size:1g rounds the large pool's to 1 GiB (l.1194), large_segment_size_mb
         sizes the 1-10 MiB ones (l.2771; segment_size_mb does not)."""
@@ -316,7 +330,7 @@ class TorchAllocatorModel:
     # --- finding cached blocks -------------------------------------------------------------
     def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         config = self.config
-        if self.allowed is not None and config.garbage_collection_threshold > 0:
+        if self._collects():
             pool.free_block_calls += 1
         keys = pool.keys
         index = pool.lower_bound(stream, size)
@@ -352,6 +366,8 @@ class TorchAllocatorModel:
     def _alloc_block(self, pool, size, alloc_size, stream, retry) -> Block | None:
         if retry:
             self.stats.num_alloc_retries += 1
+        # the fraction counts the segment asked for; the pages an expandable segment maps for
+        # it may be more, and only the device refuses them (alloc_block, then map_block)
         if self.allowed is not None and self.total_allocated + alloc_size > self.allowed:
             return None
         if self.config.expandable_segments:
@@ -581,32 +597,54 @@ class TorchAllocatorModel:
             index -= 1
         return chosen, released >= wanted
 
+    def _collects(self) -> bool:
+        """Whether garbage collection is on: a threshold, under a memory fraction."""
+        return self.allowed is not None and self.config.garbage_collection_threshold > 0
+
+    def collected(self, orig_size: int, stream: int = 0) -> list[int]:
+        """Addresses of the cached segments this request's garbage collection frees, in the
+        order it frees them: none when a cached block serves it or collection is off or not
+        due (changes nothing)."""
+        if not self._collects() or self.would_reuse(orig_size, stream):
+            return []
+        return [block.addr for block in self._collectable()]
+
     def _garbage_collect(self) -> None:
         """Free old unsplit large blocks once reserved memory passes the threshold."""
+        for block in self._collectable():
+            self._release_block(block)
+
+    def _collectable(self) -> list[Block]:
+        """What garbage_collect_cached_blocks frees, in its order: rounds over the large pool
+        (in its order), each freeing every unsplit cudaMalloc'd block at least as old as the
+        average of those left (expandable ones count in the average, never go), until what is
+        freed covers the excess over the threshold or a round frees nothing."""
         threshold = int(self.config.garbage_collection_threshold * self.allowed)
         if self.total_allocated <= threshold:
-            return
+            return []
         target = self.total_allocated - threshold
         pool = self.large
-        ages = {addr: pool.free_block_calls - block.gc_base
-                for addr, block in pool.by_addr.items() if not block.is_split}
-        if not ages:
-            return
-        total_age, count, reclaimed, freed = sum(ages.values()), len(ages), 0, True
+        unsplit = [block for block in (pool.block_at(i) for i in range(len(pool.keys)))
+                   if not block.is_split]
+        ages = {id(block): pool.free_block_calls - block.gc_base for block in unsplit}
+        total_age, count = sum(ages.values()), len(unsplit)
+        chosen: list[Block] = []
+        taken: set[int] = set()
+        reclaimed, freed = 0, True
         while reclaimed < target and freed and count > 0:
             average = total_age / count
             freed = False
-            for stream, size, addr in list(pool.keys):
-                block = pool.by_addr.get(addr)
-                if block is None or block.is_split or block.segment is not None:
+            for block in unsplit:
+                age = ages[id(block)]
+                if id(block) in taken or block.segment is not None or age < average:
                     continue
-                age = pool.free_block_calls - block.gc_base
-                if age >= average:
-                    freed = True
-                    reclaimed += block.size
-                    total_age -= age
-                    count -= 1
-                    self._release_block(block)
+                freed = True
+                reclaimed += block.size
+                total_age -= age
+                count -= 1
+                taken.add(id(block))
+                chosen.append(block)
+        return chosen
 
     # --- out of memory ----------------------------------------------------------------------
     def largest_free(self) -> int:
