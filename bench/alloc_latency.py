@@ -17,8 +17,11 @@ plain pool on the same steps, request by request in turn. So is a program that n
 for QUIET requests, serves no plan, and pauses learning (bench/predictive_cost.py times whole
 stretches, pauses and learning together).
 
-The pool sanitizer (NPUMEM_SANITIZE=1) is global, so its cost is timed apart: rounds of the
-pool's pairs alternate with it off and on, and the ratio of the medians is printed.
+The pool sanitizer is global, so its cost is timed apart: rounds of the pool's pairs take turns
+with it off, at the free level (NPUMEM_SANITIZE=free; target <= +20%) and at the full level
+(NPUMEM_SANITIZE=1), and the ratios of the medians to off are printed. The free level does its
+work when a tensor is made and when memory is accessed, not per pair, so a tensor's
+npumem.empty + del on a runtime is timed at each level too.
 """
 
 from __future__ import annotations
@@ -62,19 +65,79 @@ def interleaved_pairs(paths: dict, requests: list[int]) -> dict[str, tuple[float
             for label, times in samples.items()}
 
 
-def sanitizer_cost(pool, requests: list[int], rounds: int = 6) -> tuple[float, float]:
-    """(median us per pair with the pool sanitizer off, on), rounds alternating."""
+LEVELS = ("off", "free", "full")
+
+
+def _set_level(level: str) -> None:
     from npumem.device import sanitizer
 
-    was_on = sanitizer.SANITIZER.on
-    medians = {False: [], True: []}
+    if level == "off":
+        sanitizer.disable()
+    else:
+        sanitizer.enable(level)
+
+
+def sanitizer_cost(pool, requests: list[int], rounds: int = 9) -> dict[str, float]:
+    """{level: median us per pair} with the pool sanitizer off, free and full, rounds taking
+    turns."""
+    from npumem.device import sanitizer
+
+    was = sanitizer.SANITIZER.level
+    medians = {level: [] for level in LEVELS}
     for round_number in range(rounds):
-        on = bool(round_number % 2)
-        (sanitizer.enable if on else sanitizer.disable)()
-        medians[on].append(interleaved_pairs({"pool": (pool.allocate, pool.deallocate)},
-                                             requests)["pool"][0])
-    (sanitizer.enable if was_on else sanitizer.disable)()
-    return statistics.median(medians[False]), statistics.median(medians[True])
+        level = LEVELS[round_number % len(LEVELS)]
+        _set_level(level)
+        medians[level].append(interleaved_pairs({"pool": (pool.allocate, pool.deallocate)},
+                                                requests)["pool"][0])
+    _set_level(was)
+    return {level: statistics.median(values) for level, values in medians.items()}
+
+
+def tensor_sanitizer_cost(backend, count: int = 2000, rounds: int = 9) -> dict[str, tuple]:
+    """{level: (median us per npumem.empty + del, per 64-element Add)} on a runtime over
+    `backend` (tensors are cache hits; the Add is phase 1 + a pool workspace + launch, inline on
+    an idle stream; the runtime is finalized after), rounds taking turns between the levels:
+    the free level keeps a record per tensor and checks each launch's tensors again."""
+    import npumem
+    from npumem.device import sanitizer
+    from npumem.ops import aclnn
+
+    was = sanitizer.SANITIZER.level
+    npumem.init(backend=backend)
+    npumem.set_device(0)
+    shapes = [(n // 4,) for n in sizes(count) if n < (1 << 20)]
+    for shape in shapes:
+        del_me = npumem.empty(shape, "float32")
+        del del_me
+    x = npumem.from_numpy(np.ones(64, dtype=np.float32))
+    out = npumem.empty((64,), "float32")
+
+    def add() -> None:
+        aclnn.run_with_pool_workspace(aclnn.add, aclnn.add_get_workspace_size(x, x, 1.0, out))
+
+    clock = time.perf_counter_ns
+    medians = {level: ([], []) for level in LEVELS}
+    for round_number in range(rounds):
+        level = LEVELS[round_number % len(LEVELS)]
+        _set_level(level)
+        made, added = [], []
+        for shape in shapes:
+            start = clock()
+            tensor = npumem.empty(shape, "float32")
+            del tensor
+            made.append(clock() - start)
+        for _ in shapes:
+            start = clock()
+            add()
+            added.append(clock() - start)
+        medians[level][0].append(statistics.median(made) / 1e3)
+        medians[level][1].append(statistics.median(added) / 1e3)
+    npumem.synchronize_device()
+    x = out = None                         # given back before the runtime ends
+    _set_level(was)
+    npumem.finalize()
+    return {level: tuple(statistics.median(values) for values in pair)
+            for level, pair in medians.items()}
 
 
 def predictive_hits(backend, requests: list[int], rounds: int = 5) -> tuple[float, float, float]:
@@ -172,13 +235,16 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=20000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.device == "sim":
-        backend = SimBackend(SimConfig(memory=16 * GiB))
-    else:
-        try:
-            backend = TorchBackend(args.device.split(":")[1], memory=16 * GiB)
-        except AclError as exc:
-            parser.error(exc.message)
+
+    def make_backend():
+        if args.device == "sim":
+            return SimBackend(SimConfig(memory=16 * GiB))
+        return TorchBackend(args.device.split(":")[1], memory=16 * GiB)
+
+    try:
+        backend = make_backend()
+    except AclError as exc:
+        parser.error(exc.message)
     pool = CachingAllocator(backend, 0)
     segments = CachingAllocator(backend, 0, AllocatorSettings(expandable_segments=False))
     stats, tracked = StatisticsAdaptor(pool), TrackingAdaptor(pool, stacks=True)
@@ -188,7 +254,8 @@ def main() -> None:
              "pool_with_stacks": (tracked.allocate, tracked.deallocate)}
     paths.update(peers(args.device))
     timed = interleaved_pairs(paths, sizes(args.pairs))
-    plain, sanitized = sanitizer_cost(pool, sizes(args.pairs // 4))
+    sanitized = sanitizer_cost(pool, sizes(args.pairs // 4))
+    tensors = tensor_sanitizer_cost(make_backend(), max(args.pairs // 10, 100))   # finalized
     pool_hit, predictive_hit, predictive_share = predictive_hits(backend, sizes(args.pairs // 5))
     unrepeated = predictive_unrepeated(backend)
     pool.close()
@@ -199,8 +266,13 @@ def main() -> None:
         results[f"{label}_us"], results[f"{label}_mean_us"] = median, mean
     results["statistics_overhead"] = results["pool_with_statistics_us"] / results["pool_us"] - 1
     results["stack_capture_us_per_event"] = results["pool_with_stacks_us"] - results["pool_us"]
-    results["sanitizer_off_us"], results["sanitizer_on_us"] = plain, sanitized
-    results["sanitizer_overhead"] = sanitized / plain - 1
+    plain = sanitized["off"]
+    results["sanitizer_off_us"], results["sanitizer_on_us"] = plain, sanitized["full"]
+    results["sanitizer_free_us"] = sanitized["free"]
+    results["sanitizer_overhead"] = sanitized["full"] / plain - 1
+    results["sanitizer_free_overhead"] = sanitized["free"] / plain - 1
+    for level in LEVELS:
+        results[f"tensor_{level}_us"], results[f"add_op_{level}_us"] = tensors[level]
     results["predictive_pool_hit_us"], results["predictive_hit_us"] = pool_hit, predictive_hit
     results["predictive_hit_share"] = predictive_share
     results["predictive_over_pool"] = predictive_hit / pool_hit
@@ -221,8 +293,16 @@ def main() -> None:
         print(f"  {label:<26} {median:7.2f} {mean:7.2f}")
     print(f"  statistics adaptor overhead: {results['statistics_overhead']:+.0%}")
     print(f"  stack capture: {results['stack_capture_us_per_event']:.2f} us per allocation")
-    print(f"  pool sanitizer: {plain:.2f} -> {sanitized:.2f} us per pair "
-          f"({results['sanitizer_overhead']:+.0%}; NPUMEM_SANITIZE=1)")
+    print(f"  pool sanitizer: {plain:.2f} -> {sanitized['full']:.2f} us per pair "
+          f"({sanitized['full'] / plain:.2f}x, {results['sanitizer_overhead']:+.0%}; "
+          f"NPUMEM_SANITIZE=1); free level {sanitized['free']:.2f} "
+          f"({sanitized['free'] / plain:.2f}x, {results['sanitizer_free_overhead']:+.0%}; "
+          "NPUMEM_SANITIZE=free, target <= +20%)")
+    for index, what in enumerate(("npumem.empty + del", "a 64-element Add")):
+        off = tensors["off"][index]
+        print(f"  pool sanitizer, {what}: off {off:.2f}, " + ", ".join(
+              f"{level} {tensors[level][index]:.2f} ({tensors[level][index] / off:.2f}x)"
+              for level in LEVELS[1:]) + " us")
     print(f"  predictive hit: {predictive_hit:.2f} us per pair against the pool's {pool_hit:.2f} "
           f"({results['predictive_over_pool']:.2f}x; {predictive_share:.1%} of requests hit)")
     print(f"  predictive, a stream that never repeats: {unrepeated[1]:.2f} us per request while "

@@ -1,6 +1,9 @@
 """The sanitizer inside the caching pool (NPUMEM_SANITIZE=1, on for the suite): the seven buggy
 programs of issue 19 that used to pass silently. Each bug is reported with the block, and the
-memory around it is left as it was. A conformance module: every backend."""
+memory around it is left as it was. A conformance module: every backend.
+
+The programs the cheap level (NPUMEM_SANITIZE=free) catches too run at both levels; the ones it
+does not claim are in tests/test_sanitize_levels.py, shown passing silently there."""
 
 import numpy as np
 import pytest
@@ -21,6 +24,19 @@ def rt(any_rt):
     return any_rt
 
 
+@pytest.fixture
+def level(request):
+    """The pool sanitizer at level `request.param` for one test, as it was after it."""
+    was = sanitizer.SANITIZER.level
+    sanitizer.enable(request.param)
+    yield request.param
+    sanitizer.enable(was) if was != "off" else sanitizer.disable()
+
+
+BOTH_LEVELS = pytest.mark.parametrize("level", ["full", "free"], indirect=True)
+FULL_LEVEL = pytest.mark.parametrize("level", ["full"], indirect=True)   # free: not claimed
+
+
 def _refused(call, *args) -> str:
     with pytest.raises(E.MemoryAccessError) as info:
         call(*args)
@@ -37,7 +53,8 @@ def _neighbours():
     return intact
 
 
-def test_a_one_byte_overrun_of_a_pool_block(rt):
+@FULL_LEVEL
+def test_a_one_byte_overrun_of_a_pool_block(rt, level):
     intact = _neighbours()
     pointer = caching_allocator_alloc(100)
     message = _refused(npumem.memset, pointer, 101, 0xFF, 101)
@@ -46,20 +63,35 @@ def test_a_one_byte_overrun_of_a_pool_block(rt):
     intact()
 
 
-def test_an_over_read_past_a_tensor(rt):
+@FULL_LEVEL
+def test_an_over_read_past_a_tensor(rt, level):
     tensor = npumem.from_numpy(np.arange(25, dtype=np.float32))
     message = _refused(npumem.memcpy, bytearray(104), 104, tensor.storage.pointer, 104, K.DEVICE_TO_HOST)
     assert "run 4 bytes past the end of pool block" in message
 
 
-def test_a_read_after_caching_allocator_delete(rt):
+@BOTH_LEVELS
+def test_a_read_after_caching_allocator_delete(rt, level):
     pointer = caching_allocator_alloc(256)
     caching_allocator_delete(pointer)
     message = _refused(npumem.memcpy, bytearray(16), 16, pointer, 16, K.DEVICE_TO_HOST)
     assert "use after free" in message and f"0x{pointer:x}" in message
 
 
-def test_a_stale_view_after_storage_free(rt):
+@BOTH_LEVELS
+def test_a_double_free_names_the_block(rt, level):
+    intact = _neighbours()
+    pointer = caching_allocator_alloc(256)
+    caching_allocator_delete(pointer)
+    with pytest.raises(E.MemoryFreeError) as info:
+        caching_allocator_delete(pointer)
+    message = str(info.value)
+    assert "double free" in message and f"0x{pointer:x}" in message and "pool" in message
+    intact()
+
+
+@BOTH_LEVELS
+def test_a_stale_view_after_storage_free(rt, level):
     tensor = npumem.from_numpy(np.zeros(64, dtype=np.float32))
     view = tensor[0:8]
     tensor.storage.free()
@@ -72,7 +104,8 @@ def test_a_stale_view_after_storage_free(rt):
     assert (other.numpy() == 7).all()                              # the new owner's data
 
 
-def test_hand_freeing_a_tensors_storage_is_refused(rt):
+@BOTH_LEVELS
+def test_hand_freeing_a_tensors_storage_is_refused(rt, level):
     tensor = npumem.from_numpy(np.arange(16, dtype=np.float32))
     with pytest.raises(E.MemoryFreeError, match="storage of a tensor"):
         caching_allocator_delete(tensor.storage.pointer)
@@ -80,7 +113,8 @@ def test_hand_freeing_a_tensors_storage_is_refused(rt):
     del tensor                                                      # its own free still works
 
 
-def test_a_pool_workspace_too_small_for_its_kernel(rt):
+@BOTH_LEVELS
+def test_a_pool_workspace_too_small_for_its_kernel(rt, level):
     a = npumem.from_numpy(np.ones(1024, dtype=np.float32))
     out = npumem.empty((1024,), "float32")
     need, executor = aclnn.add_get_workspace_size(a, a, 2.0, out)  # alpha * other: 4096 bytes
@@ -92,8 +126,9 @@ def test_a_pool_workspace_too_small_for_its_kernel(rt):
     intact()
 
 
+@FULL_LEVEL
 @pytest.mark.parametrize("recorded", [False, True])
-def test_a_cross_stream_free_without_record_stream(rt, recorded):
+def test_a_cross_stream_free_without_record_stream(rt, level, recorded):
     """Freed on stream A (and reused there) while work queued on B still reads it: B fails, and
     record_stream(pointer, B) is the cure."""
     stream_a, stream_b = npumem.create_stream(), npumem.create_stream()
@@ -122,7 +157,8 @@ def test_a_cross_stream_free_without_record_stream(rt, recorded):
     npumem.destroy_event(gate)
 
 
-def test_stream_ordered_frees_on_the_blocks_own_stream_are_not_reported(rt):
+@BOTH_LEVELS
+def test_stream_ordered_frees_on_the_blocks_own_stream_are_not_reported(rt, level):
     """A workspace freed right after its op is queued, on the same stream, is correct."""
     stream = npumem.create_stream()
     a = npumem.from_numpy(np.ones(1024, dtype=np.float32), stream)

@@ -123,8 +123,13 @@ def run_demo(size: int = 1 << 20, device: str = "sim", echo: Callable[[str], Non
             f"{len(leaked)}")
         if not SANITIZER.on:
             echo("       accesses inside the caching pool's blocks were not checked: "
-                 "NPUMEM_SANITIZE=1 catches overruns, use after free and stale tensors there "
-                 "(about 2.4x the pool's cost)")
+                 "NPUMEM_SANITIZE=free catches use after free, double free and stale tensors "
+                 "there at no cost per pool allocation; NPUMEM_SANITIZE=1 catches overruns inside "
+                 "a block and cross-stream frees too (about 3x the pool's cost)")
+        elif not SANITIZER.full:
+            echo("       accesses inside the caching pool's blocks were checked for use after "
+                 "free (NPUMEM_SANITIZE=free); NPUMEM_SANITIZE=1 also checks overruns inside a "
+                 "block and cross-stream frees")
         return passed and not leaked
     finally:
         if rt.is_initialized():

@@ -41,6 +41,15 @@ def _profile(text: str) -> str | None:
     return None if text.lower() in PROFILES else f"takes {', '.join(sorted(PROFILES))}"
 
 
+def _sanitize(text: str) -> str | None:
+    from .device.sanitizer import LEVELS
+
+    if text.lower() in LEVELS:
+        return None
+    return (f"takes {', '.join(LEVELS)} (free: use after free and double free in the pools, "
+            "at no cost per allocation; 1 or full: every access, about 3x the pool's cost)")
+
+
 def _size(text: str) -> str | None:
     from .units import parse_size
 
@@ -56,7 +65,7 @@ CHECKS: dict[str, Callable[[str], str | None]] = {
     "NPUMEM_SIM_CORES": _number(1, 1024, whole=True),
     "NPUMEM_SIM_KERNELS": _choice(("numpy", "tiled")),
     "NPUMEM_STRICT": _choice(SWITCH),
-    "NPUMEM_SANITIZE": _choice(SWITCH),
+    "NPUMEM_SANITIZE": _sanitize,
     "NPUMEM_ACL_RET_FIRST": _choice(YES_NO[:6]),         # acl/_result.py: 1, true, yes
     "NPUMEM_PROFILE": _choice(YES_NO),
     "NPUMEM_PROFILE_STACKS": _choice(YES_NO),

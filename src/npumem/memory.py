@@ -130,8 +130,10 @@ def _pool_of(pointer: int) -> CachingAllocator:
     backend = RUNTIME.require()
     pool = _pools.get(backend.device_of(pointer)) if backend.is_device_pointer(pointer) else None
     if pool is None or not pool.owns(pointer):
+        why = SANITIZER.explain_bad_free(pool, pointer) if pool is not None and SANITIZER.on \
+            else None
         raise MemoryFreeError(f"0x{pointer:x} was not allocated by the caching allocator "
-                              "(double free, or memory from malloc)")
+                              f"({why or 'double free, or memory from malloc'})")
     return pool
 
 

@@ -300,15 +300,18 @@ def _run(executor: Executor, call: OpCall, workspace: int, checked: dict | None)
 
 
 def unchanged_since(epoch: int) -> bool:
-    """No device bytes were released since `epoch` (and no sanitizer wants every use seen)."""
+    """No device bytes were released since `epoch` (and no sanitizer wants every use seen: at
+    either level a launch checks its tensors' storages again, since a pool block's free
+    releases no device bytes)."""
     return epoch == RELEASES.value and not SANITIZER.on
 
 
 def still_valid(rng, address: int, nbytes: int) -> bool:
     """Whether a range resolved earlier still stands for `nbytes` at `address`: its allocation
-    is live and, in a reservation, the pages under it are still mapped. Never with the pool
-    sanitizer on, which checks each use against the pool's blocks."""
-    if SANITIZER.on:
+    is live and, in a reservation, the pages under it are still mapped. Never with the full
+    pool sanitizer, which checks each use against the pool's blocks (the free level relies on
+    the storages' records instead, checked at each launch)."""
+    if SANITIZER.on and SANITIZER.full:
         return False
     allocation, offset = rng.allocation, rng.offset
     if not (allocation.live and rng.nbytes == nbytes and allocation.start + offset == address):

@@ -38,9 +38,8 @@ class Storage:
         self.streams: set = set()             # streams with queued work on these bytes
         # The pool block's sanitizer record (None unless NPUMEM_SANITIZE): tells a stale
         # storage from the allocation that reuses its bytes.
-        self.record = SANITIZER.record(pool, pointer) if pool is not None and SANITIZER.on else None
-        if self.record is not None:
-            self.record.extra["tensor"] = True
+        self.record = SANITIZER.tensor_record(pool, pointer, self.streams) \
+            if pool is not None and SANITIZER.on else None
         self._finalizer = weakref.finalize(self, _give_back, pool, pointer, self.record) \
             if pool else None
 
@@ -77,12 +76,16 @@ class Storage:
 
 def _give_back(pool, pointer: int, record) -> None:
     if not pool.owns(pointer):        # released with its device (reset_device, finalize)
+        if record is not None:
+            SANITIZER.given_back(pool, pointer, record)
         return
-    if record is not None and not record.live:   # freed by hand, and the block is another's now
-        warn(f"a tensor's storage, {record.describe()}, was already freed by another call "
-             "(caching_allocator_delete?); its own release is skipped, since the bytes belong "
-             "to another allocation now")
-        return
+    if record is not None:
+        if not record.live:           # freed by hand, and the block is another's now
+            warn(f"a tensor's storage, {record.describe()}, was already freed by another call "
+                 "(caching_allocator_delete?); its own release is skipped, since the bytes "
+                 "belong to another allocation now")
+            return
+        SANITIZER.given_back(pool, pointer, record)
     pool.deallocate_soon(pointer)       # a finalizer must never wait for the pool
 
 
