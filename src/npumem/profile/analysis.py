@@ -166,8 +166,9 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
     live: dict[int, int] = {entry["addr"]: entry["size"] for entry in start_live}
     allocated = active = sum(entry["size"] for entry in start_live)
     reserved = start_reserved
-    points = []
-    peak_index = peak_entry = -1
+    timeline = _Timeline(len(entries))
+    peak = None                                 # (allocated, time_us) at the highest alloc
+    peak_entry = -1
     sites = _SiteCounter()
     largest: list[tuple[int, int]] = []         # (size, -index) of the largest requests
     for i, (action, addr, size, _, time_us, frames, extra, requested) in enumerate(rows(entries)):
@@ -180,6 +181,8 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
                 heapq.heappush(largest, (size, -i))
             elif size > largest[0][0]:
                 heapq.heapreplace(largest, (size, -i))
+            if peak is None or allocated > peak[0]:
+                peak, peak_entry = (allocated, time_us), i
         elif action == "free_requested":
             if live.pop(addr, None) is not None:
                 allocated -= size
@@ -189,22 +192,18 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
             reserved += _RESERVE[action] * size
         else:
             continue
-        points.append(Point(time_us, allocated, reserved, active))
-        if action == "alloc" and (peak_index < 0 or allocated > points[peak_index].allocated):
-            peak_index, peak_entry = len(points) - 1, i
+        timeline.add(i, (time_us, allocated, reserved, active))
+    points, (low_alloc, low_reserved, low_active), highs = timeline.finish()
     if points:                      # lift a trace that started with memory already in use
-        low_alloc = min(0, min(p.allocated for p in points))
-        low_reserved = min(0, min(p.reserved for p in points))
-        low_active = min(0, min(p.active for p in points))
         for p in points:
             p.allocated -= low_alloc
             p.reserved -= low_reserved
             p.active -= low_active
             p.reserved = max(p.reserved, p.active)     # no segment events: reserved >= active
-        result.peak_allocated = max(p.allocated for p in points)
-        result.peak_reserved = max(p.reserved for p in points)
-        if peak_index >= 0:
-            result.peak_time_us = points[peak_index].time_us
+        result.peak_allocated = highs[0] - low_alloc
+        result.peak_reserved = max(highs[1] - low_reserved, highs[2] - low_active)
+        if peak is not None:
+            result.peak_time_us = peak[1]
     result.timeline = points
     result.peak_entry = peak_entry
     live_at_peak = live_after(start_live, entries, peak_entry)
@@ -219,6 +218,50 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
                               site_name(e), callers(e.get("frames") or [], None))
                       for e in sorted(chosen, key=lambda e: -e.get("size", 0))]
     return result
+
+
+class _Timeline:
+    """A device's timeline kept to what a chart can draw: of each stretch of entries (about
+    BUCKETS stretches), its first and last points, its highest allocated, reserved and active,
+    and its earliest and latest (a trace's clock need not rise in entry order). The lowest and
+    highest values are kept over every point, for the lift and the peaks."""
+
+    BUCKETS = 4096
+
+    def __init__(self, entries: int):
+        self.stride = max(1, entries // self.BUCKETS)
+        self.end = self.stride
+        self.stretch: list[tuple] = []
+        self.points: list[Point] = []
+        self.lows = [0, 0, 0]                       # min(0, lowest) allocated, reserved, active
+        self.highs = [None, None, None]
+
+    def add(self, index: int, point: tuple) -> None:
+        if index >= self.end:
+            self._close()
+            self.end = (index // self.stride + 1) * self.stride
+        self.stretch.append(point)
+
+    def _close(self) -> None:
+        stretch = self.stretch
+        if not stretch:
+            return
+        chosen = {0, len(stretch) - 1}
+        for field_ in (1, 2, 3):
+            column = [p[field_] for p in stretch]
+            low, high = min(column), max(column)
+            self.lows[field_ - 1] = min(self.lows[field_ - 1], low)
+            known = self.highs[field_ - 1]
+            self.highs[field_ - 1] = high if known is None else max(known, high)
+            chosen.add(column.index(high))
+        times = [p[0] for p in stretch]
+        chosen |= {times.index(min(times)), times.index(max(times))}
+        self.points += [Point(*stretch[k]) for k in sorted(chosen)]
+        self.stretch = []
+
+    def finish(self) -> tuple[list[Point], list[int], list[int]]:
+        self._close()
+        return self.points, self.lows, [h or 0 for h in self.highs]
 
 
 class _SiteCounter:
