@@ -7,6 +7,8 @@ import pathlib
 import pickle
 import pickletools
 import random
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -201,3 +203,24 @@ def test_random_damage_never_crashes_the_reader():
             load_pickle(bytes(damaged), shown)
         except (UnsafePickle, EntryError):
             pass
+
+
+def test_the_python_side_states_what_the_reader_does():
+    from npumem.trace import _snapshot_reader as native
+
+    assert entry_columns.ACTIONS == native.ACTIONS
+    assert entry_columns.MAX_FRAMES == native.MAX_FRAMES
+
+
+def test_without_the_built_reader_npumem_works_and_a_snapshot_is_one_clear_line(tmp_path):
+    """A checkout run without `pip install -e .`: everything but reading a pickle works."""
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+    script = ("import sys\n"
+              "sys.modules['npumem.trace._snapshot_reader'] = None\n"
+              "from npumem.cli import main\n"
+              "main(['report', sys.argv[1]])\n")
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "pip install -e ." in done.stderr, done.stderr

@@ -13,11 +13,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import _snapshot_reader as native
+try:
+    from . import _snapshot_reader as native
+except ImportError:           # a checkout not installed with `pip install -e .`: all but
+    native = None             # reading a snapshot pickle still works
 
-ACTIONS: tuple[str, ...] = native.ACTIONS
+NOT_BUILT = ("npumem's snapshot reader (a C extension) is not built here: install npumem with "
+             "`pip install -e .` in its checkout (it needs a C compiler)")
+
+# Every trace entry action c10's allocator records (TraceEntry::Action), by the names
+# `torch.cuda.memory._snapshot()` gives them, in the reader's code order (checked against it).
+ACTIONS: tuple[str, ...] = native.ACTIONS if native else (
+    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+    "segment_unmap", "oom", "snapshot", "annotate", "workspace_snapshot")
 ACTION_CODE = {name: code for code, name in enumerate(ACTIONS)}
-MAX_FRAMES = native.MAX_FRAMES
+MAX_FRAMES = 256
 _CHUNK = 1 << 16            # entries turned into dicts at a time while iterating
 
 
@@ -164,6 +174,9 @@ class Entries(Sequence):
             yield entry
 
 
+UnsafePickle = native.UnsafePickle if native else type("UnsafePickle", (ValueError,), {})
+
+
 class EntryError(ValueError):
     """An entry breaks the rule: `where` (device_traces[d][i].field) and the reason."""
 
@@ -179,6 +192,8 @@ def _entry_error(exc: Exception, shown) -> EntryError:
 
 def from_entry_lists(traces: list, shown) -> tuple[list[Entries], Tables]:
     """Entries of lists of entry dicts, one per device; EntryError at the first wrong field."""
+    if native is None:
+        raise EntryError("device_traces", NOT_BUILT)
     try:
         raw, stacks, extras, cut = native.from_entries(traces)
     except native.EntryError as exc:
@@ -190,6 +205,8 @@ def from_entry_lists(traces: list, shown) -> tuple[list[Entries], Tables]:
 def load_pickle(data: bytes, shown) -> tuple[object, list[Entries], Tables]:
     """(the snapshot's other data, each device's entries, their tables); UnsafePickle for a
     pickle that is not plain data or is damaged, EntryError for an entry that breaks the rule."""
+    if native is None:
+        raise UnsafePickle(NOT_BUILT)
     try:
         root, (raw, stacks, extras, cut) = native.load(data)
     except native.EntryError as exc:
@@ -198,7 +215,6 @@ def load_pickle(data: bytes, shown) -> tuple[object, list[Entries], Tables]:
     return root, [Entries(Columns(columns, tables)) for columns in raw], tables
 
 
-UnsafePickle = native.UnsafePickle
 
 
 def rows(entries, reverse: bool = False):

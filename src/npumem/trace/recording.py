@@ -157,6 +157,8 @@ def load_data(path: str) -> dict:
     `entry_columns.Entries`: the entries as columns, a dict each when asked for."""
     if jsonl.holds_snapshot(read_head(path, 64)):
         return check_snapshot(jsonl.read_snapshot(path), path)
+    if entry_columns.native is None:
+        raise TraceFormatError(path, "0", entry_columns.NOT_BUILT)
     try:
         data, devices, _ = entry_columns.load_pickle(read_bounded(path, max_snapshot_bytes()),
                                                      shown)
