@@ -147,6 +147,8 @@ class _Code:
     (b"\x80\x02\x8a\xff" + b"\x01" * 10, "truncated"),
     (b"\x80\x09N.", "protocol 9"),
     (b"\xff", "not one"),
+    (b"\x80\x04\x8f\x94(\x8f\x90.", "unhashable set item"),       # found by the fuzzer
+    (b"\x80\x04(]\x91.", "unhashable set item"),
 ])
 def test_what_is_not_plain_data_is_refused(data, words):
     with pytest.raises(UnsafePickle, match=words.replace("[", r"\[").replace(".", r"\.")):

@@ -917,6 +917,10 @@ static int append_items(Machine *m, Py_ssize_t from) {
     } else
         result = unsafe("it appends to a %s: not plain data", Py_TYPE(target)->tp_name);
     drop_from(m, from);
+    if (result < 0 && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        return unsafe("a damaged pickle: an unhashable set item at byte %zd", m->pos);
+    }
     return result;
 }
 
@@ -1183,8 +1187,13 @@ static int run(Machine *m, PyObject **result) {
                 break;
             }
             v = tuple_from(m, from);
-            if (v && op == 0x91)
+            if (v && op == 0x91) {
                 Py_SETREF(v, PyFrozenSet_New(v));
+                if (!v && PyErr_ExceptionMatches(PyExc_TypeError)) {
+                    PyErr_Clear();
+                    return unsafe("a damaged pickle: an unhashable set item at byte %zd", m->pos);
+                }
+            }
             else if (v && op == 'l') {
                 /* a list built from a mark: pushed empty, then its items appended, so a
                  * device's list gets its entries as rows */
