@@ -241,12 +241,4 @@ def indices(entries, *actions: str) -> list[int]:
     """Positions of the entries with one of these actions."""
     if isinstance(entries, Entries):
         return entries.indices(*actions).tolist()
-    return [i for i, e in enumerate(entries) if e.get("action") in actions]
-
-
-def columns_of(entries) -> Entries:
-    """`entries` as Entries (a list of dicts is read into columns first)."""
-    if isinstance(entries, Entries):
-        return entries
-    from .events import shown
-    return from_entry_lists([list(entries)], shown)[0][0]
+    return [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("action") in actions]
