@@ -41,6 +41,23 @@ static const char *KEY_NAMES[] = {"action", "addr", "size", "stream", "time_us",
                                   "requested_size", "frames", "device_free"};
 static PyObject *s_filename, *s_line, *s_name, *s_pool_id;
 
+/* `items` (capacity *capacity, `width` bytes each) with room for `need`: doubled from `first`
+ * as needed, the new room zeroed. NULL with MemoryError set, `items` and *capacity unchanged. */
+static void *grow(void *items, Py_ssize_t *capacity, Py_ssize_t need, size_t width,
+                  Py_ssize_t first) {
+    if (need <= *capacity)
+        return items;
+    Py_ssize_t grown = *capacity ? *capacity : first;
+    while (grown < need)
+        grown *= 2;
+    char *more = PyMem_Realloc(items, grown * width);
+    if (!more)
+        return PyErr_NoMemory();
+    memset(more + *capacity * width, 0, (grown - *capacity) * width);
+    *capacity = grown;
+    return more;
+}
+
 /* ---- growable columns: bytearrays the Python side views with numpy ---- */
 
 typedef struct {
@@ -613,16 +630,10 @@ typedef struct {
 } Reader;
 
 static Device *reader_device(Reader *r) {
-    if (r->count == r->capacity) {
-        Py_ssize_t grown = r->capacity ? 2 * r->capacity : 4;
-        Device *more = PyMem_Realloc(r->devices, grown * sizeof(Device));
-        if (!more) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-        r->devices = more;
-        r->capacity = grown;
-    }
+    Device *more = grow(r->devices, &r->capacity, r->count + 1, sizeof(Device), 4);
+    if (!more)
+        return NULL;
+    r->devices = more;
     Device *d = &r->devices[r->count];
     memset(d, 0, sizeof *d);
     d->device = r->count;
@@ -678,17 +689,12 @@ typedef struct {
 static int stack_push(Stack *s, PyObject *v) {             /* steals v */
     if (!v)
         return -1;
-    if (s->size == s->capacity) {
-        Py_ssize_t grown = s->capacity ? 2 * s->capacity : 64;
-        PyObject **more = PyMem_Realloc(s->items, grown * sizeof(PyObject *));
-        if (!more) {
-            Py_DECREF(v);
-            PyErr_NoMemory();
-            return -1;
-        }
-        s->items = more;
-        s->capacity = grown;
+    PyObject **more = grow(s->items, &s->capacity, s->size + 1, sizeof(PyObject *), 64);
+    if (!more) {
+        Py_DECREF(v);
+        return -1;
     }
+    s->items = more;
     s->items[s->size++] = v;
     return 0;
 }
@@ -708,7 +714,7 @@ typedef struct {
     /* the trace's lists: "device_traces"'s value, and each device's list in it */
     PyObject *traces;
     PyObject **device_lists;
-    Py_ssize_t device_count;
+    Py_ssize_t device_count, device_capacity;
     /* memo slots filled while a device list is open: entries and their frames lists are
      * replaced there once they are rows (the row's marker; the interned stack) */
     Py_ssize_t *pending;
@@ -721,34 +727,20 @@ static int memo_put(Machine *m, Py_ssize_t index, PyObject *v) {
     if (index < 0 || index > m->memo_size + MEMO_SLACK)
         return unsafe("memo index %zd at byte %zd, with %zd memo entries: not a pickle a "
                       "pickler wrote", index, m->pos, m->memo_size);
-    if (index >= m->memo_capacity) {
-        Py_ssize_t grown = m->memo_capacity ? m->memo_capacity : 1024;
-        while (grown <= index)
-            grown *= 2;
-        PyObject **more = PyMem_Realloc(m->memo, grown * sizeof(PyObject *));
-        if (!more) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        memset(more + m->memo_capacity, 0, (grown - m->memo_capacity) * sizeof(PyObject *));
-        m->memo = more;
-        m->memo_capacity = grown;
-    }
+    PyObject **memo = grow(m->memo, &m->memo_capacity, index + 1, sizeof(PyObject *), 1024);
+    if (!memo)
+        return -1;
+    m->memo = memo;
     Py_INCREF(v);
     Py_XSETREF(m->memo[index], v);
     if (index >= m->memo_size)
         m->memo_size = index + 1;
     if (m->device_count && (PyDict_CheckExact(v) || PyList_CheckExact(v))) {
-        if (m->pending_size == m->pending_capacity) {
-            Py_ssize_t grown = m->pending_capacity ? 2 * m->pending_capacity : 4096;
-            Py_ssize_t *more = PyMem_Realloc(m->pending, grown * sizeof(Py_ssize_t));
-            if (!more) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            m->pending = more;
-            m->pending_capacity = grown;
-        }
+        Py_ssize_t *pending = grow(m->pending, &m->pending_capacity, m->pending_size + 1,
+                                   sizeof(Py_ssize_t), 4096);
+        if (!pending)
+            return -1;
+        m->pending = pending;
         m->pending[m->pending_size++] = index;
     }
     return 0;
@@ -844,11 +836,10 @@ static int note_new_list(Machine *m, PyObject *list) {
                               s->items[top - 1] == m->traces);
     if (!inside)
         return 0;
-    PyObject **more = PyMem_Realloc(m->device_lists, (m->device_count + 1) * sizeof(PyObject *));
-    if (!more) {
-        PyErr_NoMemory();
+    PyObject **more = grow(m->device_lists, &m->device_capacity, m->device_count + 1,
+                           sizeof(PyObject *), 4);
+    if (!more)
         return -1;
-    }
     m->device_lists = more;
     m->device_lists[m->device_count++] = list;
     return reader_device(&m->reader) ? 0 : -1;
@@ -986,15 +977,12 @@ static int run(Machine *m, PyObject **result) {
             *result = m->stack.items[--m->stack.size];
             return 0;
         case '(':                                             /* MARK */
-            if (m->marks.size == m->marks.capacity) {
-                Py_ssize_t grown = m->marks.capacity ? 2 * m->marks.capacity : 64;
-                Py_ssize_t *more = PyMem_Realloc(m->marks.at, grown * sizeof(Py_ssize_t));
-                if (!more) {
-                    PyErr_NoMemory();
+            {
+                Py_ssize_t *at = grow(m->marks.at, &m->marks.capacity, m->marks.size + 1,
+                                      sizeof(Py_ssize_t), 64);
+                if (!at)
                     return -1;
-                }
-                m->marks.at = more;
-                m->marks.capacity = grown;
+                m->marks.at = at;
             }
             m->marks.at[m->marks.size++] = m->stack.size;
             continue;
