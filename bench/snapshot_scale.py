@@ -11,7 +11,7 @@ and frame dicts memoized, one frames list per entry), without building it in mem
 `--frames copied` writes every frame out in full, as a pickler that shares nothing does: a file
 about 3x larger for the same entries.
 
-Each command runs in its own process; peak RSS is that process's (getrusage of children).
+Each command runs in its own process; peak RSS is that process's own (os.wait4).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import argparse
 import gzip
 import os
 import pickle
-import resource
 import struct
 import subprocess
 import sys
@@ -129,7 +128,6 @@ def make_snapshot(path: str, count: int, frames: str) -> int:
     i, j = steady_step(entries)
     step, period = entries[i:j], entries[j - 1]["time_us"] - entries[i]["time_us"] + 1
     repeats = max(1, -(-(count - len(entries)) // len(step)))
-    shared_frames: dict = {}
     with open(path, "wb") as out:
         writer = PickleWriter(out)
         writer.raw(b"\x80\x04")
@@ -189,16 +187,16 @@ def make_snapshot(path: str, count: int, frames: str) -> int:
 
 
 def run(command: list[str]) -> tuple[float, float, int, str]:
-    """(seconds, peak RSS GiB of the child, exit status, last output line)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """(seconds, peak RSS GiB of that child, exit status, last output line)."""
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    output = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if peak <= before:
-        peak = float("nan")             # ru_maxrss is the max over children: not this one's
-    lines = (done.stdout + done.stderr).strip().splitlines()
-    return seconds, peak / 2**20, done.returncode, lines[-1] if lines else ""
+    child.returncode = os.waitstatus_to_exitcode(status)
+    lines = output.strip().splitlines()
+    return seconds, usage.ru_maxrss / 2**20, child.returncode, lines[-1] if lines else ""
 
 
 def measure(path: str, entries: int) -> None:

@@ -104,6 +104,32 @@ def test_the_projects_gpu_recordings_read_the_same(protocol):
         assert len(tables.stacks) < len(devices[0]) / 10        # stacks interned
 
 
+SHARED = DATA.parents[2] / "shared" / "data" / "snapshots"
+
+
+def _as_recorded(path) -> bytes:
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix == ".gz" else data
+
+
+@pytest.mark.parametrize("folder", ["cuda_snapshots", "cuda_snapshots_h200", "cuda_oom_h200",
+                                    "shared"])
+def test_recordings_others_wrote_read_the_same_as_pickle_reads_them(folder):
+    """The bytes as PyTorch's users pickled them (not re-pickled here): the project's GPU
+    recordings, and the real users' snapshots of ../shared where it is beside the checkout."""
+    root = SHARED if folder == "shared" else DATA / folder
+    paths = sorted(root.rglob("*.pickle*"))[:25]
+    if not paths:
+        pytest.skip(f"no recordings in {root}")
+    for path in paths:
+        data = _as_recorded(path)
+        expected = pickle.loads(data)
+        got, devices, _ = load_pickle(data, shown)
+        assert [list(d) for d in devices] == expected["device_traces"], path
+        assert {k: v for k, v in got.items() if k != "device_traces"} == \
+            {k: v for k, v in expected.items() if k != "device_traces"}, path
+
+
 @pytest.mark.parametrize("value, where, words", [
     ({"action": "alloc", "addr": -1, "size": 1}, "[0][1].addr", "an integer in [0, 2**64)"),
     ({"action": "alloc", "addr": 2**64, "size": 1}, "[0][1].addr", "an integer in [0, 2**64)"),

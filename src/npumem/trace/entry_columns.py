@@ -35,7 +35,7 @@ class Tables:
     """What the rows of one file share: interned stacks and extra fields."""
 
     def __init__(self, stacks: list, extras: list, cut: int):
-        self.stacks, self.extras, self.cut = stacks, extras, cut
+        self.stacks, self.cut = stacks, cut
         self.extra_dicts = [dict(zip(items[::2], items[1::2])) for items in extras]
         self.action_names = None            # object arrays for `rows`, made on first use
 
