@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,8 @@ torch = pytest.importorskip("torch")
 
 from npumem.estimate import kernel_rules  # noqa: E402
 from npumem.estimate.targets import TARGETS, target  # noqa: E402
+
+from .interrupting import interrupt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -137,17 +140,7 @@ def test_sigterm_stops_a_spinning_run_and_leaves_nothing_behind(tmp_path):
                TMPDIR=str(scratch))
     run = subprocess.Popen([sys.executable, "-m", "npumem", "estimate", "--", str(script)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert run.stdout.readline().strip() == "spinning"
-        run.terminate()                                      # SIGTERM, as `timeout` sends
-        code = run.wait(timeout=60)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    stderr = run.stderr.read()
-    run.stdout.close()
-    run.stderr.close()
+    code, stderr, _ = interrupt(run, "spinning", signal.SIGTERM)   # as `timeout` sends
     assert code == 130 and "interrupted" in stderr and "Traceback" not in stderr
     assert not list(scratch.glob("npumem-estimate-*"))   # the fake run's folder went with it
 

@@ -24,6 +24,8 @@ from npumem.profile import session as session_module
 from npumem.profile.folder import OUTPUTS, profile_snapshot
 from npumem.profile.session import ProfileSession
 
+from .interrupting import interrupt
+
 PLAIN = "data = [bytearray(1000) for _ in range(10)]\n"      # no torch, no npumem
 
 
@@ -260,20 +262,7 @@ def test_ctrl_c_ends_the_run_within_5_s_keeping_the_snapshot(tmp_path):
                             str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True,      # Ctrl-C as in a terminal, even if ignored here
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        assert run.stdout.readline().strip() == "running"
-        time.sleep(2)                                   # a recording of some size
-        sent = time.monotonic()
-        run.send_signal(signal.SIGINT)
-        code = run.wait(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    stderr = run.stderr.read()
-    run.stdout.close()
-    run.stderr.close()
+    code, stderr, took = interrupt(run, "running", signal.SIGINT, settle=2)  # some recording
     assert code == 130, stderr
     assert took < 5, f"{took:.1f} s from Ctrl-C to exit"
     assert "interrupted: kept torch_snapshot.pickle" in stderr and "Traceback" not in stderr
