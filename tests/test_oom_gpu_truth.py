@@ -162,3 +162,20 @@ def test_tune_on_the_real_oom_snapshots_against_the_gpu():
     # died before the recording repeated a whole step, which finished in 5
     assert recommended == 1 and right == 12
     assert (tries, tried) == (10, 5)
+
+
+def test_a_setting_only_worth_trying_is_given_no_batch(tmp_path):
+    """On the H200 mlp at 126 MiB, expandable segments got past the failed request and then ran
+    out of memory: tune names it only to try, and says no batch would fit under it."""
+    import json
+
+    from click.testing import CliRunner
+
+    from npumem.cli import main
+
+    result = CliRunner().invoke(main, ["tune", "--json", str(
+        DATA / "snapshots" / "mlp" / "126MiB_default.pickle.gz")])
+    answer = json.loads(result.output)
+    assert answer["recommended"] is None and "expandable_segments:True" in \
+        answer["worth_trying_env"]
+    assert answer["batch_scale"] is None

@@ -312,7 +312,8 @@ def tune_recording(recording: Recording, memory: int | None = None,
     if extension is not None and capacity:
         chosen = best or tuning.worth_trying or min(
             results, key=lambda c: c.needed if c.needed is not None else 1 << 64)
-        tuning.batch = _batch_that_fits(extension, chosen, work.limit(capacity))
+        tuning.batch = _batch_that_fits(extension, chosen, work.limit(capacity),
+                                        certain=best is not None)
     tuning.reasons = _reasons(tuning)
     return tuning
 
@@ -436,15 +437,19 @@ def _scaled(extension: Extension, scale: float) -> Recording:
     return replace(extension.recording, entries=scaled)
 
 
-def _batch_that_fits(extension: Extension, candidate: Candidate,
-                     limit: dict) -> BatchEstimate | None:
+def _batch_that_fits(extension: Extension, candidate: Candidate, limit: dict,
+                     certain: bool = True) -> BatchEstimate | None:
     """The largest scale of the step's short-lived allocations (the batch) that fits under the
     candidate's settings (`limit`: replay_recording's, _Work.limit): above 1 where it fits now
-    (up to twice), below 1 where it does not."""
+    (up to twice), below 1 where it does not. A candidate only worth trying (the played-on run
+    may not be the real one) that gets through it is given no batch: the real step may be
+    larger."""
     def fits(scale: float) -> bool:
         replay = replay_recording(_scaled(extension, scale), candidate.config, **limit)
         return replay.oom is None
 
+    if candidate.finishes and not certain:
+        return None
     low, high = (1.0, 2.0) if candidate.finishes else (0.0, 1.0)
     if candidate.finishes and fits(high):
         return BatchEstimate(high, candidate)
