@@ -106,11 +106,8 @@ class Entries(Sequence):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented
 
-    def __add__(self, other):
-        return list(self) + list(other)
-
     def __radd__(self, other):
-        return list(other) + list(self)
+        return list(other) + list(self)          # list + entries (a few, where code joins them)
 
     def __repr__(self) -> str:
         return f"<{len(self):,} trace entries>"
