@@ -33,10 +33,10 @@ class BuildWithProfileHook(build_py):
             [*outputs, os.path.join(self.build_lib, PTH)]
 
 
-# Snapshot pickles read into columns (src/npumem/trace/_snapshot_reader.c): plain C, no numpy
+# Snapshot pickles read into columns (src/npumem/trace/snapshot/_reader.c): plain C, no numpy
 # headers, so building it needs only a compiler and Python's own headers.
-SNAPSHOT_READER = Extension("npumem.trace._snapshot_reader",
-                            ["src/npumem/trace/_snapshot_reader.c"],
+SNAPSHOT_READER = Extension("npumem.trace.snapshot._reader",
+                            ["src/npumem/trace/snapshot/_reader.c"],
                             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
 setup(cmdclass={"build_py": BuildWithProfileHook}, ext_modules=[SNAPSHOT_READER])

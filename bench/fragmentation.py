@@ -30,7 +30,7 @@ import time
 from defaults import traces
 from npumem.alloc.settings import AllocatorSettings
 from npumem.trace import TraceEvent, read_trace
-from npumem.trace.replay import replay
+from npumem.whatif.replay import replay
 
 CONFIGS = [("pool", None), ("pool (segments)", AllocatorSettings(expandable_segments=False)),
            ("pool (predictive)", AllocatorSettings(predictive=True)), ("torch", None), ("device", None)]

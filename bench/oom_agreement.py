@@ -29,9 +29,9 @@ sys.path.insert(0, os.path.join(ROOT, "src"))
 
 from capped_recordings import capped, truth  # noqa: E402
 
-from npumem.trace.recording import load_recording, recording_from_data  # noqa: E402
-from npumem.trace.torch_replay import replay_recording  # noqa: E402
-from npumem.trace.torch_tune import tune_recording  # noqa: E402
+from npumem.trace.snapshot import load_recording, recording_from_data  # noqa: E402
+from npumem.whatif.torch_replay import replay_recording  # noqa: E402
+from npumem.whatif.torch_tune import tune_recording  # noqa: E402
 
 LEVELS = (0.25, 0.5, 0.75, 0.9)  # caps between the peak live and the peak reserved
 

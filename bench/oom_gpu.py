@@ -72,7 +72,7 @@ VARIANTS = (("observer", "fraction, observer's limit"), ("inferred", "fraction, 
             ("memory", "fraction, `--memory`"))
 
 
-# tune's lists as of this script (npumem.trace.torch_tune), used only where npumem does not
+# tune's lists as of this script (npumem.whatif.torch_tune), used only where npumem does not
 # import on the GPU machine: the run must not depend on the rest of the tree being whole
 _CANDIDATES = ("", "expandable_segments:True", "max_split_size_mb:64", "max_split_size_mb:128",
                "max_split_size_mb:256", "max_split_size_mb:512", "roundup_power2_divisions:4",
@@ -86,9 +86,9 @@ def settings_considered() -> list[str]:
     """What tune replays on a snapshot that died under a fraction: every candidate, and the
     garbage-collection thresholds (they act only under a fraction)."""
     try:
-        from npumem.trace.torch_tune import CANDIDATES, GC_CANDIDATES
+        from npumem.whatif.torch_tune import CANDIDATES, GC_CANDIDATES
     except Exception as exc:              # noqa: BLE001 - a tree mid-edit: the copy above
-        print(f"WARNING: npumem.trace.torch_tune does not import ({type(exc).__name__}: {exc}); "
+        print(f"WARNING: npumem.whatif.torch_tune does not import ({type(exc).__name__}: {exc}); "
               f"using this script's copy of its candidates", flush=True)
         return list(_CANDIDATES)
     return list(CANDIDATES) + list(GC_CANDIDATES)
@@ -113,7 +113,7 @@ def workloads() -> dict:
 
 def oom_key() -> str:
     try:
-        from npumem.trace.snapshot_schema import OOM_KEY
+        from npumem.trace.snapshot.schema import OOM_KEY
     except Exception:                     # noqa: BLE001
         return "npumem_oom"
     return OOM_KEY
@@ -540,9 +540,9 @@ def truth_key(setting: str, base) -> str:
 def tune_variant(path: str, variant: str, cap: int, steps: int, scratch: str):
     """tune as `npumem tune` runs it: observer (the snapshot as dumped, limit kept), inferred
     (the limit removed, as the plain observer writes it), memory (that, with --memory CAP)."""
-    from npumem.trace.snapshot_schema import OOM_KEY
-    from npumem.trace.torch_replay import load_for_model
-    from npumem.trace.torch_tune import tune_recording
+    from npumem.trace.snapshot.schema import OOM_KEY
+    from npumem.whatif.torch_replay import load_for_model
+    from npumem.whatif.torch_tune import tune_recording
     if variant != "observer":
         with gzip.open(path, "rb") as handle:
             data = pickle.load(handle)
@@ -718,8 +718,8 @@ def replay_checks(rows: list[dict], folder: str) -> dict:
     MATCH, and whether the model runs out of memory at the entry the GPU first did (the one the
     run died of, or one cuDNN caught and the run went on from: the replay refuses each
     recorded OOM where it MATCHes)."""
-    from npumem.trace.recording import first_oom
-    from npumem.trace.torch_replay import load_for_model, replay_file
+    from npumem.trace.snapshot import first_oom
+    from npumem.whatif.torch_replay import load_for_model, replay_file
     out = {"snapshots": 0, "match": 0, "same_oom": 0, "mismatched": [], "not_match": []}
     for r in rows:
         if r["kind"] != "capped" or r.get("finished") is not False or not r.get("snapshot"):
@@ -795,9 +795,9 @@ def simulate(args) -> None:
     the limit, as the observer keeps it) and its truth for each setting."""
     from capped_recordings import DEVICE, capped, truth
 
-    from npumem.trace.recording import load_recording
-    from npumem.trace.snapshot_schema import OOM_KEY
-    from npumem.trace.torch_replay import replay_recording
+    from npumem.trace.snapshot import load_recording
+    from npumem.trace.snapshot.schema import OOM_KEY
+    from npumem.whatif.torch_replay import replay_recording
     os.makedirs(args.out_dir, exist_ok=True)
     settings = settings_considered()
     with open(os.path.join(args.out_dir, RESULTS), "w") as results:

@@ -12,7 +12,8 @@ import argparse
 import json
 
 from defaults import planning_problems
-from npumem.planning import load_problem, plan
+from npumem.planning import plan
+from npumem.trace.lifetimes import load_problem
 
 
 

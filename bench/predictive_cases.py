@@ -26,7 +26,7 @@ from npumem.alloc.caching_allocator import CachingAllocator
 from npumem.alloc.settings import AllocatorSettings
 from npumem.device.sim import SimBackend, SimConfig
 from npumem.trace import read_trace
-from npumem.trace.replay import replay
+from npumem.whatif.replay import replay
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"

@@ -26,10 +26,10 @@ import torch
 
 from npumem.alloc.torch_model import from_snapshot
 from npumem.trace import read_trace
-from npumem.trace.recording import recording_from_data
+from npumem.trace.snapshot import recording_from_data
 from defaults import traces as default_traces
-from npumem.trace.replay import replay
-from npumem.trace.torch_replay import replay_recording
+from npumem.whatif.replay import replay
+from npumem.whatif.torch_replay import replay_recording
 from npumem.units import format_size
 
 

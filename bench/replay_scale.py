@@ -18,7 +18,7 @@ import time
 
 from defaults import one_trace
 from npumem.trace import read_trace, write_trace
-from npumem.trace.sweep import ReplayJob, run_jobs, sweep_settings
+from npumem.whatif.sweep import ReplayJob, run_jobs, sweep_settings
 
 SOURCE = one_trace("opt_generate.jsonl.gz", "gpt_generate.pickle.gz")
 SWEEP = ["expandable_segments=True,False", "roundup_power2_divisions=0,4", "segment_size_mb=4,20"]

@@ -27,7 +27,7 @@ from npumem.alloc import predictive
 from npumem.alloc.settings import AllocatorSettings
 from npumem.alloc.step_plan import PAGE, rotated
 from npumem.trace import read_trace
-from npumem.trace.replay import replay
+from npumem.whatif.replay import replay
 
 
 def pages_touched(ranges) -> set[int]:

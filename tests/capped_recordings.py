@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from npumem.alloc.torch_model import (DeviceMemory, ModelOutOfMemory, TorchAllocatorModel,
                                       from_snapshot, parse_config, round_size)
-from npumem.trace.recording import load_recording
-from npumem.trace.torch_replay import plan_calls, replay_recording
+from npumem.trace.snapshot import load_recording
+from npumem.whatif.torch_replay import plan_calls, replay_recording
 
 DEVICE = 80 << 30            # the device behind a fraction cap (an H100's memory)
 

@@ -18,8 +18,8 @@ from typing import Callable
 
 from npumem.errors import AclError
 from npumem.planning.problem import ProblemFormatError
-from npumem.profile.snapshot import SnapshotError
-from npumem.trace.events import TraceFormatError
+from npumem.trace.snapshot import SnapshotError
+from npumem.trace.file_checks import TraceFormatError
 
 CLEAR_ERRORS = (TraceFormatError, SnapshotError, ProblemFormatError, AclError)
 
@@ -85,11 +85,12 @@ def jsonl_seed() -> bytes:
 
 def jsonl_snapshot_seed() -> bytes:
     from npumem.trace import jsonl
+    from npumem.trace.snapshot import json_form
 
     buffer = io.StringIO()
     header = {jsonl.SNAPSHOT_KEY: 1, **{k: v for k, v in snapshot_seed().items()
                                          if k != "device_traces"}}
-    buffer.write(json.dumps(jsonl._to_json(header)) + "\n")
+    buffer.write(json.dumps(json_form._to_json(header)) + "\n")
     for entry in snapshot_seed()["device_traces"][0]:
         buffer.write(json.dumps({"device": 0, **entry}) + "\n")
     return buffer.getvalue().encode()
@@ -198,7 +199,7 @@ def read_for_report(path: str) -> None:
 
 def read_for_replay(path: str) -> None:
     """`npumem replay --check FILE`: PyTorch's allocator modelled over the recording."""
-    from npumem.trace.torch_replay import replay_file
+    from npumem.whatif.torch_replay import replay_file
 
     replay_file(path, check=True)
 
@@ -223,7 +224,7 @@ def read_plan(path: str) -> None:
 
 
 def read_stats(path: str) -> None:
-    from npumem.bridges.torch_allocator import torch_memory_summary
+    from npumem.profile.torch_allocator import torch_memory_summary
     torch_memory_summary(path)
 
 

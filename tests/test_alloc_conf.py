@@ -19,7 +19,7 @@ from npumem.alloc.torch_model.config import (config_warnings, env_names, from_sn
                                              parse_config, read_env)
 from npumem.cli import main
 from npumem.errors import InvalidParamError
-from npumem.trace.sweep import split_for, sweep_settings
+from npumem.whatif.sweep import split_for, sweep_settings
 
 from .torch_recorder import record
 

@@ -320,8 +320,8 @@ def test_an_early_exit_is_a_failure_with_its_message(tmp_path):
 def test_the_h200_recordings_under_each_setting_replay_exactly(setting):
     """The GPU recordings behind estimate_truth.jsonl's mlp lines (one per allocator setting):
     the allocator model reproduces every segment event of each, under the settings it ran with."""
-    from npumem.trace.recording import load_recording
-    from npumem.trace.torch_replay import replay_recording
+    from npumem.trace.snapshot import load_recording
+    from npumem.whatif.torch_replay import replay_recording
     recording = load_recording(os.path.join(HERE, "data", "cuda_snapshots_h200", f"mlp@{setting}.pickle.gz"))
     result = replay_recording(recording, recording.base_config(), check=True)
     truth = next(json.loads(line) for line in open(TRUTH)
@@ -344,8 +344,8 @@ def test_the_predicted_snapshot_opens_like_a_recorded_one(tmp_path):
     assert done.returncode == 0, done.stderr
     estimate = json.loads((out / "estimate.json").read_text())
     assert estimate == json.loads(done.stdout)
-    from npumem.trace.recording import load_recording
-    from npumem.trace.torch_replay import replay_recording
+    from npumem.trace.snapshot import load_recording
+    from npumem.whatif.torch_replay import replay_recording
     recording = load_recording(str(out / "predicted.pickle"))
     assert recording.predicted and recording.segments
     # the predicted snapshot's own segment events replay exactly, and say the estimate's peak

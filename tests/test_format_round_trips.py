@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from npumem.cli import main
 from npumem.trace import read_trace, write_trace
-from npumem.trace.recording import load_data
+from npumem.trace.snapshot import load_data
 
 RECORDED = Path(__file__).parent / "data" / "cuda_snapshots" / "gpt_train.pickle.gz"
 SUFFIX = {"jsonl": "t.jsonl", "chrome": "t.json", "snapshot": "t.pickle", "rmm": "t.csv",

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from npumem.cli import main
-from npumem.trace.recording import load_data
+from npumem.trace.snapshot import load_data
 
 from .fuzzing import HOSTILE_PICKLES, snapshot_seed
 
@@ -71,7 +71,7 @@ def test_a_memo_bomb_is_refused_before_it_costs_memory(tmp_path):
     """The reader sizes its memo by what the pickle has memoized, not by the index asked for:
     refusing the bomb costs no more than reading a small real snapshot."""
     script = ("import sys, resource\n"
-              "from npumem.trace.recording import load_data\n"
+              "from npumem.trace.snapshot import load_data\n"
               "try:\n    load_data(sys.argv[1])\n    print('read')\n"
               "except Exception as exc:\n    print(type(exc).__name__, exc)\n"
               "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")

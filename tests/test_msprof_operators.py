@@ -18,7 +18,7 @@ from npumem.cli import main
 from npumem.profile.ascend import find_outputs, sparkline
 from npumem.trace import TraceFormatError, detect_format, read_trace
 from npumem.trace.msprof import is_module_memory, to_snapshot, usage_curves
-from npumem.trace.recording import load_data
+from npumem.trace.snapshot import load_data
 
 DATA = pathlib.Path(__file__).parent / "data" / "msprof"
 ASCEND_PT = DATA / "worker0_20250101080000000_ascend_pt"

@@ -23,9 +23,9 @@ import pytest
 
 from npumem.alloc.torch_model import (DeviceMemory, ModelOutOfMemory, TorchAllocatorModel,
                                       parse_config)
-from npumem.trace.recording import first_oom
-from npumem.trace.torch_replay import load_for_model, replay_recording
-from npumem.trace.torch_tune import tune_recording
+from npumem.trace.snapshot import first_oom
+from npumem.whatif.torch_replay import load_for_model, replay_recording
+from npumem.whatif.torch_tune import tune_recording
 
 DATA = Path(__file__).parent / "data" / "cuda_oom_h200"
 MiB = 1 << 20

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from npumem.cli import main
-from npumem.trace.extend import extend
-from npumem.trace.recording import load_recording, recording_from_data
-from npumem.trace.torch_replay import capacity_bounds, replay_file, replay_recording
-from npumem.trace.torch_tune import tune_recording
+from npumem.whatif.extend import extend
+from npumem.trace.snapshot import load_recording, recording_from_data
+from npumem.whatif.torch_replay import capacity_bounds, replay_file, replay_recording
+from npumem.whatif.torch_tune import tune_recording
 
 from .capped_recordings import capped, truth
 from .torch_recorder import record
@@ -196,7 +196,7 @@ def test_a_trace_that_begins_mid_run_says_so():
 
 
 def test_candidates_replayed_in_worker_processes_give_the_same_verdicts(monkeypatch):
-    from npumem.trace import torch_tune
+    from npumem.whatif import torch_tune
 
     path = "tests/data/cuda_snapshots/mlp.pickle.gz"
     full = replay_file(path)

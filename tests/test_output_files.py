@@ -55,7 +55,7 @@ def test_outputs_are_checked_before_the_work(tmp_path, source):
 
 
 def test_a_failed_write_leaves_no_partial_file_and_keeps_the_old_one(tmp_path, source, monkeypatch):
-    from npumem.trace import jsonl
+    from npumem.trace.snapshot import json_form as jsonl
 
     target = tmp_path / "out.jsonl"
     target.write_text("the previous output\n")

@@ -17,8 +17,8 @@ from npumem.alloc.settings import AllocatorSettings, parse_settings
 from npumem.alloc.step_learner import StepLearner
 from npumem.device.sim import SimBackend, SimConfig
 from npumem.planning import PlanError
-from npumem.trace.events import TraceEvent
-from npumem.trace.replay import replay
+from npumem.events import TraceEvent
+from npumem.whatif.replay import replay
 
 MiB = 1 << 20
 # one "step": (size, lifetime in requests) — activations live long, temporaries briefly

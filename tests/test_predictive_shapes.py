@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from npumem.alloc.settings import AllocatorSettings
 from npumem.alloc.step_learner import StepLearner, Template, _scaled
 from npumem.trace import read_trace
-from npumem.trace.replay import replay
+from npumem.whatif.replay import replay
 
 from .test_predictive import (POOL_KINDS, STEP, assert_no_overlap, checked_with_lag, make_pool,
                               run_step)

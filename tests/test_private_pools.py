@@ -13,8 +13,8 @@ from hypothesis import given, settings, strategies as st
 from npumem.alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
                                       TorchAllocatorModel, parse_config)
 from npumem.cli import main
-from npumem.trace.recording import recording_from_data
-from npumem.trace.torch_replay import replay_file
+from npumem.trace.snapshot import recording_from_data
+from npumem.whatif.torch_replay import replay_file
 
 from .torch_recorder import record
 

@@ -16,7 +16,7 @@ from npumem.alloc.caching_allocator import CachingAllocator
 from npumem.device.sanitizer import SANITIZER
 from npumem.observe import OBSERVERS
 from npumem.trace import read_trace
-from npumem.trace.replay import replay
+from npumem.whatif.replay import replay
 from npumem.units import MiB
 
 from .conftest import SMALL_SIM, run_threads

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torch")
 
 from npumem.trace import read_trace  # noqa: E402
-from npumem.trace.replay import replay  # noqa: E402
+from npumem.whatif.replay import replay  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "bench" / "record_workloads.py"
 

@@ -121,7 +121,7 @@ def test_a_small_file_of_shared_huge_stacks_costs_what_it_holds(tmp_path):
     converted = CliRunner().invoke(main, ["convert", str(source), str(target)])
     assert converted.exit_code == 0, converted.output
     assert target.stat().st_size < source.stat().st_size        # the stack is written once
-    from npumem.trace.recording import load_data
+    from npumem.trace.snapshot import load_data
 
     back = load_data(str(target))["device_traces"][0]
     assert len(back) == 6_000 and len(back[0]["frames"]) == 256

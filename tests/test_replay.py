@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from npumem.cli import main
 from npumem.trace import TraceFormatError, read_trace
-from npumem.trace.replay import replay
+from npumem.whatif.replay import replay
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data not beside the repo")

@@ -1,4 +1,4 @@
-"""The C snapshot reader (trace/_snapshot_reader.c) against Python's own unpickler, the oracle:
+"""The C snapshot reader (trace/snapshot/_reader.c) against Python's own unpickler, the oracle:
 the same plain data for any pickle a pickler writes, the same entries as dicts, and the same
 refusals for what is not plain data or breaks the entry rule."""
 
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npumem.trace import entry_columns
-from npumem.trace.entry_columns import EntryError, UnsafePickle, load_pickle, rows
-from npumem.trace.events import shown
-from npumem.trace.recording import load_data
+from npumem.trace.snapshot import columns as entry_columns
+from npumem.trace.snapshot.columns import EntryError, UnsafePickle, load_pickle, rows
+from npumem.trace.file_checks import shown
+from npumem.trace.snapshot import load_data
 
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -234,7 +234,7 @@ def test_random_damage_never_crashes_the_reader():
 
 
 def test_the_python_side_states_what_the_reader_does():
-    from npumem.trace import _snapshot_reader as native
+    from npumem.trace.snapshot import _reader as native
 
     assert entry_columns.ACTIONS == native.ACTIONS
     assert entry_columns.MAX_FRAMES == native.MAX_FRAMES
@@ -245,7 +245,7 @@ def test_without_the_built_reader_npumem_works_and_a_snapshot_is_one_clear_line(
     path = tmp_path / "s.pickle"
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
     script = ("import sys\n"
-              "sys.modules['npumem.trace._snapshot_reader'] = None\n"
+              "sys.modules['npumem.trace.snapshot._reader'] = None\n"
               "from npumem.cli import main\n"
               "main(['report', sys.argv[1]])\n")
     done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,

@@ -14,12 +14,12 @@ from click.testing import CliRunner
 import npumem.memory as mem
 from npumem.cli import main
 from npumem.trace import TraceFormatError
-from npumem.trace.events import TraceEvent
-from npumem.trace.recording import recording_from_data
+from npumem.events import TraceEvent
+from npumem.trace.snapshot import recording_from_data
 from npumem.trace.snapshot import from_events, read_with_steps
 from npumem.trace.formats import read_with_steps as read_any_with_steps
 from npumem.trace.step_marks import step_positions
-from npumem.trace.sweep import ReplayJob
+from npumem.whatif.sweep import ReplayJob
 
 from .test_predictive import STEP
 

@@ -14,8 +14,8 @@ from npumem.alloc.torch_model import (DeviceMemory, ModelOutOfMemory, TorchAlloc
                                       parse_config, round_size)
 from npumem.cli import main
 from npumem.errors import InvalidParamError
-from npumem.trace.recording import load_recording
-from npumem.trace.torch_replay import replay_file, replay_recording
+from npumem.trace.snapshot import load_recording
+from npumem.whatif.torch_replay import replay_file, replay_recording
 
 from .torch_recorder import record
 

@@ -273,8 +273,8 @@ def test_the_npu_keys_are_torch_npus():
 
 
 def test_tune_leaves_out_the_settings_torch_npu_would_stop_on(tmp_path):
-    from npumem.trace.recording import load_recording
-    from npumem.trace.torch_tune import tune_recording
+    from npumem.trace.snapshot import load_recording
+    from npumem.whatif.torch_tune import tune_recording
     workload = [("alloc", i, (i % 5 + 1) * 3 * MiB) for i in range(12)]
     workload += [("free", i) for i in range(0, 12, 2)] + [("alloc", 20, 40 * MiB)]
     snapshot = record(workload, "expandable_segments:True", flavour="npu")

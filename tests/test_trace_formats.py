@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from npumem.cli import main
 from npumem.trace import FORMATS, TraceEvent, TraceFormatError, detect_format, read_trace, write_trace
-from npumem.trace.sweep import ReplayJob, run_jobs, sweep_settings
-from npumem.trace.tune import tune
+from npumem.whatif.sweep import ReplayJob, run_jobs, sweep_settings
+from npumem.whatif.tune import tune
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data not beside the repo")

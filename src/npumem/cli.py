@@ -211,8 +211,8 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     import json
 
     from .trace.formats import holds_snapshot
-    from .trace.replay import ALLOCATORS
-    from .trace.sweep import ReplayJob, run_jobs
+    from .whatif.replay import ALLOCATORS
+    from .whatif.sweep import ReplayJob, run_jobs
 
     traces = tuple(_profile_input(path) for path in traces)
     names = [name.strip() for name in (allocators or "pool,torch,device").split(",") if name.strip()]
@@ -252,7 +252,7 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     results = _run_replays("replay", as_json, lambda update: run_jobs(jobs, scheduler, workers, update))
     if plot_path:
         from .output_files import written_whole
-        from .trace.plot import sweep_svg
+        from .whatif.plot import sweep_svg
         with written_whole(plot_path) as partial, open(partial, "w", encoding="utf-8") as out:
             out.write(sweep_svg(results))
     if as_json:
@@ -334,7 +334,7 @@ def _settings_for(names, settings, sweeps) -> tuple[dict[str, list[str]], list[t
     from .alloc.settings import parse_settings
     from .alloc.torch_model.config import parse_config
     from .errors import InvalidParamError
-    from .trace.sweep import split_for, sweep_settings
+    from .whatif.sweep import split_for, sweep_settings
 
     hint = "--sweep" if sweeps else "--set"
     try:
@@ -442,7 +442,7 @@ def _replay_check(traces, names, settings, memory, as_json, pad=None) -> None:
     from .errors import InvalidParamError
     from .trace import TraceFormatError, detect_format
     from .trace.formats import DESCRIPTIONS, holds_snapshot
-    from .trace.sweep import replay_torch
+    from .whatif.sweep import replay_torch
     from .units import format_size
 
     for path in traces:
@@ -551,8 +551,8 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
     import json
 
     from .profile.oom import oom_lines
-    from .trace.torch_replay import load_for_model
-    from .trace.torch_tune import tune_recording
+    from .whatif.torch_replay import load_for_model
+    from .whatif.torch_tune import tune_recording
     from .units import format_size
 
     recording = _run_replays("tune", as_json, lambda update: load_for_model(
@@ -596,8 +596,8 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
 def _tune_pool(trace, as_json, scheduler, workers) -> None:
     import json
 
-    from .trace.sweep import settings_label
-    from .trace.tune import tune as run_tune
+    from .whatif.sweep import settings_label
+    from .whatif.tune import tune as run_tune
     from .units import format_size
 
     result = _run_replays("tune", as_json, lambda update: run_tune(
@@ -664,7 +664,7 @@ def _readable_or_refused(source: str, written: str, fmt: str) -> None:
     """A conversion that wrote no event (a header-only input, say) must still give a file
     npumem reads back; otherwise nothing is written and the reason is given."""
     from .trace import TraceFormatError, read_trace
-    from .trace.recording import load_data
+    from .trace.snapshot import load_data
 
     try:
         if fmt in ("snapshot", "jsonl"):
@@ -692,7 +692,8 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
     import json
 
     from .output_files import OutputPathError, check_output, written_whole
-    from .planning import ALGORITHMS, ProblemFormatError, load_problem, plan as run_plan
+    from .planning import ALGORITHMS, ProblemFormatError, plan as run_plan
+    from .trace.lifetimes import load_problem
     from .trace import TraceFormatError
     from .units import format_size
 
@@ -955,7 +956,7 @@ def report(path, html_out, top, snapshot_path, device, window_text):
     from .output_files import OutputPathError, check_output
     from .profile.html import render_html
     from .profile.report import build_report, format_report
-    from .trace.events import not_a_file
+    from .file_paths import not_a_file
 
     if not (os.path.isfile(path) or os.path.isdir(path)):
         click.echo(f"error: {path}: {not_a_file(path)}", err=True)
@@ -1135,7 +1136,7 @@ def _usage_summary(path: str) -> str:
 
 
 def _report_torch_stats(path: str, snapshot_path: str | None) -> None:
-    from .bridges.torch_allocator import torch_memory_summary
+    from .profile.torch_allocator import torch_memory_summary
     from .errors import AclError
     from .profile import SnapshotError
 
@@ -1197,7 +1198,7 @@ def _echo_recorded_ooms(paths) -> bool:
     from .profile.oom import oom_lines
     from .trace import TraceFormatError
     from .trace.formats import holds_snapshot
-    from .trace.recording import first_oom, load_recording
+    from .trace.snapshot import first_oom, load_recording
 
     died = False
     for path in paths:

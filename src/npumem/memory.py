@@ -13,15 +13,15 @@ Pools are released with their device (reset_device / finalize); blocks still liv
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 
 from .alloc.caching_allocator import CachingAllocator, OutOfMemoryError
 from .alloc.host_pool import HostPool
+from .alloc.process_pools import POOLS
 from .alloc.settings import AllocatorSettings, parse_settings, settings_from_env
 from .alloc.summary import format_summary
-from .bridges.torch_allocator import torch_memory_stats, torch_memory_summary
+from .profile.torch_allocator import torch_memory_stats, torch_memory_summary
 from .device.sanitizer import SANITIZER
 from .constants import MemAttr
 from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError, integer_argument
@@ -42,8 +42,8 @@ __all__ = [
     "torch_memory_stats", "torch_memory_summary",     # PyTorch's own allocator, live or saved
 ]
 
-_lock = threading.RLock()
-_pools: dict[int, CachingAllocator] = {}
+_lock = POOLS.lock
+_pools: dict[int, CachingAllocator] = POOLS.by_device
 _settings: AllocatorSettings | None = None
 _host_pool: HostPool | None = None
 _history: Tracker | None = None    # the events memory_snapshot() reports as device_traces

@@ -40,7 +40,7 @@ import numpy as np
 from . import precision
 from .errors import OpParamError
 from .ops import REGISTRY, aclnn, empty, from_numpy
-from .ops.dtypes import as_data_type
+from .dtypes import as_data_type
 
 POLICIES = ("float32", "bfloat16", "float16", "int8", "auto")
 FLOAT16_MAX = 65504.0

@@ -37,7 +37,7 @@ def written_whole(path: str):
     """Yield a temporary path beside `path` (same name at the end, so writers that look at the
     suffix, .gz say, see it); on success it replaces `path`, on any error it is removed. A
     writer's TraceFormatError names the file it was given: it is raised again naming `path`."""
-    from .trace.events import TraceFormatError
+    from .trace.file_checks import TraceFormatError
 
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))

@@ -29,7 +29,7 @@ import numpy as np
 from . import memory as pool_api
 from .constants import MemcpyKind
 from .ops.tensor import Tensor, empty
-from .ops.dtypes import as_data_type
+from .dtypes import as_data_type
 from .runtime import memory as rt_memory
 from .runtime.state import RUNTIME
 from .runtime.stream import Event

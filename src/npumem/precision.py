@@ -84,7 +84,7 @@ class PrecisionReport:
 
 def to_numpy(value) -> np.ndarray:
     """A host numpy copy or view of an npumem tensor, a torch tensor or anything array-like."""
-    from .ops.dtypes import from_bf16_bits
+    from .dtypes import from_bf16_bits
     from .ops.tensor import Tensor
 
     if isinstance(value, Tensor):

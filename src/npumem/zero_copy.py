@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from .errors import OpParamError
-from .ops.dtypes import as_data_type, numpy_dtype
+from .dtypes import as_data_type, numpy_dtype
 from .ops.tensor import Tensor, contiguous_strides, create_tensor
 from .runtime import memory as rt_memory
 from .runtime.hostmem import PINNED

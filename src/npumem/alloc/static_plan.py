@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import InvalidParamError, MemoryFreeError
 from ..planning import Plan, plan as make_plan, problem_from_trace
-from ..trace.events import TraceEvent
+from ..events import TraceEvent
 from .resource import MemoryResource
 
 ALIGNMENT = 64            # every planned block starts 64-byte aligned (the carving rule)

@@ -36,14 +36,12 @@ import types
 import warnings
 import weakref
 from bisect import bisect_right
-from typing import TYPE_CHECKING
 
 from ..errors import InvalidParamError, MemoryAccessError
 from ..units import format_size
 from .address_index import AddressIndex, Allocation
+from .running import running_stream
 
-if TYPE_CHECKING:
-    from ..alloc.block import Block
 
 
 class SanitizerWarning(RuntimeWarning):
@@ -202,7 +200,7 @@ class PoolSanitizer:
                 self._refuse(pool, address, rng.nbytes, what)
         return rng
 
-    def _live_block_at(self, pool, address: int, fresh: bool) -> Block | None:
+    def _live_block_at(self, pool, address: int, fresh: bool):
         """The live block holding `address`. A sorted list of the pool's live starts is kept
         between checks: from the nearest of them below the address, a short walk along the
         block list finds blocks allocated since; a hit is verified against the pool, and the
@@ -277,7 +275,7 @@ class _TensorRecord:
     __slots__ = ("pool", "start", "requested", "streams", "freed")
     extra = types.MappingProxyType({"tensor": True})      # as the full level marks a tensor's
 
-    def __init__(self, pool, block: Block, streams: set):
+    def __init__(self, pool, block, streams: set):
         self.pool, self.start, self.requested = pool, block.start, block.requested
         self.streams, self.freed = streams, False
 
@@ -290,8 +288,6 @@ class _TensorRecord:
             return True
         if not self.streams:
             return False
-        from ..runtime.stream import running_stream   # runtime imports device: import late
-
         return running_stream() in self.streams
 
     def describe(self) -> str:
@@ -299,7 +295,7 @@ class _TensorRecord:
         return f"pool block 0x{self.start:x} of {self.requested} bytes{state}"
 
 
-def _describe(block: Block, live: bool) -> str:
+def _describe(block, live: bool) -> str:
     if live:
         return f"pool block 0x{block.start:x} of {block.size} bytes ({block.requested} requested)"
     if block.allocated:
@@ -318,7 +314,7 @@ def _first_blocks(pool):
         yield arena.first
 
 
-def _block_holding(pool, address: int) -> Block | None:
+def _block_holding(pool, address: int):
     """The block (live, cached or pending) holding `address`: a walk along its segment's or
     arena's block list (call with the pool's lock held). Free neighbours merge, so from the
     nearest live block below the address the walk is short."""
@@ -339,12 +335,10 @@ def _block_holding(pool, address: int) -> Block | None:
     return None
 
 
-def _stream_ordered(block: Block) -> bool:
+def _stream_ordered(block) -> bool:
     """Whether the running stream may still use a freed `block`: work queued on the block's own
     stream before the free runs after it, legitimately; a pending block (record_stream) waits
     for the streams that use it."""
-    from ..runtime.stream import running_stream   # runtime imports device: import late
-
     running = running_stream()
     if running is None:
         return False
@@ -366,8 +360,6 @@ def stale_use(block: Allocation, what: str, address: int, nbytes: int) -> Memory
     the block's own stream (freeing there is ordered after that stream's queued work)."""
     if block.live:
         return None
-    from ..runtime.stream import running_stream   # runtime imports device: import late
-
     running = running_stream()
     owner = block.extra.get("stream")
     if running is not None and (owner is running or (owner is None and running.is_default)):

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from ..alloc.torch_model import TorchAllocatorConfig, parse_config
 from ..alloc.torch_model.config import npu_pad, read_env
 from ..profile.analysis import by_category, group_by_site, live_after
-from ..trace.recording import Recording, recording_from_data
-from ..trace.torch_replay import UNLIMITED, replay_recording
-from ..trace.torch_tune import tune_recording
+from ..trace.snapshot import Recording, recording_from_data
+from ..whatif.torch_replay import UNLIMITED, replay_recording
+from ..whatif.torch_tune import tune_recording
 from . import native
 from .kernel_rules import BOUND_LABEL
 from .targets import Target, target as find_target

@@ -18,6 +18,7 @@ synchronize raises the fault (a KernelFault's code, 507015) naming the core, til
 
 from __future__ import annotations
 
+import abc
 import collections
 import functools
 import inspect
@@ -29,14 +30,21 @@ import numpy as np
 
 from ..aicore.profile import Profile, current_profile
 from ..aicore.timeline import Timeline
+from ..device.running import running_stream
+from ..dtypes import numpy_dtype
 from ..errors import FeatureNotSupportedError, InvalidParamError, KernelFault
 from ..observe import OBSERVERS, emit_kernel
-from ..ops.dtypes import numpy_dtype
-from ..ops.tensor import Tensor
 from ..runtime.state import RUNTIME
-from ..runtime.stream import device_work, running_stream
+from ..runtime.stream import device_work
 from .context import BlockContext, CoreMemory, enter
 from .tensors import Argument, GlobalTensor
+
+class DeviceTensor(abc.ABC):
+    """A tensor in device memory, as a kernel argument (ops.Tensor registers as one): it has
+    `address` and `dtype` (a DataType), `span()` (address, bytes) for the bounds check, and
+    `storage` with `check_live(what)` and `used_on(stream)`. Kernels sit below the ops that
+    define tensors, so they name only what they use of one."""
+
 
 KINDS = ("vector", "cube")
 RECENT = collections.deque(maxlen=64)     # the last launches (with their timelines), newest last
@@ -106,7 +114,7 @@ class KernelFunction:
                                     f"argument(s) ({', '.join(self.parameters)}), got {len(args)}")
         ranges = {}
         for name, value in zip(self.parameters, args):
-            if isinstance(value, Tensor):
+            if isinstance(value, DeviceTensor):
                 value.storage.check_live(f"kernel {self.name} argument {name}")
                 ranges[name] = backend.resolve(*value.span(), f"kernel {self.name} argument "
                                                f"{name}")
@@ -116,7 +124,7 @@ class KernelFunction:
                                   on_skip=launch.skipped),
                       f"kernel {self.name}[{block_dim}]")
         for value in args:
-            if isinstance(value, Tensor):
+            if isinstance(value, DeviceTensor):
                 value.storage.used_on(queue)
         return launch
 
@@ -124,7 +132,7 @@ class KernelFunction:
         backend = RUNTIME.backend
         values = []
         for name, value in zip(self.parameters, args):
-            if isinstance(value, Tensor):
+            if isinstance(value, DeviceTensor):
                 raw = backend.kernel_view(ranges[name], f"kernel {self.name} argument {name}")
                 value = GlobalTensor(None, Argument(name, value.address, raw,
                                                     numpy_dtype(value.dtype)))

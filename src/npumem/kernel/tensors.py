@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.dtypes import as_data_type, numpy_dtype
+from ..dtypes import as_data_type, numpy_dtype
 from .context import current
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from .. import memory as pool_api
 from ..constants import MemcpyKind
 from ..ops.tensor import Tensor
-from ..ops.dtypes import numpy_dtype
+from ..dtypes import numpy_dtype
 from ..runtime import memory as rt_memory
 from ..runtime.state import RUNTIME
 

@@ -19,7 +19,7 @@ from ..constants import DataType
 from ..errors import OpNullptrError, OpParamError
 from ..observe import tagged
 from . import kernels, sparse, tiled_kernels, torch_kernels  # noqa: F401 - register kernels
-from .dtypes import as_data_type, computable
+from ..dtypes import as_data_type, computable
 from .executor import Executor, OpCall, destroy_executor, launch, plan, set_executor_repeatable
 from .phase1_cache import PHASE1
 from .tensor import Scalar, Tensor, as_scalar

@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import OpParamError
 from ..runtime.state import RUNTIME
 from . import aclnn
-from .dtypes import numpy_dtype
+from ..dtypes import numpy_dtype
 from .tensor import Tensor, empty, from_numpy
 
 

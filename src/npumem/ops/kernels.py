@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..constants import DataType
-from .dtypes import from_bf16_bits, to_bf16_bits
+from ..dtypes import from_bf16_bits, to_bf16_bits
 from .registry import register_op
 
 HOST_VISIBLE = ("sim",)

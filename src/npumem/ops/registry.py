@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..constants import DataType
 from ..errors import OpParamError
-from .dtypes import as_data_type
+from ..dtypes import as_data_type
 
 ANY = "*"
 

@@ -20,8 +20,9 @@ from ..device.sanitizer import SANITIZER, warn
 from ..errors import InvalidParamError, MemoryAccessError, OpNullptrError, OpParamError
 from ..runtime import memory as rt_memory
 from ..runtime.state import RUNTIME
+from ..dtypes import as_data_type, itemsize, numpy_dtype
+from ..kernel.launch import DeviceTensor
 from .dlpack_capsule import dlpack_device, to_dlpack
-from .dtypes import as_data_type, itemsize, numpy_dtype
 from .views import typed_view
 
 DATA_ALIGN = 32      # aclCreateTensor: tensor data starts 32-byte aligned
@@ -317,6 +318,9 @@ class Tensor:
         layout = "" if self.is_contiguous() else f", strides={self.strides}"
         return (f"npumem.Tensor(shape={self.shape}, dtype={self.dtype.name.lower()}{layout}, "
                 f"device={self.device}, address=0x{self.address:x})")
+
+
+DeviceTensor.register(Tensor)          # what kernels take as a device tensor argument
 
 
 class Scalar:

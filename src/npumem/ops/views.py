@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..constants import NUMPY_TYPES, DataType
-from .dtypes import numpy_dtype
+from ..dtypes import numpy_dtype
 
 # torch spells every type as numpy does, and has a real bfloat16.
 _TORCH_NAMES = {**NUMPY_TYPES, DataType.BF16: "bfloat16"}

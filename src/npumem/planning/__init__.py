@@ -7,9 +7,9 @@
 
 from .placement import Plan, PlanError, validate
 from .planner import ALGORITHMS, plan
-from .problem import (PlanningProblem, ProblemFormatError, load_problem, problem_from_arrays,
-                      problem_from_trace, read_problem)
+from .problem import (PlanningProblem, ProblemFormatError, problem_from_arrays, problem_from_trace,
+                      read_problem)
 
 __all__ = ["ALGORITHMS", "Plan", "PlanError", "PlanningProblem", "ProblemFormatError",
-           "load_problem", "plan", "problem_from_arrays", "problem_from_trace", "read_problem",
+           "plan", "problem_from_arrays", "problem_from_trace", "read_problem",
            "validate"]

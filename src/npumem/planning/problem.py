@@ -15,7 +15,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..trace.events import TraceEvent, not_a_file
+from ..events import TraceEvent
+from ..file_paths import not_a_file
 
 
 class ProblemFormatError(ValueError):
@@ -175,21 +176,3 @@ def problem_from_trace(events: Iterable[TraceEvent], name: str = "",
     for index in open_at.values():
         upper[index] = clock + 1
     return problem_from_arrays(lower, upper, size, name=name)
-
-
-def load_problem(path: str | os.PathLike) -> PlanningProblem:
-    """A CSV problem, or the lifetimes of any trace file npumem reads (format auto-detected)."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ProblemFormatError(path, "", not_a_file(path))
-    with open(path, "rb") as probe:
-        head = probe.read(64)
-    if head.lstrip().lower().startswith(b"id,lower,upper,size"):
-        return read_problem(path)
-    from ..trace import TraceFormatError, detect_format, read_trace
-    try:
-        fmt = detect_format(path)
-    except TraceFormatError as exc:
-        raise ProblemFormatError(path, 1, "neither a problem CSV (a header id,lower,upper,size) "
-                                 "nor an allocation trace: " + exc.reason) from None
-    return problem_from_trace(read_trace(path, fmt), os.path.basename(path))

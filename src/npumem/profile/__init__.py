@@ -28,7 +28,8 @@ from .fragmentation import analyze as analyze_fragmentation, format_fragmentatio
 from .leak_check import LeakError, check_leaks
 from .leaks import LeakReport, settle
 from .sampler import Sample, Sampler
-from .snapshot import SnapshotError, build_snapshot, load_snapshot, save_snapshot
+from ..trace.snapshot import SnapshotError, load_snapshot
+from .snapshot import build_snapshot, save_snapshot
 from .stacks import Frame
 from .torch_memory import dump_snapshot_on_oom
 from .tracker import Annotation, MemoryEvent, Tracker

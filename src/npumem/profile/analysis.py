@@ -13,7 +13,7 @@ import itertools
 import weakref
 from dataclasses import dataclass, field
 
-from ..trace.entry_columns import rows, take
+from ..trace.snapshot.columns import rows, take
 from ..units import format_size
 from .stacks import is_internal_file
 
@@ -383,11 +383,11 @@ _STARTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def start_state_of(snapshot: dict, device: int, recording=None):
-    """The state at the first entry of `device`'s trace (trace.recording.rebuild_start, a walk
+    """The state at the first entry of `device`'s trace (trace.snapshot.start_state.rebuild_start, a walk
     back over the whole trace), found once per trace read into columns however many parts of
     the report ask."""
-    from ..trace.entry_columns import Entries
-    from ..trace.recording import recording_from_data
+    from ..trace.snapshot.columns import Entries
+    from ..trace.snapshot import recording_from_data
 
     recording = recording or recording_from_data(snapshot, device=device)
     entries = recording.entries

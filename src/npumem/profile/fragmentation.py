@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from ..trace.entry_columns import rows
+from ..trace.snapshot.columns import rows
 from ..units import format_size
 
 LIVE_STATES = ("active_allocated", "active_pending_free")
@@ -146,7 +146,7 @@ def maps_over_time(snapshot: dict, device: int, moments: int = 24, also: int = -
     """The device's segments at `moments` points of its trace (evenly spaced in entries) and
     after entry `also` (the peak, say): [(time_us, allocated, [(address, size, map)])], in time
     order. Built from the state at the first entry and the trace's segment and block events."""
-    from ..trace.recording import recording_from_data
+    from ..trace.snapshot import recording_from_data
     from .analysis import start_state_of
 
     recording = recording_from_data(snapshot, device=device)

@@ -9,8 +9,8 @@ settings (`explain_oom`).
 
 from __future__ import annotations
 
-from ..trace.recording import first_oom
-from ..trace.snapshot_schema import oom_device_free
+from ..trace.snapshot import first_oom
+from ..trace.snapshot.schema import oom_device_free
 from ..units import format_size
 from .analysis import NO_STACK, callers, is_library, site_name, user_frame
 
@@ -18,7 +18,7 @@ from .analysis import NO_STACK, callers, is_library, site_name, user_frame
 def oom_lines(recording, replayed=None) -> list[str]:
     """What the recording's first out-of-memory asked and what PyTorch held then; [] without
     one. `replayed`: the recording's replay under its own settings, if already made."""
-    from ..trace.torch_replay import replay_recording
+    from ..whatif.torch_replay import replay_recording
 
     index = first_oom(recording.entries)
     if index is None:
@@ -54,9 +54,9 @@ def oom_lines(recording, replayed=None) -> list[str]:
 
 def explain_oom(snapshot: dict, path: str = "<snapshot>") -> list[str]:
     """Lines for the report, one block per device that ran out; [] when none did."""
-    from ..trace.recording import recording_from_data
-    from ..trace.torch_replay import replay_recording
-    from ..trace.torch_tune import tune_recording
+    from ..trace.snapshot import recording_from_data
+    from ..whatif.torch_replay import replay_recording
+    from ..whatif.torch_tune import tune_recording
 
     lines = []
     for device, entries in enumerate(snapshot.get("device_traces") or []):

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from typing import NamedTuple
 
+from ..alloc.process_pools import POOLS
 from ..constants import MemAttr
 from ..errors import InvalidParamError
 from ..runtime.state import RUNTIME
@@ -49,12 +50,10 @@ def host_rss() -> int:
 
 def take_samples() -> list[Sample]:
     """One sample per device with a pool (or one host-only sample)."""
-    from .. import memory as pool_api       # the api layer owns the pools
-
     now, rss = time.perf_counter_ns(), host_rss()
     samples = []
     backend = RUNTIME.backend
-    for device, pool in sorted(pool_api._pools.items()):
+    for device, pool in POOLS.in_device_order():
         with pool.lock:
             stats = pool.stats
             allocated, reserved = stats.current("allocated_bytes"), stats.current("reserved_bytes")

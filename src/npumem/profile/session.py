@@ -15,6 +15,7 @@ import signal
 import threading
 from pathlib import Path
 
+from ..alloc.process_pools import POOLS
 from ..output_files import written_whole
 from .chrome import write_chrome_trace
 from .html import render_html
@@ -53,12 +54,9 @@ class ProfileSession:
     def stop(self, quick: bool = False) -> None:
         """Stop recording. `quick` (an interrupted run) skips settling: waiting for queued
         stream work and collecting garbage is for a leak report, which it does not write."""
-        from .. import memory as pool_api
-
         if not quick:
             settle()
-            with pool_api._lock:
-                pools = list(pool_api._pools.values())
+            pools = [pool for _, pool in POOLS.in_device_order()]
             for pool in pools:          # frees waiting on other streams' (now finished) work
                 pool.collect_pending()
         self.sampler.stop()
@@ -147,10 +145,7 @@ class ProfileSession:
         return bool(self.tracker.devices())
 
     def _npumem_snapshot(self, problems: list[str]) -> dict:
-        from .. import memory as pool_api
-
-        with pool_api._lock:
-            pools = [pool_api._pools[d] for d in sorted(pool_api._pools)]
+        pools = [pool for _, pool in POOLS.in_device_order()]
         try:
             return build_snapshot(pools, self.tracker)
         except Exception as exc:         # noqa: BLE001

@@ -1,4 +1,5 @@
-"""PyTorch's memory snapshot structure: build it from npumem's pools and a tracker, read it back.
+"""PyTorch's memory snapshot structure, built from npumem's pools and a tracker (trace.snapshot
+reads it back).
 
 The structure is `torch.cuda.memory._snapshot()`'s (REFERENCE.md section 4), so PyTorch's
 `python -m torch.cuda._memory_viz trace_plot|segment_plot|stats SNAPSHOT` reads what npumem
@@ -13,10 +14,6 @@ from typing import Iterable
 
 from ..trace.step_marks import NPUMEM_STEP
 from .tracker import MemoryEvent, Tracker
-
-
-class SnapshotError(ValueError):
-    """A snapshot file that cannot be read: says which file and what is wrong."""
 
 
 def _frames(event: MemoryEvent | None) -> list[dict]:
@@ -119,18 +116,3 @@ def build_snapshot(pools: Iterable, tracker: Tracker | None = None, devices: int
 def save_snapshot(snapshot: dict, path) -> None:
     with open(path, "wb") as out:
         pickle.dump(snapshot, out)
-
-
-def load_snapshot(path) -> dict:
-    """Read a snapshot pickle (npumem's or PyTorch's, gzip or not), as plain data only, with
-    its structure checked; SnapshotError names the file, the field and what is wrong."""
-    from ..trace.events import TraceFormatError
-    from ..trace.recording import load_data
-
-    try:
-        data = load_data(str(path))
-    except TraceFormatError as exc:
-        raise SnapshotError(str(exc)) from None
-    data.setdefault("segments", [])
-    data.setdefault("device_traces", [])
-    return data

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from ..trace.entry_columns import rows, take
-from ..trace.events import TraceFormatError
+from ..trace.snapshot.columns import rows, take
+from ..trace.file_checks import TraceFormatError
 from ..trace.step_marks import PROFILER_STEP, starts_named, step_positions
 from ..units import format_size
 from .analysis import callers, site_name, user_frame

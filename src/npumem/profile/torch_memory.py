@@ -121,7 +121,7 @@ class TorchMemory:
                 module.memory._record_memory_history(enabled=None)
             add_categories(snapshot, self._recorder.snapshot(), self.device)
         if self._out_of_memory is not None:
-            from ..trace.snapshot_schema import OOM_KEY
+            from ..trace.snapshot.schema import OOM_KEY
             snapshot[OOM_KEY] = self._out_of_memory
         return snapshot if any(snapshot.get("device_traces") or []) else None   # no tensor made
 
@@ -151,7 +151,7 @@ def dump_snapshot_on_oom(path: str = "oom_snapshot.pickle") -> None:
     import torch
 
     from ..output_files import written_whole
-    from ..trace.snapshot_schema import OOM_KEY
+    from ..trace.snapshot.schema import OOM_KEY
 
     dumped = []
 

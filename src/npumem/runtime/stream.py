@@ -22,13 +22,11 @@ from ..errors import (
     AclError, AsyncTaskError, InvalidHandleError, InvalidParamError, KernelFault,
     StreamDeadlockError, StreamNotCompleteError,
 )
+from ..device.running import running_inline
 from .dependencies import GRAPH, PendingWait, RecordPoint, describe_cycle
 from .handles import forget, new_handle
 
 Task = Callable[[], None]
-
-_INLINE = threading.local()        # the stream whose task runs inline on this thread, if any
-
 
 def device_work(task: Task, on_skip: Callable[[], None] | None = None) -> Task:
     """Mark `task` as device work (a kernel, an op): a stream stopped by a kernel fault skips
@@ -37,14 +35,6 @@ def device_work(task: Task, on_skip: Callable[[], None] | None = None) -> Task:
     task.device_work = True
     task.on_skip = on_skip
     return task
-
-
-def running_stream():
-    """The stream whose work runs on the calling thread (its worker, or a task run inline),
-    or None on a plain host thread."""
-    stream = getattr(_INLINE, "stream", None)
-    return stream if stream is not None else \
-        getattr(threading.current_thread(), "npumem_stream", None)
 
 
 def _call(task: Task) -> None:
@@ -132,11 +122,10 @@ class Stream:
         if not inline:
             self._tasks.put((task, label))
             return
-        outer, _INLINE.stream = getattr(_INLINE, "stream", None), self
         try:
-            self._execute(task, label)
+            with running_inline(self):
+                self._execute(task, label)
         finally:
-            _INLINE.stream = outer
             self._running.release()
             self._finished()
 

@@ -14,7 +14,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .events import TraceEvent, TraceFormatError, checked_event
+from ..events import TraceEvent
+from .file_checks import TraceFormatError, checked_event
 from .step_marks import hint, step_positions
 from .textio import json_refusal, open_for_writing, reading
 

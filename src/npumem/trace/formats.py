@@ -11,7 +11,10 @@ import os
 from typing import Iterable, Iterator
 
 from . import chrome, jsonl, msprof, rmm, snapshot
-from .events import TraceEvent, TraceFormatError, not_a_file
+from .snapshot import json_form
+from ..events import TraceEvent
+from ..file_paths import not_a_file
+from .file_checks import TraceFormatError
 from .textio import read_head
 
 # name -> module with sniff(head), read(path) and write(events, path); sniffed in this order.
@@ -63,15 +66,12 @@ def convert(source: str, target: str, fmt: str, notes: list[str] | None = None) 
     other formats hold. `notes` gathers what reading the source passed over or reinterpreted."""
     notes = [] if notes is None else notes
     if fmt in ("snapshot", "jsonl") and holds_snapshot(source):
-        from .recording import load_data
-
-        data = load_data(source)
-        return (jsonl.write_snapshot if fmt == "jsonl" else snapshot.save)(data, target)
+        return _write_snapshot(fmt, snapshot.load_data(source), target)
     if detect_format(source) == "msprof":
         if fmt in ("snapshot", "jsonl"):
             data, found = msprof.to_snapshot(source)
             notes += found
-            return (jsonl.write_snapshot if fmt == "jsonl" else snapshot.save)(data, target)
+            return _write_snapshot(fmt, data, target)
         counts: dict[str, int] = {}
         written = write_trace(msprof.read(source, counts), target, fmt)
         notes += msprof.describe(counts)
@@ -79,10 +79,18 @@ def convert(source: str, target: str, fmt: str, notes: list[str] | None = None) 
     return write_trace(read_trace(source), target, fmt)
 
 
+def _write_snapshot(fmt: str, data: dict, target: str) -> int:
+    return (json_form.write_snapshot if fmt == "jsonl" else snapshot.save)(data, target)
+
+
 def read_trace(path: str | os.PathLike, fmt: str | None = None) -> Iterator[TraceEvent]:
-    """The events of a trace file in time order, streamed where the format allows."""
+    """The events of a trace file in time order, streamed where the format allows; a JSONL
+    file holding a whole snapshot, as the snapshot's."""
     path = _existing(path)
-    return FORMATS[fmt or detect_format(path)].read(path)
+    fmt = fmt or detect_format(path)
+    if fmt == "jsonl" and jsonl.holds_snapshot(read_head(path, 64)):
+        fmt = "snapshot"
+    return FORMATS[fmt].read(path)
 
 
 def _existing(path: str | os.PathLike) -> str:

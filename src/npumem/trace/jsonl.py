@@ -9,7 +9,8 @@ entry as it was (all actions, frames, streams, times) with the device it belongs
 A stack that several entries share is written once, on a line `{"npumem_stack": 3, "frames":
 [...]}` before its first user, and the entries say `"frames": {"npumem_stack": 3}`: a file's
 size follows what it holds, not how often it refers to it.
-`recording.load_data` reads it like the pickle, so every command that takes a snapshot takes it.
+That form is the snapshot package's (trace/snapshot/json_form.py), which reads it like the
+pickle, so every command that takes a snapshot takes it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 import json
 from typing import Iterable, Iterator
 
-from .events import TraceEvent, TraceFormatError, checked_event, shown
+from ..events import TraceEvent
+from .file_checks import TraceFormatError, checked_event
 from .textio import decode_json, open_for_writing, read_head, reading
 
 
@@ -36,10 +38,8 @@ def holds_snapshot(head: bytes) -> bool:
 
 
 def read(path: str) -> Iterator[TraceEvent]:
-    if holds_snapshot(read_head(path, 64)):
-        from . import snapshot                  # its events, as the pickle's would be
-        yield from snapshot.read(path)
-        return
+    """The events of a JSONL trace (a file holding a whole snapshot is the snapshot reader's:
+    formats.read_trace sends it there)."""
     with reading(path) as handle:
         for number, line in enumerate(handle, 1):
             if line.strip():
@@ -73,95 +73,3 @@ def write(events: Iterable[TraceEvent], path: str) -> int:
                                        f"{event.t_us!r} us: JSON holds finite numbers only") from None
             count += 1
     return count
-
-
-_TUPLE = "__tuple__"          # JSON has only lists: tuples (segment_pool_id) are marked
-
-
-def _to_json(value):
-    if isinstance(value, tuple):
-        return {_TUPLE: [_to_json(item) for item in value]}
-    if isinstance(value, list):
-        return [_to_json(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _to_json(item) for key, item in value.items()}
-    return value
-
-
-def _from_json(value):
-    if isinstance(value, list):
-        return [_from_json(item) for item in value]
-    if isinstance(value, dict):
-        if len(value) == 1 and isinstance(value.get(_TUPLE), list):
-            return tuple(_from_json(item) for item in value[_TUPLE])
-        return {key: _from_json(item) for key, item in value.items()}
-    return value
-
-
-def write_snapshot(data: dict, path: str) -> int:
-    """The whole snapshot dict `data` as JSONL; returns the number of trace entries."""
-    header = {SNAPSHOT_KEY: 1, **{key: value for key, value in data.items()
-                                  if key != "device_traces"}}
-    count = 0
-    stacks: dict[int, tuple[list, int]] = {}     # id(frames) -> (frames, its number)
-    try:
-        with open_for_writing(path) as out:
-            out.write(json.dumps(_to_json(header), separators=(",", ":")) + "\n")
-            for device, entries in enumerate(data.get("device_traces") or []):
-                for entry in entries:
-                    frames = entry.get("frames")
-                    if isinstance(frames, list) and frames:
-                        known = stacks.get(id(frames))
-                        if known is None:
-                            known = stacks[id(frames)] = (frames, len(stacks))
-                            out.write(json.dumps({STACK_KEY: known[1], "frames": _to_json(
-                                frames)}, separators=(",", ":")) + "\n")
-                        entry = {**entry, "frames": {STACK_KEY: known[1]}}
-                    out.write(json.dumps(_to_json({"device": device, **entry}),
-                                         separators=(",", ":")) + "\n")
-                    count += 1
-    except RecursionError:
-        raise TraceFormatError(path, "0", "the snapshot nests too deeply to write") from None
-    except (TypeError, ValueError) as exc:
-        raise TraceFormatError(path, "0", f"the snapshot holds something JSON cannot: {exc}") from None
-    return count
-
-
-def _decoded(path: str, where: str, line: str):
-    try:
-        return _from_json(decode_json(path, where, line))
-    except RecursionError:
-        raise TraceFormatError(path, where, "JSON nested too deeply to read") from None
-
-
-def read_snapshot(path: str) -> dict:
-    """The snapshot dict a JSONL file written by `write_snapshot` holds."""
-    with reading(path) as handle:
-        lines = (line for line in handle if line.strip())
-        first = next(lines, None)
-        if first is None:
-            raise TraceFormatError(path, "1", "no snapshot header: the file is empty")
-        header = _decoded(path, "1", first)
-        if not isinstance(header, dict) or header.pop(SNAPSHOT_KEY, None) != 1:
-            raise TraceFormatError(path, "1", f"the first line must be {{\"{SNAPSHOT_KEY}\": 1, ...}}")
-        traces: list[list] = []
-        stacks: dict[int, list] = {}
-        for number, line in enumerate(lines, 2):
-            entry = _decoded(path, str(number), line)
-            if isinstance(entry, dict) and STACK_KEY in entry:
-                stacks[entry[STACK_KEY]] = entry.get("frames")
-                continue
-            frames = entry.get("frames") if isinstance(entry, dict) else None
-            if isinstance(frames, dict) and STACK_KEY in frames:
-                if frames[STACK_KEY] not in stacks:
-                    raise TraceFormatError(path, str(number), f"frames refer to stack "
-                                           f"{shown(frames[STACK_KEY])}, which no line before "
-                                           "defines")
-                entry["frames"] = stacks[frames[STACK_KEY]]
-            device = entry.pop("device", 0) if isinstance(entry, dict) else None
-            if not isinstance(device, int) or not 0 <= device < 1024:
-                raise TraceFormatError(path, str(number), "a trace entry is not an object with "
-                                       "a device number")
-            traces += [[] for _ in range(device + 1 - len(traces))]
-            traces[device].append(entry)
-    return {**header, "device_traces": traces}

@@ -26,7 +26,8 @@ import re
 from typing import Iterable, Iterator, NamedTuple
 
 from ..units import MiB, format_size
-from .events import TraceEvent, TraceFormatError, checked_event
+from ..events import TraceEvent
+from .file_checks import TraceFormatError, checked_event
 from .textio import csv_records, open_for_writing, read_head
 
 OPERATOR_MEMORY_COLUMNS = (

@@ -16,7 +16,8 @@ import math
 import re
 from typing import Iterable, Iterator
 
-from .events import TraceEvent, TraceFormatError, checked_event
+from ..events import TraceEvent
+from .file_checks import TraceFormatError, checked_event
 from .textio import open_for_writing, reading
 
 HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")

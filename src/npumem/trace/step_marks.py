@@ -16,7 +16,7 @@ from bisect import bisect_left
 from collections import Counter
 from math import isfinite
 
-from .events import TraceFormatError
+from .file_checks import TraceFormatError
 
 NPUMEM_STEP = "npumem.memory.step"
 PROFILER_STEP = "ProfilerStep"          # torch.profiler's step scopes: ProfilerStep#0, #1, ...

@@ -11,7 +11,8 @@ import zlib
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
-from .events import TraceFormatError, not_a_file
+from ..file_paths import not_a_file
+from .file_checks import TraceFormatError
 
 
 def is_gzip(path: str) -> bool:

@@ -23,8 +23,8 @@ from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
                                  TorchAllocatorConfig, TorchAllocatorModel)
 from ..units import format_size
 from ..alloc.torch_model.allocator import round_size
-from .recording import SEGMENT_ADD, SEGMENT_REMOVE, Recording, read_pool_id
-from .snapshot_schema import oom_device_free
+from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, read_pool_id
+from ..trace.snapshot.schema import oom_device_free
 
 
 @dataclass
@@ -490,13 +490,13 @@ def _divergence(recording, recorded, model_events, index) -> Divergence:
 def load_for_model(path: str, flavour: str | None = None, pad: int | None = None) -> Recording:
     """A snapshot pickle as a recording with its start state; any other trace format as a
     recording that starts empty. `pad`: the target NPU's padding (config.npu_pad)."""
-    from .formats import holds_snapshot, read_trace
-    from .recording import load_recording
+    from ..trace.formats import holds_snapshot, read_trace
+    from ..trace.snapshot import load_recording
 
     if holds_snapshot(path):
         recording = load_recording(path, flavour=flavour)
         if not recording.entries:
-            from .events import TraceFormatError
+            from ..trace.file_checks import TraceFormatError
             raise TraceFormatError(path, "device_traces", "the snapshot has no trace entries, so "
                                    "there is nothing to replay (record with "
                                    "torch.cuda.memory._record_memory_history()); npumem report "

@@ -1,6 +1,6 @@
 """A device's trace entries held as columns: about 50 bytes an entry instead of a dict's 500.
 
-`_snapshot_reader` (C) fills the columns while it unpickles a snapshot, checking each entry
+`_reader` (C) fills the columns while it unpickles a snapshot, checking each entry
 against the rule PyTorch's writer keeps (the one statement of that rule); lists of entry dicts
 (JSON snapshots, snapshots built in memory) go through the same C code. `Entries` is a sequence:
 an item is the entry's dict, made when asked for, so code written for lists of dicts works
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 try:
-    from . import _snapshot_reader as native
+    from . import _reader as native
 except ImportError:           # a checkout not installed with `pip install -e .`: all but
     native = None             # reading a snapshot pickle still works
 
@@ -28,6 +28,8 @@ ACTIONS: tuple[str, ...] = native.ACTIONS if native else (
     "segment_unmap", "oom", "snapshot", "annotate", "workspace_snapshot")
 ACTION_CODE = {name: code for code, name in enumerate(ACTIONS)}
 MAX_FRAMES = 256
+SEGMENT_ADD = ("segment_alloc", "segment_map")        # actions that reserve device memory
+SEGMENT_REMOVE = ("segment_free", "segment_unmap")    # and that give it back
 _CHUNK = 1 << 16            # entries turned into dicts at a time while iterating
 
 

@@ -1,4 +1,8 @@
-"""PyTorch memory snapshot pickles (`torch.cuda.memory._snapshot()`): their `device_traces`.
+"""A PyTorch memory snapshot (`torch.cuda.memory._snapshot()`), owned in one place: read safely
+(`load_data`: a pickle by npumem's C reader, or the JSONL form, `json_form`), checked
+(`schema`), its trace held as columns (`columns`), and as a `Recording` (`recording`) with the
+state its trace starts from (`start_state`); written back (`save`); and, as one of the trace
+formats, its events (`read`, `write`).
 
 Trace entries are `alloc`, `free_requested` (the tensor died) and `free_completed` (the block
 became reusable, later when another stream still used it); a replay frees at `free_completed`,
@@ -11,10 +15,33 @@ from __future__ import annotations
 import pickle
 from typing import Iterable, Iterator
 
-from .events import TraceEvent, TraceFormatError
-from .recording import load_recording
-from .step_marks import hint, marks_before, step_positions
-from .textio import open_for_writing
+from ...events import TraceEvent
+from ..file_checks import TraceFormatError
+from ..step_marks import hint, marks_before, step_positions
+from ..textio import open_for_writing
+from .columns import SEGMENT_ADD, SEGMENT_REMOVE
+from .recording import Recording, died_at, first_oom, load_data, load_recording, recording_from_data
+from .start_state import StartState, read_pool_id
+
+__all__ = ["Recording", "SEGMENT_ADD", "SEGMENT_REMOVE", "SnapshotError", "StartState", "died_at",
+           "first_oom", "load_data", "load_recording", "load_snapshot", "read", "read_pool_id",
+           "read_with_steps", "recording_from_data", "save", "sniff", "write"]
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be read: says which file and what is wrong."""
+
+
+def load_snapshot(path) -> dict:
+    """Read a snapshot pickle (npumem's or PyTorch's, gzip or not), as plain data only, with
+    its structure checked; SnapshotError names the file, the field and what is wrong."""
+    try:
+        data = load_data(str(path))
+    except TraceFormatError as exc:
+        raise SnapshotError(str(exc)) from None
+    data.setdefault("segments", [])
+    data.setdefault("device_traces", [])
+    return data
 
 
 def sniff(head: bytes) -> bool:

@@ -14,8 +14,8 @@ import os
 
 from ..alloc.summary import format_summary
 from ..errors import FeatureNotSupportedError, InvalidParamError
-from ..profile.fragmentation import analyze
-from ..profile.snapshot import load_snapshot
+from .fragmentation import analyze
+from ..trace.snapshot import load_snapshot
 
 # Keys every torch memory_stats() has once the allocator is in use; a file without them is not one.
 _REQUIRED = ("allocated_bytes.all.current", "reserved_bytes.all.current")

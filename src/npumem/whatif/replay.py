@@ -18,7 +18,7 @@ from ..alloc.settings import AllocatorSettings, describe_changes
 from ..constants import MemAttr
 from ..device.sim import SimBackend, SimConfig
 from ..units import GiB
-from .events import TraceEvent
+from ..events import TraceEvent
 
 ALLOCATORS = ("pool", "torch", "torch_npu", "device")
 
@@ -99,7 +99,7 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
     a step is marked (`mark_step`, as `npumem.memory.step()`) before each event whose
     position is in `steps` (in order; `formats.read_with_steps` finds them)."""
     if allocator in ("torch", "torch_npu"):
-        from .recording import Recording
+        from ..trace.snapshot import Recording
         from .torch_replay import replay_recording
 
         recording = Recording.from_events(trace_name, events,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .recording import SEGMENT_REMOVE, Recording, died_at
+from ..trace.snapshot import SEGMENT_REMOVE, Recording, died_at
 
 STEPS = 3                   # periods played on past the failed request
 MIN_EVENTS = 4              # a shorter period is a run of one or two requests, not a step

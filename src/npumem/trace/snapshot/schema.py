@@ -8,8 +8,8 @@ snapshots leave it out, but never None where PyTorch writes a number.
 
 from __future__ import annotations
 
-from . import entry_columns
-from .events import ADDRESS_LIMIT, TraceFormatError, natural, shown
+from . import columns as entry_columns
+from ..file_checks import ADDRESS_LIMIT, TraceFormatError, natural, shown
 
 MAX_DEVICES = 1024
 # npumem's key for what c10 told its OOM observers (profile.torch_memory writes it): the memory
@@ -20,7 +20,7 @@ OOM_FIELDS = ("device", "alloc_size", "allowed", "device_free", "device_total")
 # Every trace entry action c10's allocator records (TraceEntry::Action), by the names
 # `torch.cuda.memory._snapshot()` gives them: `annotate` since 2.14, `workspace_snapshot` from
 # torch_npu (its workspace allocator's blocks); neither changes the caching allocator's state.
-# Trace entries are checked by the reader that puts them in columns (_snapshot_reader.c).
+# Trace entries are checked by the reader that puts them in columns (_reader.c).
 ACTIONS = entry_columns.ACTIONS
 
 # Frames kept per stack: PyTorch's unwinder stops far below this; a file whose entries share a

@@ -1401,16 +1401,16 @@ static PyMethodDef methods[] = {
      "lists of entry dicts"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_snapshot_reader",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_reader",
                                     "Snapshot pickles into columns.", -1, methods};
 
-PyMODINIT_FUNC PyInit__snapshot_reader(void) {
+PyMODINIT_FUNC PyInit__reader(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
-    UnsafePickle = PyErr_NewException("npumem.trace._snapshot_reader.UnsafePickle",
+    UnsafePickle = PyErr_NewException("npumem.trace.snapshot._reader.UnsafePickle",
                                       PyExc_ValueError, NULL);
-    EntryError = PyErr_NewException("npumem.trace._snapshot_reader.EntryError",
+    EntryError = PyErr_NewException("npumem.trace.snapshot._reader.EntryError",
                                     PyExc_ValueError, NULL);
     if (!UnsafePickle || !EntryError || PyModule_AddObjectRef(m, "UnsafePickle", UnsafePickle) < 0
         || PyModule_AddObjectRef(m, "EntryError", EntryError) < 0)

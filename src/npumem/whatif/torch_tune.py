@@ -22,7 +22,7 @@ from ..alloc.torch_model.config import env_names
 from ..errors import InvalidParamError
 from ..units import format_size
 from .extend import STEPS, Extension, extend
-from .recording import Recording, died_at, first_oom
+from ..trace.snapshot import Recording, died_at, first_oom
 from .torch_replay import UNLIMITED, CapacityBounds, TorchReplay, capacity_bounds, replay_recording
 
 # PyTorch's knobs that change placement (garbage_collection_threshold acts only under

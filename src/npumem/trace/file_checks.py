@@ -1,46 +1,11 @@
-"""The in-memory event model shared by every trace format."""
+"""What every trace reader checks of the values it takes out of a file, and how it says what is
+wrong (TraceFormatError)."""
 
 from __future__ import annotations
 
 import math
-import os
-from typing import NamedTuple
 
-
-class TraceEvent(NamedTuple):
-    """One allocation or free. `addr` identifies the block within its trace."""
-
-    t_us: float
-    action: str          # "alloc" | "free"
-    addr: int
-    size: int            # requested bytes (on free: the size of the block freed)
-    stream: int = 0
-
-
-NO_SUCH_FILE = "no such file"        # one wording, wherever a file to read is missing
-
-
-def not_a_file(path: str) -> str:
-    """Why `path`, which is no regular file, cannot be read: missing, a folder, a pipe, a
-    device, a link that leads nowhere or round in a loop."""
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        if os.path.islink(path):
-            return ("is a symbolic link that loops" if exc.errno == 40 else
-                    "is a symbolic link to a file that does not exist")
-        return NO_SUCH_FILE
-    if stat.S_ISDIR(mode):
-        return "is a folder, not a file"
-    if stat.S_ISFIFO(mode):
-        return "is a pipe (FIFO), not a file: npumem reads a trace from a regular file"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "is a device, not a file: npumem reads a trace from a regular file"
-    if stat.S_ISSOCK(mode):
-        return "is a socket, not a file"
-    return NO_SUCH_FILE if not os.path.exists(path) else "is not a regular file"
+from ..events import TraceEvent
 
 
 class TraceFormatError(ValueError):

@@ -24,7 +24,7 @@ from ..alloc.settings import (describe_changes, parse_settings, settings_warning
 from ..alloc.torch_model.config import KEYS as TORCH_KEYS
 from ..errors import InvalidParamError
 from ..units import GiB
-from .formats import read_trace, read_with_steps
+from ..trace.formats import read_trace, read_with_steps
 from .replay import ReplayResult, replay
 
 TORCH_ALLOCATORS = ("torch", "torch_npu")

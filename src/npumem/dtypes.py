@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..constants import NUMPY_TYPES, DataType, data_type
-from ..errors import OpParamError
+from .constants import NUMPY_TYPES, DataType, data_type
+from .errors import OpParamError
 
 def to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """float32 values as bf16 words: the upper 16 bits, rounded to nearest, ties to even."""

@@ -1,5 +1,4 @@
-"""A PyTorch memory snapshot as a recording of one device: its trace, its settings, and the
-allocator's state at the trace's first entry.
+"""The allocator's state at a recording's first trace entry, rebuilt from the snapshot.
 
 `torch.cuda.memory._record_memory_history()` keeps a ring buffer of the last N events, so a trace
 usually starts mid-run, with weights, optimizer state and cached blocks already there. The
@@ -24,17 +23,10 @@ from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
+from ...alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
                                            round_size)
-from ..alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig, from_snapshot
-from . import entry_columns, jsonl
-from .entry_columns import indices, rows
-from .events import TraceFormatError, shown
-from .snapshot_schema import OOM_KEY, check_snapshot
-from .textio import max_snapshot_bytes, read_bounded, read_head
-
-SEGMENT_ADD = ("segment_alloc", "segment_map")
-SEGMENT_REMOVE = ("segment_free", "segment_unmap")
+from ...alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
+from .columns import SEGMENT_ADD, SEGMENT_REMOVE, indices, rows
 
 
 @dataclass
@@ -75,186 +67,6 @@ class StartState:
     def allocated(self) -> int:
         return sum(block.requested for block in self.live.values())
 
-
-@dataclass
-class Recording:
-    path: str
-    device: int
-    flavour: str                         # "cuda" or "npu"
-    settings: dict | None                # the snapshot's allocator_settings, if recorded
-    segments: list[dict]                 # this device's segments at the dump
-    entries: list[dict]                  # this device's trace entries
-    annotations: list[dict] = field(default_factory=list)   # its external_annotations
-    # A recording made up from another (a run played on past its end): it starts as that did
-    continues: "Recording | None" = None
-    shared: int = 0                      # its first entries, the same as that one's
-    limits: dict | None = None           # what c10 told its OOM observers (OOM_KEY), if kept
-    pad: int | None = None               # the target NPU's request padding (npu_pad); None: 32
-    recorded_flavour: str | None = None  # the allocator it was recorded on, where not `flavour`
-    predicted: bool = False              # written by npumem estimate, not recorded on a device
-
-    def base_config(self) -> TorchAllocatorConfig:
-        """The allocator settings this recording ran with, on the chip it is replayed for."""
-        config = from_snapshot(self.settings, self.flavour)
-        return config if self.pad is None or self.flavour != "npu" else config.replace(pad=self.pad)
-
-    @property
-    def torch_version(self) -> str | None:
-        """The oldest PyTorch that writes this trace's entries as they are (docs/formats.md:
-        `user_metadata` on every entry from 2.10, `pool_id` from 2.12); None when the entries
-        do not tell."""
-        actions = [e for e in self.entries[:1000] if e.get("action") == "alloc"]
-        if not actions:
-            return None
-        if all("pool_id" in e for e in actions):
-            return "2.12"
-        if all("user_metadata" in e for e in actions):
-            return "2.10"
-        return None
-
-    @property
-    def free_action(self) -> str:
-        """Blocks become reusable at free_completed; old traces only have free_requested."""
-        return "free_completed" if indices(self.entries, "free_completed") else "free_requested"
-
-    def recorded_segment_events(self) -> list[dict]:
-        return [self.entries[i] for i in indices(self.entries, *SEGMENT_ADD, *SEGMENT_REMOVE)]
-
-    def start_state(self, config: TorchAllocatorConfig | None = None) -> StartState:
-        if self.continues is not None:
-            return self.continues.start_state(config)
-        return rebuild_start(self, config or self.base_config())
-
-    @classmethod
-    def from_events(cls, path: str, events, flavour: str = "cuda") -> "Recording":
-        """A trace without a snapshot's segments (JSONL, RMM, msprof, ...): it starts empty."""
-        entries = []
-        for event in events:
-            action = "alloc" if event.action == "alloc" else "free_completed"
-            entries.append({"action": action, "addr": event.addr, "size": event.size,
-                            "stream": event.stream, "time_us": event.t_us})
-        return cls(path, 0, flavour, None, [], entries)
-
-
-def first_oom(entries) -> int | None:
-    """The index of a device trace's first `oom` entry; None if it has none."""
-    found = indices(entries or [], "oom")
-    return found[0] if len(found) else None
-
-
-def died_at(entries) -> int | None:
-    """The first `oom` entry, where the run ended on it: no allocation follows it (the frees of
-    the exception's unwinding may). None when it never ran out, or caught it and went on."""
-    index = first_oom(entries)
-    if index is None or len(indices(entries[index + 1:], "alloc")):
-        return None
-    return index
-
-
-def load_data(path: str) -> dict:
-    """The snapshot's dict, read without running code (or from a JSONL file that holds a whole
-    snapshot), its shape checked; TraceFormatError when it is not one. Each device trace is an
-    `entry_columns.Entries`: the entries as columns, a dict each when asked for."""
-    if jsonl.holds_snapshot(read_head(path, 64)):
-        return check_snapshot(jsonl.read_snapshot(path), path)
-    if entry_columns.native is None:
-        raise TraceFormatError(path, "0", entry_columns.NOT_BUILT)
-    try:
-        data, devices, _ = entry_columns.load_pickle(read_bounded(path, max_snapshot_bytes()),
-                                                     shown)
-    except entry_columns.UnsafePickle as exc:
-        raise TraceFormatError(path, "0", f"not a readable snapshot pickle: {exc}") from None
-    except entry_columns.EntryError as exc:
-        raise TraceFormatError(path, exc.where, exc.reason) from None
-    if devices:
-        traces = data.get("device_traces") if isinstance(data, dict) else None
-        if not (isinstance(traces, list) and len(traces) == len(devices)
-                and all(isinstance(trace, list) and not trace for trace in traces)):
-            raise TraceFormatError(path, "device_traces", "not laid out as pickle.dump writes "
-                                   "a snapshot (a list of one list of entries per device)")
-        data["device_traces"] = devices
-    return check_snapshot(data, path)
-
-
-def _guess_flavour(data: dict, segments: list[dict], entries: list[dict]) -> str:
-    settings = data.get("allocator_settings")
-    if isinstance(settings, dict) and "PYTORCH_NPU_ALLOC_CONF" in settings:
-        return "npu"
-    for item in segments[:20] + entries[:200]:
-        for frame in (item.get("frames") or [])[:12]:
-            text = f"{frame.get('name', '')} {frame.get('filename', '')}"
-            if "NPUCachingAllocator" in text or "torch_npu" in text or "c10_npu" in text:
-                return "npu"
-    return "cuda"
-
-
-def load_recording(path: str, device: int | None = None, flavour: str | None = None) -> Recording:
-    """One device of a snapshot (default: the first that ran out of memory, else the first
-    with trace entries, else with segments)."""
-    return recording_from_data(load_data(path), path, device, flavour)
-
-
-def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None = None,
-                        flavour: str | None = None) -> Recording:
-    """One device of an already loaded snapshot dict (default: the first that ran out of
-    memory, else the first with trace entries, else with segments)."""
-    traces = data.get("device_traces")
-    traces = traces if isinstance(traces, list) else []
-    segments = [s for s in data.get("segments", []) if isinstance(s, dict)]
-    with_entries = [i for i, trace in enumerate(traces) if trace]
-    with_segments = sorted({s.get("device", 0) for s in segments})
-    if device is None:
-        if not with_entries and not with_segments:
-            raise TraceFormatError(path, "device_traces", "every device trace is empty and no "
-                                   "segment is cached: the snapshot holds nothing")
-        died = [i for i in with_entries if first_oom(traces[i]) is not None]
-        device = (died or with_entries or with_segments)[0]     # the one that ran out, first
-    if device not in with_entries and device not in with_segments:
-        raise TraceFormatError(path, "device_traces", f"no device {device}; devices with events: "
-                               f"{with_entries}, with segments: {with_segments}")
-    entries = traces[device] if device < len(traces) and isinstance(
-        traces[device], (list, entry_columns.Entries)) else []
-    mine = [s for s in segments if s.get("device", 0) == device]
-    settings = data.get("allocator_settings")
-    annotations = data.get("external_annotations")
-    if not isinstance(annotations, list):
-        annotations = []
-    annotations = [annotation for annotation in annotations
-                   if isinstance(annotation, dict) and annotation.get("device", device) == device]
-    limits = data.get(OOM_KEY)
-    entries, mine, workspaces = _without_workspaces(entries, mine)
-    native = "npu" if workspaces else _guess_flavour(data, mine, entries)
-    return Recording(path, device, flavour or native,
-                     settings if isinstance(settings, dict) else None, mine, entries, annotations,
-                     limits=limits if isinstance(limits, dict) and limits.get("device") == device
-                     else None, recorded_flavour=native if flavour not in (None, native) else None,
-                     predicted=str((data.get("npumem") or {}).get("source", "")).startswith(
-                         "npumem estimate"))
-
-
-def _without_workspaces(entries: list, segments: list) -> tuple[list, list, bool]:
-    """The entries and segments of the caching allocator alone. torch_npu's snapshot puts each
-    block of its workspace allocator (a separate allocator) at the front of the trace, as
-    `workspace_snapshot`, `segment_alloc` and `alloc` of one address, and its segment among
-    the segments."""
-    if not len(indices(entries, "workspace_snapshot")):
-        return entries, segments, False
-    pending: dict[int, set] = {}
-    kept = []
-    for entry in entries:
-        action, addr = entry.get("action"), entry.get("addr")
-        if action == "workspace_snapshot":
-            pending[addr] = {"segment_alloc", "alloc"}
-        elif action in pending.get(addr, ()):
-            pending[addr].discard(action)
-        else:
-            kept.append(entry)
-    if not pending:
-        return entries, segments, False
-    return kept, [s for s in segments if s.get("address") not in pending], True
-
-
-# --- rebuilding the state at the first entry ---------------------------------------------------
 
 class _Segments(dict):
     """Recorded segments by start address, [size, stream, small, expandable, pool node], with a
@@ -336,7 +148,7 @@ def read_pool_id(value) -> tuple | None:
     return None
 
 
-def _end_state(recording: Recording, nodes: _PoolNodes):
+def _end_state(recording, nodes: _PoolNodes):
     ranges = _Segments()
     live: dict[int, StartBlock] = {}
     for segment in recording.segments:
@@ -352,7 +164,8 @@ def _end_state(recording: Recording, nodes: _PoolNodes):
     return ranges, live
 
 
-def rebuild_start(recording: Recording, config: TorchAllocatorConfig) -> StartState:
+def rebuild_start(recording, config: TorchAllocatorConfig) -> StartState:
+    """The state at `recording`'s first entry (a Recording: start_state.py is below it)."""
     if not recording.segments and not recording.recorded_segment_events():
         return StartState([], {})     # allocs and frees only (a CPU recording): nothing before
     nodes = _PoolNodes()

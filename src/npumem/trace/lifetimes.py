@@ -1,0 +1,28 @@
+"""A planning problem read from a file: the planner's own CSV (id,lower,upper,size), or the
+lifetimes of the blocks of any trace npumem reads. The planner itself reads no traces."""
+
+from __future__ import annotations
+
+import os
+
+from ..file_paths import not_a_file
+from ..planning import PlanningProblem, ProblemFormatError, problem_from_trace, read_problem
+from .file_checks import TraceFormatError
+from .formats import detect_format, read_trace
+
+
+def load_problem(path: str | os.PathLike) -> PlanningProblem:
+    """A CSV problem, or the lifetimes of any trace file npumem reads (format auto-detected)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ProblemFormatError(path, "", not_a_file(path))
+    with open(path, "rb") as probe:
+        head = probe.read(64)
+    if head.lstrip().lower().startswith(b"id,lower,upper,size"):
+        return read_problem(path)
+    try:
+        fmt = detect_format(path)
+    except TraceFormatError as exc:
+        raise ProblemFormatError(path, 1, "neither a problem CSV (a header id,lower,upper,size) "
+                                 "nor an allocation trace: " + exc.reason) from None
+    return problem_from_trace(read_trace(path, fmt), os.path.basename(path))
