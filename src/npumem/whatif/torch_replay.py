@@ -24,6 +24,7 @@ from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
 from ..units import format_size
 from ..alloc.torch_model.allocator import round_size
 from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, read_pool_id
+from ..trace.snapshot.columns import highest_address, indices, rows, take
 from ..trace.snapshot.schema import oom_device_free
 
 
@@ -107,8 +108,7 @@ def plan_calls(recording: Recording, pools: dict[int, tuple] | None = None):
         freed = [i for i in pending if entries[i]["action"] in SEGMENT_REMOVE]
         return [entries[i] for i in freed], [pools.get(i, DEFAULT_POOL) for i in freed]
 
-    for index, entry in enumerate(entries):
-        action = entry["action"]
+    for index, (action, addr, size, stream, *_) in enumerate(rows(entries)):
         if action in SEGMENT_REMOVE:
             if run_start is None:
                 run_start = index
@@ -123,7 +123,10 @@ def plan_calls(recording: Recording, pools: dict[int, tuple] | None = None):
         run_start = None
         if action in SEGMENT_ADD:
             pending.append(index)
-        elif action in ("alloc", "oom"):
+            continue
+        # what the model reads of a request or a free (a whole entry dict costs more to make)
+        entry = {"action": action, "addr": addr, "size": size, "stream": stream}
+        if action in ("alloc", "oom"):
             freed, free_pools = frees()
             if freed:
                 # frees right before a request: empty_cache() then the request, or the
@@ -181,7 +184,9 @@ def capacity_bounds(recording: Recording, start_reserved: int) -> CapacityBounds
     sizer = TorchAllocatorModel(recording.base_config())
     reserved = most = start_reserved
     low, highs, full = 0, [], False
-    for entry in recording.entries:
+    entries = recording.entries
+    for index in indices(entries, *SEGMENT_ADD, *SEGMENT_REMOVE, "oom"):
+        entry = entries[index]
         action = entry["action"]
         if action in SEGMENT_ADD:
             reserved += entry.get("size", 0)
@@ -245,13 +250,11 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
                          + (f" ({bounds.caveat()})" if bounds.caveat() else ""))
     if allowed is not None and capacity is None:
         capacity = device_total(recording)
-    recorded_addresses = [e.get("addr", 0) for e in recording.entries] + \
-        [s["address"] for s in recording.segments]
-    fresh = max(recorded_addresses + [0]) + (1 << 40)
+    fresh = max([0, highest_address(recording.entries)] +
+                [s["address"] for s in recording.segments]) + (1 << 40)
     device = DeviceMemory(capacity, fresh_base=-(-fresh // (1 << 30)) * (1 << 30))
-    for entry in recording.entries:
-        if entry["action"] == "segment_alloc":
-            device.expect("malloc", entry["addr"], entry["size"])
+    for entry in take(recording.entries, indices(recording.entries, "segment_alloc")):
+        device.expect("malloc", entry["addr"], entry["size"])
     model = TorchAllocatorModel(config, device, allowed)
     live = model.restore(start.segments)
     pools, captured = _pools_of(recording, start)
@@ -444,7 +447,7 @@ def _oom_record(index: int, entry: dict, exc: ModelOutOfMemory) -> dict:
 def _recorded_totals(recording: Recording, start_reserved: int):
     reserved = peak = start_reserved
     allocs = frees = 0
-    for entry in recording.entries:
+    for entry in take(recording.entries, indices(recording.entries, *SEGMENT_ADD, *SEGMENT_REMOVE)):
         if entry["action"] in SEGMENT_ADD:
             reserved += entry.get("size", 0)
             allocs += 1

@@ -241,3 +241,11 @@ def indices(entries, *actions: str) -> list[int]:
     if isinstance(entries, Entries):
         return entries.indices(*actions).tolist()
     return [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("action") in actions]
+
+
+def highest_address(entries) -> int:
+    """The highest address any entry names (0 for none)."""
+    if isinstance(entries, Entries):
+        addr = entries.columns.addr[entries.start:entries.stop]
+        return int(addr.max()) if len(addr) else 0
+    return max((e.get("addr", 0) or 0 for e in entries), default=0)

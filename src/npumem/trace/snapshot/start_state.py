@@ -132,6 +132,11 @@ class _PoolNodes:
         self.pool[self.find(node)] = pool
         return True
 
+    def all_known(self) -> bool:
+        """Whether every segment's pool is known (guesses aside): nothing left to infer."""
+        return all(self.pool[node] is not None for node in range(len(self.parent))
+                   if self.find(node) == node)
+
     def join(self, node: int, other: int) -> None:
         root, gone = self.find(node), self.find(other)
         if root != gone:
@@ -222,7 +227,9 @@ def rebuild_start(recording, config: TorchAllocatorConfig) -> StartState:
                 nodes.join(node, after[4])
             ranges[start] = [total, stream, small, True, node]
         if node is not None:
-            nodes.learn(node, read_pool_id(extra.get("pool_id")))
+            pool_id = extra.get("pool_id")       # PyTorch 2.12+ only
+            if pool_id is not None:
+                nodes.learn(node, read_pool_id(pool_id))
             entry_nodes[index] = node
             if action in ("segment_map", "segment_unmap"):
                 mapped.append((node, addr))
@@ -287,6 +294,8 @@ def _infer_pools(entries: list[dict], nodes: _PoolNodes, entry_nodes: dict[int, 
     """Learn the pools the dump and the entries left unknown, until nothing more is learned.
     `start`: (bytes, live blocks) of each segment node at the first entry and the action that
     frees a block, when every release frees all idle segments it may."""
+    if nodes.all_known():
+        return                              # the dump and the entries said every pool
     requests: list[tuple[int, int, int]] = []   # (entry index, stream, node) of each request
     runs, run = [], []                      # each run of segment frees: its entry indices
     for index, (action, _, _, stream, *_) in enumerate(rows(entries)):
@@ -369,6 +378,8 @@ def _by_what_releases_kept(entries, nodes: _PoolNodes, entry_nodes: dict[int, in
     default and the released pools: an idle segment it kept belongs to a pool in use. A run
     that kept an idle default segment released a pool (emptyCache(id) of a deleted MemPool,
     or a release during a capture): what it freed was private."""
+    if not runs:
+        return False                        # no release: nothing kept to tell by
     held, users = Counter(held), Counter(users)
     learned = False
     ends = {run[0]: run for run in runs}
