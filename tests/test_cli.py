@@ -1,3 +1,4 @@
+import pathlib
 import pickle
 import subprocess
 import sys
@@ -48,3 +49,75 @@ def test_console_script_runs_the_demo():
                                capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
     assert "Result verification: PASS" in completed.stdout
+
+
+SNAPSHOT = "tests/data/cuda_snapshots/gpt_train.pickle.gz"
+
+
+def _count_snapshot_reads(monkeypatch) -> list[str]:
+    """The paths npumem reads snapshots from, in this process, from now on (load_data under
+    both of its names: the package's, which load_snapshot calls, and its module's)."""
+    from npumem.trace import snapshot
+    from npumem.trace.snapshot import recording
+
+    reads = []
+    read = recording.load_data
+    for module in (snapshot, recording):
+        monkeypatch.setattr(module, "load_data", lambda path: reads.append(path) or read(path))
+    return reads
+
+
+def test_replay_reads_a_snapshot_once(monkeypatch):
+    reads = _count_snapshot_reads(monkeypatch)
+    result = CliRunner().invoke(main, ["replay", "--allocator", "torch", SNAPSHOT])
+    assert result.exit_code == 0, result.output
+    assert reads == [SNAPSHOT]
+
+
+def test_replay_of_a_run_that_died_says_its_oom_from_one_read_and_one_replay(monkeypatch):
+    """The OOM lines come from the replay job (whatif.torch_replay.oom_facts): the file is read
+    once, and replayed once under PyTorch's defaults; the lines are those oom_lines gives."""
+    from npumem.profile.oom import oom_lines
+    from npumem.trace.snapshot import load_recording
+    from npumem.whatif import torch_replay
+
+    died = sorted(pathlib.Path("tests/data/cuda_oom_h200/snapshots").rglob("*.pickle*"))[0]
+    expected = oom_lines(load_recording(str(died)))
+    assert expected
+    reads = _count_snapshot_reads(monkeypatch)
+    replays = []
+    real = torch_replay.replay_recording
+    monkeypatch.setattr(torch_replay, "replay_recording",
+                        lambda *args, **kwargs: replays.append(1) or real(*args, **kwargs))
+    result = CliRunner().invoke(main, ["replay", "--allocator", "torch", str(died)])
+    assert result.exit_code == 0, result.output
+    assert reads == [str(died)] and len(replays) == 1
+    assert f"{died}: " + "\n".join(expected) in result.output
+
+
+def test_diff_reads_each_snapshot_once(monkeypatch):
+    other = "tests/data/cuda_snapshots/mlp.pickle.gz"
+    reads = _count_snapshot_reads(monkeypatch)
+    result = CliRunner().invoke(main, ["diff", SNAPSHOT, other])
+    assert result.exit_code == 0, result.output
+    assert reads == [SNAPSHOT, other]
+
+
+def test_verbs_share_helpers_through_common_only():
+    """Each verb module imports `common` (replay its own settings module too), never another
+    verb: a helper two verbs need belongs in common."""
+    import ast
+    import pathlib
+
+    import npumem.cli
+
+    package = pathlib.Path(npumem.cli.__file__).parent
+    own = {path.stem for path in package.glob("*.py")}
+    allowed = {"common", "replay_settings"}
+    for path in package.glob("*.py"):
+        if path.stem in ("__init__", "common", "replay_settings"):
+            continue
+        taken = {node.module or alias.name for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ImportFrom) and node.level == 1
+                 for alias in node.names}
+        assert taken & own <= allowed, f"{path.name} imports {sorted(taken & own - allowed)}"

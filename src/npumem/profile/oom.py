@@ -17,21 +17,22 @@ from .analysis import NO_STACK, callers, is_library, site_name, user_frame
 
 def oom_lines(recording, replayed=None) -> list[str]:
     """What the recording's first out-of-memory asked and what PyTorch held then; [] without
-    one. `replayed`: the recording's replay under its own settings, if already made."""
-    from ..whatif.torch_replay import replay_recording
+    one. `replayed`: the recording's replay under PyTorch's defaults, if already made."""
+    from ..whatif.torch_replay import oom_facts
 
-    index = first_oom(recording.entries)
-    if index is None:
+    return oom_lines_from(oom_facts(recording, replayed))
+
+
+def oom_lines_from(facts: dict | None) -> list[str]:
+    """oom_lines from what a replay found of the OOM (whatif.torch_replay.oom_facts)."""
+    if not facts:
         return []
-    entry = recording.entries[index]
-    later = sum(1 for e in recording.entries[index + 1:] if e.get("action") == "oom")
-    lines = [f"out of memory at trace entry {index} of {len(recording.entries)}: PyTorch asked "
+    index, entry, later, oom = facts["index"], facts["entry"], facts["later"], facts["model_oom"]
+    lines = [f"out of memory at trace entry {index} of {facts['entries']}: PyTorch asked "
              f"for {format_size(entry.get('size', 0))} on stream {entry.get('stream', 0)}, and "
              f"the driver reported {format_size(oom_device_free(entry))} free on the device"
              + (f" ({later} more OOM entr{'y follows' if later == 1 else 'ies follow'})"
                 if later else "")]
-    replayed = replayed if replayed is not None else replay_recording(recording)
-    oom = replayed.oom
     if oom is not None and oom["index"] == index:
         lines.append(f"  PyTorch held {format_size(oom['reserved_bytes'])}: "
                      f"{format_size(oom['allocated_bytes'])} allocated, "

@@ -47,9 +47,12 @@ class ReplayResult:
     steady_reserved_over_allocated: float | None = None
     steady_page_floor: float | None = None     # the least that ratio can be in whole pages
     prediction_planning_seconds: float | None = None
+    recorded_oom: dict | None = None           # torch: the recording's own first OOM (oom_facts)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        del data["recorded_oom"]                 # for the command's own lines, not a figure
+        return data
 
     @classmethod
     def from_torch(cls, result, allocator: str) -> "ReplayResult":
@@ -67,7 +70,7 @@ class ReplayResult:
             start_reserved_bytes=result.start_reserved_bytes,
             recorded_peak_reserved_bytes=result.recorded_peak_reserved_bytes,
             recorded_device_allocs=result.recorded_device_allocs, oom=result.oom,
-            notes=list(result.notes))
+            notes=list(result.notes), recorded_oom=result.recorded_oom)
 
 
 def _prediction_note(predictor, stats: dict, steady: float | None, floor: float | None) -> str:

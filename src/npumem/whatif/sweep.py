@@ -69,14 +69,19 @@ def replay_torch(path: str, allocator: str = "torch", settings: str = "",
                  pad: int | None = None):
     """`torch_replay.replay_file`, with notes first on how the settings read (the recorded
     ones included) and on combinations that do nothing or that torch_npu refuses."""
+    from ..alloc.torch_model import TorchAllocatorConfig
     from ..alloc.torch_model.config import config_warnings, parse_config
-    from .torch_replay import load_for_model, replay_recording
+    from .torch_replay import load_for_model, oom_facts, replay_recording
 
     recording = load_for_model(path, "npu" if allocator == "torch_npu" else None, pad)
     base = recording.base_config()
     config = parse_config(settings, base=base) if settings else base
     result = replay_recording(recording, config, capacity=memory, check=check, progress=progress)
     result.notes[:0] = config_warnings(config)
+    if allocator == "torch" and recording.continues is None:
+        # the recording as any reader loads it: its OOM is said from here, the file read once
+        own = memory is None and config == TorchAllocatorConfig(recording.flavour)
+        result.recorded_oom = oom_facts(recording, result if own else None) or {}
     if pad is not None and recording.flavour != "npu":
         result.notes.insert(0, "--soc/--cann concern torch_npu's allocator; this CUDA recording "
                                "replays through CUDA's (add --allocator torch_npu)")

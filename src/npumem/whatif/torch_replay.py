@@ -23,7 +23,7 @@ from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
                                  TorchAllocatorConfig, TorchAllocatorModel)
 from ..units import format_size
 from ..alloc.torch_model.allocator import round_size
-from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, read_pool_id
+from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, first_oom, read_pool_id
 from ..trace.snapshot.columns import highest_address, indices, rows, take
 from ..trace.snapshot.schema import oom_device_free
 
@@ -65,6 +65,9 @@ class TorchReplay:
     cache_hit_rate: float = 0.0           # requests served from cached blocks
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # the recording's own first OOM (oom_facts), so whoever shows it need not read the file
+    # again: {} where the run did not die, None where this replay did not look
+    recorded_oom: dict | None = None
 
     @property
     def faithful(self) -> bool:
@@ -74,6 +77,7 @@ class TorchReplay:
 
     def as_dict(self) -> dict:
         data = asdict(self)
+        del data["recorded_oom"]                 # for the command's own lines, not a figure
         data["faithful"] = self.faithful
         return data
 
@@ -127,14 +131,15 @@ def plan_calls(recording: Recording, pools: dict[int, tuple] | None = None):
         # what the model reads of a request or a free (a whole entry dict costs more to make)
         entry = {"action": action, "addr": addr, "size": size, "stream": stream}
         if action in ("alloc", "oom"):
-            freed, free_pools = frees()
+            freed, free_pools = frees() if pending else ((), ())
             if freed:
                 # frees right before a request: empty_cache() then the request, or the
                 # request's own retry; the replay tells them apart
                 calls.append((index, "frees_before",
                               dict(entry, frees=freed, free_pools=free_pools)))
             calls.append((index, action, entry))
-            recorded += [(index, entries[i]) for i in pending]
+            if pending:
+                recorded += [(index, entries[i]) for i in pending]
             if action == "oom":
                 recorded.append((index, entry))
             pending = []
@@ -340,6 +345,20 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         divergence=divergence, misplaced_blocks=misplaced,
         cache_hit_rate=stats.cache_hits / requests if requests else 0.0,
         seconds=time.perf_counter() - started, notes=notes)
+
+
+def oom_facts(recording: Recording, replayed: TorchReplay | None = None) -> dict | None:
+    """What a report says of the recording's first out-of-memory (profile.oom formats it): the
+    entry, its place, the OOM entries after it, and the model's state at it under PyTorch's
+    defaults (`replayed`, if already made so). None when the run never ran out."""
+    entries = recording.entries
+    index = first_oom(entries)
+    if index is None:
+        return None
+    replayed = replayed if replayed is not None else replay_recording(recording)
+    return {"index": index, "entries": len(entries), "entry": entries[index],
+            "later": len(indices(entries, "oom")) - 1,
+            "model_oom": replayed.oom}
 
 
 def _malloc(model: TorchAllocatorModel, entry: dict, pool: tuple, capturing: bool):

@@ -1,0 +1,57 @@
+"""The `npumem` command line: thin verbs that parse, call the library and print.
+
+One module per verb; what several verbs share is in `common`. Verb modules import `common`,
+never one another, and only this module knows them all."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import __version__
+from ..estimate.command import estimate_command
+from . import convert, demo, diff, info, plan, profile, replay, report, tune
+
+
+class _Commands(click.Group):
+    """Every command: an npumem error no command handled (a bad NPUMEM_* setting, say) and
+    running out of host memory end in one line, never a traceback."""
+
+    def invoke(self, ctx):
+        from ..environment_check import problems
+        from ..errors import AclError
+
+        for problem in problems():
+            click.echo(f"error: {problem}", err=True)
+        if problems():
+            sys.exit(2)
+        try:
+            return super().invoke(ctx)
+        except AclError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except MemoryError:
+            click.echo("error: out of host memory (RAM); try a smaller input or --size", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="npumem")
+def main() -> None:
+    """npumem: accelerator device memory, on a simulated NPU or real hardware."""
+
+
+main.add_command(demo.demo)
+main.add_command(info.info)
+main.add_command(replay.replay)
+main.add_command(tune.tune)
+main.add_command(convert.convert)
+main.add_command(plan.plan)
+main.add_command(profile.profile)
+main.add_command(report.report)
+main.add_command(diff.diff_command)
+main.add_command(estimate_command)

@@ -1,0 +1,132 @@
+"""`npumem tune`: replay every candidate setting on a recording and recommend one: PyTorch's
+for a snapshot (or any trace, with --memory), npumem's pool's otherwise."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..cli_sizes import device_memory
+from .common import npu_chip_options, npu_pad, profile_input, run_replays, scheduler_options
+
+
+@click.command()
+@click.argument("trace", type=click.Path())
+@click.option("--allocator", default=None, help="torch (PyTorch's settings; the default for "
+              "PyTorch snapshots), torch_npu, or pool (npumem's pool settings; the default for "
+              "other traces).")
+@click.option("--memory", default=None, help="Replay on a device of this size (e.g. 16GiB) and "
+              "list the settings that finish: which settings would have avoided an OOM.")
+@click.option("--json", "as_json", is_flag=True, help="Print the recommendation as JSON.")
+@click.option("--steps", "steps", default=3, show_default=True, type=click.IntRange(0, 100),
+              help="For a recording that ends in an out-of-memory: periods of what it repeats "
+                   "to play on past the failed request, to judge each setting on the rest of "
+                   "the run (0: judge on the recorded part only).")
+@npu_chip_options
+@scheduler_options
+def tune(trace, allocator, memory, as_json, steps, scheduler, workers, soc, cann):
+    """Recommend allocator settings for a recorded trace: replays every candidate and picks the
+    one with the lowest peak reserved memory.
+
+    For a PyTorch snapshot it sweeps PyTorch's own settings through the model of its allocator
+    and prints the PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_NPU_ALLOC_CONF) line to set. TRACE may
+    be an `npumem profile` folder (its torch_snapshot.pickle, else snapshot.pickle).
+    """
+    from ..trace import TraceFormatError
+    from ..trace.formats import holds_snapshot
+
+    trace = profile_input(trace)
+    if allocator not in (None, "torch", "torch_npu", "pool"):
+        raise click.BadParameter("choose torch, torch_npu or pool", param_hint="--allocator")
+    try:
+        snapshot = holds_snapshot(trace)
+    except TraceFormatError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    capacity = device_memory(memory)
+    pad = npu_pad(soc, cann, allocator != "pool")
+    if allocator == "pool" and capacity is not None:
+        raise click.BadParameter("--memory asks which of PyTorch's settings finish on a device "
+                                 "that size; npumem's pool is tuned on 64 GiB. Drop --allocator "
+                                 "pool, or --memory", param_hint="--memory")
+    # --memory is the question of a run that died: PyTorch's settings answer it, for any trace
+    if allocator in ("torch", "torch_npu") or (allocator is None and (snapshot or capacity)):
+        if scheduler not in ("processes", "serial"):
+            click.echo(f"note: --scheduler {scheduler} is for pool tunes; PyTorch's settings "
+                       "are replayed in local processes", err=True)
+        _tune_torch(trace, allocator, capacity, as_json, steps,
+                    1 if scheduler == "serial" else workers, pad)
+    else:
+        _tune_pool(trace, as_json, scheduler, workers)
+
+
+def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> None:
+    """PyTorch's settings, judged on the model of its allocator; ends with the line to set."""
+    import json
+
+    from ..profile.oom import oom_lines
+    from ..whatif.torch_replay import load_for_model
+    from ..whatif.torch_tune import tune_recording
+    from ..units import format_size
+
+    recording = run_replays("tune", as_json, lambda update: load_for_model(
+        trace, "npu" if allocator == "torch_npu" else None, pad))
+    if pad is not None and recording.flavour != "npu":
+        raise click.BadParameter(f"{trace} is a CUDA recording: add --allocator torch_npu to "
+                                 "replay it on an Ascend chip", param_hint="--soc/--cann")
+    result = run_replays("tune", as_json, lambda update: tune_recording(
+        recording, memory, steps=steps, progress=update, workers=workers))
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    for line in oom_lines(recording, result.recorded.result):
+        click.echo(line)
+    click.echo(f"{'settings':<52} {'peak reserved':>13} {'headroom':>10}  verdict")
+    for c in result.in_order():
+        headroom = format_size(c.headroom) if c.headroom is not None else "-"
+        click.echo(f"{c.config.describe() or '(as recorded)':<52} "
+                   f"{format_size(c.decisive.peak_reserved_bytes):>13} {headroom:>10}  {c.verdict()}")
+    click.echo("")
+    if result.best is not None:
+        ran = {"cuda": "the CUDA run", "npu": "the NPU run"}.get(recording.recorded_flavour,
+                                                                 "the recording")
+        really = "really reserved"
+        if recording.predicted:
+            ran, really = "npumem estimate's predicted run", "reserved"
+        real = (f"{ran} {really} {format_size(result.recorded_peak_reserved_bytes)}"
+                if result.recorded_peak_reserved_bytes is not None else
+                "the recording has no caching-allocator segments to compare with (a CPU or "
+                "plain alloc/free trace)")
+        click.echo(f"recommended: {result.best.line}: predicted peak reserved "
+                   f"{format_size(result.best.decisive.peak_reserved_bytes)}; {real}")
+    for line in result.answer_lines()[:-1]:
+        click.echo(f"  {line}")
+    if result.best is not None and result.best.config.describe():
+        click.echo(f"use: export {result.best.variable}="
+                   f"\"{result.best.config.describe()}\"")
+    click.echo(result.answer())
+
+
+def _tune_pool(trace, as_json, scheduler, workers) -> None:
+    """npumem's pool settings, each candidate replayed where --scheduler says."""
+    import json
+
+    from ..whatif.sweep import settings_label
+    from ..whatif.tune import tune as run_tune
+    from ..units import format_size
+
+    result = run_replays("tune", as_json, lambda update: run_tune(
+        trace, scheduler=scheduler, workers=workers, progress=update))
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    click.echo(f"{'settings':<62} {'peak reserved':>13} {'ratio':>6} {'dev allocs':>10}")
+    for candidate in sorted(result.candidates, key=lambda r: r.peak_reserved_bytes):
+        click.echo(f"{candidate.settings:<62} {format_size(candidate.peak_reserved_bytes):>13} "
+                   f"{candidate.reserved_over_allocated:>6.3f} {candidate.device_allocs:>10}")
+    click.echo(f"\nrecommended: {settings_label(result.settings)} -> predicted peak reserved "
+               f"{format_size(result.predicted_peak_reserved_bytes)}")
+    click.echo(f"why: {result.reason}")
+    if result.settings:
+        click.echo(f"use: export NPUMEM_ALLOC_CONF={result.settings}")
