@@ -52,6 +52,7 @@ def case(name: str, *patches) -> None:
 P, L, A = predictive.Predictor, step_learner.StepLearner, step_arena.PoolRangeArena
 case("refresh", (P, "_refresh", lambda self, boundary: boundary))
 case("exact_step", (L, "_exact_step", lambda self, template: None))
+case("short_window", (L, "_short_window", lambda self, made, template: None))
 case("place_elsewhere", (A, "place_elsewhere", lambda self, slot: None))
 case("lend", (A, "lend", lambda self, size, slot: None))
 case("resize_to_strays", (P, "_resize_to_strays", lambda self: None))

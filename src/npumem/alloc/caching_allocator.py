@@ -140,7 +140,13 @@ class CachingAllocator(MemoryResource):
             if pending:
                 self._free_completed_pending()
             predictor = self._predictor
-            block = predictor.take(nbytes, size, stream) if predictor is not None else None
+            if predictor is None:
+                block = None
+            elif predictor.requests < predictor.rest_until:     # paused: only counted
+                predictor.requests += 1
+                block = None
+            else:
+                block = predictor.take(nbytes, size, stream)
             if block is None:
                 block = self._strategy.take(size, stream)
                 if block is None:
@@ -194,7 +200,7 @@ class CachingAllocator(MemoryResource):
                 self._observe("free", block)
             block.allocated = False
             block.segment.free.merge_and_add(block)
-            if predictor is not None and predictor.awaiting:
+            if predictor is not None and predictor.arena is not None and predictor.arena.awaited:
                 predictor.awaited_free(pointer)  # the plan may claim the bytes it held
             if self._gone_streams:               # empty but for destroyed streams' last blocks
                 self._release_gone({block.segment.stream} & self._gone_streams)

@@ -7,8 +7,9 @@ below moved a measured outcome, bench/predictive_cases.py switches it off).
 2. **Prove**: the template must foresee 99% of half a followed step, while live bytes do not
    grow from boundary to boundary; else it is refused and learned again (five times at most).
 3. **Plan** it, made again first with the lifetimes known by then (`_refresh`; the step the
-   stream has since repeated exactly, if that is a little longer or shorter), around the
-   pool's live blocks (`step_plan.lay_out`), cut where the stream is.
+   stream has since repeated exactly, if that is a little longer or shorter, or a later copy
+   where the first steps made a block look older than two steps), around the pool's live
+   blocks (`step_plan.lay_out`), cut where the stream is.
 4. **Serve** under the peak reserved so far (`step_arena`): a request the plan expects next
    (or a few slots on; found again by its last sizes after a detour; counted while the stream
    repeats the window exactly, `_counted`) gets its slot's block. A layout cut between cuts
@@ -22,7 +23,8 @@ below moved a measured outcome, bench/predictive_cases.py switches it off).
    fit falls back to the one before (`_fall_back`).
 6. **Stop**: a step under 50% hits drops the plan; reserved memory above the pre-plan peak ends
    prediction; a step at 99% ends learning. Learning costs time on every request: with no plan
-   served in `QUIET` requests (or four steps of a step followed), it pauses (`_pause`).
+   served in `QUIET` requests (or four steps of a step followed), it pauses (`_pause`): the
+   pool only counts requests until the pause ends.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class Predictor:
         self.quiet, self.quiet_since = QUIET, 0     # see _pause
         self.patience, self.learning_since = PATIENCE, 0    # and _repeating
         self.pause, self.wake_at = PAUSE, None      # while paused: the request that ends it
+        self.rest_until = 0         # paused: the pool counts requests up to this one itself
         self.marked = False                         # a step was marked (mark_step)
         self.note = "learning"
 
@@ -282,11 +285,6 @@ class Predictor:
         until the next cut, and then hands over)."""
         return self.serving and not self.layout.provisional
 
-    @property
-    def awaiting(self) -> bool:
-        """Whether the arena waits for pinned pool blocks to be freed (see PoolRangeArena)."""
-        return self.arena is not None and bool(self.arena.awaited)
-
     def awaited_free(self, pointer: int) -> None:
         """The pool freed a block while the arena waits for pinned ones."""
         if pointer in self.arena.awaited:
@@ -332,6 +330,10 @@ class Predictor:
         if self.template is not None:
             self._drop("", relearn=False)
         self.learner, self.wake_at = None, self.requests + self.pause
+        # The pool counts the requests before the one that wakes it (`rest_until`) without
+        # calling take(), whose call is most of what a paused request costs; not after a plan
+        # has served, when take() counts the followed stream's requests as misses.
+        self.rest_until = self.wake_at - 1 if self.took_over_at is None else 0
         self.note = (f"no plan served in {learned} requests of learning; learning paused for "
                      f"the next {self.pause}")
         self.pause = min(2 * self.pause, MAX_PAUSE)
@@ -351,7 +353,7 @@ class Predictor:
 
     def _wake(self) -> None:
         self._learn_afresh()
-        self.wake_at, self.note = None, "learning"
+        self.wake_at, self.rest_until, self.note = None, 0, "learning"
 
     def _learn_afresh(self) -> None:
         """A new learner, from the middle of a step (strict after two refusals), with a new
@@ -397,9 +399,11 @@ class Predictor:
         template = learner.refreshed(old) if learner is not None else old
         if template is old:
             return boundary
-        if template.step_period != old.step_period:
-            # the step the stream repeats exactly, not the first one's length: follow it, and
-            # plan it at its own cut
+        if template.step_period != old.step_period or (
+                template.first != old.first and learner.confirmed != old.step_period):
+            # the step the stream repeats exactly, not the first one's length, or a recent
+            # copy of it (the first steps' lifetimes misled), whose place in the stream is not
+            # counted: follow it, and plan it at its own cut
             self._follow(template)
             self.between_cuts = False
             return None

@@ -58,6 +58,8 @@ class Template:
     marked: bool = False
     holds_peak: bool = False  # the stream's highest live bytes so far were reached in it
     unknown: int = 0          # blocks left out only because they are still live, and young
+    short: int = 0            # left out as outliving two steps, though freed within two steps'
+                              # allocations: the window has fewer events than later steps
     repeats: int = 1          # steps the template holds: 2 when a block outlives its step
     extras: dict = field(default_factory=dict)
     first: int = 0
@@ -280,6 +282,10 @@ class StepLearner:
             if free is None or free - origin - start >= 2 * length:
                 if free is None and self.events - self.times[index] < 2 * length:
                     template.unknown += 1           # may yet be freed within two steps
+                elif free is not None and bisect_left(self.times, free) - index < 2 * (end - first):
+                    # short: its window counts fewer events than later steps' (the program's
+                    # first frees no blocks of a step before it)
+                    template.short += 1
                 extras[len(template.requested), self.requested[index]] = index - first
                 continue
             outlives = outlives or free - origin - start >= length
@@ -347,7 +353,8 @@ class StepLearner:
         still live when it was made have lifetimes now, and are slots (the cursor is not
         set: the stream may not repeat with the window's length). Slots keep the largest
         size `template` knew. Where the stream has since repeated a step of another length
-        exactly, that step instead (`_exact_step`)."""
+        exactly, that step instead (`_exact_step`); where the window misjudges lifetimes, a
+        recent copy (`_short_window`)."""
         exact = self._exact_step(template)
         if exact is not None:
             return exact
@@ -358,10 +365,24 @@ class StepLearner:
                               len(self.requested), template.marked)
         if made is None:
             return template
+        if made.short and not (template.marked or template.varies):
+            recent = self._short_window(made, template)
+            if recent is not None:
+                return recent
         made.holds_peak = template.holds_peak
         known = dict(zip(template.offsets, template.sizes))    # sizes it has grown to since
         return made.widened([[known.get(offset, size)
                               for offset, size in zip(made.offsets, made.sizes)]])
+
+    def _short_window(self, made: Template, template: Template) -> Template | None:
+        """`made` (`template`'s window made again) leaves out blocks freed within two steps as
+        older (`Template.short`: the program's first steps free nothing of a step before them,
+        so they count fewer events than later ones): a recent copy of the step, or None, with
+        those blocks counted as unknown, so that the plan waits for one."""
+        recent = self._recent_copy(template.step_period, template)
+        if recent is None:
+            made.unknown += made.short
+        return recent
 
     def _exact_step(self, template: Template) -> Template | None:
         """The step the stream has repeated exactly since `template` was made, if it is a
@@ -373,10 +394,15 @@ class StepLearner:
         if not 0.8 * step <= period <= 1.25 * step or period == step or template.marked \
                 or template.varies:
             return None
+        return self._recent_copy(period, template)
+
+    def _recent_copy(self, period: int, template: Template) -> Template | None:
+        """A step of `period` allocations made from a recent copy (tried an eighth of a step
+        apart, newest first) whose blocks are all freed or known to outlive two steps."""
         count = len(self.requested)
         for first in range(count - period, max(count - 3 * period, -1), -max(1, period // 8)):
             made = self._template(first, first + period, count)
-            if made is not None and made.unknown == 0:
+            if made is not None and made.unknown == 0 and made.short == 0:
                 made.holds_peak = template.holds_peak
                 return made
         return None
