@@ -121,6 +121,15 @@ def _stream(stream):
 
 def caching_allocator_alloc(size: int, device: int | None = None, stream=None) -> int:
     """A device pointer from the pool, ordered on `stream` (None: the default stream)."""
+    if type(size) is int and device is None and stream is None:
+        # The common call: an int size on the current device and stream of a running runtime
+        # whose pool exists. What get_allocator and _stream would find, found once and without
+        # the runtime's lock (the lock only matters for starting the runtime, done below).
+        context = RUNTIME._context_in_use()
+        if context is not None:
+            pool = _pools.get(context.device)
+            if pool is not None:
+                return pool.allocate(size, RUNTIME._stream_in_use(context))
     size = integer_argument(size, "caching_allocator_alloc: size")
     pool = get_allocator(device)
     return pool.allocate(size, _stream(stream))
@@ -138,6 +147,15 @@ def _pool_of(pointer: int) -> CachingAllocator:
 
 
 def caching_allocator_delete(pointer: int) -> None:
+    if type(pointer) is int and not SANITIZER.on:
+        # The common call: a live block of a pool, with no sanitizer record to consult. A
+        # pointer a pool holds is one of its device's, so _pool_of's checks all pass.
+        backend = RUNTIME.backend
+        if backend is not None:
+            pool = _pools.get(backend.device_of(pointer))
+            if pool is not None and pointer in pool._allocated:
+                pool.deallocate(pointer)
+                return
     pointer = integer_argument(pointer, "caching_allocator_delete: pointer")
     pool = _pool_of(pointer)
     record = SANITIZER.record(pool, pointer)

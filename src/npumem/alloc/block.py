@@ -130,13 +130,37 @@ class FreeList:
         least `split_min` bytes (the rest stays cached). With `below`, a best fit of that many
         bytes or more is not used (max_split_size_mb). With `first_fit`, take instead the
         lowest-addressed block that is large enough."""
-        i = self._fit(size, below, first_fit)
-        if i < 0:
+        # the fit, the split and the re-key written out: this runs on every allocate
+        keys = self._keys
+        i = bisect_left(keys, size << _ADDRESS_BITS)
+        count = len(keys)
+        if i == count:
             return None
+        if first_fit and i + 1 < count:
+            starts = self._starts[i:]
+            i += starts.index(min(starts))
         block = self._blocks[i]
-        if block.size - size < split_min:
+        rest_size = block.size - size
+        if below is not None and block.size >= below:
+            return None
+        if rest_size < split_min:
             return self._pop(i)
-        self._rekey(i, block.split(size))
+        following = block.next
+        start = block.start + size
+        rest = Block(start, rest_size, block.segment, block, following)
+        if following is not None:
+            following.prev = rest
+        block.next = rest
+        block.size = size
+        # the rest's key is below the block's, so it keeps slot i unless it falls below slot i-1
+        key = rest_size << _ADDRESS_BITS | start
+        if i == 0 or keys[i - 1] < key:
+            keys[i] = key
+            self._blocks[i] = rest
+            self._starts[i] = start
+        else:
+            self._pop(i)
+            self.add(rest)
         return block
 
     def fit(self, size: int, below: int | None = None, first_fit: bool = False) -> Block | None:
@@ -166,16 +190,30 @@ class FreeList:
         following, previous = block.next, block.prev
         prev_free = previous is not None and not previous.allocated
         if following is not None and not following.allocated:
-            # the common case on a cache hit: the block rejoins the rest it was cut from
-            i = bisect_left(self._keys, following.size << _ADDRESS_BITS | following.start)
+            keys = self._keys
+            i = bisect_left(keys, following.size << _ADDRESS_BITS | following.start)
+            if not prev_free:
+                # the common case on a cache hit: the block rejoins the rest it was cut from,
+                # and takes the rest's slot when its (larger) key stays below slot i+1's
+                size = block.size + following.size
+                block.size = size
+                block.next = after = following.next
+                if after is not None:
+                    after.prev = block
+                key = size << _ADDRESS_BITS | block.start
+                if i + 1 == len(keys) or key < keys[i + 1]:
+                    keys[i] = key
+                    self._blocks[i] = block
+                    self._starts[i] = block.start
+                else:
+                    self._pop(i)
+                    self.add(block)
+                return
             block.absorb_next()
-            if prev_free:
-                self._pop(i)
-                i = self._index(previous)
-                previous.absorb_next()
-                self._rekey(i, previous)
-            else:
-                self._rekey(i, block)
+            self._pop(i)
+            i = self._index(previous)
+            previous.absorb_next()
+            self._rekey(i, previous)
         elif prev_free:
             i = self._index(previous)
             previous.absorb_next()

@@ -83,6 +83,7 @@ class CachingAllocator(MemoryResource):
         self._gone_streams: set = set()     # destroyed streams whose arenas still hold blocks
         self._closing = False
         self._strategy = self._make_strategy()
+        self._take = self._strategy.take       # bound once: the hot path's lookup
         self._predictor: Predictor | None = None
         self.settings = self.settings        # with the strategy in place: start prediction
 
@@ -148,7 +149,7 @@ class CachingAllocator(MemoryResource):
             else:
                 block = predictor.take(nbytes, size, stream)
             if block is None:
-                block = self._strategy.take(size, stream)
+                block = self._take(size, stream)
                 if block is None:
                     block = self._retry_after_releasing_cache(nbytes, size, stream)
             start = block.start

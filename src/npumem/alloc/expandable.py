@@ -80,10 +80,13 @@ class ExpandableStrategy:
     def take(self, size: int, stream) -> Block | None:
         """A block of `size` bytes for `stream`, or None when its pages cannot be mapped."""
         arena = self.arenas.get(stream) or self._arena(stream)
-        block = arena.free.take(size, self.owner.split_min, first_fit=True)
+        block = arena.free.take(size, self.owner.split_min, None, True)    # first fit
         if block is None:
             return None
-        first, end = self._pages(arena, block.start, block.size)   # an unsplit tail included
+        # the block's pages (an unsplit tail included), as _pages finds them: all mapped is
+        # the cache hit
+        offset, shift = block.start - arena.base, self.shift
+        first, end = offset >> shift, ((offset + block.size - 1) >> shift) + 1
         if arena.mapped.find(0, first, end) < 0:
             return block
         if not self._map(arena, first, end):

@@ -75,24 +75,30 @@ class PoolStats:
                         self._count(k, small, amount)
                 return
             events = np.fromiter(log, dtype=np.int64, count=len(log)).reshape(-1, 3).T
-            sizes, small = events[0], events[2].astype(bool)
-            # rows: allocation count, allocated_bytes, requested_bytes (stats 0, 3 and 6),
-            # each contiguous in memory for the cumulative sums
-            deltas = np.stack((np.sign(sizes), sizes, events[1]))
-            for pool, columns in ((0, deltas), (1, deltas[:, small]), (2, deltas[:, ~small])):
-                if columns.shape[1]:
-                    self._fold_columns([pool, 3 + pool, 6 + pool], columns)
-
-    def _fold_columns(self, indices: list[int], changes) -> None:
-        """Apply a run of (count, bytes, requested) changes to three stats of one pool."""
-        running = np.cumsum(changes, axis=1)
-        highest, last = running.max(axis=1), running[:, -1]
-        grown = (np.abs(changes).sum(axis=1) + last) // 2      # the sum of the increases
-        for row, index in enumerate(indices):
-            start = self.now[index]
-            self.now[index] = start + int(last[row])
-            self.peaks[index] = max(self.peaks[index], start + int(highest[row]))
-            self.grown[index] += int(grown[row])
+            sizes = events[0]
+            # rows: allocation count, allocated_bytes, requested_bytes (stats 0, 3 and 6) of
+            # every event, then the same masked to the small pool's events. A masked row stands
+            # still at the large pool's events, so its running sums and peaks are the small
+            # pool's own, and the large pool's running sums are the difference: one cumulative
+            # sum and no compacted copies per pool.
+            changes = np.empty((6, len(sizes)), dtype=np.int64)
+            np.sign(sizes, out=changes[0])
+            changes[1], changes[2] = sizes, events[1]
+            np.multiply(changes[:3], events[2], out=changes[3:])
+            running = np.cumsum(changes, axis=1)
+            last, highest = running[:, -1].copy(), running.max(axis=1)   # (running changes below)
+            grown = (np.abs(changes).sum(axis=1) + last) // 2      # the sums of the increases
+            running[:3] -= running[3:]
+            large = (last[:3] - last[3:], running[:3].max(axis=1), grown[:3] - grown[3:])
+            for pool, (pool_last, pool_highest, pool_grown) in (
+                    (0, (last[:3], highest[:3], grown[:3])),
+                    (1, (last[3:], highest[3:], grown[3:])), (2, large)):
+                for row in range(3):
+                    index = 3 * row + pool
+                    start = self.now[index]
+                    self.now[index] = start + int(pool_last[row])
+                    self.peaks[index] = max(self.peaks[index], start + int(pool_highest[row]))
+                    self.grown[index] += int(pool_grown[row])
 
     def _count(self, k: int, small: bool, amount: int) -> None:
         now, peaks = self.now, self.peaks
