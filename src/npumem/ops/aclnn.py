@@ -15,6 +15,7 @@ import operator
 
 import numpy as np
 
+from .. import memory as pool_api
 from ..constants import DataType
 from ..errors import OpNullptrError, OpParamError
 from ..observe import tagged
@@ -34,8 +35,6 @@ def run_with_pool_workspace(run, planned: tuple[int, Executor], stream=None) -> 
         aclnn.run_with_pool_workspace(aclnn.add, aclnn.add_get_workspace_size(a, b, 1, out), s)
 
     Returns the workspace size."""
-    from .. import memory as pool_api
-
     size, executor = planned
     workspace = None
     if size:

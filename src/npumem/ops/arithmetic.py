@@ -13,7 +13,7 @@ from ..errors import OpParamError
 from ..runtime.state import RUNTIME
 from . import aclnn
 from ..dtypes import numpy_dtype
-from .tensor import Tensor, empty, from_numpy
+from .tensor import Tensor, empty, from_numpy, result
 
 
 def _binary(op: str, left: Tensor, right) -> Tensor:
@@ -30,11 +30,14 @@ def _binary(op: str, left: Tensor, right) -> Tensor:
         out = empty((left.shape[0], right.shape[1]), dtype=left.dtype, stream=stream)
         planned = aclnn.matmul_get_workspace_size(left, right, out)
     else:
-        try:
-            shape = np.broadcast_shapes(left.shape, right.shape)
-        except ValueError:
-            raise OpParamError(f"{op}: shapes {left.shape} and {right.shape} do not broadcast") from None
-        out = empty(shape, dtype=left.dtype, stream=stream)
+        shape = left.shape
+        if right.shape != shape:          # broadcast_shapes costs more than the rest of phase 1
+            try:
+                shape = np.broadcast_shapes(left.shape, right.shape)
+            except ValueError:
+                raise OpParamError(f"{op}: shapes {left.shape} and {right.shape} do not "
+                                   "broadcast") from None
+        out = result(shape, left.dtype, stream)
         phase1 = getattr(aclnn, f"{op}_get_workspace_size")
         planned = phase1(left, right, 1, out) if op in ("add", "sub") else phase1(left, right, out)
     aclnn.run_with_pool_workspace(getattr(aclnn, op), planned, stream)

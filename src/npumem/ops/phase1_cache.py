@@ -1,69 +1,103 @@
-"""Phase 1 remembered: a call repeated with the same tensor objects and scalars reuses the plan
-its first call made, so a small op in a loop pays the argument checks once.
+"""Phase 1 remembered: a call repeated with arguments of the same geometry reuses the plan its
+first call made, so a small op in a loop (c = a + b, a new c each time) pays the argument checks
+once.
 
-Tensors never change their geometry (shape, strides, offset and dtype are fixed at creation), so
-the same objects mean the same checks would pass again. What can change is whether their memory
-is still live: every hit checks that again, and a failing check falls back to a full phase 1,
-which raises the error it always raised. A change to the operator registry or another backend
-makes every remembered plan stale.
+What phase 1 decides depends only on what the key holds: each tensor's shape, strides, storage
+offset, dtype, format and device (fixed at creation), which arguments are the same tensor,
+scalars' and plain arguments' exact values, the phase-1 function and its keywords; and, checked
+by each hit, the registry generation, the backend and the device type (and the AI core profile
+for tiled kernels). What can change between calls is the memory under the tensors: every hit
+checks that each tensor's bytes are live and within bounds at its address now, and a failing
+check falls back to a full phase 1, which raises the error it always raised.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import os
 import threading
-import weakref
+
+import numpy as np
 
 from ..runtime.state import RUNTIME
 from ..device.address_index import RELEASES
-from .executor import Executor, OpCall, op_device_type, still_valid, unchanged_since
+from ..device.backend import DeviceRange
+from ..device.sanitizer import SANITIZER
+from ..errors import AclError
+from .executor import Executor, OpCall, op_device_type, still_valid
 from .registry import REGISTRY
 from .tensor import Scalar, Tensor
 
-_PLAIN = (int, float, bool, str, type(None))
+_PLAIN = (int, bool, str, type(None))
+_TILING_ENV = ("NPUMEM_SIM_PROFILE", "NPUMEM_SIM_CORES")     # what tiling reads besides the call
+
+
+def _tiling_env() -> tuple:
+    return tuple(os.environ.get(name) for name in _TILING_ENV)
 
 
 class _Entry:
-    """What a plan needs besides the tensors, which it never holds: an entry must not keep
-    tensors (and their pool blocks) alive, so it names them by their place in the arguments
-    and goes away with the first of them."""
+    """A plan without its tensors: an entry must not keep tensors (and their pool blocks)
+    alive, so it names them by their place in the arguments."""
 
     def __init__(self, executor: Executor, places: dict[int, int]):
         call = executor.call
         self.op, self.attrs, self.dense_inputs, self.views = \
             call.op, call.attrs, call.dense_inputs, call.views
-        self.inputs = {name: places[id(t)] for name, t in call.inputs.items()}
-        self.outputs = {name: places[id(t)] for name, t in call.outputs.items()}
-        self.impl, self.plan, self.ranges = executor.impl, executor.plan, executor.ranges
-        self.epoch = executor.epoch
+        self.inputs = [(name, places[id(t)]) for name, t in call.inputs.items()]
+        self.outputs = [(name, places[id(t)]) for name, t in call.outputs.items()]
+        self.impl, self.plan = executor.impl, executor.plan
+        self.last = dict(executor.ranges)   # role -> the range last checked (a hint, not trusted)
         self.generation = REGISTRY.generation
         self.backend = RUNTIME.backend
         self.device_type = op_device_type()
+        self.tiling_env = _tiling_env() if executor.impl.tiling is not None else None
 
     def executor(self, objects: list) -> Executor | None:
-        """A new executor for the same arguments, or None when the plan no longer holds."""
-        if self.generation != REGISTRY.generation or self.backend is not RUNTIME.backend or \
-                self.device_type != op_device_type():
+        """A new executor for these arguments, or None when the plan does not hold for them."""
+        backend = RUNTIME.backend
+        if self.generation != REGISTRY.generation or self.backend is not backend or \
+                self.device_type != op_device_type() or \
+                (self.tiling_env is not None and self.tiling_env != _tiling_env()):
             return None
-        call = OpCall(self.op, {name: objects[i] for name, i in self.inputs.items()},
-                      {name: objects[i] for name, i in self.outputs.items()}, self.attrs,
+        call = OpCall(self.op, {name: objects[i] for name, i in self.inputs},
+                      {name: objects[i] for name, i in self.outputs}, self.attrs,
                       self.dense_inputs, self.views)
-        if not unchanged_since(self.epoch):
-            epoch = RELEASES.value
-            for role, tensor in call.tensors():
-                record = tensor.storage.record
-                rng = self.ranges.get(role)
-                if (record is not None and not record.live) or rng is None or \
-                        not still_valid(rng, *tensor.span()):
-                    return None
-            self.epoch = epoch
-        return Executor(call, self.impl, self.plan, self.ranges, self.epoch)
+        epoch = RELEASES.value            # read first: a release during the checks shows later
+        ranges = {}
+        for role, tensor in call.tensors():
+            record = tensor.storage.record
+            if record is not None and not record.live:
+                return None
+            rng = _checked_range(backend, self.last.get(role), *tensor.span(), self.op, role)
+            if rng is None:
+                return None
+            ranges[role] = rng
+        self.last = ranges
+        return Executor(call, self.impl, self.plan, ranges, epoch)
+
+
+def _checked_range(backend, last, address: int, nbytes: int, op: str, role: str):
+    """The live range under [address, address + nbytes), or None where phase 1 would fail.
+    Inside the allocation the last call used (a pool arena, say), liveness and mapped pages
+    are all there is to check; elsewhere the backend's bounds check decides."""
+    if last is not None and nbytes and not SANITIZER.on:
+        allocation = last.allocation
+        start = allocation.start
+        if start <= address and address + nbytes <= start + allocation.size:
+            rng = DeviceRange(allocation, address - start, nbytes)
+            if still_valid(rng, address, nbytes):
+                return rng
+    try:
+        return backend.resolve(address, nbytes, f"{op} {role}")     # phase 1's check
+    except AclError:
+        return None
 
 
 class Phase1Cache:
-    """Remembers up to SIZE plans, keyed by the phase-1 function and its arguments (tensors and
-    Scalars by identity, plain values by type and value)."""
+    """Remembers up to SIZE plans, keyed by the phase-1 function and its arguments' geometry
+    and values (see the module docstring)."""
 
     SIZE = 256
 
@@ -74,18 +108,17 @@ class Phase1Cache:
 
     def cached(self, phase1):
         """Wrap a `*_get_workspace_size` function whose result depends only on its arguments'
-        geometry and values (not on the bytes in device memory)."""
+        geometry and values (not on the bytes in device memory, nor on their addresses)."""
         @functools.wraps(phase1)
         def remembered(*args, **kwargs):
             key, objects = _key(phase1, args, kwargs)
             if key is None:
                 return phase1(*args, **kwargs)
-            with self._lock:
-                entry = self._entries.get(key)
+            entry = self._entries.get(key)    # a dict read is atomic; writes take the lock
             executor = entry.executor(objects) if entry is not None else None
             if executor is not None:
                 self.hits += 1
-                return executor.workspace_size, executor
+                return executor.plan.size, executor
             self.misses += 1
             size, executor = phase1(*args, **kwargs)
             self._remember(key, objects, executor)
@@ -101,13 +134,6 @@ class Phase1Cache:
             self._entries[key] = entry
             while len(self._entries) > self.SIZE:
                 self._entries.popitem(last=False)
-        for obj in objects:               # ids are reused once an object dies
-            weakref.finalize(obj, self._forget, key, entry)
-
-    def _forget(self, key, entry) -> None:
-        with self._lock:
-            if self._entries.get(key) is entry:
-                del self._entries[key]
 
     def clear(self) -> None:
         with self._lock:
@@ -115,21 +141,38 @@ class Phase1Cache:
 
 
 def _key(phase1, args, kwargs):
-    """(key, objects compared by identity), or (None, None) for arguments it cannot key."""
-    parts, by_identity = [phase1, tuple(sorted(kwargs))], []
-    for value in (*args, *(kwargs[name] for name in sorted(kwargs))):
-        if isinstance(value, (Tensor, Scalar)):
-            parts.append(id(value))
-            by_identity.append(value)
-        elif isinstance(value, _PLAIN) or (isinstance(value, (tuple, list)) and
-                                           all(isinstance(v, int) for v in value)):
-            parts.append((type(value), tuple(value) if isinstance(value, list) else value))
+    """(key, the tensors in argument order), or (None, None) for arguments it cannot key."""
+    parts, tensors = [phase1], []
+    if kwargs:
+        names = sorted(kwargs)
+        parts.append(tuple(names))
+        args = (*args, *(kwargs[name] for name in names))
+    for value in args:
+        kind = type(value)
+        if kind is Tensor:
+            parts.append(value._geometry)
+            tensors.append(value)
+        elif kind in _PLAIN:
+            parts.append((kind, value))
+        elif kind is float:               # exact bits: 0.0 and -0.0 are equal but plan apart
+            parts.append((kind, value.hex()))
+        elif kind is Scalar:
+            parts.append((kind, value.dtype, value.value.tobytes()))
+        elif isinstance(value, np.generic):
+            parts.append((kind, value.tobytes()))
+        elif kind in (tuple, list) and all(type(v) is int for v in value):
+            parts.append((kind, tuple(value)))
+        elif isinstance(value, Tensor):   # a subclass: plan it in full
+            return None, None
         else:
             try:
-                parts.append((type(value), value, hash(value)))
+                parts.append((kind, value, hash(value)))
             except TypeError:
                 return None, None
-    return tuple(parts), by_identity
+    if len(tensors) > 1:                  # which arguments are one tensor: roles map to places
+        ids = [id(t) for t in tensors]
+        parts.append(tuple(map(ids.index, ids)))
+    return tuple(parts), tensors
 
 
 PHASE1 = Phase1Cache()

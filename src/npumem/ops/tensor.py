@@ -91,6 +91,8 @@ def _give_back(pool, pointer: int, record) -> None:
 
 
 def _dims(values, what: str) -> tuple[int, ...]:
+    if type(values) is tuple and all(type(v) is int and v >= 0 for v in values):
+        return values                 # already checked (a tensor's own shape, say)
     try:
         dims = tuple(operator.index(v) for v in values)
     except TypeError:
@@ -129,18 +131,23 @@ class Tensor:
             raise OpParamError(f"{len(self.shape)}-d shape {self.shape} needs {len(self.shape)} "
                                f"strides, got {self.strides}")
         self.storage_offset = operator.index(offset)
-        self.dtype = as_data_type(dtype)
-        self.format = Format(format)
+        self.dtype = dtype if type(dtype) is DataType else as_data_type(dtype)
+        self.format = format if type(format) is Format else Format(format)
         extent = reach(self.shape, self.strides)
         self.storage_shape = (self.storage_offset + extent,) if storage_shape is None \
             else _dims(storage_shape, "storage shape")
         # Fixed for the view's life (storage never moves): kept for cheap launches.
-        self._span = (storage.pointer + self.storage_offset * self.itemsize, extent * self.itemsize)
-        need = (self.storage_offset + extent) * self.itemsize
+        size = itemsize(self.dtype)
+        self._span = (storage.pointer + self.storage_offset * size, extent * size)
+        need = (self.storage_offset + extent) * size
         if self.storage_offset < 0 or need > storage.nbytes:
             raise OpParamError(
                 f"a {self.shape} view with strides {self.strides} at offset {self.storage_offset} "
                 f"reaches {need} bytes but its storage holds {storage.nbytes}")
+        # What a remembered phase 1 is keyed by (ops/phase1_cache.py)
+        # (ints, not the enums, whose hash is Python code)
+        self._geometry = (self.shape, self.strides, self.storage_offset, int(self.dtype),
+                          int(self.format), storage.device)
 
     # --- geometry -------------------------------------------------------------------------
 
@@ -375,6 +382,13 @@ def empty(*size, dtype=DataType.FLOAT, stream=None, device: int | None = None,
     dtype = as_data_type(dtype)
     storage = _pool_storage(math.prod(shape) * itemsize(dtype), device, stream)
     return Tensor(storage, shape, None, 0, dtype, format)
+
+
+def result(shape: tuple[int, ...], dtype: DataType, stream) -> Tensor:
+    """`empty(shape, dtype=dtype, stream=stream)` for an op's result, whose shape and dtype come
+    from checked tensors: none of empty's argument parsing."""
+    storage = _pool_storage(math.prod(shape) * itemsize(dtype), None, stream)
+    return Tensor(storage, shape, None, 0, dtype)
 
 
 def zeros(*size, dtype=DataType.FLOAT, stream=None, device: int | None = None) -> Tensor:

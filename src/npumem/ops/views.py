@@ -36,8 +36,11 @@ def typed_view(raw, dtype: DataType, shape, strides):
     """`raw` (uint8, starting at the first element) seen as `dtype` with element `strides`."""
     if isinstance(raw, np.ndarray):
         item = numpy_dtype(dtype)
-        return np.lib.stride_tricks.as_strided(raw.view(item), shape,
-                                               [s * item.itemsize for s in strides])
+        strides = [s * item.itemsize for s in strides]
+        try:         # ~10x cheaper than as_strided; refuses a view that does not fit in raw
+            return np.ndarray(shape, item, raw, 0, strides)
+        except (TypeError, ValueError):
+            return np.lib.stride_tricks.as_strided(raw.view(item), shape, strides)
     return raw.view(torch_dtype(dtype)).as_strided(tuple(shape), tuple(strides))
 
 
