@@ -17,6 +17,7 @@ import collections
 import functools
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class _Entry:
         self.inputs = [(name, places[id(t)]) for name, t in call.inputs.items()]
         self.outputs = [(name, places[id(t)]) for name, t in call.outputs.items()]
         self.impl, self.plan = executor.impl, executor.plan
-        self.last = dict(executor.ranges)   # role -> the range last checked (a hint, not trusted)
+        self.last = _hints(executor.ranges)
         self.generation = REGISTRY.generation
         self.backend = RUNTIME.backend
         self.device_type = op_device_type()
@@ -70,20 +71,28 @@ class _Entry:
             record = tensor.storage.record
             if record is not None and not record.live:
                 return None
-            rng = _checked_range(backend, self.last.get(role), *tensor.span(), self.op, role)
+            hint = self.last.get(role)
+            rng = _checked_range(backend, hint() if hint is not None else None, *tensor.span(),
+                                 self.op, role)
             if rng is None:
                 return None
             ranges[role] = rng
-        self.last = ranges
+        self.last = _hints(ranges)
         return Executor(call, self.impl, self.plan, ranges, epoch)
 
 
-def _checked_range(backend, last, address: int, nbytes: int, op: str, role: str):
+def _hints(ranges: dict) -> dict:
+    """role -> a weak reference to the allocation each range lay in: where to look first next
+    time (a hint, not trusted), which must not keep the allocation, and a foreign buffer it
+    maps (DLPack, create_tensor), alive."""
+    return {role: weakref.ref(rng.allocation) for role, rng in ranges.items()}
+
+
+def _checked_range(backend, allocation, address: int, nbytes: int, op: str, role: str):
     """The live range under [address, address + nbytes), or None where phase 1 would fail.
     Inside the allocation the last call used (a pool arena, say), liveness and mapped pages
     are all there is to check; elsewhere the backend's bounds check decides."""
-    if last is not None and nbytes and not SANITIZER.on:
-        allocation = last.allocation
+    if allocation is not None and nbytes and not SANITIZER.on:
         start = allocation.start
         if start <= address and address + nbytes <= start + allocation.size:
             rng = DeviceRange(allocation, address - start, nbytes)
