@@ -97,14 +97,21 @@ def _event_text(action: str, addr: int, size: int) -> str:
 
 
 def plan_calls(recording: Recording, pools: dict[int, tuple] | None = None):
-    """(index, call, entry) for each entry the model must act on, where call is alloc, free,
-    oom, empty_cache or frees_before; and the recorded segment events keyed by the index they
-    belong to. `pools` (entry index -> pool, StartState.pools) gives the pool of each segment
-    freed: the calls that free segments carry them, in order, as `free_pools`."""
-    pools = pools or {}
+    """(index, call, entry) for each entry the model must act on, and the recorded segment
+    events (each_call's), as two lists."""
+    recorded: list = []
+    return list(each_call(recording, pools or {}, recorded)), recorded
+
+
+def each_call(recording: Recording, pools: dict[int, tuple], recorded: list):
+    """Yield (index, call, entry) for each entry the model must act on, where call is alloc,
+    free, oom, empty_cache or frees_before, one at a time (a replay holds the live state, not a
+    list of every call). The recorded segment events go on `recorded`, as (index of the call
+    they belong to, entry), before that call is yielded. `pools` (entry index -> pool,
+    StartState.pools) gives the pool of each segment freed: the calls that free segments carry
+    them, in order, as `free_pools`."""
     entries = recording.entries
     free_action = recording.free_action
-    calls, recorded = [], []
     pending: list[int] = []              # segment events waiting for the request they serve
     run_start = None
 
@@ -112,7 +119,7 @@ def plan_calls(recording: Recording, pools: dict[int, tuple] | None = None):
         freed = [i for i in pending if entries[i]["action"] in SEGMENT_REMOVE]
         return [entries[i] for i in freed], [pools.get(i, DEFAULT_POOL) for i in freed]
 
-    for index, (action, addr, size, stream, *_) in enumerate(rows(entries)):
+    for index, (action, addr, size, stream, time_us, *_) in enumerate(rows(entries)):
         if action in SEGMENT_REMOVE:
             if run_start is None:
                 run_start = index
@@ -120,35 +127,34 @@ def plan_calls(recording: Recording, pools: dict[int, tuple] | None = None):
             continue
         if run_start is not None and action not in SEGMENT_ADD and action != "oom":
             # a run of frees that no failed allocation caused: empty_cache()
-            calls.append((run_start, "empty_cache",
-                          dict(entries[run_start], free_pools=frees()[1])))
+            call = (run_start, "empty_cache", dict(entries[run_start], free_pools=frees()[1]))
             recorded += [(run_start, entries[i]) for i in pending]
             pending = []
+            yield call
         run_start = None
         if action in SEGMENT_ADD:
             pending.append(index)
             continue
         # what the model reads of a request or a free (a whole entry dict costs more to make)
-        entry = {"action": action, "addr": addr, "size": size, "stream": stream}
+        entry = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": time_us}
         if action in ("alloc", "oom"):
             freed, free_pools = frees() if pending else ((), ())
+            if pending:
+                recorded += [(index, entries[i]) for i in pending]
+                pending = []
+            if action == "oom":
+                recorded.append((index, entries[index]))     # with its device_free
             if freed:
                 # frees right before a request: empty_cache() then the request, or the
                 # request's own retry; the replay tells them apart
-                calls.append((index, "frees_before",
-                              dict(entry, frees=freed, free_pools=free_pools)))
-            calls.append((index, action, entry))
-            if pending:
-                recorded += [(index, entries[i]) for i in pending]
-            if action == "oom":
-                recorded.append((index, entry))
-            pending = []
+                yield index, "frees_before", dict(entry, frees=freed, free_pools=free_pools)
+            yield index, action, entry
         elif action == free_action:
-            calls.append((index, "free", entry))
+            yield index, "free", entry
     if run_start is not None:
-        calls.append((run_start, "empty_cache", dict(entries[run_start], free_pools=frees()[1])))
+        call = (run_start, "empty_cache", dict(entries[run_start], free_pools=frees()[1]))
         recorded += [(run_start, entries[i]) for i in pending]
-    return calls, recorded
+        yield call
 
 
 UNLIMITED = -1          # replay_recording's capacity: no limit, even where the recording ran out
@@ -263,13 +269,15 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
     model = TorchAllocatorModel(config, device, allowed)
     live = model.restore(start.segments)
     pools, captured = _pools_of(recording, start)
-    calls, recorded = plan_calls(recording, pools)
+    recorded: list = []
+    requests = 0
     model_events: list[tuple[int, object]] = []
     allocated = peak_allocated = start.allocated
     unmatched = misplaced = 0
     oom = None
     divergence = None
     compared = 0
+    calls = each_call(recording, pools, recorded)
     for done, (index, call, entry) in enumerate(calls):
         if progress is not None and done % 10000 == 0 and done:
             progress(done)
@@ -277,6 +285,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         pool = pools.get(index, DEFAULT_POOL)             # the pool that served the request
         capturing = index in captured
         if call == "alloc":
+            requests += 1
             try:
                 block = _malloc(model, entry, pool, capturing)
             except ModelOutOfMemory as exc:
@@ -319,8 +328,8 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
     if check and divergence is None and oom is None:
         divergence, compared = _compare(recording, recorded, model_events, len(recording.entries),
                                         compared)
+    requests += sum(1 for _, call, _ in calls if call == "alloc")    # those after a stop
     stats = model.stats
-    requests = sum(1 for _, call, _ in calls if call == "alloc")
     recorded_peak, recorded_allocs, recorded_frees = _recorded_totals(recording, start.reserved)
     if not recording.segments and not recording.recorded_segment_events():
         recorded_peak = recorded_allocs = recorded_frees = None     # not a PyTorch recording
