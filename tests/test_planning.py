@@ -6,11 +6,12 @@ import pathlib
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from npumem.cli import main
 from npumem.planning import (PlanError, ProblemFormatError, plan, problem_from_arrays,
                              problem_from_trace, read_problem, validate)
+from npumem.planning import search as search_module
 from npumem.planning.search import SkylineSearch
 from npumem.trace import TraceEvent
 
@@ -69,6 +70,31 @@ def test_skyline_search_proves_infeasible_capacity():
     search = SkylineSearch(problem)
     assert search.solve(5, search.rank("TWA"), 1000, float("inf")) is None
     assert search.solve(6, search.rank("TWA"), 1000, float("inf")) is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems, st.integers(0, 40))
+@example(problem_from_arrays([1, 2, 2, 5, 7, 7, 1, 4], [2, 6, 5, 9, 11, 11, 3, 6],
+                             [70, 40, 60, 70, 50, 60, 100, 90]), 5)     # infeasible, backtracks
+def test_compact_undo_log_searches_exactly_as_the_full_one(problem, extra):
+    # The bounded undo log (floor as runs, neighbours' offsets taken again from the floor) must
+    # leave the search the same state as the full copies: same nodes, same answer, and after a
+    # proof of infeasibility nothing left placed.
+    capacity, rank = problem.load() + extra, SkylineSearch(problem).rank("TAW")
+    answers = []
+    for short_span, budget in ((64, 8_000_000), (0, 0)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(search_module, "SHORT_SPAN", short_span)
+            patch.setattr(search_module, "LOG_BUDGET", budget)
+            search = SkylineSearch(problem)
+            offsets = search.solve(capacity, rank, 100_000, float("inf"))
+        if offsets is None:
+            assert search.unplaced.all() and not search.floor.any() and not search.min_offset.any()
+            assert not search.log
+        else:
+            assert not _overlaps(problem, offsets) and (offsets + problem.size).max() <= capacity
+        answers.append((search.nodes, None if offsets is None else offsets.tolist()))
+    assert answers[0] == answers[1]
 
 
 def test_search_stops_once_lower_capacities_are_proven_infeasible():

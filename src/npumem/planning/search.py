@@ -23,6 +23,11 @@ from .problem import PlanningProblem
 # spanned, Z = size. Restarts pick one at random and jitter the keys.
 PREORDERS = ("TWA", "WAT", "TAW", "ATW", "AWT", "WTA", "TZA", "ZTW")
 DENSE_LIMIT = 4_000_000      # sections x buffers up to which the stronger floor inference is used
+CANDIDATES = 32              # next candidates a level keeps; more are found again when needed
+SHORT_SPAN = 64              # sections of floor the undo log copies as they are; longer: as runs
+LOG_BUDGET = 8_000_000       # neighbours' old offsets the undo log keeps (12 bytes each); beyond
+                             # it they are found again from the floor: slower, but no memory
+_NEVER = np.iinfo(np.int64).max
 
 
 class SearchAborted(Exception):
@@ -41,9 +46,12 @@ class SkylineSearch:
         sections = len(self.total0)
         self.members = None
         if sections * n <= DENSE_LIMIT:
-            self.members = np.zeros((sections, n), bool)
+            self.members = np.zeros((n, sections), bool)      # a row per buffer
             for i in range(n):
-                self.members[self.first[i]:self.last[i], i] = True
+                self.members[i, self.first[i]:self.last[i]] = True
+        self.by_first = np.argsort(self.first, kind="stable")
+        # where buffers starting at each section begin in by_first
+        self.starting = np.searchsorted(self.first[self.by_first], np.arange(sections + 1)).tolist()
         self.keys = {"T": problem.breadth, "A": self.size * (self.upper - self.lower),
                      "W": self.last - self.first, "Z": self.size}
         self.nodes = 0
@@ -69,89 +77,146 @@ class SkylineSearch:
         Raises SearchAborted when `node_limit` nodes or the `deadline` (perf_counter) is reached.
         Recursion goes one level per buffer: call it from a thread with a large stack.
         """
-        n = len(self.problem)
+        n, sections = len(self.problem), len(self.total0)
         self.capacity, self.order_rank = capacity, rank
         self.node_limit, self.deadline = node_limit, -math.inf if self.cancelled else deadline
-        self.floor = np.zeros(len(self.total0), np.int64)
+        self.floor = np.zeros(sections + 1, np.int64)    # one spare: reduceat takes index `last`
         self.total = self.total0.copy()
         self.min_offset = np.zeros(n, np.int64)
         self.offsets = np.zeros(n, np.int64)
         self.unplaced = np.ones(n, bool)
         self.log: list[tuple] = []
+        self.logged = 0                     # neighbours in the log
+        self.ready = None                   # a part and its group, from _split
         self.nodes = 0
-        everything = np.argsort(self.first, kind="stable")
-        if all(self._solve_part(part, -1) for part in self._split(everything)):
+        everything = (0, sections)
+        if all(self._solve_part(part, -1)
+               for part in self._split(everything, self._group(*everything))):
             return self.offsets.copy()
         return None
 
-    def _split(self, group: np.ndarray) -> list[np.ndarray]:
-        """`group` (sorted by first section) cut where no buffer of it spans the boundary: the
-        pieces are independent, so a failure in one never sends the search back into another."""
-        if len(group) <= 1:
-            return [group]
-        reach = np.maximum.accumulate(self.last[group])
-        cuts = np.nonzero(self.first[group][1:] >= reach[:-1])[0] + 1
-        return np.split(group, cuts) if len(cuts) else [group]
+    # Memory is bounded however deep or long the search runs (it was O(buffers^2), 10 GB on
+    # somas and iopddl): a level of the recursion holds no array of its group (the unplaced
+    # buffers whose first section is in a range, found again when needed), only a few next
+    # candidates; the undo log keeps the floor a placement covered as runs (a skyline: O(buffers)
+    # runs in all), and the neighbours' old offsets only up to LOG_BUDGET.
 
-    def _solve_part(self, group: np.ndarray, last_key: int) -> bool:
-        """Place every buffer of `group` (one independent part); on failure undo what it did."""
-        if len(group) == 0:
-            return True
-        n, size, min_offset = len(self.problem), self.size, self.min_offset
-        offsets = min_offset[group]
-        keys = offsets * n + self.order_rank[group]
-        tops = offsets + size[group]
-        # Skipping a buffer that could sit below the lowest top would leave a useless gap.
-        usable = (keys >= last_key) & (offsets < tops.min()) & (tops <= self.capacity)
-        candidates = group[usable][np.argsort(keys[usable])]
-        sections = slice(int(self.first[group].min()), int(self.last[group].max()))
+    def _group(self, start: int, stop: int) -> np.ndarray:
+        """The unplaced buffers whose first section is in [start, stop), sorted by it."""
+        group = self.by_first[self.starting[start]:self.starting[stop]]
+        return group[self.unplaced[group]]
+
+    def _split(self, part: tuple[int, int], group: np.ndarray) -> list[tuple[int, int]]:
+        """`group`, the unplaced buffers of `part` (a range of first sections), cut where none
+        of them spans the boundary, as ranges: the pieces are independent, so a failure in one
+        never sends the search back into another."""
+        reach = np.maximum.accumulate(self.last[group])
+        bounds = self.first[group[np.nonzero(self.first[group][1:] >= reach[:-1])[0] + 1]]
+        if len(bounds) == 0:
+            self.ready = part, group        # what _solve_part(part) looks for first
+            return [part]
+        edges = [part[0], *bounds.tolist(), part[1]]
+        return list(zip(edges[:-1], edges[1:]))
+
+    def _solve_part(self, part: tuple[int, int], last_key: int) -> bool:
+        """Place every buffer of `part` (one independent part); on failure undo what it did."""
+        n, min_offset, rank = len(self.problem), self.min_offset, self.order_rank
         mark = len(self.log)
-        for i in candidates:
-            self.nodes += 1
-            if self.nodes > self.node_limit or (self.nodes & 63 == 0
-                                                and time.perf_counter() > self.deadline):
-                raise SearchAborted
-            offset = int(min_offset[i])
-            self._place(i, offset)
-            if self._feasible(offset, sections):
-                rest = group[group != i]
-                parts = self._split(rest)
+        tried = last_key - 1                # candidates are taken in key order, above this
+        while True:
+            # The state is the same as on entry whenever this runs, so are the candidates.
+            ready, self.ready = self.ready, None
+            group = ready[1] if ready and ready[0] == part else self._group(*part)
+            del ready
+            if len(group) == 0:
+                return True
+            offsets = min_offset[group]
+            keys = offsets * n + rank[group]
+            tops = offsets + self.size[group]
+            # Skipping a buffer that could sit below the lowest top would leave a useless gap.
+            usable = (keys > tried) & (offsets < tops.min()) & (tops <= self.capacity)
+            keys = keys[usable]
+            nearest = np.argsort(keys)[:CANDIDATES]
+            candidates, keys = group[usable][nearest], keys[nearest]          # copies
+            sections = slice(int(self.first[group[0]]), int(self.last[group].max()))
+            del group, offsets, tops, usable, nearest      # nearest: a view of all of them
+            if not len(candidates):
+                return False
+            for i, key in zip(candidates, keys):
+                self.nodes += 1
+                if self.nodes > self.node_limit or (self.nodes & 63 == 0
+                                                    and time.perf_counter() > self.deadline):
+                    raise SearchAborted
+                offset = int(min_offset[i])
+                self._place(i, offset)
+                rest = self._group(*part)
+                parts = self._split(part, rest) if self._feasible(offset, sections, rest) else ()
+                del rest
                 if len(parts) == 1:
-                    if self._solve_part(rest, offset * n + int(self.order_rank[i])):
+                    if self._solve_part(part, key):
                         return True
-                elif all(self._solve_part(part, -1) for part in parts):
+                elif parts and all(self._solve_part(piece, -1) for piece in parts):
                     return True
-            self._rollback(mark)
-        return False
+                self._rollback(mark)
+                tried = key
+
+    def _overlapping(self, i: int) -> np.ndarray:
+        """The unplaced buffers live at the same time as buffer `i`."""
+        return np.nonzero(self.unplaced & (self.lower < self.upper[i])
+                          & (self.lower[i] < self.upper))[0]
 
     def _place(self, i: int, offset: int) -> None:
         top = offset + self.size[i]
         a, b = self.first[i], self.last[i]
         self.unplaced[i] = False
         self.offsets[i] = offset
-        neighbours = np.nonzero(self.unplaced & (self.lower < self.upper[i])
-                                & (self.lower[i] < self.upper))[0]
-        self.log.append((i, neighbours, self.min_offset[neighbours].copy(), self.floor[a:b].copy()))
+        old = self.floor[a:b]
+        if b - a > SHORT_SPAN:              # as runs: O(buffers) of them in the whole log
+            starts = np.flatnonzero(old[1:] != old[:-1]) + 1
+            lengths = np.diff(starts, prepend=0, append=b - a)
+            old = (lengths, old[np.concatenate(([0], starts))])
+        else:
+            old = old.copy()
+        neighbours = self._overlapping(i)
+        if self.logged + len(neighbours) <= LOG_BUDGET:     # their old offsets, while that fits
+            self.logged += len(neighbours)
+            self.log.append((i, old, neighbours.astype(np.int32),
+                             self.min_offset[neighbours]))
+        else:
+            self.log.append((i, old, None, None))
         self.min_offset[neighbours] = np.maximum(self.min_offset[neighbours], top)
         self.floor[a:b] = top
         self.total[a:b] -= self.size[i]
 
     def _rollback(self, mark: int) -> None:
+        """Undo placements back to `mark`. Without their old offsets, a neighbour's lowest
+        offset is the highest floor over its sections; only those that `i` raised to its top
+        need it taken again."""
         while len(self.log) > mark:
-            i, neighbours, old_offsets, old_floor = self.log.pop()
+            i, old, neighbours, old_offsets = self.log.pop()
             a, b = self.first[i], self.last[i]
-            self.min_offset[neighbours] = old_offsets
-            self.floor[a:b] = old_floor
+            self.floor[a:b] = np.repeat(old[1], old[0]) if isinstance(old, tuple) else old
             self.total[a:b] += self.size[i]
+            if neighbours is not None:
+                self.logged -= len(neighbours)
+                self.min_offset[neighbours] = old_offsets
+            else:
+                neighbours = self._overlapping(i)
+                raised = neighbours[self.min_offset[neighbours] == self.offsets[i] + self.size[i]]
+                if len(raised):
+                    bounds = np.empty(2 * len(raised), np.int64)
+                    bounds[0::2], bounds[1::2] = self.first[raised], self.last[raised]
+                    self.min_offset[raised] = np.maximum.reduceat(self.floor, bounds)[0::2]
             self.unplaced[i] = True
 
-    def _feasible(self, offset: int, sections: slice) -> bool:
+    def _feasible(self, offset: int, sections: slice, rest: np.ndarray) -> bool:
         """Whether the unplaced buffers of each section can still stack under the capacity.
-        Everything placed from now on sits at `offset` or higher (the canonical order)."""
+        Everything placed from now on sits at `offset` or higher (the canonical order). `rest`
+        are the part's unplaced buffers: no other unplaced buffer lives in its `sections`."""
         total = self.total[sections]
         bottom = np.maximum(self.floor[sections], offset)
-        if self.members is not None:
-            lowest = np.where(self.members[sections] & self.unplaced, self.min_offset,
-                              np.iinfo(np.int64).max).min(axis=1)
+        if self.members is not None and len(rest):
+            lowest = np.where(self.members[rest, sections], self.min_offset[rest, None],
+                              _NEVER).min(axis=0)
             bottom = np.maximum(bottom, np.where(total > 0, lowest, 0))
         return bool((bottom + total).max() <= self.capacity)
