@@ -210,6 +210,15 @@ def measure(path: str, entries: int) -> None:
               f"peak RSS {peak:5.2f} GiB  exit {status}" + (f"  ({last})" if status else ""))
 
 
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next(line.split(":", 1)[1].strip() for line in info
+                        if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "an unknown CPU"
+
+
 def entry_count(text: str) -> int:
     text = text.strip().upper()
     scale = {"K": 10**3, "M": 10**6}.get(text[-1:], 1)
@@ -217,14 +226,14 @@ def entry_count(text: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", default="1M,10M", help="comma-separated counts (1M, 500K)")
     parser.add_argument("--frames", choices=("shared", "copied"), default="shared")
     parser.add_argument("--keep", help="write the snapshots to this folder and keep them")
     parser.add_argument("--make-only", action="store_true", help="write the snapshots, time nothing")
     args = parser.parse_args()
     folder = args.keep or tempfile.mkdtemp(prefix="npumem-scale-")
-    print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     try:
         for count in map(entry_count, args.entries.split(",")):
             path = os.path.join(folder, f"scale_{count}_{args.frames}.pickle")

@@ -8,16 +8,22 @@ the memory that was live or cached before the trace, and blocks live then count 
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import weakref
 from dataclasses import dataclass, field
 
-from ..trace.snapshot.columns import rows, take
+import numpy as np
+
+from ..trace.snapshot.columns import (ACTION_CODE, SEGMENT_ADD, SEGMENT_REMOVE, arrays,
+                                      block_order, exact, having, index_type, levels, natural,
+                                      sizes, take)
 from ..units import format_size
 from .stacks import is_internal_file
 
 _RESERVE = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+ALLOC, FREE_REQUESTED, FREE_COMPLETED = (ACTION_CODE[name] for name in (
+    "alloc", "free_requested", "free_completed"))
+_POINT_ACTIONS = ("alloc", "free_requested", "free_completed", *_RESERVE)  # they move a total
+TIMELINE_BUCKETS = 4096             # stretches of entries a timeline keeps a few points of
 
 
 @dataclass(slots=True)
@@ -160,51 +166,50 @@ def group_by_site(entries) -> list[SiteUsage]:
 def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
                   start_reserved: int = 0) -> DeviceAnalysis:
     """`start_live` (entries of the blocks live at the first entry) and `start_reserved` are
-    the state the trace began in. One walk over the entries' rows, a second to the peak; dicts
-    are made only for what the report shows (live at the peak, the largest requests)."""
+    the state the trace began in. The running totals are cumulative sums over the trace's
+    columns; dicts are made only for what the report shows (live at the peak, the largest
+    requests)."""
     result = DeviceAnalysis(device, events=len(entries))
-    live: dict[int, int] = {entry["addr"]: entry["size"] for entry in start_live}
-    allocated = active = sum(entry["size"] for entry in start_live)
-    reserved = start_reserved
-    timeline = _Timeline(len(entries))
-    peak = None                                 # (allocated, time_us) at the highest alloc
-    peak_entry = -1
-    sites = _SiteCounter()
-    largest: list[tuple[int, int]] = []         # (size, -index) of the largest requests
-    for i, (action, addr, size, _, time_us, frames, extra, requested) in enumerate(rows(entries)):
-        if action == "alloc":
-            live[addr] = size
-            allocated += size
-            active += size
-            sites.add(frames, extra, requested or size)
-            if len(largest) < LARGEST:
-                heapq.heappush(largest, (size, -i))
-            elif size > largest[0][0]:
-                heapq.heapreplace(largest, (size, -i))
-            if peak is None or allocated > peak[0]:
-                peak, peak_entry = (allocated, time_us), i
-        elif action == "free_requested":
-            if live.pop(addr, None) is not None:
-                allocated -= size
-        elif action == "free_completed":
-            active -= size
-        elif action in _RESERVE:
-            reserved += _RESERVE[action] * size
-        else:
-            continue
-        timeline.add(i, (time_us, allocated, reserved, active))
-    points, (low_alloc, low_reserved, low_active), highs = timeline.finish()
-    if points:                      # lift a trace that started with memory already in use
-        for p in points:
-            p.allocated -= low_alloc
-            p.reserved -= low_reserved
-            p.active -= low_active
-            p.reserved = max(p.reserved, p.active)     # no segment events: reserved >= active
-        result.peak_allocated = highs[0] - low_alloc
-        result.peak_reserved = max(highs[1] - low_reserved, highs[2] - low_active)
-        if peak is not None:
-            result.peak_time_us = peak[1]
-    result.timeline = points
+    a = arrays(entries)
+    start = {entry["addr"]: entry["size"] for entry in start_live}
+    base = sum(entry["size"] for entry in start_live)
+    action, size = a.action, sizes(a)
+    allocating = action == ALLOC
+    allocs = np.flatnonzero(allocating)
+    points = np.flatnonzero(having(action, *_POINT_ACTIONS)).astype(index_type(len(a)))
+    every = len(points) == len(a)
+    at = slice(None) if every else points
+    # allocated: + each alloc, - each free_requested of a block live then (by the free's size)
+    added = np.where(allocating, size, 0)
+    change = added.copy()
+    freed, _ = _frees_of_live(a, start)
+    change[freed] = -size[freed]
+    running = np.cumsum(change, out=change)
+    peak_entry = int(allocs[np.argmax(running[allocs])]) if len(allocs) else -1
+    allocated = running[at]
+    allocated += base
+    # active: + each alloc, - each free_completed
+    active = np.cumsum(np.where(action == FREE_COMPLETED, -size, added), out=added)[at]
+    active += base
+    del change, running, added
+    # reserved: moves at the segment entries only
+    segments = np.flatnonzero(having(action, *SEGMENT_ADD, *SEGMENT_REMOVE))
+    reserved = levels(start_reserved, np.where(having(action[segments], *SEGMENT_ADD),
+                                               size[segments], -size[segments]),
+                      segments, len(a))[at]
+    times = a.time[at]
+    if len(points):                 # lift a trace that started with memory already in use
+        lows = [min(0, int(values.min())) for values in (allocated, reserved, active)]
+        highs = [int(values.max()) for values in (allocated, reserved, active)]
+        kept = _thinned(points, len(entries), times, (allocated, reserved, active)).tolist()
+        result.timeline = [Point(t, p - lows[0], max(r - lows[1], c - lows[2]), c - lows[2])
+                           for t, p, r, c in zip(times[kept].tolist(), allocated[kept].tolist(),
+                                                 reserved[kept].tolist(), active[kept].tolist())]
+        result.peak_allocated = highs[0] - lows[0]
+        result.peak_reserved = max(highs[1] - lows[1], highs[2] - lows[2])
+        if peak_entry >= 0:         # the first alloc that reached the highest allocated
+            result.peak_time_us = float(a.time[peak_entry])
+    del allocated, reserved, active, times
     result.peak_entry = peak_entry
     live_at_peak = live_after(start_live, entries, peak_entry)
     result.at_peak = group_by_site(live_at_peak)
@@ -212,119 +217,145 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
     if result.peak_categories or any("category" in e for e in entries[:1000]):
         result.category_timeline = category_timeline(start_live, entries)
     result.peak_stacks = stacks_by_bytes(live_at_peak)
-    result.by_site = sites.usage()
-    chosen = take(entries, sorted(-index for _, index in largest))
+    requested = a.requested[allocs]
+    result.by_site = _site_usage(a, allocs, np.where(requested != 0, requested, a.size[allocs]))
+    chosen = take(entries, sorted(_largest(allocs, a.size[allocs]).tolist()))
     result.largest = [Request(e.get("time_us", 0), e.get("requested_size") or e.get("size", 0),
                               site_name(e), callers(e.get("frames") or [], None))
                       for e in sorted(chosen, key=lambda e: -e.get("size", 0))]
     return result
 
 
-class _Timeline:
-    """A device's timeline kept to what a chart can draw: of each stretch of entries (about
-    BUCKETS stretches), its first and last points, its highest allocated, reserved and active,
-    and its earliest and latest (a trace's clock need not rise in entry order). The lowest and
-    highest values are kept over every point, for the lift and the peaks."""
-
-    BUCKETS = 4096
-
-    def __init__(self, entries: int):
-        self.stride = max(1, entries // self.BUCKETS)
-        self.end = self.stride
-        self.stretch: list[tuple] = []
-        self.points: list[Point] = []
-        self.lows = [0, 0, 0]                       # min(0, lowest) allocated, reserved, active
-        self.highs = [None, None, None]
-
-    def add(self, index: int, point: tuple) -> None:
-        if index >= self.end:
-            self._close()
-            self.end = (index // self.stride + 1) * self.stride
-        self.stretch.append(point)
-
-    def _close(self) -> None:
-        stretch = self.stretch
-        if not stretch:
-            return
-        chosen = {0, len(stretch) - 1}
-        for field_ in (1, 2, 3):
-            column = [p[field_] for p in stretch]
-            low, high = min(column), max(column)
-            self.lows[field_ - 1] = min(self.lows[field_ - 1], low)
-            known = self.highs[field_ - 1]
-            self.highs[field_ - 1] = high if known is None else max(known, high)
-            chosen.add(column.index(high))
-        times = [p[0] for p in stretch]
-        chosen |= {times.index(min(times)), times.index(max(times))}
-        self.points += [Point(*stretch[k]) for k in sorted(chosen)]
-        self.stretch = []
-
-    def finish(self) -> tuple[list[Point], list[int], list[int]]:
-        self._close()
-        return self.points, self.lows, [h or 0 for h in self.highs]
+def _frees_of_live(a, start) -> tuple[np.ndarray, np.ndarray]:
+    """(positions of the free_requested entries of a block live then, the position of the
+    alloc that made each one, -1 for a block of `start`, live before the first entry)."""
+    positions, first, actions, addrs = block_order(a, ("alloc", "free_requested"))
+    after_alloc = np.zeros(len(positions), dtype=bool)
+    after_alloc[1:] = actions[:-1] == ALLOC
+    after_alloc &= ~first
+    if start:
+        after_alloc |= first & np.isin(addrs, natural(list(start)))
+    ends = np.flatnonzero((actions == FREE_REQUESTED) & after_alloc)
+    return positions[ends], np.where(first[ends], -1, positions[ends - 1])
 
 
-class _SiteCounter:
-    """Requests and requested bytes by allocation site, the site found once per stack."""
+def _thinned(positions: np.ndarray, entries: int, times: np.ndarray, totals) -> np.ndarray:
+    """Which points a chart keeps (indices into `positions`, the points' entry positions): of
+    each stretch of about entries / TIMELINE_BUCKETS entries, its first and last points, the
+    first highest of each of `totals`, and the first earliest and latest (a trace's clock need
+    not rise in entry order)."""
+    stretch = positions // max(1, entries // TIMELINE_BUCKETS)
+    begins = np.empty(len(positions), dtype=bool)
+    begins[0] = True
+    begins[1:] = stretch[1:] != stretch[:-1]
+    del stretch
+    starts = np.flatnonzero(begins)
+    run = np.cumsum(begins, dtype=positions.dtype)   # each point's stretch, numbered from 0
+    run -= 1
+    chosen = [starts, np.r_[starts[1:], len(positions)] - 1,
+              _first_extreme(times, starts, run, np.minimum),
+              _first_extreme(times, starts, run, np.maximum)]
+    chosen += [_first_extreme(values, starts, run, np.maximum) for values in totals]
+    return np.unique(np.concatenate(chosen))
 
-    def __init__(self):
-        self.sites: dict[str, SiteUsage] = {}
-        self.known: dict[tuple[int, object], SiteUsage] = {}   # (id(frames), tag) -> its site
-        self.kept: list = []                     # the stacks keyed by id, kept alive
 
-    def add(self, frames, extra, nbytes: int) -> None:
-        tag = extra.get("user_metadata")
-        key = (id(frames), tag if isinstance(tag, str) else None)
-        site = self.known.get(key)
+def _first_extreme(values: np.ndarray, starts: np.ndarray, run: np.ndarray, extreme) -> np.ndarray:
+    """The index of the first lowest (np.minimum) or highest (np.maximum) value of each run of
+    `values` (runs begin at `starts`; `run`: each value's run)."""
+    at = np.arange(len(values), dtype=run.dtype)
+    at[values != extreme.reduceat(values, starts)[run]] = len(values)
+    return np.minimum.reduceat(at, starts)
+
+
+def _largest(allocs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The LARGEST allocs by size (of equal sizes, the earliest)."""
+    if len(allocs) > LARGEST:
+        least = np.partition(sizes, len(sizes) - LARGEST)[len(sizes) - LARGEST]
+        allocs, sizes = allocs[sizes >= least], sizes[sizes >= least]
+    return allocs[np.lexsort((-allocs, sizes))[::-1][:LARGEST]]
+
+
+def _site_usage(a, allocs: np.ndarray, nbytes: np.ndarray) -> list[SiteUsage]:
+    """Requests and requested bytes by allocation site, most bytes first. The site is found
+    once per (stack, user_metadata) pair, the callers from the first request of each site."""
+    tags = [extra.get("user_metadata") for extra in a.extras] if len(allocs) else []
+    tag_ids: dict = {}
+    tag_of = np.array([tag_ids.setdefault(tag if isinstance(tag, str) else None, len(tag_ids))
+                       for tag in tags], dtype=np.int64)
+    keys = a.stack[allocs].astype(np.int64) * max(len(tag_ids), 1) + tag_of[a.extra[allocs]]
+    counts, first, totals = _tally(keys, exact(nbytes))
+    sites: dict[str, SiteUsage] = {}
+    used = np.flatnonzero(counts)
+    for key in used[np.argsort(first[used])].tolist():       # in order of first request
+        entry = allocs[first[key]]
+        frames = a.stacks[a.stack[entry]]
+        where = site_name({"frames": frames, "user_metadata": tags[a.extra[entry]]})
+        site = sites.get(where)
         if site is None:
-            entry = {"frames": frames, "user_metadata": tag}
-            where = site_name(entry)
-            site = self.sites.get(where)
-            if site is None:
-                stack = frames or []
-                site = self.sites[where] = SiteUsage(where, callers=callers(
-                    stack, user_frame(stack)))
-            self.known[key] = site
-            self.kept.append(frames)
-        site.count += 1
-        site.bytes += nbytes
+            stack = frames or []
+            site = sites[where] = SiteUsage(where, callers=callers(stack, user_frame(stack)))
+        site.count += int(counts[key])
+        site.bytes += int(totals[key])
+    return sorted(sites.values(), key=lambda s: (-s.bytes, s.where))
 
-    def usage(self) -> list[SiteUsage]:
-        return sorted(self.sites.values(), key=lambda s: (-s.bytes, s.where))
+
+def _tally(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(count, first index, sum of `values`) of each key (non-negative integers; a key never
+    seen counts 0), without sorting unless the keys are sparse."""
+    if len(keys) and keys.max() > 4 * len(keys):
+        _, keys = np.unique(keys, return_inverse=True)
+    counts = np.bincount(keys)
+    first = np.full(len(counts), len(keys))
+    np.minimum.at(first, keys, np.arange(len(keys)))
+    sums = np.zeros(len(counts), dtype=values.dtype)
+    np.add.at(sums, keys, values)
+    return counts, first, sums
 
 
 CATEGORY_POINTS = 800                # points of a category timeline kept for drawing
 
 
 def category_timeline(start_live: list[dict], entries) -> list[tuple[float, dict[str, int]]]:
-    """Live bytes by category after each alloc and free, thinned to about CATEGORY_POINTS
-    points (each kept point is the highest total of its stretch, so peaks stay). Two passes:
-    the totals first, then the split by category at the points kept only."""
-    def walk(at=None):
-        live: dict = {}
-        totals: dict[str, int] = {}
-        total = 0
-        every = itertools.chain(rows(start_live), rows(entries))
-        for index, (action, addr, size, _, time_us, _, extra, _) in enumerate(every):
-            if action == "alloc":
-                kind = extra.get("category") or "other"
-                live[addr] = (kind, size)
-            elif action == "free_requested" and addr in live:
-                kind, size = live.pop(addr)
-                size = -size
-            else:
-                continue
-            totals[kind] = totals.get(kind, 0) + size
-            total += size
-            if at is None:
-                yield index, total
-            elif index in at:
-                yield time_us, dict(totals)
+    """Live bytes by category after each alloc and free of a live block, thinned to about
+    CATEGORY_POINTS points (each kept point is the highest total of its stretch, so peaks
+    stay); the blocks of `start_live` come first, as allocs."""
+    a, first = arrays(entries), arrays(start_live)
+    kinds: dict[str, int] = {}
 
-    points = list(walk())
-    stride = max(1, len(points) // CATEGORY_POINTS)
-    kept = {max(points[i:i + stride], key=lambda p: p[1])[0] for i in range(0, len(points), stride)}
-    return list(walk(kept))
+    def kind_ids(extras) -> np.ndarray:
+        return np.array([kinds.setdefault(extra.get("category") or "other", len(kinds))
+                         for extra in extras], dtype=np.int64)
+
+    start_kind, extra_kind = kind_ids(first.extras), kind_ids(a.extras)
+    row_of = {addr: row for row, addr in enumerate(first.addr.tolist())}   # the last row's
+    freed, owners = _frees_of_live(a, row_of)
+    allocs = np.flatnonzero(a.action == ALLOC)
+    moves, owner = np.r_[allocs, freed], np.r_[allocs, owners]   # and the alloc of each block
+    order = np.argsort(moves)
+    moves, owner = moves[order], owner[order]
+    from_start = owner < 0                       # frees of a block of start_live
+    rows = np.array([row_of[addr] for addr in a.addr[moves[from_start]].tolist()], dtype=np.int64)
+    kind = extra_kind[a.extra[owner]] if len(moves) else owner
+    kind[from_start] = start_kind[rows]
+    size = sizes(a)[owner]
+    size[from_start] = exact(first.size)[rows]
+    change = np.r_[exact(first.size), np.where(a.action[moves] == ALLOC, size, -size)]
+    kind = np.r_[start_kind, kind]
+    times = np.r_[first.time, a.time[moves]]
+    total = np.cumsum(change)
+    stride = max(1, len(total) // CATEGORY_POINTS)
+    starts = np.arange(0, len(total), stride)
+    kept = (_first_extreme(total, starts, np.arange(len(total)) // stride, np.maximum)
+            if len(total) else starts)
+    names = list(kinds)
+    series = []                                  # (kind, its moves, their running total)
+    for k in np.unique(kind).tolist():
+        mine = np.flatnonzero(kind == k)
+        series.append((names[k], mine, np.cumsum(change[mine])))
+    series.sort(key=lambda item: item[1][0])     # as a dict of kinds: in order of appearance
+    return [(float(times[point]), {name: int(sums[np.searchsorted(mine, point, "right") - 1])
+                                   for name, mine, sums in series if mine[0] <= point})
+            for point in kept.tolist()]
 
 
 def by_category(entries: list[dict]) -> dict[str, int]:
@@ -351,15 +382,49 @@ def stacks_by_bytes(entries: list[dict]) -> dict[tuple[str, ...], int]:
 
 def live_after(start_live: list[dict], entries, last: int) -> list[dict]:
     """Blocks allocated and not yet freed after entries[last], `start_live` live before the
-    first."""
-    live: dict[int, object] = {entry["addr"]: entry for entry in start_live}
-    for index, (action, addr, *_) in enumerate(rows(entries[:last + 1])):
-        if action == "alloc":
-            live[addr] = index
-        elif action == "free_requested":
-            live.pop(addr, None)
-    made = iter(take(entries, [v for v in live.values() if isinstance(v, int)]))
-    return [v if not isinstance(v, int) else next(made) for v in live.values()]
+    first: in the order a dict of them by address would hold them."""
+    start = {entry["addr"]: entry for entry in start_live}
+    addrs, allocs = live_blocks(arrays(entries), last + 1, ("free_requested",), start)
+    made = iter(take(entries, allocs[allocs >= 0]))
+    return [start[addr] if at < 0 else next(made)
+            for addr, at in zip(addrs.tolist(), allocs.tolist())]
+
+
+def live_blocks(a, stop: int, frees: tuple[str, ...], start=()) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks live before entry `stop` as (addresses, the position of each one's last
+    alloc, -1 for a block of `start` not allocated since), in the order of a dict that an
+    alloc sets (at its address) and any of `frees` pops, holding the addresses of `start`
+    first: an address keeps its place until it is freed, and is placed again at the first
+    alloc after its last free."""
+    positions, first, actions, addrs = block_order(a, ("alloc", *frees), stop)
+    freeing = actions != ALLOC
+    begins = np.flatnonzero(first)
+    ends = np.r_[begins[1:], len(positions)][:len(begins)] - 1
+    addrs = addrs[begins]
+    last_free = (np.maximum.reduceat(np.where(freeing, np.arange(len(positions)), -1), begins)
+                 if len(begins) else begins)
+    live = ~freeing[ends]                          # the address's last move is an alloc
+    started = natural(list(start))
+    rank = np.full(len(begins), -1)                # the address's place in `start` (or -1)
+    if len(started):
+        order = np.argsort(started, kind="stable")
+        found = np.minimum(np.searchsorted(started[order], addrs), len(started) - 1)
+        hit = started[order][found] == addrs
+        rank[hit] = order[found[hit]]
+    # a live block keeps its place in `start` while the trace never frees its address, and
+    # else takes the place of its first alloc after the last free
+    keeps_start = live & (last_free < 0) & (rank >= 0)
+    by_trace = live & ~keeps_start
+    placed_at = positions[np.where(last_free >= 0, last_free + 1, begins)[by_trace]]
+    untouched = np.ones(len(started), dtype=bool)  # blocks of `start` the trace never moves
+    untouched[rank[rank >= 0]] = False
+    start_rows = np.r_[np.flatnonzero(untouched), rank[keeps_start]]
+    out_addrs = np.r_[started[start_rows], addrs[by_trace]]
+    out_allocs = np.r_[np.full(untouched.sum(), -1), positions[ends[keeps_start]],
+                       positions[ends[by_trace]]]
+    order = np.r_[np.argsort(start_rows, kind="stable"),
+                  len(start_rows) + np.argsort(placed_at, kind="stable")]
+    return out_addrs[order], out_allocs[order]
 
 
 def start_of(snapshot: dict, device: int) -> tuple[list[dict], int]:
@@ -383,22 +448,30 @@ _STARTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def start_state_of(snapshot: dict, device: int, recording=None):
-    """The state at the first entry of `device`'s trace (trace.snapshot.start_state.rebuild_start, a walk
-    back over the whole trace), found once per trace read into columns however many parts of
-    the report ask."""
+    """The blocks and segments at the first entry of `device`'s trace (rebuild_start, a walk
+    back over the whole trace, without the pools, which the report does not show), found once
+    per trace read into columns however many parts of the report ask."""
     from ..trace.snapshot.columns import Entries
     from ..trace.snapshot import recording_from_data
 
     recording = recording or recording_from_data(snapshot, device=device)
     entries = recording.entries
     if not isinstance(entries, Entries):
-        return recording.start_state()
+        return _start_state(recording)
     key = (device, entries.start, entries.stop, recording.flavour,
            tuple(id(segment) for segment in recording.segments))
     known = _STARTS.setdefault(entries.columns, {})
     if key not in known:
-        known[key] = recording.start_state()
+        known[key] = _start_state(recording)
     return known[key]
+
+
+def _start_state(recording):
+    from ..trace.snapshot.start_state import rebuild_start
+
+    if recording.continues is not None:
+        return recording.start_state()
+    return rebuild_start(recording, recording.base_config(), pools=False)
 
 
 def analyze_snapshot(snapshot: dict) -> list[DeviceAnalysis]:

@@ -15,7 +15,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from ..trace.snapshot.columns import rows
+import numpy as np
+
+from ..trace.snapshot.columns import (ACTION_CODE, ACTIONS, SEGMENT_ADD, SEGMENT_REMOVE, arrays,
+                                      block_order, having, index_type, natural, sizes)
 from ..units import format_size
 
 LIVE_STATES = ("active_allocated", "active_pending_free")
@@ -145,7 +148,9 @@ def maps_over_time(snapshot: dict, device: int, moments: int = 24, also: int = -
                    ) -> list[tuple[float, int, list[tuple[int, int, str]]]]:
     """The device's segments at `moments` points of its trace (evenly spaced in entries) and
     after entry `also` (the peak, say): [(time_us, allocated, [(address, size, map)])], in time
-    order. Built from the state at the first entry and the trace's segment and block events."""
+    order. Built from the state at the first entry and the trace's segment and block events:
+    an alloc makes its address live (with its size), a free_requested of a live block makes
+    it pending (no longer the program's, not yet reusable) and a free_completed ends it."""
     from ..trace.snapshot import recording_from_data
     from .analysis import start_state_of
 
@@ -155,32 +160,95 @@ def maps_over_time(snapshot: dict, device: int, moments: int = 24, also: int = -
         return []
     start = start_state_of(snapshot, device, recording)
     ranges = {segment.addr: segment.size for segment in start.segments}
-    live = {block.addr: block.size for block in start.live.values()}
-    pending: set[int] = set()
-    allocated = sum(live.values())
     chosen = {round(i * (len(entries) - 1) / max(moments - 1, 1)) for i in range(moments)}
     if 0 <= also < len(entries):
         chosen.add(also)
-    out = []
-    for i, (action, addr, size, _, time_us, *_) in enumerate(rows(entries)):
-        if action == "alloc":
-            live[addr] = size
-            allocated += size
-        elif action == "free_requested" and addr in live and addr not in pending:
-            pending.add(addr)                      # no longer the program's; not yet reusable
-            allocated -= size
-        elif action == "free_completed" and addr in live:
-            if addr not in pending:
-                allocated -= size
-            del live[addr]
-            pending.discard(addr)
-        elif action in ("segment_alloc", "segment_map"):
-            ranges[addr] = size
-        elif action in ("segment_free", "segment_unmap"):
-            _remove_range(ranges, addr, size)
-        if i in chosen:
-            out.append((time_us, allocated, _maps(ranges, live, pending, width, max_segments)))
+    chosen = np.array(sorted(chosen), dtype=np.int64)
+    a = arrays(entries)
+    first_live = {block.addr: block.size for block in start.live.values()}
+    allocated, blocks = _blocks_at(a, first_live, chosen)
+    segments = np.flatnonzero(having(a.action, *SEGMENT_ADD, *SEGMENT_REMOVE)).tolist()
+    out, next_segment = [], 0
+    for moment, total, (live, pending) in zip(chosen.tolist(), allocated, blocks):
+        while next_segment < len(segments) and segments[next_segment] <= moment:
+            at = segments[next_segment]
+            next_segment += 1
+            if ACTIONS[a.action[at]] in SEGMENT_ADD:
+                ranges[int(a.addr[at])] = int(a.size[at])
+            else:
+                _remove_range(ranges, int(a.addr[at]), int(a.size[at]))
+        out.append((float(a.time[moment]), total, _maps(ranges, live, pending, width,
+                                                         max_segments)))
     return out
+
+
+_ALLOC, _REQUESTED, _COMPLETED = (ACTION_CODE[x] for x in (
+    "alloc", "free_requested", "free_completed"))
+
+
+def _blocks_at(a, first_live: dict[int, int], moments: np.ndarray) -> tuple[list, list]:
+    """(allocated bytes after each of the entries `moments`, and the blocks then as ({address:
+    size}, {pending addresses})), `first_live` live before the first entry. Between two
+    completed frees an address is free until an alloc, then live, then pending from the first
+    free_requested on (the rule of maps_over_time, followed per address at once)."""
+    positions, first, actions, addrs = block_order(a)
+    n = len(positions)
+    index = np.arange(n, dtype=index_type(n))
+    # a block's life: from the first move of its address, or from just after a completed free
+    begins = first.copy()
+    begins[1:] |= actions[:-1] == _COMPLETED
+    begin = np.maximum.accumulate(np.where(begins, index, 0))
+    del begins
+    live = np.zeros(n, dtype=bool)           # the state each move finds: live,
+    if first_live:                           # from an alloc, or from the start
+        live[first] = np.isin(addrs[first], natural(list(first_live)))
+        live = live[begin]
+    allocating = actions == _ALLOC
+    live |= _earlier(allocating, begin)
+    requested = actions == _REQUESTED
+    pending = _earlier(requested & live, begin)          # and pending
+    size = sizes(a)[positions]
+    change = np.where(allocating, size, np.where(live & ~pending, -size, 0))
+    del size
+    # allocated after each moment: the changes at or before it
+    moment = np.searchsorted(moments, positions)         # the first moment each move counts in
+    totals = np.zeros(len(moments) + 1, dtype=change.dtype)
+    np.add.at(totals, moment, change)
+    totals = (np.cumsum(totals)[:len(moments)] + sum(first_live.values())).tolist()
+    del change
+    # the state each move leaves holds until the next move of its address: the moments then
+    live_after = allocating | (live & (actions != _COMPLETED))
+    pending_after = (pending | (requested & live)) & live_after
+    last_alloc = np.maximum.accumulate(np.where(allocating, index, -1))
+    shown = np.flatnonzero(live_after)
+    following = np.minimum(shown + 1, max(n - 1, 0))
+    until = np.where((shown + 1 < n) & ~first[following], positions[following], len(a))
+    low, high = moment[shown], np.searchsorted(moments, until)
+    blocks = [({}, set()) for _ in moments]
+    covering = np.flatnonzero(high > low)
+    for move, lo, hi in zip(shown[covering].tolist(), low[covering].tolist(),
+                            high[covering].tolist()):
+        addr = int(addrs[move])
+        made = last_alloc[move]                  # the alloc that made the block, in this life
+        nbytes = int(a.size[positions[made]]) if made >= begin[move] else first_live[addr]
+        for k in range(lo, hi):
+            blocks[k][0][addr] = nbytes
+            if pending_after[move]:
+                blocks[k][1].add(addr)
+    # blocks live at the start that no move touches before a moment
+    if first_live:
+        touched = dict(zip(addrs[first].tolist(), positions[first].tolist()))
+        for addr, nbytes in first_live.items():
+            for k in range(np.searchsorted(moments, touched.get(addr, len(a)))):
+                blocks[k][0][addr] = nbytes
+    return totals, blocks
+
+
+def _earlier(flags: np.ndarray, begin: np.ndarray) -> np.ndarray:
+    """Whether a flag is set at an earlier move of the same life (`begin`: each move's first)."""
+    before = np.cumsum(flags, dtype=begin.dtype)
+    before -= flags
+    return before > before[begin]
 
 
 def _remove_range(ranges: dict[int, int], addr: int, size: int) -> None:

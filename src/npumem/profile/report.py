@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..trace.snapshot.columns import SEGMENT_ADD, SEGMENT_REMOVE, Entries
 from ..units import format_size
 from .analysis import DeviceAnalysis, SiteUsage, analyze_snapshot, group_by_site, live_after
 from .fragmentation import PoolFragmentation, analyze, format_fragmentation, maps_over_time
@@ -118,7 +119,7 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     traces = snapshot.get("device_traces") or []
     window = snapshot.get("npumem_window") or {}
     if any(traces) and not snapshot.get("segments") and not window.get("reserved_known") and not any(
-            entry.get("action", "").startswith("segment_") for trace in traces for entry in trace):
+            _has_segment_events(trace) for trace in traces):
         notes.append("This trace has allocations and frees but no segment data, so what an "
                      "allocator reserved cannot be known: the reserved figures here are the "
                      "allocated ones. `npumem replay` shows what each allocator would reserve.")
@@ -162,6 +163,12 @@ def _snapshot_leaks(snapshot: dict, starts: dict) -> tuple[list[SiteUsage], str,
                           for entry in live_after([], trace, len(trace) - 1)])
     return rows, ("Allocated during the trace and still live at its end (no steps are marked, so "
                   "growth cannot be told from memory made once)"), []
+
+
+def _has_segment_events(trace) -> bool:
+    if isinstance(trace, Entries):          # the reader knows segment_* actions only
+        return bool(len(trace.indices(*SEGMENT_ADD, *SEGMENT_REMOVE)))
+    return any(entry.get("action", "").startswith("segment_") for entry in trace)
 
 
 def _sites(title: str, sites: list[SiteUsage], limit: int) -> list[str]:

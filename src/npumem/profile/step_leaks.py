@@ -14,16 +14,20 @@ or later, rises once); its growth per step is the rise over the steps it spans.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 
-from ..trace.snapshot.columns import rows, take
+import numpy as np
+
+from ..trace.snapshot.columns import (ACTION_CODE, arrays, block_order, index_type, levels,
+                                      sizes, take)
 from ..trace.file_checks import TraceFormatError
 from ..trace.step_marks import PROFILER_STEP, starts_named, step_positions
 from ..units import format_size
-from .analysis import callers, site_name, user_frame
+from .analysis import callers, live_blocks, site_name, user_frame
 
 MIN_RISES = 2
+ALLOC, FREE_COMPLETED = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
 
 
 @dataclass
@@ -56,31 +60,38 @@ def step_starts(snapshot: dict, device: int) -> list[int]:
         (snapshot.get("device_traces") or [[]])[device])
 
 
+_CHUNK = 1 << 14                   # entries the learner is handed as Python numbers at a time
+
+
 def learned_steps(entries: list[dict]) -> list[int]:
     """Where the step a program repeats begins, found by npumem's step learner from the sizes
     of its requests (alloc/step_learner.py): every period from the first whole copy on. Empty
-    when no period is confirmed."""
+    when no period is confirmed. The learner reads the entries up to its answer only."""
     from ..alloc.step_learner import StepLearner
 
+    a = arrays(entries)
+    allocs = np.flatnonzero(a.action == ALLOC)
+    # the learner sees at most LEARN_ALLOCATIONS allocations
+    end = int(allocs[LEARN_ALLOCATIONS - 1]) + 1 if len(allocs) >= LEARN_ALLOCATIONS else len(a)
     learner = StepLearner()
-    alloc_positions: list[int] = []
     found = None
-    for position, (action, addr, size, *_) in enumerate(rows(entries)):
-        if action == "alloc":
-            alloc_positions.append(position)
-            if found is not None:
-                continue                     # the period is known: only count allocations
-            learner.on_alloc(addr, size, size)
-            if learner.confirmed:
-                found = (learner.confirmed, learner.anchor)
-            elif len(alloc_positions) >= LEARN_ALLOCATIONS:
-                return []
-        elif action == "free_completed" and found is None:
-            learner.on_free(addr)
+    for start in range(0, end, _CHUNK):
+        stop = min(start + _CHUNK, end)
+        for action, addr, size in zip(a.action[start:stop].tolist(), a.addr[start:stop].tolist(),
+                                      a.size[start:stop].tolist()):
+            if action == ALLOC:
+                learner.on_alloc(addr, size, size)
+                if learner.confirmed:
+                    found = (learner.confirmed, learner.anchor)
+                    break
+            elif action == FREE_COMPLETED:
+                learner.on_free(addr)
+        if found is not None:
+            break
     if found is None:
         return []
     period, anchor = found
-    return alloc_positions[anchor::period]
+    return allocs[anchor::period].tolist()
 
 
 def marked_steps(snapshot: dict, device: int) -> list[int]:
@@ -90,8 +101,7 @@ def marked_steps(snapshot: dict, device: int) -> list[int]:
              if isinstance(note, dict) and note.get("device", device) == device]
     if not notes:
         return []
-    entries = (snapshot.get("device_traces") or [[]])[device]
-    times = [time_us for _, _, _, _, time_us, *_ in rows(entries)]
+    times = arrays((snapshot.get("device_traces") or [[]])[device]).time
     try:
         positions = step_positions("", notes, None, times)       # npumem's own marks
         if starts_named(notes, PROFILER_STEP):
@@ -111,49 +121,53 @@ def step_leaks(snapshot: dict, device: int = 0, starts: list[int] | None = None)
     starts = step_starts(snapshot, device) if starts is None else starts
     if len(starts) < MIN_RISES + 1:
         return []
-    sites: dict[int, str] = {}                  # id(frames) -> site: stacks are shared
-    live: dict[int, tuple[dict, str]] = {}
-    by_site: dict[str, int] = defaultdict(int)
-    samples: list[dict] = []                     # by_site at each boundary, then at the end
-    next_start = 0
-    for index, (action, addr, size, _, _, frames, extra, _) in enumerate(rows(entries)):
-        while next_start < len(starts) and starts[next_start] <= index:
-            samples.append(dict(by_site))
-            next_start += 1
-        if action == "alloc":
-            where = sites.get(id(frames)) if frames else None
-            if where is None:
-                where = site_name({"frames": frames, "user_metadata": extra.get("user_metadata")})
-                if frames:
-                    sites[id(frames)] = where
-            live[addr] = (index, size, where)
-            by_site[where] += size
-        elif action in ("free_requested", "free_completed"):
-            _, size, where = live.pop(addr, (None, 0, None))
-            if where is not None:
-                by_site[where] -= size
-    samples += [dict(by_site)] * (len(starts) - next_start)
-    samples.append(dict(by_site))
+    a = arrays(entries)
+    moves, owner, change = _live_changes(a)
+    if not len(moves):
+        return []
+    allocs = np.flatnonzero(a.action == ALLOC)
+    site_at = np.full(len(a), -1, dtype=index_type(len(a)))      # each alloc's site
+    site_at[allocs], names = _alloc_sites(a, allocs)
+    site = site_at[owner]
+    # A site's series: its live bytes at each boundary, then at the end. A change at entry i
+    # counts from sample b on, b the number of boundaries at or before i; summed per (site, b),
+    # the changes are the steps of the series.
+    boundary = levels(0, np.ones(len(starts), dtype=np.int64), np.asarray(starts),
+                      len(a))[moves]
+    # moves are in entry order, so b ascends within each site (a radix sort for few sites)
+    order = np.argsort(site.astype(np.uint16) if len(names) <= 1 << 16 else site, kind="stable")
+    site, boundary, change = site[order], boundary[order], change[order]
+    runs = np.flatnonzero(np.r_[True, (site[1:] != site[:-1]) | (boundary[1:] != boundary[:-1])])
+    site, boundary, step = site[runs], boundary[runs], np.add.reduceat(change, runs)
+    later = boundary > 0
+    rise, fall = later & (step > 0), later & (step < 0)
+    rises = np.bincount(site[rise], minlength=len(names))
+    falls = np.bincount(site[fall], minlength=len(names))
+    spans = np.zeros(len(names), dtype=np.int64)     # where each site last rose
+    np.maximum.at(spans, site[rise], boundary[rise])
+    first = np.zeros(len(names), dtype=step.dtype)   # its first value
+    first[site[~later]] = step[~later]
+    last = np.zeros(len(names), dtype=step.dtype)    # and its last
+    np.add.at(last, site, step)
+    # growth step over step: in at least half the steps (memory made now and then, over
+    # thousands of steps, rises a few times and is no leak)
+    growing = np.flatnonzero((falls == 0) & (rises >= max(MIN_RISES, len(starts) // 2)))
+    if not len(growing):
+        return []
+    _, live = live_blocks(a, len(a), ("free_requested", "free_completed"))
     leaks = []
-    for where in by_site:
-        series = [sample.get(where, 0) for sample in samples]
-        rises = sum(1 for a, b in zip(series, series[1:]) if b > a)
-        falls = any(b < a for a, b in zip(series, series[1:]))
-        # growth step over step: in at least half the steps (memory made now and then, over
-        # thousands of steps, rises a few times and is no leak)
-        if falls or rises < max(MIN_RISES, (len(series) - 1) // 2):
-            continue
+    for index in growing.tolist():
         # per step over the steps it grew in: from its first value to its last rise
-        spans = max(i for i in range(1, len(series)) if series[i] > series[i - 1])
-        mine = take(entries, [index for index, _, site in live.values() if site == where])
+        spanned, grown = int(spans[index]), int(last[index]) - int(first[index])
+        mine = take(entries, live[site_at[live] == index])
         kinds = Counter()
         for e in mine:
             kinds[e.get("category") or "other"] += e.get("size", 0)
         frames = mine[-1].get("frames") or [] if mine else []
         chosen = user_frame(frames)
         inner = frames[:frames.index(chosen)] if chosen in frames else []
-        leaks.append(StepLeak(where, (series[-1] - series[0]) / max(spans, 1), spans,
-                              series[-1], len(mine), dict(kinds), callers(frames, chosen),
+        leaks.append(StepLeak(names[index], grown / max(spanned, 1), spanned, int(last[index]),
+                              len(mine), dict(kinds), callers(frames, chosen),
                               [f"{f.get('filename')}:{f.get('line')} in {f.get('name')}"
                                for f in inner]))
     return sorted(leaks, key=lambda leak: (-leak.per_step, leak.where))
@@ -164,15 +178,52 @@ def growth_per_step(snapshot: dict, device: int = 0,
     """Live bytes at each step boundary and at the end, less the first boundary's."""
     entries = (snapshot.get("device_traces") or [[]])[device]
     starts = step_starts(snapshot, device) if starts is None else starts
-    live, total, points, next_start = {}, 0, [], 0
-    for index, (action, addr, size, *_) in enumerate(rows(entries)):
-        while next_start < len(starts) and starts[next_start] <= index:
-            points.append(total)
-            next_start += 1
-        if action == "alloc":
-            live[addr] = size
-            total += size
-        elif action in ("free_requested", "free_completed"):
-            total -= live.pop(addr, 0)
-    points += [total] * (len(starts) - next_start) + [total]
-    return [p - points[0] for p in points] if points else []
+    moves, _, change = _live_changes(arrays(entries))
+    total = np.r_[np.zeros(1, dtype=change.dtype), np.cumsum(change)]
+    points = total[np.r_[np.searchsorted(moves, np.asarray(starts, dtype=np.int64)),
+                         len(moves)]].tolist()
+    return [p - points[0] for p in points]
+
+
+def _alloc_sites(a, allocs: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """(each alloc's site, as an index into the sites' names; the names): by its stack, or for
+    one without frames by its user_metadata tag. Each stack and tag is named once."""
+    ids: dict[str, int] = {}
+    stacks = a.stack[allocs]
+    named = np.full(len(a.stacks), -1)       # each stack's site (-1: none, or no frames)
+    for stack in np.flatnonzero(np.bincount(stacks, minlength=len(a.stacks))).tolist():
+        if a.stacks[stack]:
+            named[stack] = ids.setdefault(site_name({"frames": a.stacks[stack]}), len(ids))
+    site = named[stacks]
+    bare = np.flatnonzero(site < 0)
+    if len(bare):
+        extras = a.extra[allocs[bare]]
+        tagged = np.full(len(a.extras), -1)  # each extra's site: by its user_metadata
+        for extra in np.flatnonzero(np.bincount(extras, minlength=len(a.extras))).tolist():
+            tagged[extra] = ids.setdefault(site_name(
+                {"user_metadata": a.extras[extra].get("user_metadata")}), len(ids))
+        site[bare] = tagged[extras]
+    return site, list(ids)
+
+
+def _live_changes(a) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(positions of the allocs and of the frees that end a live block, in entry order; the
+    alloc each belongs to; the bytes each adds). A live block is what an alloc made at its
+    address until the first free_requested or free_completed there; an alloc over a live
+    block replaces it, and the bytes of the one replaced stay counted."""
+    known = a.cache.get("live_changes")
+    if known is None:
+        positions, first, actions, _ = block_order(a)
+        ends = np.flatnonzero((actions[1:] != ALLOC) & (actions[:-1] == ALLOC) & ~first[1:]) + 1
+        owner = np.full(len(a), -1, dtype=index_type(len(a)))
+        allocs = np.flatnonzero(a.action == ALLOC)
+        owner[allocs] = allocs
+        owner[positions[ends]] = positions[ends - 1]
+        moves = np.flatnonzero(owner >= 0).astype(owner.dtype)
+        owner = owner[moves]
+        size = sizes(a)[owner]
+        known = a.cache["live_changes"] = (moves, owner,
+                                           np.where(moves == owner, size, -size))
+    return known
+
+

@@ -9,6 +9,7 @@ unchanged, while code that walks millions of entries reads the numpy columns dir
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -249,3 +250,146 @@ def highest_address(entries) -> int:
         addr = entries.columns.addr[entries.start:entries.stop]
         return int(addr.max()) if len(addr) else 0
     return max((e.get("addr", 0) or 0 for e in entries), default=0)
+
+
+# --- a trace as numpy arrays: what walks over millions of entries compute with ----------------
+
+UNKNOWN_ACTION = 255        # the code of an action outside ACTIONS (entries held in a list)
+_BLOCK_ACTIONS = ("alloc", "free_requested", "free_completed")
+
+
+class Arrays:
+    """A device trace as numpy arrays, one element per entry, whatever holds it (`arrays`): the
+    action's code (ACTION_CODE), addr, size, stream and requested (the requested_size) as
+    `rows` gives them (absent: 0), time_us as a float (absent: 0.0); `stacks[stack]` is the
+    entry's frames (None for none) and `extras[extra]` answers .get for its other fields.
+    `cache` holds what several walks over the trace share."""
+
+    def __init__(self, action, addr, size, stream, requested, time, stack, stacks, extra,
+                 extras):
+        self.action, self.addr, self.size, self.stream = action, addr, size, stream
+        self.requested, self.time = requested, time
+        self.stack, self.stacks, self.extra, self.extras = stack, stacks, extra, extras
+        self.cache: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+
+_ARRAYS = weakref.WeakKeyDictionary()       # Columns -> {(start, stop): Arrays}
+
+
+def arrays(entries) -> Arrays:
+    """`entries` (Entries, or a list of entry dicts) as Arrays; made once per view of a file's
+    columns (the rows of a list are read again at each call)."""
+    if isinstance(entries, Arrays):
+        return entries
+    if not isinstance(entries, Entries):
+        return _arrays_of_rows(entries)
+    known = _ARRAYS.setdefault(entries.columns, {})
+    key = (entries.start, entries.stop)
+    if key not in known:
+        c, start, stop = entries.columns, entries.start, entries.stop
+        tables = c.tables
+        stack = np.where(c.flags[start:stop] & native.HAS_FRAMES, c.stack[start:stop],
+                         np.uint32(len(tables.stacks)))
+        known[key] = Arrays(c.action[start:stop], c.addr[start:stop], c.size[start:stop],
+                            c.stream[start:stop], c.requested[start:stop], c.times(start, stop),
+                            stack, [*tables.stacks, None], c.extra[start:stop], tables.extra_dicts)
+    return known[key]
+
+
+def natural(values) -> np.ndarray:
+    """Python numbers as uint64, where they all are integers in [0, 2**64); else as Python
+    objects, so that sums stay exact."""
+    array = np.array(values)
+    if not len(array):
+        return np.zeros(0, np.uint64)
+    if array.dtype.kind == "u" or (array.dtype.kind == "i" and array.min() >= 0):
+        return array.astype(np.uint64)
+    return np.array(values, dtype=object)
+
+
+def exact(values: np.ndarray) -> np.ndarray:
+    """Unsigned sizes as int64 where no sum of them can overflow it, else as Python ints."""
+    if values.dtype == object:
+        return values
+    if not len(values) or int(values.max()) < (1 << 63) // len(values):
+        return values.astype(np.int64)
+    return values.astype(object)
+
+
+def _arrays_of_rows(entries) -> Arrays:
+    action, addr, size, stream, time, stack, requested = [], [], [], [], [], [], []
+    stacks: list = []
+    stack_of: dict[int, int] = {}            # id(frames) -> its index: a shared list is one stack
+    for name, at, nbytes, on, when, frames, _, asked in rows(entries):
+        action.append(ACTION_CODE.get(name, UNKNOWN_ACTION))
+        addr.append(at)
+        size.append(nbytes)
+        stream.append(on)
+        time.append(when)
+        requested.append(asked)
+        index = stack_of.get(id(frames))
+        if index is None:
+            index = stack_of[id(frames)] = len(stacks)
+            stacks.append(frames)
+        stack.append(index)
+    extras = entries if isinstance(entries, list) else list(entries)
+    return Arrays(np.array(action, dtype=np.uint8), natural(addr), natural(size), natural(stream),
+                  natural(requested), np.array(time, dtype=np.float64),
+                  np.array(stack, dtype=np.intp), stacks, np.arange(len(extras)), extras)
+
+
+def having(codes: np.ndarray, *actions: str) -> np.ndarray:
+    """Where the action codes are those of these actions (a mask; one lookup per entry)."""
+    table = np.zeros(256, dtype=bool)
+    table[[ACTION_CODE[action] for action in actions]] = True
+    return table[codes]
+
+
+def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each block's story, for walks that follow blocks: the positions of the entries before
+    `stop` with one of these actions (alloc and the frees), sorted by address and then
+    position; True where one is the first of its address; their action codes and addresses.
+    The sort is made once per trace."""
+    known = a.cache.get("block_order")
+    if known is None:
+        positions = np.flatnonzero(having(a.action, *_BLOCK_ACTIONS)).astype(index_type(len(a)))
+        order = positions[np.argsort(a.addr[positions], kind="stable")]
+        known = a.cache["block_order"] = (order, a.action[order], a.addr[order])
+    positions, codes, addr = known
+    keep = None
+    if set(actions) != set(_BLOCK_ACTIONS):
+        keep = having(codes, *actions)
+    if stop is not None and stop < len(a):
+        keep = positions < stop if keep is None else keep & (positions < stop)
+    if keep is not None:
+        positions, codes, addr = positions[keep], codes[keep], addr[keep]
+    first = np.empty(len(positions), dtype=bool)
+    first[:1] = True
+    first[1:] = addr[1:] != addr[:-1]
+    return positions, first, codes, addr
+
+
+def index_type(length: int):
+    """The integer type of positions in `length` entries (int32 where it holds them: half
+    the memory of int64 for the arrays of positions kept while a report is made)."""
+    return np.int32 if length < 1 << 31 else np.int64
+
+
+def sizes(a: Arrays) -> np.ndarray:
+    """The entries' sizes as `exact` makes them, once per trace."""
+    known = a.cache.get("sizes")
+    if known is None:
+        known = a.cache["sizes"] = exact(a.size)
+    return known
+
+
+def levels(start, changes, at: np.ndarray, length: int) -> np.ndarray:
+    """For each of `length` entries, `start` plus the `changes` made at the sorted positions
+    `at` up to and including it: a running total that moves at few entries."""
+    steps = np.diff(np.r_[0, np.clip(at, 0, length), length])
+    return np.repeat(np.r_[np.array([start], dtype=changes.dtype), start + np.cumsum(changes)],
+                     steps)

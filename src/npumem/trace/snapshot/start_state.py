@@ -23,10 +23,13 @@ from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ...alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
                                            round_size)
 from ...alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
-from .columns import SEGMENT_ADD, SEGMENT_REMOVE, indices, rows
+from .columns import (ACTION_CODE, ACTIONS, SEGMENT_ADD, SEGMENT_REMOVE, arrays, block_order,
+                      having, indices, natural, rows)
 
 
 @dataclass
@@ -169,32 +172,35 @@ def _end_state(recording, nodes: _PoolNodes):
     return ranges, live
 
 
-def rebuild_start(recording, config: TorchAllocatorConfig) -> StartState:
-    """The state at `recording`'s first entry (a Recording: start_state.py is below it)."""
+def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -> StartState:
+    """The state at `recording`'s first entry (a Recording: start_state.py is below it). With
+    `pools` False, which pool served each request is not inferred (the report draws blocks and
+    segments only): `pools` is left empty, and segments are in the pools that the dump and the
+    segment entries name."""
     if not recording.segments and not recording.recorded_segment_events():
         return StartState([], {})     # allocs and frees only (a CPU recording): nothing before
     nodes = _PoolNodes()
     ranges, live = _end_state(recording, nodes)
     free_action = recording.free_action
-    inconsistent = 0
-    entry_nodes: dict[int, int] = {}  # alloc and segment entries -> the segment's node
-    mapped: list[tuple[int, int]] = []   # (node, address) of each page range (un)mapped
     entries = recording.entries
-    for index, (action, addr, size, stream, _, frames, extra, _) in zip(
-            range(len(entries) - 1, -1, -1), rows(entries, reverse=True)):
+    a = arrays(entries)
+    inconsistent = _undo_blocks(a, live, free_action)
+    # alloc and segment entries -> the segment's node (-1: none); with `pools` only
+    entry_nodes = np.full(len(a), -1) if pools else None
+    blocks = np.flatnonzero(having(a.action, "alloc", free_action)) if pools else None
+    mapped: list[tuple[int, int]] = []   # (node, address) of each page range (un)mapped
+    above = len(a)
+    # the trace backwards: segment entries one by one, the blocks between them at once
+    segments = np.flatnonzero(having(a.action, *SEGMENT_ADD, *SEGMENT_REMOVE))
+    for index in [*segments[::-1].tolist(), -1]:
+        if pools:
+            _block_nodes(a, blocks, index + 1, above, ranges, nodes, entry_nodes)
+        above = index
+        if index < 0:
+            break
+        action, addr, size = ACTIONS[a.action[index]], int(a.addr[index]), int(a.size[index])
         node = None
-        if action == "alloc":
-            if live.pop(addr, None) is None:
-                inconsistent += 1
-            start = ranges.containing(addr)
-            node = None if start is None else ranges[start][4]
-        elif action == free_action:
-            if addr in live:
-                inconsistent += 1
-            live[addr] = StartBlock(addr, 0, size, True, frames or [])
-            start = ranges.containing(addr)
-            node = None if start is None else ranges[start][4]
-        elif action == "segment_alloc":
+        if action == "segment_alloc":
             segment = ranges.pop(addr, None)
             if segment is None:
                 inconsistent += 1
@@ -202,7 +208,7 @@ def rebuild_start(recording, config: TorchAllocatorConfig) -> StartState:
                 node = segment[4]
         elif action == "segment_free":
             node = nodes.new()
-            ranges[addr] = [size, stream, size == SMALL_BUFFER, False, node]
+            ranges[addr] = [size, int(a.stream[index]), size == SMALL_BUFFER, False, node]
         elif action == "segment_map":
             start = ranges.containing(addr)
             if start is None:
@@ -225,17 +231,22 @@ def rebuild_start(recording, config: TorchAllocatorConfig) -> StartState:
             if after is not None and after[3]:
                 total += ranges.pop(addr + size)[0]
                 nodes.join(node, after[4])
-            ranges[start] = [total, stream, small, True, node]
+            ranges[start] = [total, int(a.stream[index]), small, True, node]
         if node is not None:
-            pool_id = extra.get("pool_id")       # PyTorch 2.12+ only
+            pool_id = a.extras[a.extra[index]].get("pool_id")       # PyTorch 2.12+ only
             if pool_id is not None:
                 nodes.learn(node, read_pool_id(pool_id))
-            entry_nodes[index] = node
+            if pools:
+                entry_nodes[index] = node
             if action in ("segment_map", "segment_unmap"):
                 mapped.append((node, addr))
     lowest: dict[int, int] = {}       # expandable segment node -> the lowest address it maps
     for node, addr in mapped:
         lowest[nodes.find(node)] = min(addr, lowest.get(nodes.find(node), addr))
+    if not pools:
+        return _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
+    noted = np.flatnonzero(entry_nodes >= 0)[::-1]
+    entry_nodes = dict(zip(noted.tolist(), entry_nodes[noted].tolist()))
     held, users = Counter(), Counter()   # each segment node's bytes and live blocks at the start
     for size, *_, node in ranges.values():
         held[nodes.find(node)] += size
@@ -254,6 +265,66 @@ def rebuild_start(recording, config: TorchAllocatorConfig) -> StartState:
                               or _between(entries, state.pools, index) or DEFAULT_POOL)
     state.captured = _during_captures(entries, state.pools)
     return state
+
+
+ALLOC = ACTION_CODE["alloc"]
+
+
+def _undo_blocks(a, live: dict[int, StartBlock], free_action: str) -> int:
+    """Undo the trace's allocs and frees (`free_action`) on `live`, the blocks live at the dump
+    by address, last first: each address is left as its first move found it (before an alloc
+    not live; before a free live, the block that free names). Returns how many moves contradict
+    the state they undo: an alloc of a block not live after it, a free of one live after it."""
+    positions, first, actions, addrs = block_order(a, ("alloc", free_action))
+    if not len(positions):
+        return 0
+    allocating = actions == ALLOC
+    last = np.r_[first[1:], True]
+    live_after = np.zeros(len(positions), dtype=bool)    # what undoing the next move left
+    live_after[:-1] = ~allocating[1:]
+    at_dump = natural(list(live))
+    live_after[last] = np.isin(addrs[last], at_dump)
+    inconsistent = int(np.count_nonzero(allocating != live_after))
+    begins = np.flatnonzero(first)
+    allocated = addrs[begins[allocating[begins]]]
+    for addr in allocated[np.isin(allocated, at_dump)].tolist():
+        del live[addr]
+    freed = positions[begins[~allocating[begins]]]
+    for addr, size, stack in zip(a.addr[freed].tolist(), a.size[freed].tolist(),
+                                 a.stack[freed].tolist()):
+        live[addr] = StartBlock(addr, 0, size, True, a.stacks[stack] or [])
+    return inconsistent
+
+
+def _block_nodes(a, blocks: np.ndarray, low: int, high: int, ranges: _Segments,
+                 nodes: _PoolNodes, entry_nodes: np.ndarray) -> None:
+    """The node of the segment that holds each alloc and free in entries [low, high), between
+    two segment entries (so in one state of the segments), and what their pool_id fields say
+    (the latest first, as the walk back meets them)."""
+    run = blocks[np.searchsorted(blocks, low):np.searchsorted(blocks, high)]
+    if not len(run) or not ranges.starts:
+        return
+    starts = natural(ranges.starts)
+    sizes = natural([ranges[start][0] for start in ranges.starts])
+    addrs = a.addr[run]
+    index = np.searchsorted(starts, addrs, side="right") - 1
+    inside = index >= 0
+    inside[inside] = addrs[inside] - starts[index[inside]] < sizes[index[inside]]
+    run, index = run[inside], index[inside]
+    held = np.array([ranges[start][4] for start in ranges.starts])[index]
+    entry_nodes[run] = held
+    told = a.cache.get("pool_ids")
+    if told is None:
+        told = a.cache["pool_ids"] = np.array(
+            [extra.get("pool_id") is not None for extra in a.extras], dtype=bool)
+    said = told[a.extra[run]] if len(told) else np.zeros(len(run), dtype=bool)
+    run, held = run[said][::-1], held[said][::-1]
+    if not len(run):
+        return
+    # learning is idempotent per (node, fields): the first of each pair decides
+    _, first = np.unique(held * len(a.extras) + a.extra[run], return_index=True)
+    for position, node in zip(run[np.sort(first)].tolist(), held[np.sort(first)].tolist()):
+        nodes.learn(node, read_pool_id(a.extras[a.extra[position]].get("pool_id")))
 
 
 def _between(entries: list[dict], pools: dict[int, tuple], index: int) -> tuple | None:
