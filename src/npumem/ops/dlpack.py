@@ -67,9 +67,13 @@ class _ProducerRef:
     def __init__(self, managed_address: int, deleter):
         self.managed_address, self.deleter = managed_address, deleter
 
+    # Held on the class: the last reference may go at interpreter exit, after this module's
+    # globals (ctypes among them) were cleared, and the producer must still get its memory back.
+    _cast, _pointer = staticmethod(ctypes.cast), ctypes.POINTER(_Managed)
+
     def __del__(self):
         if self.deleter:
-            self.deleter(ctypes.cast(self.managed_address, ctypes.POINTER(_Managed)))
+            self.deleter(self._cast(self.managed_address, self._pointer))
 
 
 def map_host_memory(address: int, nbytes: int, owner) -> Storage:
