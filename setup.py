@@ -6,7 +6,7 @@ places a file in: build_py puts it at the root of the wheel, and for an editable
 (`pip install -e .`) at the root of the editable wheel, which setuptools assembles in the
 folder its `install` command targets.
 
-It also builds the one C extension, the snapshot reader."""
+It also builds the C extensions: the snapshot reader and the native allocator model."""
 
 import os
 
@@ -39,4 +39,10 @@ SNAPSHOT_READER = Extension("npumem.trace.snapshot._reader",
                             ["src/npumem/trace/snapshot/_reader.c"],
                             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
-setup(cmdclass={"build_py": BuildWithProfileHook}, ext_modules=[SNAPSHOT_READER])
+# The model of PyTorch's caching allocator, native, for replays
+# (src/npumem/alloc/torch_model/_native.c): plain C as well.
+NATIVE_MODEL = Extension("npumem.alloc.torch_model._native",
+                         ["src/npumem/alloc/torch_model/_native.c"],
+                         extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
+
+setup(cmdclass={"build_py": BuildWithProfileHook}, ext_modules=[SNAPSHOT_READER, NATIVE_MODEL])

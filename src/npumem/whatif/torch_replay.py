@@ -17,6 +17,8 @@ mean it had been released (graph reset, MemPool deleted): the replay releases it
 from __future__ import annotations
 
 import time
+
+import numpy as np
 from dataclasses import asdict, dataclass, field
 
 from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
@@ -24,7 +26,8 @@ from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
 from ..units import format_size
 from ..alloc.torch_model.allocator import round_size
 from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, first_oom, read_pool_id
-from ..trace.snapshot.columns import highest_address, indices, rows, take
+from ..trace.snapshot.columns import ACTION_CODE, arrays, highest_address, indices, rows, take
+from . import replay_cores
 from ..trace.snapshot.schema import oom_device_free
 
 
@@ -103,13 +106,14 @@ def plan_calls(recording: Recording, pools: dict[int, tuple] | None = None):
     return list(each_call(recording, pools or {}, recorded)), recorded
 
 
-def each_call(recording: Recording, pools: dict[int, tuple], recorded: list):
+def each_call(recording: Recording, pools: dict[int, tuple], recorded: list, start: int = 0):
     """Yield (index, call, entry) for each entry the model must act on, where call is alloc,
     free, oom, empty_cache or frees_before, one at a time (a replay holds the live state, not a
     list of every call). The recorded segment events go on `recorded`, as (index of the call
     they belong to, entry), before that call is yielded. `pools` (entry index -> pool,
     StartState.pools) gives the pool of each segment freed: the calls that free segments carry
-    them, in order, as `free_pools`."""
+    them, in order, as `free_pools`. `start`: the first entry to look at (one where no call is
+    under way: a replay's plain entries end there)."""
     entries = recording.entries
     free_action = recording.free_action
     pending: list[int] = []              # segment events waiting for the request they serve
@@ -119,7 +123,8 @@ def each_call(recording: Recording, pools: dict[int, tuple], recorded: list):
         freed = [i for i in pending if entries[i]["action"] in SEGMENT_REMOVE]
         return [entries[i] for i in freed], [pools.get(i, DEFAULT_POOL) for i in freed]
 
-    for index, (action, addr, size, stream, time_us, *_) in enumerate(rows(entries)):
+    for index, (action, addr, size, stream, time_us, *_) in enumerate(_rows_from(entries, start),
+                                                                     start):
         if action in SEGMENT_REMOVE:
             if run_start is None:
                 run_start = index
@@ -155,6 +160,19 @@ def each_call(recording: Recording, pools: dict[int, tuple], recorded: list):
         call = (run_start, "empty_cache", dict(entries[run_start], free_pools=frees()[1]))
         recorded += [(run_start, entries[i]) for i in pending]
         yield call
+
+
+def _rows_from(entries, start: int):
+    """`rows` of the entries from `start` on, a few at a time at first: where a replay hands
+    over mid-trace, the calls it wants are a handful of entries."""
+    if not start:
+        yield from rows(entries)
+        return
+    step = 16
+    while start < len(entries):
+        yield from rows(entries[start:start + step])
+        start += step
+        step = min(step * 2, 1 << 16)
 
 
 UNLIMITED = -1          # replay_recording's capacity: no limit, even where the recording ran out
@@ -233,15 +251,20 @@ def device_total(recording: Recording) -> int | None:
     return recording.limits["device_total"] if recording.limits is not None else None
 
 
+CHUNK = 1 << 18                      # entries played between progress reports
+
+
 def replay_recording(recording: Recording, config: TorchAllocatorConfig | None = None,
                      capacity: int | None = None, check: bool = False,
-                     progress=None, allowed: int | None = None) -> TorchReplay:
+                     progress=None, allowed: int | None = None,
+                     native: bool | None = None) -> TorchReplay:
     """Run the recording through the model. `capacity` None: inferred where the recording hit
     a limit (the device's, or a memory fraction's: then as `allowed`), else unlimited;
     UNLIMITED: no limit whatever the recording shows. `allowed`: a memory fraction's limit in
     bytes (c10's allowed_memory_maximum), on the device the recording ran on (`capacity`
     None) or on `capacity`. `check` stops at the first divergence from the recorded segment
-    events."""
+    events. `native` None: the native model where it covers the recording and the settings
+    (replay_cores), False: the Python model."""
     config = config or TorchAllocatorConfig(recording.flavour)
     started = time.perf_counter()
     start = recording.start_state(config)
@@ -261,75 +284,41 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
                          + (f" ({bounds.caveat()})" if bounds.caveat() else ""))
     if allowed is not None and capacity is None:
         capacity = device_total(recording)
-    fresh = max([0, highest_address(recording.entries)] +
-                [s["address"] for s in recording.segments]) + (1 << 40)
-    device = DeviceMemory(capacity, fresh_base=-(-fresh // (1 << 30)) * (1 << 30))
-    for entry in take(recording.entries, indices(recording.entries, "segment_alloc")):
-        device.expect("malloc", entry["addr"], entry["size"])
-    model = TorchAllocatorModel(config, device, allowed)
-    live = model.restore(start.segments)
-    pools, captured = _pools_of(recording, start)
+    core = _core(recording, config, start, capacity, allowed, native)
+    a = arrays(recording.entries)
+    kinds = replay_cores.kinds(recording.free_action)
     recorded: list = []
-    requests = 0
     model_events: list[tuple[int, object]] = []
-    allocated = peak_allocated = start.allocated
-    unmatched = misplaced = 0
-    oom = None
-    divergence = None
+    oom = divergence = None
     compared = 0
-    calls = each_call(recording, pools, recorded)
-    for done, (index, call, entry) in enumerate(calls):
-        if progress is not None and done % 10000 == 0 and done:
-            progress(done)
-        before = len(model.stats.events)
-        pool = pools.get(index, DEFAULT_POOL)             # the pool that served the request
-        capturing = index in captured
-        if call == "alloc":
-            requests += 1
-            try:
-                block = _malloc(model, entry, pool, capturing)
-            except ModelOutOfMemory as exc:
-                oom = _oom_record(index, entry, exc)
-                model_events += [(index, e) for e in model.stats.events[before:]]
-                break
-            if block.addr != entry["addr"]:
-                misplaced += 1
-            if entry["addr"] in live:             # its free was never recorded
-                unmatched += 1
-            live[entry["addr"]] = block
-            allocated += entry.get("size", 0)
-            peak_allocated = max(peak_allocated, allocated)
-        elif call == "free":
-            block = live.pop(entry["addr"], None)
-            if block is None or not block.allocated:
-                unmatched += 1
-            else:
-                allocated -= block.requested
-                model.free(block)
-        elif call == "empty_cache":
-            _release(model, entry["free_pools"])
-        elif call == "frees_before":
-            _frees_before(model, entry, pool)
-        elif call == "oom":
-            try:
-                _malloc(model, entry, pool, capturing)
-                if oom is None:
-                    notes.append(f"entry {index}: the recorded out-of-memory request "
-                                 f"({format_size(entry.get('size', 0))}) fits under these settings")
-                allocated += entry.get("size", 0)      # served here: live from now on
-                peak_allocated = max(peak_allocated, allocated)
-            except ModelOutOfMemory as exc:
-                oom = oom or _oom_record(index, entry, exc)
-        model_events += [(index, e) for e in model.stats.events[before:]]
-        if check and call != "frees_before":
-            divergence, compared = _compare(recording, recorded, model_events, index, compared)
+    index, length = 0, len(a)
+    stopped = None                        # the call a replay stopped at (an OOM, a divergence)
+    while index < length and stopped is None:
+        at, why = core.run(kinds, a.action, a.addr, a.size, a.stream, index,
+                           min(length, index + CHUNK), check)
+        if why == replay_cores.DONE:
+            index = at
+            if progress is not None:
+                progress(index)
+        elif why == replay_cores.OUT_OF_MEMORY:
+            oom = _oom_record(at, {"size": int(a.size[at])}, core.oom_error())
+            model_events += [(at, e) for e in core.new_events()]
+            stopped = at
+        elif why == replay_cores.EVENTS:       # (check only) an alloc that made segments
+            model_events += [(at - 1, e) for e in core.new_events()]
+            divergence, compared = _compare(recording, recorded, model_events, at - 1, compared)
+            index = at
             if divergence is not None:
-                break
+                stopped = at - 1
+        else:
+            index, oom, divergence, compared, stopped = _irregular(
+                recording, core, a, kinds, at, check, recorded, model_events, compared, oom, notes)
     if check and divergence is None and oom is None:
         divergence, compared = _compare(recording, recorded, model_events, len(recording.entries),
                                         compared)
-    requests += sum(1 for _, call, _ in calls if call == "alloc")    # those after a stop
-    stats = model.stats
+    counts = core.counts()
+    if stopped is not None:                   # the requests after it count as misses
+        counts.requests += int(np.count_nonzero(a.action[stopped + 1:] == ACTION_CODE["alloc"]))
     recorded_peak, recorded_allocs, recorded_frees = _recorded_totals(recording, start.reserved)
     if not recording.segments and not recording.recorded_segment_events():
         recorded_peak = recorded_allocs = recorded_frees = None     # not a PyTorch recording
@@ -344,16 +333,81 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         notes.append(f"{start.inconsistent} trace entr(ies) contradict the snapshot's segments")
     return TorchReplay(
         trace=recording.path, flavour=config.flavour, settings=config.describe(),
-        capacity=model.allowed if model.allowed is not None else capacity,
+        capacity=core.allowed if core.allowed is not None else capacity,
         events=len(recording.entries),
         start_reserved_bytes=start.reserved, start_allocated_bytes=start.allocated,
-        peak_allocated_bytes=peak_allocated, peak_reserved_bytes=stats.peak_reserved,
-        device_allocs=stats.num_device_alloc, device_frees=stats.num_device_free,
+        peak_allocated_bytes=counts.peak_allocated, peak_reserved_bytes=counts.peak_reserved,
+        device_allocs=counts.device_allocs, device_frees=counts.device_frees,
         recorded_peak_reserved_bytes=recorded_peak, recorded_device_allocs=recorded_allocs,
-        recorded_device_frees=recorded_frees, unmatched_frees=unmatched, oom=oom,
-        divergence=divergence, misplaced_blocks=misplaced,
-        cache_hit_rate=stats.cache_hits / requests if requests else 0.0,
+        recorded_device_frees=recorded_frees, unmatched_frees=counts.unmatched, oom=oom,
+        divergence=divergence, misplaced_blocks=counts.misplaced,
+        cache_hit_rate=counts.cache_hits / counts.requests if counts.requests else 0.0,
         seconds=time.perf_counter() - started, notes=notes)
+
+
+def _core(recording: Recording, config: TorchAllocatorConfig, start, capacity: int | None,
+          allowed: int | None, native: bool | None):
+    """The model the replay plays through, in the start state, with the driver handing out
+    the recorded segments' addresses."""
+    fresh = max([0, highest_address(recording.entries)] +
+                [s["address"] for s in recording.segments]) + (1 << 40)
+    fresh_base = -(-fresh // (1 << 30)) * (1 << 30)
+    expected = [(e["addr"], e["size"]) for e in
+                take(recording.entries, indices(recording.entries, "segment_alloc"))]
+    pools, captured = _pools_of(recording, start)
+    if native is not False:
+        allowed_bytes = allowed
+        fraction = config.per_process_memory_fraction
+        if allowed_bytes is None and fraction is not None and capacity:
+            allowed_bytes = int(fraction * capacity)       # as the Python model computes it
+        why_not = replay_cores.native_covers(config, allowed_bytes, start, pools, captured,
+                                             arrays(recording.entries), fresh_base, capacity)
+        if not why_not:
+            return replay_cores.NativeCore(config, capacity, allowed_bytes, fresh_base, expected,
+                                           start.segments, start.allocated)
+        if native:
+            raise ValueError(f"the native model does not cover this replay: {why_not}")
+    device = DeviceMemory(capacity, fresh_base=fresh_base)
+    for addr, size in expected:
+        device.expect("malloc", addr, size)
+    model = TorchAllocatorModel(config, device, allowed)
+    live = model.restore(start.segments)
+    return replay_cores.PythonCore(model, live, start.allocated, pools, captured)
+
+
+def _irregular(recording, core, a, kinds, index, check, recorded, model_events, compared, oom,
+               notes):
+    """Play the calls from entry `index` (a segment event or a recorded OOM) through the next
+    request: (where plain entries resume, oom, divergence, compared, the call stopped at)."""
+    model = core.model
+    pools = getattr(core, "pools", {})
+    for at, call, entry in each_call(recording, pools, recorded, index):
+        pool = pools.get(at, DEFAULT_POOL)             # the pool that served the request
+        if call in ("alloc", "free"):
+            _, why = core.run(kinds, a.action, a.addr, a.size, a.stream, at, at + 1, False)
+            if why == replay_cores.OUT_OF_MEMORY:
+                oom = _oom_record(at, entry, core.oom_error())
+                model_events += [(at, e) for e in core.new_events()]
+                return len(a), oom, None, compared, at
+        elif call == "empty_cache":
+            _release(model, entry["free_pools"])
+        elif call == "frees_before":
+            _frees_before(model, entry, pool)
+        elif call == "oom":
+            if core.oom_request(at, entry.get("size", 0), int(entry.get("stream") or 0)):
+                if oom is None:
+                    notes.append(f"entry {at}: the recorded out-of-memory request "
+                                 f"({format_size(entry.get('size', 0))}) fits under these settings")
+            else:
+                oom = oom or _oom_record(at, entry, core.oom_error())
+        model_events += [(at, e) for e in core.new_events()]
+        if check and call != "frees_before":
+            divergence, compared = _compare(recording, recorded, model_events, at, compared)
+            if divergence is not None:
+                return len(a), oom, divergence, compared, at
+        if call in ("alloc", "oom"):
+            return at + 1, oom, None, compared, None
+    return len(a), oom, None, compared, None
 
 
 def oom_facts(recording: Recording, replayed: TorchReplay | None = None) -> dict | None:
@@ -368,16 +422,6 @@ def oom_facts(recording: Recording, replayed: TorchReplay | None = None) -> dict
     return {"index": index, "entries": len(entries), "entry": entries[index],
             "later": len(indices(entries, "oom")) - 1,
             "model_oom": replayed.oom}
-
-
-def _malloc(model: TorchAllocatorModel, entry: dict, pool: tuple, capturing: bool):
-    """The recorded request, made where the real allocator made it: in `pool`, during a capture
-    or not (the common case, the default pool outside any, goes straight to malloc)."""
-    size, stream = entry.get("size", 0), int(entry.get("stream") or 0)
-    if pool == DEFAULT_POOL and not capturing:
-        return model.malloc(size, stream)
-    with model.routed(pool, capturing):
-        return model.malloc(size, stream)
 
 
 def _pools_of(recording: Recording, start) -> tuple[dict[int, tuple], set[int]]:

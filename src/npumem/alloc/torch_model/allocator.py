@@ -128,6 +128,21 @@ def _next_division(size: int, divisions: int) -> int:
     return size if rounded == size else rounded + step
 
 
+def out_of_memory_error(orig_size: int, alloc_size: int, free: int | None, capped: bool,
+                        allocated: int, reserved: int, usable: int,
+                        largest: int) -> ModelOutOfMemory:
+    """What a model says of a request it could not serve: `free` the bytes left (on the device,
+    or under the cap: `capped`), `usable` the largest cached block the request could have had
+    (its pool's, on its stream), `largest` that of any pool."""
+    where = "under the memory cap" if capped else "on the device"
+    message = (f"out of memory: tried to allocate {format_size(alloc_size)} "
+               f"(request {format_size(orig_size)}); {format_size(free or 0)} free {where}, "
+               f"{format_size(allocated)} allocated, {format_size(reserved - allocated)} reserved "
+               f"but unallocated (largest cached block the request could use "
+               f"{format_size(usable)}, of any pool {format_size(largest)})")
+    return ModelOutOfMemory(message, orig_size, alloc_size, free, reserved, allocated, usable)
+
+
 class TorchAllocatorModel:
     """The allocator of one device. `malloc` returns a Block (its `addr` is the pointer),
     `free` takes it back; `stats.events` lists the segment events in order."""
@@ -659,17 +674,10 @@ class TorchAllocatorModel:
             free = max(0, min(free if free is not None else self.allowed,
                               self.allowed - self.total_allocated))
         stats.events.append(SegmentEvent("oom", free or 0, size, stream, _pool_id(pool)))
-        unallocated = stats.reserved - stats.allocated
         # the cached blocks the request could have had: its pool's, on its stream
         usable = max((key[1] for key in pool.keys if key[0] == stream), default=0)
-        where = "under the memory cap" if self.allowed is not None else "on the device"
-        message = (f"out of memory: tried to allocate {format_size(alloc_size)} "
-                   f"(request {format_size(orig_size)}); {format_size(free or 0)} free {where}, "
-                   f"{format_size(stats.allocated)} allocated, {format_size(unallocated)} reserved "
-                   f"but unallocated (largest cached block the request could use "
-                   f"{format_size(usable)}, of any pool {format_size(self.largest_free())})")
-        return ModelOutOfMemory(message, orig_size, alloc_size, free, stats.reserved,
-                                stats.allocated, usable)
+        return out_of_memory_error(orig_size, alloc_size, free, self.allowed is not None,
+                                   stats.allocated, stats.reserved, usable, self.largest_free())
 
     # --- state ------------------------------------------------------------------------------
     def restore(self, segments) -> dict[int, Block]:

@@ -1,0 +1,900 @@
+/* The model of PyTorch's caching allocator, native: the default pools of cudaMalloc'd segments
+ * (no expandable segments, no private pools, no garbage collection), with the driver under it,
+ * and a loop that plays a trace's allocs and frees through it.
+ *
+ * allocator.py states the rules, and this file follows it function for function (the names
+ * match); a replay takes this model where it covers the recording and its settings
+ * (whatif/replay_cores.py decides), and the Python model stays the oracle of the differential
+ * tests (tests/test_native_model.py). Sizes and addresses are below 2**63 (the caller checks).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MiB ((uint64_t)1 << 20)
+#define MIN_BLOCK 512u
+#define SMALL_SIZE MiB
+#define SMALL_BUFFER (2 * MiB)
+#define MIN_LARGE_ALLOC (10 * MiB)
+#define ROUND_LARGE (2 * MiB)
+#define EXTRA_LARGE_BUFFER ((uint64_t)1 << 30)
+#define INTERVALS 16
+#define NONE (-1)
+
+/* what `run` does with an entry's action code */
+enum { SKIP = 0, ALLOC = 1, FREE = 2, IRREGULAR = 3 };
+/* why `run` stopped */
+enum { DONE = 0, AT_IRREGULAR = 1, EVENTS = 2, OUT_OF_MEMORY = 3 };
+/* segment event actions, as SegmentEvent names them */
+enum { EV_SEGMENT_ALLOC = 0, EV_SEGMENT_FREE = 1, EV_OOM = 2 };
+static const char *EVENT_NAMES[] = {"segment_alloc", "segment_free", "oom"};
+
+typedef struct {
+    uint64_t addr, size, requested, stream;
+    int32_t prev, next;
+    uint8_t small, allocated, dead;
+} Block;
+
+typedef struct { uint64_t stream, size, addr; int32_t id; } Key;
+typedef struct { Key *keys; Py_ssize_t n, cap; } BlockPool;
+typedef struct { uint64_t start, end; } Range;
+typedef struct { uint64_t addr, size, stream; uint8_t action; } Event;
+typedef struct { uint64_t key; int32_t value; } Slot;      /* value NONE: empty */
+
+typedef struct {
+    PyObject_HEAD
+    /* settings */
+    uint64_t pad, max_split, max_non_split, large_segment;
+    int page_1g;
+    uint8_t divisions[INTERVALS];
+    int64_t allowed, capacity;                /* -1: none */
+    /* the driver */
+    uint64_t used, fresh;
+    Range *ranges; Py_ssize_t nranges, capranges;
+    uint64_t *expected; Py_ssize_t nexpected, expected_head;    /* (addr, size) pairs */
+    /* blocks */
+    Block *blocks; int32_t nblocks, capblocks, free_slot;        /* free slots chain via next */
+    BlockPool small, large;
+    /* statistics (ModelStats) */
+    uint64_t reserved, peak_reserved, allocated_bytes, requested_bytes;
+    int64_t allocations, num_device_alloc, num_device_free, num_alloc_retries, num_ooms, cache_hits;
+    Event *events; Py_ssize_t nevents, capevents;
+    /* the replay's live blocks (trace address -> block) and its counts */
+    Slot *live; uint64_t livemask; Py_ssize_t nlive;
+    uint64_t replay_allocated, replay_peak;
+    int64_t unmatched, misplaced, requests;
+    /* the last out-of-memory: orig, size, alloc_size, stream, free (-1 none), usable, largest */
+    uint64_t oom[7];
+    int oom_has_free;
+} Model;
+
+static int grow(void **items, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
+    if (need <= *cap) return 0;
+    Py_ssize_t wanted = *cap ? *cap : 16;
+    while (wanted < need) wanted *= 2;
+    void *bigger = PyMem_Realloc(*items, (size_t)wanted * item);
+    if (!bigger) { PyErr_NoMemory(); return -1; }
+    *items = bigger;
+    *cap = wanted;
+    return 0;
+}
+
+/* --- sizes ------------------------------------------------------------------------------ */
+static int bit_length(uint64_t v) { return v ? 64 - __builtin_clzll(v) : 0; }
+
+static uint64_t next_division(uint64_t size, uint64_t divisions) {
+    if ((size & (size - 1)) == 0) return size;
+    uint64_t floor = (uint64_t)1 << (bit_length(size) - 1);
+    uint64_t step = floor >> (bit_length(divisions) - 1);
+    if (step == 0) return floor << 1;
+    uint64_t rounded = size & ~(step - 1);
+    return rounded == size ? size : rounded + step;
+}
+
+static uint64_t round_size(Model *m, uint64_t size) {
+    size += m->pad;
+    if (size < MIN_BLOCK) return MIN_BLOCK;
+    int index = bit_length(size) - 1 - 20;
+    index = index < 0 ? 0 : index > INTERVALS - 1 ? INTERVALS - 1 : index;
+    uint64_t divisions = m->divisions[index];
+    if (divisions > 1 && size > MIN_BLOCK * divisions) return next_division(size, divisions);
+    return (size + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
+}
+
+static uint64_t ceil_to(uint64_t size, uint64_t unit) { return (size + unit - 1) / unit * unit; }
+
+static uint64_t allocation_size(Model *m, uint64_t size) {
+    if (size <= SMALL_SIZE) return SMALL_BUFFER;
+    if (m->page_1g) return ceil_to(size, EXTRA_LARGE_BUFFER);
+    if (size < MIN_LARGE_ALLOC) return m->large_segment;
+    return ceil_to(size, ROUND_LARGE);
+}
+
+/* --- block pools: free blocks sorted by (stream, size, addr) --------------------------- */
+static int key_less(const Key *k, uint64_t stream, uint64_t size, uint64_t addr) {
+    if (k->stream != stream) return k->stream < stream;
+    if (k->size != size) return k->size < size;
+    return k->addr < addr;
+}
+
+static Py_ssize_t lower_bound(BlockPool *p, uint64_t stream, uint64_t size, uint64_t addr) {
+    Py_ssize_t lo = 0, hi = p->n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (key_less(&p->keys[mid], stream, size, addr)) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static BlockPool *pool_of(Model *m, Block *b) { return b->small ? &m->small : &m->large; }
+
+static int pool_insert(Model *m, int32_t id) {
+    Block *b = &m->blocks[id];
+    BlockPool *p = pool_of(m, b);
+    if (grow((void **)&p->keys, &p->cap, p->n + 1, sizeof(Key)) < 0) return -1;
+    Py_ssize_t at = lower_bound(p, b->stream, b->size, b->addr);
+    memmove(&p->keys[at + 1], &p->keys[at], (size_t)(p->n - at) * sizeof(Key));
+    p->keys[at] = (Key){b->stream, b->size, b->addr, id};
+    p->n++;
+    return 0;
+}
+
+static void pool_remove_at(BlockPool *p, Py_ssize_t at) {
+    memmove(&p->keys[at], &p->keys[at + 1], (size_t)(p->n - at - 1) * sizeof(Key));
+    p->n--;
+}
+
+static int pool_remove(Model *m, int32_t id) {
+    Block *b = &m->blocks[id];
+    BlockPool *p = pool_of(m, b);
+    Py_ssize_t at = lower_bound(p, b->stream, b->size, b->addr);
+    if (at == p->n || p->keys[at].id != id) {
+        PyErr_Format(PyExc_AssertionError, "block 0x%llx (%llu bytes) is not in its pool",
+                     (unsigned long long)b->addr, (unsigned long long)b->size);
+        return -1;
+    }
+    pool_remove_at(p, at);
+    return 0;
+}
+
+static int32_t new_block(Model *m, uint64_t addr, uint64_t size, uint64_t stream, int small) {
+    int32_t id = m->free_slot;
+    if (id != NONE) {
+        m->free_slot = m->blocks[id].next;
+    } else {
+        Py_ssize_t cap = m->capblocks;
+        if (m->nblocks == INT32_MAX) { PyErr_SetString(PyExc_MemoryError, "too many blocks"); return NONE; }
+        if (grow((void **)&m->blocks, &cap, (Py_ssize_t)m->nblocks + 1, sizeof(Block)) < 0) return NONE;
+        m->capblocks = (int32_t)(cap > INT32_MAX ? INT32_MAX : cap);
+        id = m->nblocks++;
+    }
+    m->blocks[id] = (Block){addr, size, 0, stream, NONE, NONE, (uint8_t)small, 0, 0};
+    return id;
+}
+
+static void drop_block(Model *m, int32_t id) {
+    m->blocks[id].dead = 1;
+    m->blocks[id].next = m->free_slot;
+    m->free_slot = id;
+}
+
+/* --- the replay's live blocks: open addressing, linear probing, backward-shift delete ------ */
+static uint64_t mix(uint64_t x) { x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; return x; }
+
+static int live_resize(Model *m, uint64_t slots) {
+    Slot *old = m->live;
+    uint64_t oldmask = m->livemask;
+    Slot *fresh = PyMem_Malloc(slots * sizeof(Slot));
+    if (!fresh) { PyErr_NoMemory(); return -1; }
+    for (uint64_t i = 0; i < slots; i++) fresh[i].value = NONE;
+    m->live = fresh;
+    m->livemask = slots - 1;
+    if (old) {
+        for (uint64_t i = 0; i <= oldmask; i++) {
+            if (old[i].value == NONE) continue;
+            uint64_t at = mix(old[i].key) & m->livemask;
+            while (fresh[at].value != NONE) at = (at + 1) & m->livemask;
+            fresh[at] = old[i];
+        }
+        PyMem_Free(old);
+    }
+    return 0;
+}
+
+static uint64_t live_find(Model *m, uint64_t key) {        /* the slot of key, or of its hole */
+    uint64_t at = mix(key) & m->livemask;
+    while (m->live[at].value != NONE && m->live[at].key != key) at = (at + 1) & m->livemask;
+    return at;
+}
+
+static int live_put(Model *m, uint64_t key, int32_t value, int *existed) {
+    if ((uint64_t)(m->nlive + 1) * 2 > m->livemask + 1 && live_resize(m, (m->livemask + 1) * 2) < 0)
+        return -1;
+    uint64_t at = live_find(m, key);
+    *existed = m->live[at].value != NONE;
+    if (!*existed) m->nlive++;
+    m->live[at] = (Slot){key, value};
+    return 0;
+}
+
+static int32_t live_pop(Model *m, uint64_t key) {
+    uint64_t hole = live_find(m, key);
+    int32_t value = m->live[hole].value;
+    if (value == NONE) return NONE;
+    m->nlive--;
+    uint64_t at = hole;
+    for (;;) {                      /* shift back the entries whose probe passed the hole */
+        m->live[hole].value = NONE;
+        for (;;) {
+            at = (at + 1) & m->livemask;
+            if (m->live[at].value == NONE) return value;
+            uint64_t home = mix(m->live[at].key) & m->livemask;
+            if (hole <= at ? (home <= hole || home > at) : (home <= hole && home > at)) break;
+        }
+        m->live[hole] = m->live[at];
+        hole = at;
+    }
+}
+
+/* --- the driver (DeviceMemory) -------------------------------------------------------- */
+static Py_ssize_t ranges_after(Model *m, uint64_t start) {    /* bisect_right((start, inf)) */
+    Py_ssize_t lo = 0, hi = m->nranges;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (m->ranges[mid].start <= start) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static int overlaps(Model *m, uint64_t start, uint64_t end) {
+    Py_ssize_t at = ranges_after(m, start);
+    if (at && m->ranges[at - 1].end > start) return 1;
+    return at < m->nranges && m->ranges[at].start < end;
+}
+
+static int device_claim(Model *m, uint64_t start, uint64_t size) {
+    if (grow((void **)&m->ranges, &m->capranges, m->nranges + 1, sizeof(Range)) < 0) return -1;
+    /* insort((start, end)): after the ranges that sort before it */
+    Py_ssize_t lo = 0, hi = m->nranges;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        Range *r = &m->ranges[mid];
+        if (r->start < start || (r->start == start && r->end <= start + size)) lo = mid + 1; else hi = mid;
+    }
+    memmove(&m->ranges[lo + 1], &m->ranges[lo], (size_t)(m->nranges - lo) * sizeof(Range));
+    m->ranges[lo] = (Range){start, start + size};
+    m->nranges++;
+    return 0;
+}
+
+static int fits(Model *m, uint64_t size) {
+    return m->capacity < 0 || m->used + size <= (uint64_t)m->capacity;
+}
+
+/* cudaMalloc: 1 with *addr set, 0 when the device is full, -1 on error */
+static int device_malloc(Model *m, uint64_t size, uint64_t *addr) {
+    if (!fits(m, size)) return 0;
+    int found = 0;
+    if (m->expected_head < m->nexpected && m->expected[2 * m->expected_head + 1] == size) {
+        *addr = m->expected[2 * m->expected_head];
+        m->expected_head++;
+        found = !overlaps(m, *addr, *addr + size);
+    }
+    if (!found) {
+        *addr = m->fresh;
+        m->fresh += ceil_to(size, 2 * MiB) + 2 * MiB;
+    }
+    if (device_claim(m, *addr, size) < 0) return -1;
+    m->used += size;
+    return 1;
+}
+
+static void device_free(Model *m, uint64_t addr, uint64_t size) {
+    Py_ssize_t at = ranges_after(m, addr) - 1;
+    if (at >= 0) {
+        memmove(&m->ranges[at], &m->ranges[at + 1], (size_t)(m->nranges - at - 1) * sizeof(Range));
+        m->nranges--;
+    }
+    m->used -= size;
+}
+
+/* --- segments and statistics ------------------------------------------------------------ */
+static int reserve(Model *m, uint64_t size, int sign, uint8_t action, uint64_t addr, uint64_t stream) {
+    if (sign > 0) {
+        m->reserved += size;
+        if (m->reserved > m->peak_reserved) m->peak_reserved = m->reserved;
+        m->num_device_alloc++;
+    } else {
+        m->reserved -= size;
+        m->num_device_free++;
+    }
+    if (grow((void **)&m->events, &m->capevents, m->nevents + 1, sizeof(Event)) < 0) return -1;
+    m->events[m->nevents++] = (Event){addr, size, stream, action};
+    return 0;
+}
+
+static int is_split(Block *b) { return b->prev != NONE || b->next != NONE; }
+
+static int release_block(Model *m, int32_t id) {
+    Block *b = &m->blocks[id];
+    device_free(m, b->addr, b->size);
+    if (pool_remove(m, id) < 0) return -1;
+    b = &m->blocks[id];
+    int error = reserve(m, b->size, -1, EV_SEGMENT_FREE, b->addr, b->stream);
+    if (is_split(b)) b->dead = 1;             /* its neighbours still name it, as in Python */
+    else drop_block(m, id);
+    return error;
+}
+
+static int release_blocks(Model *m, BlockPool *p) {
+    Py_ssize_t n = p->n;
+    if (!n) return 0;
+    int32_t *ids = PyMem_Malloc((size_t)n * sizeof(int32_t));
+    if (!ids) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++) ids[i] = p->keys[i].id;
+    int error = 0;
+    for (Py_ssize_t i = 0; i < n && !error; i++)
+        if (!is_split(&m->blocks[ids[i]])) error = release_block(m, ids[i]);
+    PyMem_Free(ids);
+    return error;
+}
+
+static int release_cached(Model *m) {
+    if (release_blocks(m, &m->large) < 0) return -1;
+    return release_blocks(m, &m->small);
+}
+
+/* the oversize cached blocks to free for `size` (their ids in *chosen, at most p->n);
+ * returns whether they add up to enough */
+static int oversize_blocks(Model *m, BlockPool *p, uint64_t size, uint64_t stream,
+                           int32_t *chosen, Py_ssize_t *count) {
+    uint64_t limit = m->max_split;
+    *count = 0;
+    if (limit == UINT64_MAX) return 0;
+    uint64_t wanted = size > limit ? size : limit;
+    Py_ssize_t at = lower_bound(p, stream, wanted, 0);
+    if (at < p->n && p->keys[at].stream == stream) {
+        chosen[(*count)++] = p->keys[at].id;
+        return 1;
+    }
+    uint64_t released = 0;
+    for (at--; released < wanted && at >= 0 && p->keys[at].stream == stream; at--) {
+        if (p->keys[at].size < limit) break;
+        chosen[(*count)++] = p->keys[at].id;
+        released += p->keys[at].size;
+    }
+    return released >= wanted;
+}
+
+static int release_available(Model *m, BlockPool *p, uint64_t size, uint64_t stream) {
+    int32_t *chosen = PyMem_Malloc((size_t)(p->n + 1) * sizeof(int32_t));
+    if (!chosen) { PyErr_NoMemory(); return -1; }
+    Py_ssize_t count;
+    int enough = oversize_blocks(m, p, size, stream, chosen, &count);
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (release_block(m, chosen[i]) < 0) { enough = -1; break; }
+    PyMem_Free(chosen);
+    return enough;
+}
+
+/* --- finding and placing blocks -------------------------------------------------------- */
+static int32_t get_free_block(Model *m, BlockPool *p, uint64_t size, uint64_t stream) {
+    Py_ssize_t at = lower_bound(p, stream, size, 0);
+    if (at == p->n || p->keys[at].stream != stream) return NONE;
+    uint64_t found = p->keys[at].size;
+    if (size < m->max_split && m->max_split <= found) return NONE;
+    if (size >= m->max_split && found - size >= m->max_non_split) return NONE;
+    int32_t id = p->keys[at].id;
+    pool_remove_at(p, at);
+    return id;
+}
+
+/* 1 with *id set, 0 when refused, -1 on error */
+static int alloc_block(Model *m, int small, uint64_t alloc_size, uint64_t stream, int retry, int32_t *id) {
+    if (retry) m->num_alloc_retries++;
+    if (m->allowed >= 0 && m->reserved + alloc_size > (uint64_t)m->allowed) return 0;
+    uint64_t addr;
+    int got = device_malloc(m, alloc_size, &addr);
+    if (got <= 0) return got;
+    *id = new_block(m, addr, alloc_size, stream, small);
+    if (*id == NONE) return -1;
+    return reserve(m, alloc_size, +1, EV_SEGMENT_ALLOC, addr, stream) < 0 ? -1 : 1;
+}
+
+static int should_split(Model *m, Block *b, uint64_t size) {
+    uint64_t remaining = b->size - size;
+    if (b->small) return remaining >= MIN_BLOCK;
+    return size < m->max_split && remaining > SMALL_SIZE;
+}
+
+static int32_t alloc_found_block(Model *m, int32_t id, uint64_t size, uint64_t orig, uint64_t stream) {
+    Block *remaining = &m->blocks[id];
+    if (should_split(m, remaining, size)) {
+        uint64_t addr = remaining->addr;
+        int small = remaining->small;
+        int32_t split = new_block(m, addr, size, stream, small);
+        if (split == NONE) return NONE;
+        remaining = &m->blocks[id];                  /* blocks may have moved */
+        Block *b = &m->blocks[split];
+        b->prev = remaining->prev;
+        if (b->prev != NONE) m->blocks[b->prev].next = split;
+        b->next = id;
+        remaining->prev = split;
+        remaining->addr += size;
+        remaining->size -= size;
+        if (pool_insert(m, id) < 0) return NONE;
+        id = split;
+    }
+    Block *b = &m->blocks[id];
+    b->allocated = 1;
+    b->requested = orig;
+    m->allocations++;
+    m->allocated_bytes += b->size;
+    m->requested_bytes += orig;
+    return id;
+}
+
+static int32_t try_merge(Model *m, int32_t dst, int32_t src) {
+    if (src == NONE || m->blocks[src].allocated) return 0;
+    if (pool_remove(m, src) < 0) return -1;
+    Block *d = &m->blocks[dst], *s = &m->blocks[src];
+    if (d->prev == src) {
+        d->addr = s->addr;
+        d->prev = s->prev;
+        if (d->prev != NONE) m->blocks[d->prev].next = dst;
+    } else {
+        d->next = s->next;
+        if (d->next != NONE) m->blocks[d->next].prev = dst;
+    }
+    d->size += s->size;
+    drop_block(m, src);
+    return 0;
+}
+
+static int model_free(Model *m, int32_t id) {
+    Block *b = &m->blocks[id];
+    b->allocated = 0;
+    m->allocated_bytes -= b->size;
+    m->requested_bytes -= b->requested;
+    m->allocations--;
+    if (try_merge(m, id, b->prev) < 0 || try_merge(m, id, m->blocks[id].next) < 0) return -1;
+    return pool_insert(m, id);
+}
+
+static uint64_t largest_key(BlockPool *p, int any_stream, uint64_t stream) {
+    uint64_t most = 0;
+    for (Py_ssize_t i = 0; i < p->n; i++)
+        if ((any_stream || p->keys[i].stream == stream) && p->keys[i].size > most) most = p->keys[i].size;
+    return most;
+}
+
+static int out_of_memory(Model *m, uint64_t orig, uint64_t size, uint64_t alloc_size,
+                         uint64_t stream, BlockPool *p) {
+    m->num_ooms++;
+    int has_free = m->capacity >= 0 || m->allowed >= 0;
+    int64_t free = m->capacity < 0 ? -1 : (int64_t)((uint64_t)m->capacity - m->used);
+    if (m->allowed >= 0) {
+        int64_t room = m->reserved > (uint64_t)m->allowed ? 0 : (int64_t)((uint64_t)m->allowed - m->reserved);
+        int64_t f = free >= 0 ? free : m->allowed;
+        free = f < room ? f : room;
+        if (free < 0) free = 0;
+    }
+    if (grow((void **)&m->events, &m->capevents, m->nevents + 1, sizeof(Event)) < 0) return -1;
+    if (!has_free) free = 0;                       /* (`free or 0`) */
+    m->events[m->nevents++] = (Event){(uint64_t)free, size, stream, EV_OOM};
+    uint64_t largest = largest_key(&m->small, 1, 0), large = largest_key(&m->large, 1, 0);
+    m->oom[0] = orig; m->oom[1] = size; m->oom[2] = alloc_size; m->oom[3] = stream;
+    m->oom[4] = (uint64_t)free;
+    m->oom_has_free = has_free;
+    m->oom[5] = largest_key(p, 0, stream);
+    m->oom[6] = largest > large ? largest : large;
+    return 0;
+}
+
+/* malloc: 1 with *id set, 0 when out of memory (m->oom says how), -1 on error */
+static int model_malloc(Model *m, uint64_t orig, uint64_t stream, int32_t *id) {
+    uint64_t size = round_size(m, orig);
+    int small = size <= SMALL_SIZE;
+    BlockPool *p = small ? &m->small : &m->large;
+    uint64_t alloc_size = allocation_size(m, size);
+    int32_t found = get_free_block(m, p, size, stream);
+    if (found != NONE) {
+        m->cache_hits++;
+    } else {
+        int got = alloc_block(m, small, alloc_size, stream, 0, &found);
+        if (got == 0) {
+            got = release_available(m, p, size, stream);
+            if (got == 1) got = alloc_block(m, small, alloc_size, stream, 0, &found);
+        }
+        if (got == 0) {
+            if (release_cached(m) < 0) return -1;
+            got = alloc_block(m, small, alloc_size, stream, 1, &found);
+        }
+        if (got < 0) return -1;
+        if (got == 0) return out_of_memory(m, orig, size, alloc_size, stream, p) < 0 ? -1 : 0;
+    }
+    *id = alloc_found_block(m, found, size, orig, stream);
+    return *id == NONE ? -1 : 1;
+}
+
+/* --- the replay ------------------------------------------------------------------------ */
+static int replay_alloc(Model *m, uint64_t addr, uint64_t size, uint64_t stream) {
+    int32_t id;
+    m->requests++;
+    int got = model_malloc(m, size, stream, &id);
+    if (got <= 0) return got;
+    if (m->blocks[id].addr != addr) m->misplaced++;
+    int existed;
+    if (live_put(m, addr, id, &existed) < 0) return -1;
+    if (existed) m->unmatched++;
+    m->replay_allocated += size;
+    if (m->replay_allocated > m->replay_peak) m->replay_peak = m->replay_allocated;
+    return 1;
+}
+
+static int replay_free(Model *m, uint64_t addr) {
+    int32_t id = live_pop(m, addr);
+    if (id == NONE || !m->blocks[id].allocated) {
+        m->unmatched++;
+        return 0;
+    }
+    m->replay_allocated -= m->blocks[id].requested;
+    return model_free(m, id);
+}
+
+/* run(kinds, action, addr, size, stream, start, stop, stop_on_events) -> (index, why):
+ * play entries start..stop-1 (kinds[action] says what each is) until one the caller must
+ * handle (an irregular entry: the index is its own), an alloc the model could not serve (its
+ * index), or, with stop_on_events, an alloc that made segment events (the index after it) */
+static PyObject *Model_run(Model *m, PyObject *args) {
+    PyObject *objects[5];
+    Py_ssize_t start, stop;
+    int stop_on_events;
+    if (!PyArg_ParseTuple(args, "OOOOOnnp", &objects[0], &objects[1], &objects[2], &objects[3],
+                          &objects[4], &start, &stop, &stop_on_events))
+        return NULL;
+    static const char *names[5] = {"kinds", "action", "addr", "size", "stream"};
+    Py_buffer views[5];
+    int held = 0;
+    PyObject *result = NULL;
+    Py_ssize_t n = 0;
+    for (; held < 5; held++) {
+        if (PyObject_GetBuffer(objects[held], &views[held], PyBUF_C_CONTIGUOUS) < 0) goto release;
+        Py_ssize_t itemsize = held < 2 ? 1 : 8, length = held == 0 ? 256 : held == 1 ? views[1].len : n;
+        if (held == 1) n = views[1].len;
+        if (views[held].len != itemsize * length) {
+            PyErr_Format(PyExc_ValueError, "column %s holds %zd bytes, not %zd", names[held],
+                         views[held].len, itemsize * length);
+            held++;
+            goto release;
+        }
+    }
+    if (start < 0 || stop > n || start > stop) {
+        PyErr_Format(PyExc_IndexError, "entries %zd:%zd of %zd", start, stop, n);
+        goto release;
+    }
+    const uint8_t *k = views[0].buf, *a = views[1].buf;
+    const uint64_t *ad = views[2].buf, *sz = views[3].buf, *st = views[4].buf;
+    Py_ssize_t i = start;
+    int why = DONE;
+    for (; i < stop; i++) {
+        int kind = k[a[i]];
+        if (kind == ALLOC) {
+            Py_ssize_t before = m->nevents;
+            int got = replay_alloc(m, ad[i], sz[i], st[i]);
+            if (got < 0) goto release;
+            if (got == 0) { why = OUT_OF_MEMORY; break; }
+            if (stop_on_events && m->nevents > before) { why = EVENTS; i++; break; }
+        } else if (kind == FREE) {
+            if (replay_free(m, ad[i]) < 0) goto release;
+        } else if (kind == IRREGULAR) {
+            why = AT_IRREGULAR;
+            break;
+        }
+    }
+    result = Py_BuildValue("ni", i, why);
+release:
+    while (held > 0) PyBuffer_Release(&views[--held]);
+    return result;
+}
+
+/* --- the Python face -------------------------------------------------------------------- */
+static PyObject *Model_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    Model *m = (Model *)type->tp_alloc(type, 0);
+    if (!m) return NULL;
+    m->free_slot = NONE;
+    if (live_resize(m, 1024) < 0) { Py_DECREF(m); return NULL; }
+    return (PyObject *)m;
+}
+
+static void Model_dealloc(Model *m) {
+    PyMem_Free(m->ranges);
+    PyMem_Free(m->expected);
+    PyMem_Free(m->blocks);
+    PyMem_Free(m->small.keys);
+    PyMem_Free(m->large.keys);
+    PyMem_Free(m->events);
+    PyMem_Free(m->live);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static int as_u64(PyObject *obj, uint64_t *out) {
+    *out = PyLong_AsUnsignedLongLong(obj);
+    return *out == (uint64_t)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Model(pad, divisions, max_split, max_non_split, large_segment, page_1g, capacity, allowed,
+ *       fresh, expected): capacity and allowed -1 for none; divisions 16 numbers; expected the
+ *       recording's segment_alloc (addr, size) in order, as a flat sequence */
+static int Model_init(Model *m, PyObject *args, PyObject *kw) {
+    PyObject *divisions, *expected;
+    long long capacity, allowed;
+    if (!PyArg_ParseTuple(args, "KOKKKpLLKO", &m->pad, &divisions, &m->max_split, &m->max_non_split,
+                          &m->large_segment, &m->page_1g, &capacity, &allowed, &m->fresh, &expected))
+        return -1;
+    m->capacity = capacity;
+    m->allowed = allowed;
+    PyObject *seq = PySequence_Fast(divisions, "divisions: a sequence");
+    if (!seq) return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != INTERVALS) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "divisions: 16 numbers");
+        return -1;
+    }
+    for (int i = 0; i < INTERVALS; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v < 0 || v > 255) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "divisions: 0 to 255");
+            return -1;
+        }
+        m->divisions[i] = (uint8_t)v;
+    }
+    Py_DECREF(seq);
+    seq = PySequence_Fast(expected, "expected: a sequence");
+    if (!seq) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyMem_Free(m->expected);
+    m->expected = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    m->nexpected = n / 2;
+    m->expected_head = 0;
+    if (!m->expected) { Py_DECREF(seq); PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (as_u64(PySequence_Fast_GET_ITEM(seq, i), &m->expected[i]) < 0) { Py_DECREF(seq); return -1; }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* restore(segments): segments (addr, size, stream, small, blocks) live at the start, blocks
+ * (addr, size, requested, allocated) in address order; the allocated ones become live */
+static PyObject *Model_restore(Model *m, PyObject *segments) {
+    PyObject *seq = PySequence_Fast(segments, "segments: a sequence");
+    if (!seq) return NULL;
+    for (Py_ssize_t s = 0; s < PySequence_Fast_GET_SIZE(seq); s++) {
+        uint64_t addr, size, stream;
+        int small;
+        PyObject *blocks;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, s), "KKKpO", &addr, &size, &stream,
+                              &small, &blocks) || device_claim(m, addr, size) < 0)
+            goto fail;
+        m->used += size;
+        m->reserved += size;
+        PyObject *items = PySequence_Fast(blocks, "blocks: a sequence");
+        if (!items) goto fail;
+        int32_t previous = NONE;
+        for (Py_ssize_t b = 0; b < PySequence_Fast_GET_SIZE(items); b++) {
+            uint64_t baddr, bsize, requested;
+            int allocated, existed;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, b), "KKKp", &baddr, &bsize,
+                                  &requested, &allocated)) { Py_DECREF(items); goto fail; }
+            int32_t id = new_block(m, baddr, bsize, stream, small);
+            if (id == NONE) { Py_DECREF(items); goto fail; }
+            m->blocks[id].prev = previous;
+            if (previous != NONE) m->blocks[previous].next = id;
+            if (allocated) {
+                m->blocks[id].allocated = 1;
+                m->blocks[id].requested = requested;
+                if (live_put(m, baddr, id, &existed) < 0) { Py_DECREF(items); goto fail; }
+                m->allocations++;
+                m->allocated_bytes += bsize;
+                m->requested_bytes += requested;
+            } else if (pool_insert(m, id) < 0) {
+                Py_DECREF(items);
+                goto fail;
+            }
+            previous = id;
+        }
+        Py_DECREF(items);
+    }
+    Py_DECREF(seq);
+    m->peak_reserved = m->reserved;
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* start(allocated): the replay's live requested bytes at the start (its peak so far) */
+static PyObject *Model_start(Model *m, PyObject *arg) {
+    if (as_u64(arg, &m->replay_allocated) < 0) return NULL;
+    m->replay_peak = m->replay_allocated;
+    Py_RETURN_NONE;
+}
+
+/* oom_request(size, stream) -> whether a request the real allocator refused fits here (then
+ * its bytes count as live) */
+static PyObject *Model_oom_request(Model *m, PyObject *args) {
+    uint64_t size, stream;
+    int32_t id;
+    if (!PyArg_ParseTuple(args, "KK", &size, &stream)) return NULL;
+    int got = model_malloc(m, size, stream, &id);
+    if (got < 0) return NULL;
+    if (got) {
+        m->replay_allocated += size;
+        if (m->replay_allocated > m->replay_peak) m->replay_peak = m->replay_allocated;
+    }
+    return PyBool_FromLong(got);
+}
+
+static PyObject *Model_empty_cache(Model *m, PyObject *args) {
+    PyObject *pool = NULL;
+    if (!PyArg_ParseTuple(args, "|O", &pool)) return NULL;
+    if (release_cached(m) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Model_would_reuse(Model *m, PyObject *args) {
+    uint64_t orig, stream;
+    if (!PyArg_ParseTuple(args, "K|K", &orig, &stream)) return NULL;
+    uint64_t size = round_size(m, orig);
+    int32_t id = get_free_block(m, size <= SMALL_SIZE ? &m->small : &m->large, size, stream);
+    if (id == NONE) Py_RETURN_FALSE;
+    if (pool_insert(m, id) < 0) return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Model_oversize_release(Model *m, PyObject *args, PyObject *kw) {
+    static char *keywords[] = {"orig_size", "stream", "dry_run", NULL};
+    uint64_t orig, stream = 0;
+    int dry_run = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|Kp", keywords, &orig, &stream, &dry_run)) return NULL;
+    uint64_t size = round_size(m, orig);
+    BlockPool *p = size <= SMALL_SIZE ? &m->small : &m->large;
+    int32_t *chosen = PyMem_Malloc((size_t)(p->n + 1) * sizeof(int32_t));
+    if (!chosen) return PyErr_NoMemory();
+    Py_ssize_t count;
+    oversize_blocks(m, p, size, stream, chosen, &count);
+    PyObject *addrs = PyList_New(count);
+    for (Py_ssize_t i = 0; addrs && i < count; i++) {
+        PyObject *addr = PyLong_FromUnsignedLongLong(m->blocks[chosen[i]].addr);
+        if (!addr) { Py_CLEAR(addrs); break; }
+        PyList_SET_ITEM(addrs, i, addr);
+    }
+    for (Py_ssize_t i = 0; addrs && !dry_run && i < count; i++)
+        if (release_block(m, chosen[i]) < 0) Py_CLEAR(addrs);
+    PyMem_Free(chosen);
+    return addrs;
+}
+
+static PyObject *Model_collected(Model *m, PyObject *args) { return PyList_New(0); }
+
+/* events(start) -> [(action, addr, size, stream)] from the start-th on; an oom's addr is the
+ * free bytes, which may be negative */
+static PyObject *Model_events(Model *m, PyObject *arg) {
+    Py_ssize_t start = PyLong_AsSsize_t(arg);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    if (start < 0) start = 0;
+    PyObject *out = PyList_New(start < m->nevents ? m->nevents - start : 0);
+    for (Py_ssize_t i = start; out && i < m->nevents; i++) {
+        Event *e = &m->events[i];
+        PyObject *item = e->action == EV_OOM
+            ? Py_BuildValue("sLKK", EVENT_NAMES[e->action], (long long)e->addr, e->size, e->stream)
+            : Py_BuildValue("sKKK", EVENT_NAMES[e->action], e->addr, e->size, e->stream);
+        if (!item) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, i - start, item);
+    }
+    return out;
+}
+
+static PyObject *Model_stats(Model *m, PyObject *unused) {
+    return Py_BuildValue(
+        "{sKsKsKsKsLsLsLsLsLsLsnsKsKsLsLsL}",
+        "reserved", m->reserved, "peak_reserved", m->peak_reserved,
+        "allocated", m->allocated_bytes, "requested", m->requested_bytes,
+        "allocations", (long long)m->allocations, "num_device_alloc", (long long)m->num_device_alloc,
+        "num_device_free", (long long)m->num_device_free,
+        "num_alloc_retries", (long long)m->num_alloc_retries, "num_ooms", (long long)m->num_ooms,
+        "cache_hits", (long long)m->cache_hits, "events", m->nevents,
+        "replay_allocated", m->replay_allocated, "replay_peak", m->replay_peak,
+        "unmatched", (long long)m->unmatched, "misplaced", (long long)m->misplaced,
+        "requests", (long long)m->requests);
+}
+
+/* last_oom() -> (orig, size, alloc_size, stream, free or None, usable, largest) */
+static PyObject *Model_last_oom(Model *m, PyObject *unused) {
+    PyObject *free = m->oom_has_free ? PyLong_FromLongLong((long long)m->oom[4]) : Py_NewRef(Py_None);
+    if (!free) return NULL;
+    return Py_BuildValue("KKKKNKK", m->oom[0], m->oom[1], m->oom[2], m->oom[3], free, m->oom[5], m->oom[6]);
+}
+
+/* blocks() -> [(addr, size, requested, allocated, stream, small, prev addr or None)] of every
+ * block the model holds (for the differential tests) */
+static PyObject *Model_blocks(Model *m, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    for (int32_t i = 0; out && i < m->nblocks; i++) {
+        Block *b = &m->blocks[i];
+        if (b->dead) continue;
+        PyObject *prev = b->prev == NONE ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(m->blocks[b->prev].addr);
+        PyObject *item = prev ? Py_BuildValue("KKKOKON", b->addr, b->size, b->requested,
+                                             b->allocated ? Py_True : Py_False, b->stream,
+                                             b->small ? Py_True : Py_False, prev) : NULL;
+        if (!item || PyList_Append(out, item) < 0) Py_CLEAR(out);
+        Py_XDECREF(item);
+    }
+    return out;
+}
+
+static PyObject *Model_free_keys(Model *m, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    BlockPool *pools[2] = {&m->small, &m->large};
+    for (int p = 0; out && p < 2; p++)
+        for (Py_ssize_t i = 0; out && i < pools[p]->n; i++) {
+            Key *k = &pools[p]->keys[i];
+            PyObject *item = Py_BuildValue("iKKK", p, k->stream, k->size, k->addr);
+            if (!item || PyList_Append(out, item) < 0) Py_CLEAR(out);
+            Py_XDECREF(item);
+        }
+    return out;
+}
+
+static PyMethodDef Model_methods[] = {
+    {"run", (PyCFunction)Model_run, METH_VARARGS, "Play trace entries (see _native.c)."},
+    {"restore", (PyCFunction)Model_restore, METH_O, "The segments live at the start."},
+    {"start", (PyCFunction)Model_start, METH_O, "The live requested bytes at the start."},
+    {"oom_request", (PyCFunction)Model_oom_request, METH_VARARGS, "A refused request, again."},
+    {"empty_cache", (PyCFunction)Model_empty_cache, METH_VARARGS, "torch.cuda.empty_cache()."},
+    {"would_reuse", (PyCFunction)Model_would_reuse, METH_VARARGS, "Whether a cached block serves it."},
+    {"oversize_release", (PyCFunction)(void (*)(void))Model_oversize_release,
+     METH_VARARGS | METH_KEYWORDS, "The oversize blocks the retry frees first."},
+    {"collected", (PyCFunction)Model_collected, METH_VARARGS, "No garbage collection here: []."},
+    {"events", (PyCFunction)Model_events, METH_O, "Segment events from the start-th on."},
+    {"stats", (PyCFunction)Model_stats, METH_NOARGS, "The model's and the replay's counts."},
+    {"last_oom", (PyCFunction)Model_last_oom, METH_NOARGS, "The last refused request."},
+    {"blocks", (PyCFunction)Model_blocks, METH_NOARGS, "Every block held."},
+    {"free_keys", (PyCFunction)Model_free_keys, METH_NOARGS, "The pools' keys, in order."},
+    {NULL}
+};
+
+static PyTypeObject ModelType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "npumem.alloc.torch_model._native.Model",
+    .tp_basicsize = sizeof(Model),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "PyTorch's caching allocator's default pools, with the replay's live blocks.",
+    .tp_new = Model_new,
+    .tp_init = (initproc)Model_init,
+    .tp_dealloc = (destructor)Model_dealloc,
+    .tp_methods = Model_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native",
+    "The model of PyTorch's caching allocator, native (see allocator.py for its rules).", -1, NULL
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&ModelType) < 0) return NULL;
+    PyObject *mod = PyModule_Create(&module);
+    if (!mod) return NULL;
+    if (PyModule_AddObjectRef(mod, "Model", (PyObject *)&ModelType) < 0 ||
+        PyModule_AddIntConstant(mod, "SKIP", SKIP) < 0 || PyModule_AddIntConstant(mod, "ALLOC", ALLOC) < 0 ||
+        PyModule_AddIntConstant(mod, "FREE", FREE) < 0 || PyModule_AddIntConstant(mod, "IRREGULAR", IRREGULAR) < 0 ||
+        PyModule_AddIntConstant(mod, "DONE", DONE) < 0 || PyModule_AddIntConstant(mod, "AT_IRREGULAR", AT_IRREGULAR) < 0 ||
+        PyModule_AddIntConstant(mod, "EVENTS", EVENTS) < 0 ||
+        PyModule_AddIntConstant(mod, "OUT_OF_MEMORY", OUT_OF_MEMORY) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

@@ -1,0 +1,219 @@
+"""What plays a recording's allocs and frees through the model of PyTorch's allocator: the
+native model (alloc/torch_model/_native.c) where it covers the recording and the settings, the
+Python model everywhere else.
+
+Both are "cores" with one face, which torch_replay drives:
+- `run(kinds, action, addr, size, stream, start, stop, stop_on_events)` plays the plain entries
+  (allocs, frees; `kinds[action]` says which an entry is) and stops at an irregular one
+  (segment events, a recorded OOM), at an alloc the model cannot serve, or with
+  `stop_on_events` after an alloc that made segment events: `(index, why)`;
+- `oom_request(index, size, stream)` replays a request the real allocator refused;
+- `model` answers what the rare calls need (empty_cache, would_reuse, oversize_release,
+  collected; the Python model also its pools);
+- `new_events()`, `oom_error()` and `counts()` say what happened.
+
+PythonCore.run is the oracle of the native one (tests/test_native_model.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..alloc.torch_model import DEFAULT_POOL, ModelOutOfMemory, TorchAllocatorModel
+from ..alloc.torch_model.allocator import SegmentEvent, out_of_memory_error
+from ..trace.snapshot.columns import ACTION_CODE
+
+try:
+    from ..alloc.torch_model import _native
+except ImportError:                 # a checkout not installed with `pip install -e .`
+    _native = None
+
+SKIP, ALLOC, FREE, IRREGULAR = 0, 1, 2, 3
+DONE, AT_IRREGULAR, EVENTS, OUT_OF_MEMORY = 0, 1, 2, 3
+_IRREGULAR = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom")
+NATIVE_LIMIT = 1 << 62              # sizes, addresses and limits the native model takes
+
+
+def kinds(free_action: str) -> np.ndarray:
+    """What `run` does with each action code."""
+    table = np.zeros(256, np.uint8)
+    table[ACTION_CODE["alloc"]] = ALLOC
+    table[ACTION_CODE[free_action]] = FREE
+    for action in _IRREGULAR:
+        table[ACTION_CODE[action]] = IRREGULAR
+    return table
+
+
+@dataclass
+class Counts:
+    allocated: int            # requested bytes live now, start state included
+    peak_allocated: int
+    unmatched: int            # frees of no live block, allocs over a live one
+    misplaced: int            # allocs the model put at another address
+    requests: int
+    peak_reserved: int
+    device_allocs: int
+    device_frees: int
+    cache_hits: int
+
+
+class PythonCore:
+    """The Python model: every recording and setting (private pools, captures, expandable
+    segments, garbage collection). `pools` and `captured` (the start state's) say where each
+    request went."""
+
+    def __init__(self, model: TorchAllocatorModel, live: dict, allocated: int,
+                 pools: dict[int, tuple], captured: set[int]):
+        self.model, self.live, self.pools, self.captured = model, live, pools, captured
+        self.allocated = self.peak_allocated = allocated
+        self.unmatched = self.misplaced = self.requests = 0
+        self._seen = 0
+        self._oom: ModelOutOfMemory | None = None
+
+    def run(self, kinds, action, addr, size, stream, start: int, stop: int,
+            stop_on_events: bool) -> tuple[int, int]:
+        events = self.model.stats.events
+        for index in range(start, stop):
+            kind = kinds[action[index]]
+            if kind == ALLOC:
+                before = len(events)
+                if not self._alloc(index, int(addr[index]), int(size[index]), int(stream[index])):
+                    return index, OUT_OF_MEMORY
+                if stop_on_events and len(events) > before:
+                    return index + 1, EVENTS
+            elif kind == FREE:
+                self._free(int(addr[index]))
+            elif kind == IRREGULAR:
+                return index, AT_IRREGULAR
+        return stop, DONE
+
+    def _malloc(self, index: int, size: int, stream: int):
+        """The request, made where the real allocator made it: in its pool, during a capture
+        or not (the common case, the default pool outside any, goes straight to malloc)."""
+        pool, capturing = self.pools.get(index, DEFAULT_POOL), index in self.captured
+        model = self.model
+        if pool == DEFAULT_POOL and not capturing:
+            return model.malloc(size, stream)
+        with model.routed(pool, capturing):
+            return model.malloc(size, stream)
+
+    def _alloc(self, index: int, addr: int, size: int, stream: int) -> bool:
+        self.requests += 1
+        try:
+            block = self._malloc(index, size, stream)
+        except ModelOutOfMemory as exc:
+            self._oom = exc
+            return False
+        if block.addr != addr:
+            self.misplaced += 1
+        if addr in self.live:             # its free was never recorded
+            self.unmatched += 1
+        self.live[addr] = block
+        self._count(size)
+        return True
+
+    def _count(self, size: int) -> None:
+        self.allocated += size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def _free(self, addr: int) -> None:
+        block = self.live.pop(addr, None)
+        if block is None or not block.allocated:
+            self.unmatched += 1
+        else:
+            self.allocated -= block.requested
+            self.model.free(block)
+
+    def oom_request(self, index: int, size: int, stream: int) -> bool:
+        """Whether a request the real allocator refused fits here (its bytes then count as
+        live; no block is kept for it)."""
+        try:
+            self._malloc(index, size, stream)
+        except ModelOutOfMemory as exc:
+            self._oom = exc
+            return False
+        self._count(size)
+        return True
+
+    def oom_error(self) -> ModelOutOfMemory:
+        return self._oom
+
+    def new_events(self) -> list[SegmentEvent]:
+        events = self.model.stats.events
+        new, self._seen = events[self._seen:], len(events)
+        return new
+
+    @property
+    def allowed(self) -> int | None:
+        return self.model.allowed
+
+    def counts(self) -> Counts:
+        stats = self.model.stats
+        return Counts(self.allocated, self.peak_allocated, self.unmatched, self.misplaced,
+                      self.requests, stats.peak_reserved, stats.num_device_alloc,
+                      stats.num_device_free, stats.cache_hits)
+
+
+class NativeCore:
+    """The native model (_native.c): the default pools of cudaMalloc'd segments."""
+
+    def __init__(self, config, capacity: int | None, allowed: int | None, fresh_base: int,
+                 expected: list[tuple[int, int]], segments, allocated: int):
+        self.allowed = allowed
+        self.model = _native.Model(
+            config.pad, list(config.roundup_power2_divisions), config.max_split_size,
+            config.max_non_split_rounding_size, config.large_segment_size, config.page_size_1g,
+            -1 if capacity is None else capacity, -1 if allowed is None else allowed, fresh_base,
+            [number for pair in expected for number in pair])
+        self.model.restore([(s.addr, s.size, s.stream, s.small,
+                             [(b.addr, b.size, b.requested, b.allocated) for b in s.blocks])
+                            for s in segments])
+        self.model.start(allocated)
+        self.run = self.model.run
+        self._seen = 0
+
+    def oom_request(self, index: int, size: int, stream: int) -> bool:
+        return self.model.oom_request(size, stream)
+
+    def oom_error(self) -> ModelOutOfMemory:
+        orig, size, alloc_size, stream, free, usable, largest = self.model.last_oom()
+        stats = self.model.stats()
+        return out_of_memory_error(orig, alloc_size, free, self.allowed is not None,
+                                   stats["allocated"], stats["reserved"], usable, largest)
+
+    def new_events(self) -> list[SegmentEvent]:
+        new = self.model.events(self._seen)
+        self._seen += len(new)
+        return [SegmentEvent(*event) for event in new]
+
+    def counts(self) -> Counts:
+        s = self.model.stats()
+        return Counts(s["replay_allocated"], s["replay_peak"], s["unmatched"], s["misplaced"],
+                      s["requests"], s["peak_reserved"], s["num_device_alloc"],
+                      s["num_device_free"], s["cache_hits"])
+
+
+def native_covers(config, allowed: int | None, start, pools: dict, captured: set, columns,
+                  fresh_base: int, capacity: int | None) -> str:
+    """Why the native model cannot replay this ("" when it can)."""
+    if _native is None:
+        return "the native model is not built"
+    if config.expandable_segments:
+        return "expandable segments"
+    if config.garbage_collection_threshold and allowed is not None:
+        return "garbage collection"
+    if captured or any(pool != DEFAULT_POOL for pool in pools.values()):
+        return "private pools"
+    if any(s.expandable or s.pool != DEFAULT_POOL for s in start.segments):
+        return "expandable or private segments at the start"
+    if columns.addr.dtype != np.uint64 or columns.size.dtype != np.uint64 \
+            or columns.stream.dtype != np.uint64:
+        return "numbers outside 64 bits"
+    highest = max([0, fresh_base, capacity or 0, allowed or 0, config.large_segment_size] +
+                  [int(column.max()) for column in (columns.size,) if len(column)])
+    if highest >= NATIVE_LIMIT or (config.max_split_size != (1 << 64) - 1
+                                   and config.max_split_size >= NATIVE_LIMIT):
+        return "numbers past 2**62"
+    return ""

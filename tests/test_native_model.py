@@ -1,0 +1,201 @@
+"""The native model of PyTorch's allocator (alloc/torch_model/_native.c) against its oracle, the
+Python model: random request streams under random settings and limits must make the same
+segment events, put every block at the same address, and leave the same pools; replays of real
+recordings must say the same, with and without --check."""
+
+from __future__ import annotations
+
+import glob
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from npumem.alloc.torch_model import DeviceMemory, TorchAllocatorModel, parse_config
+from npumem.trace.snapshot.columns import ACTION_CODE
+from npumem.whatif import replay_cores
+from npumem.whatif.replay_cores import NativeCore, PythonCore
+from npumem.whatif.torch_replay import load_for_model, replay_recording
+
+pytestmark = pytest.mark.skipif(replay_cores._native is None, reason="the native model is not built")
+
+MiB = 1 << 20
+KINDS = replay_cores.kinds("free_completed")
+FRESH = 1 << 44
+DATA = Path(__file__).parent / "data"
+
+# the edges of the rules: a remainder of 512 bytes or of 1 MiB, requests of max_split_size (40,
+# 80, 100 MiB here) and of a large segment
+EDGES = [512, MiB - 512, MiB, MiB + 1, 3 * MiB, 10 * MiB, 19 * MiB, 20 * MiB, 20 * MiB + 1,
+         40 * MiB, 80 * MiB, 100 * MiB]
+
+
+def _size(rng: random.Random) -> int:
+    pick = rng.random()
+    if pick < 0.35:
+        return rng.randint(1, 8192)
+    if pick < 0.6:
+        return rng.randint(1, 2 * MiB)
+    if pick < 0.85:
+        return rng.randint(MiB, 96 * MiB)
+    return rng.choice(EDGES)
+
+
+def _ops(seed: int, count: int = 300) -> list[tuple]:
+    """A request stream: mostly allocs and frees, now and then the rarer calls."""
+    rng = random.Random(seed)
+    ops = []
+    for _ in range(count):
+        pick = rng.random()
+        if pick < 0.47:
+            ops.append(("alloc", _size(rng), rng.choice([0, 0, 0, 1, 2])))
+        elif pick < 0.9:
+            ops.append(("free", rng.randrange(1000), 0))
+        else:
+            ops.append((rng.choice(["empty_cache", "oom", "would_reuse", "oversize"]),
+                        _size(rng), rng.choice([0, 1])))
+    return ops
+
+
+OPS = st.integers(0, 2 ** 32).map(_ops)
+SETTINGS = st.sampled_from([
+    "", "max_split_size_mb:40", "max_split_size_mb:20,max_non_split_rounding_mb:24",
+    "roundup_power2_divisions:4", "roundup_power2_divisions:[256:1,512:8,>:2]",
+    "large_segment_size_mb:64,max_split_size_mb:80", "per_process_memory_fraction:0.5"])
+NPU_SETTINGS = st.sampled_from(["", "page_size:1g", "max_split_size_mb:40",
+                                "large_segment_size_mb:32"])
+
+
+def _pair(config, capacity, allowed, expected):
+    device = DeviceMemory(capacity, fresh_base=FRESH)
+    for addr, size in expected:
+        device.expect("malloc", addr, size)
+    model = TorchAllocatorModel(config, device, allowed)
+    python = PythonCore(model, {}, 0, {}, set())
+    native = NativeCore(config, capacity, model.allowed, FRESH, expected, [], 0)
+    return python, native
+
+
+def _one(code: int, addr: int, size: int, stream: int):
+    return (np.array([code], np.uint8), np.array([addr], np.uint64), np.array([size], np.uint64),
+            np.array([stream], np.uint64))
+
+
+def _python_blocks(model: TorchAllocatorModel) -> list[tuple]:
+    return sorted((b.addr, b.size, b.requested if b.allocated else 0, b.allocated, b.stream,
+                   b.pool.small, None if b.prev is None else b.prev.addr)
+                  for b in model._all_blocks())
+
+
+def _native_blocks(native: NativeCore) -> list[tuple]:
+    return sorted((a, s, r if alloc else 0, alloc, stream, small, prev)
+                  for a, s, r, alloc, stream, small, prev in native.model.blocks())
+
+
+def _same_state(python: PythonCore, native: NativeCore) -> None:
+    assert [(e.action, e.addr, e.size, e.stream) for e in python.new_events()] == \
+        [(e.action, e.addr, e.size, e.stream) for e in native.new_events()]
+    assert python.counts() == native.counts()
+
+
+def _play(python: PythonCore, native: NativeCore, ops) -> None:
+    live: list[int] = []
+    for number, (op, value, stream) in enumerate(ops):
+        if op == "alloc":
+            addr = 0x1000 + number                     # the recorded address: any will do
+            args = (KINDS, *_one(ACTION_CODE["alloc"], addr, value, stream), 0, 1, False)
+            got = python.run(*args), native.run(*args)
+            assert got[0] == got[1]
+            if got[0][1] == replay_cores.OUT_OF_MEMORY:
+                p, n = python.oom_error(), native.oom_error()
+                assert (str(p), p.request, p.alloc_size, p.free, p.reserved, p.allocated,
+                        p.largest_free) == (str(n), n.request, n.alloc_size, n.free, n.reserved,
+                                            n.allocated, n.largest_free)
+            else:
+                live.append(addr)
+        elif op == "free" and live:
+            addr = live.pop(value % len(live))
+            args = (KINDS, *_one(ACTION_CODE["free_completed"], addr, 0, 0), 0, 1, False)
+            assert python.run(*args) == native.run(*args)
+        elif op == "empty_cache":
+            python.model.empty_cache()
+            native.model.empty_cache()
+        elif op == "oom":
+            assert python.oom_request(0, value, stream) == native.oom_request(0, value, stream)
+        elif op == "would_reuse":
+            assert python.model.would_reuse(value, stream) == native.model.would_reuse(value, stream)
+        elif op == "oversize":
+            dry = bool(stream)
+            assert python.model.oversize_release(value, 0, dry_run=dry) == \
+                native.model.oversize_release(value, 0, dry_run=dry)
+        _same_state(python, native)
+    assert _python_blocks(python.model) == _native_blocks(native)
+    python_keys = [(0 if pool is python.model.small else 1, *key)
+                   for pool in (python.model.small, python.model.large) for key in pool.keys]
+    assert python_keys == native.model.free_keys()
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS, SETTINGS, st.sampled_from([None, 64 * MiB, 200 * MiB, 1 << 30]),
+       st.lists(st.tuples(st.integers(1, 64).map(lambda n: n * 2 * MiB),
+                          st.sampled_from([2 * MiB, 20 * MiB, 22 * MiB])), max_size=6))
+def test_random_streams_make_the_same_decisions(ops, text, capacity, expected):
+    python, native = _pair(parse_config(text), capacity, None, expected)
+    _play(python, native, ops)
+
+
+@settings(max_examples=80, deadline=None)
+@given(OPS, NPU_SETTINGS, st.sampled_from([None, 96 * MiB]),
+       st.sampled_from([None, 40 * MiB, 100 * MiB]))
+def test_npu_flavour_and_memory_fractions(ops, text, capacity, allowed):
+    python, native = _pair(parse_config(text, "npu"), capacity, allowed, [])
+    _play(python, native, ops)
+
+
+def test_the_native_model_refuses_what_it_does_not_model():
+    start = SimpleNamespace(segments=[])
+    columns = SimpleNamespace(addr=np.zeros(1, np.uint64), size=np.zeros(1, np.uint64),
+                              stream=np.zeros(1, np.uint64))
+    covers = replay_cores.native_covers
+    assert covers(parse_config(""), None, start, {}, set(), columns, FRESH, None) == ""
+    assert covers(parse_config("expandable_segments:True"), None, start, {}, set(), columns,
+                  FRESH, None) == "expandable segments"
+    assert covers(parse_config("garbage_collection_threshold:0.5"), 1 << 30, start, {}, set(),
+                  columns, FRESH, None) == "garbage collection"
+    assert covers(parse_config(""), None, start, {3: (1, 0)}, set(), columns, FRESH,
+                  None) == "private pools"
+    huge = SimpleNamespace(addr=columns.addr, stream=columns.stream,
+                           size=np.array([1 << 63], np.uint64))
+    assert covers(parse_config(""), None, start, {}, set(), huge, FRESH, None) == \
+        "numbers past 2**62"
+
+
+def test_bad_columns_are_refused_and_the_model_stays_usable():
+    _, native = _pair(parse_config(""), None, None, [])
+    action, addr, size, stream = _one(ACTION_CODE["alloc"], 0x1000, 4096, 0)
+    with pytest.raises(ValueError, match="column addr holds 4 bytes, not 8"):
+        native.run(KINDS, action, addr.astype(np.uint32), size, stream, 0, 1, False)
+    with pytest.raises(IndexError, match="entries 0:2 of 1"):
+        native.run(KINDS, action, addr, size, stream, 0, 2, False)
+    assert native.run(KINDS, action, addr, size, stream, 0, 1, False) == (1, replay_cores.DONE)
+    assert native.counts().allocated == 4096
+
+
+def _recordings():
+    found = sorted(glob.glob(str(DATA / "**" / "*.pickle*"), recursive=True))
+    return found[::7]                  # a spread of them: every one is in docs/benchmarks.md
+
+
+@pytest.mark.parametrize("path", _recordings(), ids=lambda p: Path(p).name)
+@pytest.mark.parametrize("text", ["", "max_split_size_mb:60,roundup_power2_divisions:2"])
+def test_replays_of_real_recordings_say_the_same(path, text):
+    recording = load_for_model(path)
+    config = parse_config(text, base=recording.base_config()) if text else recording.base_config()
+    for check in (False, True):
+        python = replay_recording(recording, config, check=check, native=False).as_dict()
+        native = replay_recording(recording, config, check=check).as_dict()
+        python.pop("seconds"), native.pop("seconds")
+        assert native == python
