@@ -36,6 +36,7 @@ enum { HAS_ADDR = 1, HAS_SIZE = 2, HAS_STREAM = 4, HAS_TIME = 8, TIME_FLOAT = 16
        HAS_REQUESTED = 32, HAS_FRAMES = 64 };
 
 static PyObject *interned_keys[8];
+static PyObject *interned_actions[N_ACTIONS];
 enum { K_ACTION, K_ADDR, K_SIZE, K_STREAM, K_TIME, K_REQUESTED, K_FRAMES, K_DEVICE_FREE };
 static const char *KEY_NAMES[] = {"action", "addr", "size", "stream", "time_us",
                                   "requested_size", "frames", "device_free"};
@@ -525,6 +526,9 @@ static int add_entry(Device *d, Interned *t, PyObject *entry) {
         return entry_error(d->device, index, NULL, "a trace entry must be a dict with an action, "
                            "got {}", entry);
     int code = -1;
+    for (int a = 0; a < N_ACTIONS && code < 0; a++)     /* interned as the reader reads them */
+        if (action == interned_actions[a])
+            code = a;
     for (int a = 0; a < N_ACTIONS && code < 0; a++)
         if (PyUnicode_CompareWithASCIIString(action, ACTIONS[a]) == 0)
             code = a;
@@ -1124,6 +1128,10 @@ static int run(Machine *m, PyObject **result) {
                     v = PyByteArray_FromStringAndSize(p, (Py_ssize_t)size);
                 else
                     v = PyBytes_FromStringAndSize(p, (Py_ssize_t)size);
+                /* short strings (an entry's keys, above all) interned: its fields are then
+                 * found by identity, where each lookup compared the text */
+                if (v && PyUnicode_CheckExact(v) && size <= 32)
+                    PyUnicode_InternInPlace(&v);
                 if (!v && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
                     PyErr_Clear();
                     return unsafe("a damaged pickle: a string that does not decode at byte %zd",
@@ -1417,6 +1425,9 @@ PyMODINIT_FUNC PyInit__reader(void) {
         return NULL;
     for (int k = 0; k < 8; k++)
         if (!(interned_keys[k] = PyUnicode_InternFromString(KEY_NAMES[k])))
+            return NULL;
+    for (int a = 0; a < N_ACTIONS; a++)
+        if (!(interned_actions[a] = PyUnicode_InternFromString(ACTIONS[a])))
             return NULL;
     s_filename = PyUnicode_InternFromString("filename");
     s_line = PyUnicode_InternFromString("line");

@@ -9,6 +9,7 @@ unchanged, while code that walks millions of entries reads the numpy columns dir
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Sequence
 
@@ -207,10 +208,15 @@ def load_pickle(data: bytes, shown) -> tuple[object, list[Entries], Tables]:
     pickle that is not plain data or is damaged, EntryError for an entry that breaks the rule."""
     if native is None:
         raise UnsafePickle(NOT_BUILT)
+    collecting = gc.isenabled()
+    gc.disable()                # the reader makes and drops a dict per entry: no cycles to find
     try:
         root, (raw, stacks, extras, cut) = native.load(data)
     except native.EntryError as exc:
         raise _entry_error(exc, shown) from None
+    finally:
+        if collecting:
+            gc.enable()
     tables = Tables(stacks, extras, cut)
     return root, [Entries(Columns(columns, tables)) for columns in raw], tables
 

@@ -5,6 +5,7 @@ at the dump, and (start_state.py) the allocator's state at the trace's first ent
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ...alloc.torch_model.config import TorchAllocatorConfig, from_snapshot
 from .. import jsonl
@@ -52,7 +53,7 @@ class Recording:
             return "2.10"
         return None
 
-    @property
+    @cached_property
     def free_action(self) -> str:
         """Blocks become reusable at free_completed; old traces only have free_requested."""
         return "free_completed" if indices(self.entries, "free_completed") else "free_requested"

@@ -59,7 +59,8 @@ class StartState:
     live: dict[int, StartBlock]          # blocks live at the first entry, by address
     unplaced: int = 0                    # live blocks outside every start segment
     inconsistent: int = 0                # trace entries that contradict the segments
-    pools: dict[int, tuple] = field(default_factory=dict)   # entry index -> pool that served it
+    # entry index -> the private pool that served it (absent: the default pools)
+    pools: dict[int, tuple] = field(default_factory=dict)
     captured: set[int] = field(default_factory=set)   # default requests made during a capture
 
     @property
@@ -259,10 +260,14 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     _infer_pools(entries, nodes, entry_nodes, config.max_split_size,
                  (held, users, free_action) if complete else None)
     state = _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
-    state.pools = {index: nodes.of(node) or DEFAULT_POOL for index, node in entry_nodes.items()}
+    # only the entries of private pools: a few segments' worth, where every entry is a million
+    pool_of = {node: nodes.of(node) or DEFAULT_POOL for node in set(entry_nodes.values())}
+    state.pools = {index: pool_of[node] for index, node in entry_nodes.items()
+                   if pool_of[node] != DEFAULT_POOL}
     for index in indices(entries, "oom"):     # a refused request: no segment to tell
-        state.pools[index] = (read_pool_id(entries[index].get("pool_id"))
-                              or _between(entries, state.pools, index) or DEFAULT_POOL)
+        pool = read_pool_id(entries[index].get("pool_id")) or _between(entries, state.pools, index)
+        if pool not in (None, DEFAULT_POOL):
+            state.pools[index] = pool
     state.captured = _during_captures(entries, state.pools)
     return state
 
