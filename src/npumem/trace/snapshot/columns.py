@@ -223,6 +223,36 @@ def load_pickle(data: bytes, shown) -> tuple[object, list[Entries], Tables]:
 
 
 
+def from_events(events) -> "Entries | list[dict]":
+    """A trace of TraceEvents (an alloc, or the free that makes its block reusable) as the
+    entries of a snapshot's trace: columns, not a dict per event. Numbers past 64 bits stay
+    dicts."""
+    action, addr, size, stream, times = [], [], [], [], []
+    alloc, free = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
+    for event in events:
+        action.append(alloc if event.action == "alloc" else free)
+        addr.append(event.addr)
+        size.append(event.size)
+        stream.append(event.stream)
+        times.append(event.t_us)
+    try:
+        floats = np.array([type(t) is float for t in times], dtype=bool)
+        raw = np.where(floats, np.array(times, dtype=np.float64).view(np.int64),
+                       np.array([0 if f else t for f, t in zip(floats.tolist(), times)],
+                                dtype=np.int64))
+        flags = np.full(len(action), native.HAS_ADDR | native.HAS_SIZE | native.HAS_STREAM
+                        | native.HAS_TIME, dtype=np.uint8) | (floats * native.TIME_FLOAT).astype(np.uint8)
+        columns = {"action": np.array(action, np.uint8), "flags": flags,
+                   "addr": np.array(addr, np.uint64), "size": np.array(size, np.uint64),
+                   "stream": np.array(stream, np.uint64), "time": raw,
+                   "requested": np.zeros(len(action), np.uint64),
+                   "stack": np.zeros(len(action), np.uint32), "extra": np.zeros(len(action), np.uint32)}
+    except (OverflowError, ValueError, TypeError):
+        return [{"action": ACTIONS[a], "addr": at, "size": n, "stream": on, "time_us": t}
+                for a, at, n, on, t in zip(action, addr, size, stream, times)]
+    return Entries(Columns(columns, Tables([], [()], 0)))
+
+
 def rows(entries, reverse: bool = False):
     """(action, addr, size, stream, time_us, frames, extra, requested) of each entry, in order
     (or backwards): what a walk over millions of entries reads, without a dict per entry.

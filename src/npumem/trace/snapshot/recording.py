@@ -69,12 +69,7 @@ class Recording:
     @classmethod
     def from_events(cls, path: str, events, flavour: str = "cuda") -> "Recording":
         """A trace without a snapshot's segments (JSONL, RMM, msprof, ...): it starts empty."""
-        entries = []
-        for event in events:
-            action = "alloc" if event.action == "alloc" else "free_completed"
-            entries.append({"action": action, "addr": event.addr, "size": event.size,
-                            "stream": event.stream, "time_us": event.t_us})
-        return cls(path, 0, flavour, None, [], entries)
+        return cls(path, 0, flavour, None, [], entry_columns.from_events(events))
 
 
 def first_oom(entries) -> int | None:
