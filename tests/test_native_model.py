@@ -62,10 +62,13 @@ def _ops(seed: int, count: int = 300) -> list[tuple]:
 
 OPS = st.integers(0, 2 ** 32).map(_ops)
 SETTINGS = st.sampled_from([
-    "", "max_split_size_mb:40", "max_split_size_mb:20,max_non_split_rounding_mb:24",
+    "", "max_split_size_mb:40", "expandable_segments:True",
+    "expandable_segments:True,max_split_size_mb:40,roundup_power2_divisions:4", "max_split_size_mb:20,max_non_split_rounding_mb:24",
     "roundup_power2_divisions:4", "roundup_power2_divisions:[256:1,512:8,>:2]",
     "large_segment_size_mb:64,max_split_size_mb:80", "per_process_memory_fraction:0.5"])
 NPU_SETTINGS = st.sampled_from(["", "page_size:1g", "max_split_size_mb:40",
+                                "expandable_segments:True", "expandable_segments:True,page_size:1g",
+                                "expandable_segments:True,base_addr_aligned_kb:4",
                                 "large_segment_size_mb:32"])
 
 
@@ -86,13 +89,13 @@ def _one(code: int, addr: int, size: int, stream: int):
 
 def _python_blocks(model: TorchAllocatorModel) -> list[tuple]:
     return sorted((b.addr, b.size, b.requested if b.allocated else 0, b.allocated, b.stream,
-                   b.pool.small, None if b.prev is None else b.prev.addr)
+                   b.pool.small, None if b.prev is None else b.prev.addr, b.mapped)
                   for b in model._all_blocks())
 
 
 def _native_blocks(native: NativeCore) -> list[tuple]:
-    return sorted((a, s, r if alloc else 0, alloc, stream, small, prev)
-                  for a, s, r, alloc, stream, small, prev in native.model.blocks())
+    return sorted((a, s, r if alloc else 0, alloc, stream, small, prev, mapped)
+                  for a, s, r, alloc, stream, small, prev, mapped in native.model.blocks())
 
 
 def _same_state(python: PythonCore, native: NativeCore) -> None:
@@ -133,9 +136,11 @@ def _play(python: PythonCore, native: NativeCore, ops) -> None:
                 native.model.oversize_release(value, 0, dry_run=dry)
         _same_state(python, native)
     assert _python_blocks(python.model) == _native_blocks(native)
-    python_keys = [(0 if pool is python.model.small else 1, *key)
-                   for pool in (python.model.small, python.model.large) for key in pool.keys]
-    assert python_keys == native.model.free_keys()
+    pools = (python.model.small, python.model.large)
+    assert native.model.free_keys() == (
+        [(number, *key) for number, pool in enumerate(pools) for key in pool.keys],
+        [(number, *key) for number, pool in enumerate(pools) for key in pool.unmapped_keys])
+    assert python.model.device.used == native.model.stats()["used"]
 
 
 @settings(max_examples=200, deadline=None)
@@ -162,7 +167,7 @@ def test_the_native_model_refuses_what_it_does_not_model():
     covers = replay_cores.native_covers
     assert covers(parse_config(""), None, start, {}, set(), columns, FRESH, None) == ""
     assert covers(parse_config("expandable_segments:True"), None, start, {}, set(), columns,
-                  FRESH, None) == "expandable segments"
+                  FRESH, None) == ""
     assert covers(parse_config("garbage_collection_threshold:0.5"), 1 << 30, start, {}, set(),
                   columns, FRESH, None) == "garbage collection"
     assert covers(parse_config(""), None, start, {3: (1, 0)}, set(), columns, FRESH,

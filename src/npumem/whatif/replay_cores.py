@@ -1,6 +1,6 @@
 """What plays a recording's allocs and frees through the model of PyTorch's allocator: the
-native model (alloc/torch_model/_native.c) where it covers the recording and the settings, the
-Python model everywhere else.
+native model (alloc/torch_model/_native.c) where it covers the recording and the settings (the
+default pools, without garbage collection), the Python model everywhere else.
 
 Both are "cores" with one face, which torch_replay drives:
 - `run(kinds, action, addr, size, stream, start, stop, stop_on_events)` plays the plain entries
@@ -157,7 +157,8 @@ class PythonCore:
 
 
 class NativeCore:
-    """The native model (_native.c): the default pools of cudaMalloc'd segments."""
+    """The native model (_native.c): the default pools, of cudaMalloc'd or expandable
+    segments."""
 
     def __init__(self, config, capacity: int | None, allowed: int | None, fresh_base: int,
                  expected: list[tuple[int, int]], segments, allocated: int):
@@ -165,14 +166,34 @@ class NativeCore:
         self.model = _native.Model(
             config.pad, list(config.roundup_power2_divisions), config.max_split_size,
             config.max_non_split_rounding_size, config.large_segment_size, config.page_size_1g,
-            -1 if capacity is None else capacity, -1 if allowed is None else allowed, fresh_base,
+            config.expandable_segments, config.expandable_large_page, config.flavour == "npu",
+            config.base_addr_aligned_kb * 1024, -1 if capacity is None else capacity,
+            -1 if allowed is None else allowed, fresh_base,
             [number for pair in expected for number in pair])
-        self.model.restore([(s.addr, s.size, s.stream, s.small,
-                             [(b.addr, b.size, b.requested, b.allocated) for b in s.blocks])
-                            for s in segments])
+        self._restore(segments, capacity)
         self.model.start(allocated)
         self.run = self.model.run
         self._seen = 0
+
+    def _restore(self, segments, capacity: int | None) -> None:
+        """As TorchAllocatorModel.restore: the cudaMalloc'd segments, then each stream's
+        expandable ranges as one segment from the lowest address the trace maps."""
+        def blocks(segment):
+            return [(b.addr, b.size, b.requested, b.allocated) for b in segment.blocks]
+
+        self.model.restore([(s.addr, s.size, s.stream, s.small, blocks(s))
+                            for s in segments if not s.expandable])
+        groups: dict[tuple, list] = {}
+        for s in segments:
+            if s.expandable:
+                groups.setdefault((s.stream, s.small), []).append(s)
+        space = capacity or (1 << 40)
+        for (stream, small), ranges in groups.items():
+            ranges.sort(key=lambda r: r.addr)
+            base = min([ranges[0].addr] + [r.lowest for r in ranges if r.lowest is not None])
+            end = ranges[-1].addr + ranges[-1].size
+            self.model.restore_expandable(stream, small, base, max(space + space // 8, end - base),
+                                          [(r.addr, r.size, blocks(r)) for r in ranges])
 
     def oom_request(self, index: int, size: int, stream: int) -> bool:
         return self.model.oom_request(size, stream)
@@ -200,18 +221,17 @@ def native_covers(config, allowed: int | None, start, pools: dict, captured: set
     """Why the native model cannot replay this ("" when it can)."""
     if _native is None:
         return "the native model is not built"
-    if config.expandable_segments:
-        return "expandable segments"
     if config.garbage_collection_threshold and allowed is not None:
         return "garbage collection"
     if captured or any(pool != DEFAULT_POOL for pool in pools.values()):
         return "private pools"
-    if any(s.expandable or s.pool != DEFAULT_POOL for s in start.segments):
-        return "expandable or private segments at the start"
+    if any(s.pool != DEFAULT_POOL for s in start.segments):
+        return "private segments at the start"
     if columns.addr.dtype != np.uint64 or columns.size.dtype != np.uint64 \
             or columns.stream.dtype != np.uint64:
         return "numbers outside 64 bits"
-    highest = max([0, fresh_base, capacity or 0, allowed or 0, config.large_segment_size] +
+    highest = max([0, fresh_base, capacity or 0, allowed or 0, config.large_segment_size,
+                   config.expandable_large_page] +
                   [int(column.max()) for column in (columns.size,) if len(column)])
     if highest >= NATIVE_LIMIT or (config.max_split_size != (1 << 64) - 1
                                    and config.max_split_size >= NATIVE_LIMIT):

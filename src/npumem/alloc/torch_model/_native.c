@@ -1,6 +1,6 @@
-/* The model of PyTorch's caching allocator, native: the default pools of cudaMalloc'd segments
- * (no expandable segments, no private pools, no garbage collection), with the driver under it,
- * and a loop that plays a trace's allocs and frees through it.
+/* The model of PyTorch's caching allocator, native: the default pools, of cudaMalloc'd or
+ * expandable segments (no private pools, no garbage collection), with the driver under it, and
+ * a loop that plays a trace's allocs and frees through it.
  *
  * allocator.py states the rules, and this file follows it function for function (the names
  * match); a replay takes this model where it covers the recording and its settings
@@ -27,17 +27,29 @@ enum { SKIP = 0, ALLOC = 1, FREE = 2, IRREGULAR = 3 };
 /* why `run` stopped */
 enum { DONE = 0, AT_IRREGULAR = 1, EVENTS = 2, OUT_OF_MEMORY = 3 };
 /* segment event actions, as SegmentEvent names them */
-enum { EV_SEGMENT_ALLOC = 0, EV_SEGMENT_FREE = 1, EV_OOM = 2 };
-static const char *EVENT_NAMES[] = {"segment_alloc", "segment_free", "oom"};
+enum { EV_SEGMENT_ALLOC = 0, EV_SEGMENT_FREE = 1, EV_OOM = 2, EV_SEGMENT_MAP = 3, EV_SEGMENT_UNMAP = 4 };
+static const char *EVENT_NAMES[] = {"segment_alloc", "segment_free", "oom", "segment_map",
+                                    "segment_unmap"};
 
 typedef struct {
     uint64_t addr, size, requested, stream;
     int32_t prev, next;
-    uint8_t small, allocated, dead;
+    int32_t segment;                          /* its expandable segment, NONE: cudaMalloc'd */
+    uint8_t small, allocated, dead, mapped;
 } Block;
 
 typedef struct { uint64_t stream, size, addr; int32_t id; } Key;
-typedef struct { Key *keys; Py_ssize_t n, cap; } BlockPool;
+typedef struct { uint64_t stream, addr; int32_t id; } UnmappedKey;
+typedef struct {
+    Key *keys; Py_ssize_t n, cap;                    /* free mapped blocks */
+    UnmappedKey *unmapped; Py_ssize_t nu, capu;      /* unmapped ranges of expandable segments */
+} BlockPool;
+/* one stream's growing address range, mapped in pages */
+typedef struct {
+    uint64_t stream, page, max_pages, base;
+    uint8_t *pages; Py_ssize_t npages, cappages;     /* mapped or not, up to the last mapped */
+    int alive;
+} Expandable;
 typedef struct { uint64_t start, end; } Range;
 typedef struct { uint64_t addr, size, stream; uint8_t action; } Event;
 typedef struct { uint64_t key; int32_t value; } Slot;      /* value NONE: empty */
@@ -46,7 +58,8 @@ typedef struct {
     PyObject_HEAD
     /* settings */
     uint64_t pad, max_split, max_non_split, large_segment;
-    int page_1g;
+    int page_1g, expandable, npu;
+    uint64_t large_page, align;                   /* expandable large pages; npu start alignment */
     uint8_t divisions[INTERVALS];
     int64_t allowed, capacity;                /* -1: none */
     /* the driver */
@@ -56,6 +69,7 @@ typedef struct {
     /* blocks */
     Block *blocks; int32_t nblocks, capblocks, free_slot;        /* free slots chain via next */
     BlockPool small, large;
+    Expandable *segs; Py_ssize_t nsegs, capsegs;
     /* statistics (ModelStats) */
     uint64_t reserved, peak_reserved, allocated_bytes, requested_bytes;
     int64_t allocations, num_device_alloc, num_device_free, num_alloc_retries, num_ooms, cache_hits;
@@ -158,7 +172,44 @@ static int pool_remove(Model *m, int32_t id) {
     return 0;
 }
 
-static int32_t new_block(Model *m, uint64_t addr, uint64_t size, uint64_t stream, int small) {
+/* unmapped ranges, sorted by (stream, addr) */
+static Py_ssize_t unmapped_bound(BlockPool *p, uint64_t stream, uint64_t addr) {
+    Py_ssize_t lo = 0, hi = p->nu;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        UnmappedKey *k = &p->unmapped[mid];
+        if (k->stream < stream || (k->stream == stream && k->addr < addr)) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static int insert_unmapped(Model *m, int32_t id) {
+    Block *b = &m->blocks[id];
+    BlockPool *p = pool_of(m, b);
+    if (grow((void **)&p->unmapped, &p->capu, p->nu + 1, sizeof(UnmappedKey)) < 0) return -1;
+    Py_ssize_t at = unmapped_bound(p, b->stream, b->addr);
+    memmove(&p->unmapped[at + 1], &p->unmapped[at], (size_t)(p->nu - at) * sizeof(UnmappedKey));
+    p->unmapped[at] = (UnmappedKey){b->stream, b->addr, id};
+    p->nu++;
+    return 0;
+}
+
+static int remove_unmapped(Model *m, int32_t id) {
+    Block *b = &m->blocks[id];
+    BlockPool *p = pool_of(m, b);
+    Py_ssize_t at = unmapped_bound(p, b->stream, b->addr);
+    if (at == p->nu || p->unmapped[at].id != id) {
+        PyErr_Format(PyExc_AssertionError, "unmapped block 0x%llx is not in its pool",
+                     (unsigned long long)b->addr);
+        return -1;
+    }
+    memmove(&p->unmapped[at], &p->unmapped[at + 1], (size_t)(p->nu - at - 1) * sizeof(UnmappedKey));
+    p->nu--;
+    return 0;
+}
+
+static int32_t new_block_in(Model *m, uint64_t addr, uint64_t size, uint64_t stream, int small,
+                            int32_t segment, int mapped) {
     int32_t id = m->free_slot;
     if (id != NONE) {
         m->free_slot = m->blocks[id].next;
@@ -169,8 +220,13 @@ static int32_t new_block(Model *m, uint64_t addr, uint64_t size, uint64_t stream
         m->capblocks = (int32_t)(cap > INT32_MAX ? INT32_MAX : cap);
         id = m->nblocks++;
     }
-    m->blocks[id] = (Block){addr, size, 0, stream, NONE, NONE, (uint8_t)small, 0, 0};
+    m->blocks[id] = (Block){addr, size, 0, stream, NONE, NONE, segment, (uint8_t)small, 0, 0,
+                            (uint8_t)mapped};
     return id;
+}
+
+static int32_t new_block(Model *m, uint64_t addr, uint64_t size, uint64_t stream, int small) {
+    return new_block_in(m, addr, size, stream, small, NONE, 1);
 }
 
 static void drop_block(Model *m, int32_t id) {
@@ -290,13 +346,94 @@ static int device_malloc(Model *m, uint64_t size, uint64_t *addr) {
     return 1;
 }
 
-static void device_free(Model *m, uint64_t addr, uint64_t size) {
+static void device_unclaim(Model *m, uint64_t addr) {
     Py_ssize_t at = ranges_after(m, addr) - 1;
     if (at >= 0) {
         memmove(&m->ranges[at], &m->ranges[at + 1], (size_t)(m->nranges - at - 1) * sizeof(Range));
         m->nranges--;
     }
+}
+
+static void device_free(Model *m, uint64_t addr, uint64_t size) {
+    device_unclaim(m, addr);
     m->used -= size;
+}
+
+/* --- expandable segments (ExpandableSegment) ------------------------------------------ */
+static uint64_t expandable_page(Model *m, int small) {
+    if (small) return SMALL_BUFFER;
+    return m->page_1g ? EXTRA_LARGE_BUFFER : m->large_page;
+}
+
+/* a new segment of `space` bytes of addresses at `base` (-1: a fresh range); its index */
+static Py_ssize_t new_expandable(Model *m, uint64_t stream, uint64_t page, uint64_t space, int64_t base) {
+    if (grow((void **)&m->segs, &m->capsegs, m->nsegs + 1, sizeof(Expandable)) < 0) return -1;
+    Expandable *e = &m->segs[m->nsegs];
+    *e = (Expandable){stream, page, (space + page - 1) / page, 0, NULL, 0, 0, 1};
+    uint64_t size = e->max_pages * page;
+    if (base < 0) {                                   /* DeviceMemory._address("reserve") */
+        e->base = m->fresh;
+        m->fresh += ceil_to(size, 2 * MiB) + 2 * MiB;
+    } else {
+        e->base = (uint64_t)base;
+    }
+    if (device_claim(m, e->base, size) < 0) return -1;
+    return m->nsegs++;
+}
+
+static int pages_upto(Expandable *e, Py_ssize_t end) {
+    if (grow((void **)&e->pages, &e->cappages, end, 1) < 0) return -1;
+    while (e->npages < end) e->pages[e->npages++] = 0;
+    return 0;
+}
+
+static void pages_trim(Expandable *e) {
+    while (e->npages && !e->pages[e->npages - 1]) e->npages--;
+}
+
+static int mark_mapped(Model *m, Expandable *e, uint64_t ptr, uint64_t size) {
+    Py_ssize_t begin = (Py_ssize_t)((ptr - e->base) / e->page);
+    Py_ssize_t end = (Py_ssize_t)((ptr + size - e->base + e->page - 1) / e->page);
+    if (pages_upto(e, end) < 0) return -1;
+    for (Py_ssize_t i = begin; i < end; i++)
+        if (!e->pages[i]) { e->pages[i] = 1; m->used += e->page; }
+    return 0;
+}
+
+/* map the pages under [ptr, ptr+size): *mapped 0 when the device has no room */
+static int seg_map(Model *m, Expandable *e, uint64_t ptr, uint64_t size, uint64_t *start, uint64_t *mapped) {
+    Py_ssize_t begin = (Py_ssize_t)((ptr - e->base) / e->page);
+    Py_ssize_t end = (Py_ssize_t)((ptr + size - e->base + e->page - 1) / e->page);
+    *start = e->base + (uint64_t)begin * e->page;
+    *mapped = 0;
+    if (begin == end) return 0;
+    if (pages_upto(e, end) < 0) return -1;
+    for (Py_ssize_t i = begin; i < end; i++) {
+        if (!fits(m, e->page)) {                      /* cuMemCreate failed: undo this call */
+            for (Py_ssize_t undo = begin; undo < i; undo++) { e->pages[undo] = 0; m->used -= e->page; }
+            pages_trim(e);
+            return 0;
+        }
+        e->pages[i] = 1;
+        m->used += e->page;
+    }
+    *mapped = (uint64_t)(end - begin) * e->page;
+    return 0;
+}
+
+/* unmap the pages lying wholly inside [ptr, ptr+size) */
+static int seg_unmap(Model *m, Expandable *e, uint64_t ptr, uint64_t size, uint64_t *start, uint64_t *unmapped) {
+    Py_ssize_t begin = (Py_ssize_t)((ptr - e->base + e->page - 1) / e->page);
+    Py_ssize_t end = (Py_ssize_t)((ptr + size - e->base) / e->page);
+    *start = ptr;
+    *unmapped = 0;
+    if (begin >= end) return 0;
+    if (pages_upto(e, end) < 0) return -1;
+    for (Py_ssize_t i = begin; i < end; i++) { e->pages[i] = 0; m->used -= e->page; }
+    pages_trim(e);
+    *start = e->base + (uint64_t)begin * e->page;
+    *unmapped = (uint64_t)(end - begin) * e->page;
+    return 0;
 }
 
 /* --- segments and statistics ------------------------------------------------------------ */
@@ -316,6 +453,24 @@ static int reserve(Model *m, uint64_t size, int sign, uint8_t action, uint64_t a
 
 static int is_split(Block *b) { return b->prev != NONE || b->next != NONE; }
 
+static int32_t try_merge(Model *m, int32_t dst, int32_t src) {
+    if (src == NONE || m->blocks[src].allocated || m->blocks[src].mapped != m->blocks[dst].mapped)
+        return 0;
+    if ((m->blocks[src].mapped ? pool_remove(m, src) : remove_unmapped(m, src)) < 0) return -1;
+    Block *d = &m->blocks[dst], *s = &m->blocks[src];
+    if (d->prev == src) {
+        d->addr = s->addr;
+        d->prev = s->prev;
+        if (d->prev != NONE) m->blocks[d->prev].next = dst;
+    } else {
+        d->next = s->next;
+        if (d->next != NONE) m->blocks[d->next].prev = dst;
+    }
+    d->size += s->size;
+    drop_block(m, src);
+    return 0;
+}
+
 static int release_block(Model *m, int32_t id) {
     Block *b = &m->blocks[id];
     device_free(m, b->addr, b->size);
@@ -327,6 +482,46 @@ static int release_block(Model *m, int32_t id) {
     return error;
 }
 
+/* splice a new block between prev and next */
+static void splice(Model *m, int32_t id, int32_t prev, int32_t next) {
+    if (prev != NONE) m->blocks[prev].next = id;
+    m->blocks[id].prev = prev;
+    if (next != NONE) m->blocks[next].prev = id;
+    m->blocks[id].next = next;
+}
+
+static int unmap_block(Model *m, int32_t id) {
+    Block *b = &m->blocks[id];
+    uint64_t start, unmapped;
+    if (seg_unmap(m, &m->segs[b->segment], b->addr, b->size, &start, &unmapped) < 0) return -1;
+    if (unmapped == 0) return 0;
+    if (pool_remove(m, id) < 0) return -1;
+    b = &m->blocks[id];
+    uint64_t before = start - b->addr, addr = b->addr, size = b->size, stream = b->stream;
+    int small = b->small;
+    int32_t segment = b->segment;
+    if (before > 0) {
+        int32_t head = new_block_in(m, addr, before, stream, small, segment, 1);
+        if (head == NONE) return -1;
+        splice(m, head, m->blocks[id].prev, id);
+        if (pool_insert(m, head) < 0) return -1;
+    }
+    uint64_t after = size - before - unmapped;
+    if (after > 0) {
+        int32_t tail = new_block_in(m, start + unmapped, after, stream, small, segment, 1);
+        if (tail == NONE) return -1;
+        splice(m, tail, id, m->blocks[id].next);
+        if (pool_insert(m, tail) < 0) return -1;
+    }
+    b = &m->blocks[id];
+    b->addr = start;
+    b->size = unmapped;
+    b->mapped = 0;
+    if (try_merge(m, id, m->blocks[id].prev) < 0 || try_merge(m, id, m->blocks[id].next) < 0) return -1;
+    if (insert_unmapped(m, id) < 0) return -1;
+    return reserve(m, unmapped, -1, EV_SEGMENT_UNMAP, start, stream);
+}
+
 static int release_blocks(Model *m, BlockPool *p) {
     Py_ssize_t n = p->n;
     if (!n) return 0;
@@ -334,8 +529,24 @@ static int release_blocks(Model *m, BlockPool *p) {
     if (!ids) { PyErr_NoMemory(); return -1; }
     for (Py_ssize_t i = 0; i < n; i++) ids[i] = p->keys[i].id;
     int error = 0;
-    for (Py_ssize_t i = 0; i < n && !error; i++)
-        if (!is_split(&m->blocks[ids[i]])) error = release_block(m, ids[i]);
+    Py_ssize_t to_unmap = 0;                  /* kept at the front of ids */
+    for (Py_ssize_t i = 0; i < n && !error; i++) {
+        Block *b = &m->blocks[ids[i]];
+        if (b->segment != NONE) ids[to_unmap++] = ids[i];
+        else if (!is_split(b)) error = release_block(m, ids[i]);
+    }
+    for (Py_ssize_t i = 0; i < to_unmap && !error; i++) {
+        int32_t id = ids[i];
+        error = unmap_block(m, id);
+        Block *b = &m->blocks[id];
+        if (!error && !is_split(b) && !b->mapped) {
+            error = remove_unmapped(m, id);
+            Expandable *e = &m->segs[b->segment];
+            device_unclaim(m, e->base);       /* the segment goes: its addresses too */
+            e->alive = 0;
+            drop_block(m, id);
+        }
+    }
     PyMem_Free(ids);
     return error;
 }
@@ -355,12 +566,13 @@ static int oversize_blocks(Model *m, BlockPool *p, uint64_t size, uint64_t strea
     uint64_t wanted = size > limit ? size : limit;
     Py_ssize_t at = lower_bound(p, stream, wanted, 0);
     if (at < p->n && p->keys[at].stream == stream) {
+        if (m->blocks[p->keys[at].id].segment != NONE) return 0;
         chosen[(*count)++] = p->keys[at].id;
         return 1;
     }
     uint64_t released = 0;
     for (at--; released < wanted && at >= 0 && p->keys[at].stream == stream; at--) {
-        if (p->keys[at].size < limit) break;
+        if (p->keys[at].size < limit || m->blocks[p->keys[at].id].segment != NONE) break;
         chosen[(*count)++] = p->keys[at].id;
         released += p->keys[at].size;
     }
@@ -379,21 +591,110 @@ static int release_available(Model *m, BlockPool *p, uint64_t size, uint64_t str
 }
 
 /* --- finding and placing blocks -------------------------------------------------------- */
+static uint64_t expandable_size(Model *m, int32_t id) {    /* the size it can grow to */
+    Block *b = &m->blocks[id];
+    return b->size + (b->next != NONE && !m->blocks[b->next].mapped ? m->blocks[b->next].size : 0);
+}
+
 static int32_t get_free_block(Model *m, BlockPool *p, uint64_t size, uint64_t stream) {
     Py_ssize_t at = lower_bound(p, stream, size, 0);
     if (at == p->n || p->keys[at].stream != stream) return NONE;
-    uint64_t found = p->keys[at].size;
+    int32_t id = p->keys[at].id;
+    if (m->blocks[id].segment != NONE) {
+        if (m->expandable) {
+            Py_ssize_t following = at + 1;
+            while (m->blocks[id].segment != NONE && following < p->n && p->keys[following].stream == stream
+                   && expandable_size(m, p->keys[following].id) < expandable_size(m, id)) {
+                id = p->keys[following].id;
+                at = following++;
+            }
+        } else {                         /* expandable blocks from before it was turned off */
+            at++;
+            while (at < p->n && p->keys[at].stream == stream && m->blocks[p->keys[at].id].segment != NONE)
+                at++;
+            if (at == p->n || p->keys[at].stream != stream) return NONE;
+            id = p->keys[at].id;
+        }
+    }
+    uint64_t found = m->blocks[id].size;
     if (size < m->max_split && m->max_split <= found) return NONE;
     if (size >= m->max_split && found - size >= m->max_non_split) return NONE;
-    int32_t id = p->keys[at].id;
     pool_remove_at(p, at);
     return id;
 }
 
+/* c10's map_block: 1 mapped, 0 the device had no room, -1 on error */
+static int map_block(Model *m, int32_t id, uint64_t size) {
+    Block *b = &m->blocks[id];
+    uint64_t start, mapped;
+    if (seg_map(m, &m->segs[b->segment], b->addr, size, &start, &mapped) < 0) return -1;
+    if (mapped == 0) return 0;
+    if (remove_unmapped(m, id) < 0) return -1;
+    b = &m->blocks[id];
+    b->mapped = 1;
+    if (mapped < b->size) {
+        int32_t rest = new_block_in(m, b->addr + mapped, b->size - mapped, b->stream, b->small,
+                                    b->segment, 0);
+        if (rest == NONE) return -1;
+        splice(m, rest, id, m->blocks[id].next);
+        if (insert_unmapped(m, rest) < 0) return -1;
+        m->blocks[id].size = mapped;
+    }
+    if (try_merge(m, id, m->blocks[id].prev) < 0 || try_merge(m, id, m->blocks[id].next) < 0) return -1;
+    if (pool_insert(m, id) < 0) return -1;
+    return reserve(m, mapped, +1, EV_SEGMENT_MAP, start, m->blocks[id].stream) < 0 ? -1 : 1;
+}
+
+static int32_t find_expandable_block(Model *m, BlockPool *p, int small, uint64_t size, uint64_t stream) {
+    for (Py_ssize_t at = unmapped_bound(p, stream, 0); at < p->nu && p->unmapped[at].stream == stream; at++) {
+        int32_t candidate = p->unmapped[at].id;
+        int32_t prev = m->blocks[candidate].prev;
+        if (prev != NONE && !m->blocks[prev].allocated) candidate = prev;
+        uint64_t room = 0;
+        for (int32_t walker = candidate; room < size && walker != NONE && !m->blocks[walker].allocated;
+             walker = m->blocks[walker].next)
+            room += m->blocks[walker].size;
+        if (room >= size) return candidate;
+    }
+    uint64_t page = expandable_page(m, small);
+    uint64_t capacity = m->capacity > 0 ? (uint64_t)m->capacity : (uint64_t)1 << 40;
+    /* address space for 9/8 of the device (c10; torch_npu NPUCachingAllocator.cpp l.369) */
+    Py_ssize_t seg = new_expandable(m, stream, page, capacity + capacity / 8, -1);
+    if (seg < 0) return NONE;
+    Expandable *e = &m->segs[seg];
+    int32_t whole = new_block_in(m, e->base, e->max_pages * e->page, stream, small, (int32_t)seg, 0);
+    if (whole == NONE || insert_unmapped(m, whole) < 0) return NONE;
+    return whole;
+}
+
+/* 1 with *id set, 0 when the device had no room, -1 on error */
+static int allocate_expandable(Model *m, BlockPool *p, int small, uint64_t size, uint64_t stream, int32_t *id) {
+    int32_t candidate = find_expandable_block(m, p, small, size, stream);
+    if (candidate == NONE) return -1;
+    if (!m->blocks[candidate].mapped) {
+        uint64_t want = m->blocks[candidate].size < size ? m->blocks[candidate].size : size;
+        int got = map_block(m, candidate, want);
+        if (got <= 0) return got;
+    }
+    while (m->blocks[candidate].size < size) {
+        int32_t following = m->blocks[candidate].next;
+        if (following == NONE) return 0;   /* larger than the address space: more than the device */
+        uint64_t missing = size - m->blocks[candidate].size;
+        int got = map_block(m, following, missing < m->blocks[following].size ? missing : m->blocks[following].size);
+        if (got <= 0) return got;
+        candidate = following;
+    }
+    if (pool_remove(m, candidate) < 0) return -1;
+    *id = candidate;
+    return 1;
+}
+
 /* 1 with *id set, 0 when refused, -1 on error */
-static int alloc_block(Model *m, int small, uint64_t alloc_size, uint64_t stream, int retry, int32_t *id) {
+static int alloc_block(Model *m, BlockPool *p, int small, uint64_t size, uint64_t alloc_size,
+                       uint64_t stream, int retry, int32_t *id) {
     if (retry) m->num_alloc_retries++;
     if (m->allowed >= 0 && m->reserved + alloc_size > (uint64_t)m->allowed) return 0;
+    if (m->expandable) return allocate_expandable(m, p, small, size, stream, id);
     uint64_t addr;
     int got = device_malloc(m, alloc_size, &addr);
     if (got <= 0) return got;
@@ -404,23 +705,35 @@ static int alloc_block(Model *m, int small, uint64_t alloc_size, uint64_t stream
 
 static int should_split(Model *m, Block *b, uint64_t size) {
     uint64_t remaining = b->size - size;
-    if (b->small) return remaining >= MIN_BLOCK;
+    if (b->small || m->expandable) return remaining >= MIN_BLOCK;
     return size < m->max_split && remaining > SMALL_SIZE;
+}
+
+/* torch_npu: in expandable segments, blocks of 2 MiB or more start on base_addr_aligned_kb; the
+ * bytes skipped stay free in the pool */
+static int32_t align_start(Model *m, int32_t id, uint64_t size) {
+    Block *b = &m->blocks[id];
+    uint64_t align = m->align;
+    if (!(size >= ROUND_LARGE && m->expandable && align && b->addr % align)) return id;
+    uint64_t offset = align - b->addr % align;
+    if (offset + size > b->size) return id;
+    int32_t aligned = new_block_in(m, b->addr + offset, b->size - offset, b->stream, b->small, b->segment, 1);
+    if (aligned == NONE) return NONE;
+    splice(m, aligned, id, m->blocks[id].next);
+    m->blocks[id].size = offset;
+    if (pool_insert(m, id) < 0) return NONE;
+    return aligned;
 }
 
 static int32_t alloc_found_block(Model *m, int32_t id, uint64_t size, uint64_t orig, uint64_t stream) {
     Block *remaining = &m->blocks[id];
     if (should_split(m, remaining, size)) {
         uint64_t addr = remaining->addr;
-        int small = remaining->small;
-        int32_t split = new_block(m, addr, size, stream, small);
+        int32_t split = new_block_in(m, addr, size, stream, remaining->small, remaining->segment, 1);
         if (split == NONE) return NONE;
         remaining = &m->blocks[id];                  /* blocks may have moved */
-        Block *b = &m->blocks[split];
-        b->prev = remaining->prev;
-        if (b->prev != NONE) m->blocks[b->prev].next = split;
-        b->next = id;
-        remaining->prev = split;
+        splice(m, split, remaining->prev, id);
+        remaining = &m->blocks[id];
         remaining->addr += size;
         remaining->size -= size;
         if (pool_insert(m, id) < 0) return NONE;
@@ -433,23 +746,6 @@ static int32_t alloc_found_block(Model *m, int32_t id, uint64_t size, uint64_t o
     m->allocated_bytes += b->size;
     m->requested_bytes += orig;
     return id;
-}
-
-static int32_t try_merge(Model *m, int32_t dst, int32_t src) {
-    if (src == NONE || m->blocks[src].allocated) return 0;
-    if (pool_remove(m, src) < 0) return -1;
-    Block *d = &m->blocks[dst], *s = &m->blocks[src];
-    if (d->prev == src) {
-        d->addr = s->addr;
-        d->prev = s->prev;
-        if (d->prev != NONE) m->blocks[d->prev].next = dst;
-    } else {
-        d->next = s->next;
-        if (d->next != NONE) m->blocks[d->next].prev = dst;
-    }
-    d->size += s->size;
-    drop_block(m, src);
-    return 0;
 }
 
 static int model_free(Model *m, int32_t id) {
@@ -502,17 +798,21 @@ static int model_malloc(Model *m, uint64_t orig, uint64_t stream, int32_t *id) {
     if (found != NONE) {
         m->cache_hits++;
     } else {
-        int got = alloc_block(m, small, alloc_size, stream, 0, &found);
+        int got = alloc_block(m, p, small, size, alloc_size, stream, 0, &found);
         if (got == 0) {
             got = release_available(m, p, size, stream);
-            if (got == 1) got = alloc_block(m, small, alloc_size, stream, 0, &found);
+            if (got == 1) got = alloc_block(m, p, small, size, alloc_size, stream, 0, &found);
         }
         if (got == 0) {
             if (release_cached(m) < 0) return -1;
-            got = alloc_block(m, small, alloc_size, stream, 1, &found);
+            got = alloc_block(m, p, small, size, alloc_size, stream, 1, &found);
         }
         if (got < 0) return -1;
         if (got == 0) return out_of_memory(m, orig, size, alloc_size, stream, p) < 0 ? -1 : 0;
+    }
+    if (m->npu) {
+        found = align_start(m, found, size);
+        if (found == NONE) return -1;
     }
     *id = alloc_found_block(m, found, size, orig, stream);
     return *id == NONE ? -1 : 1;
@@ -614,6 +914,10 @@ static void Model_dealloc(Model *m) {
     PyMem_Free(m->blocks);
     PyMem_Free(m->small.keys);
     PyMem_Free(m->large.keys);
+    PyMem_Free(m->small.unmapped);
+    PyMem_Free(m->large.unmapped);
+    for (Py_ssize_t i = 0; i < m->nsegs; i++) PyMem_Free(m->segs[i].pages);
+    PyMem_Free(m->segs);
     PyMem_Free(m->events);
     PyMem_Free(m->live);
     Py_TYPE(m)->tp_free((PyObject *)m);
@@ -624,15 +928,22 @@ static int as_u64(PyObject *obj, uint64_t *out) {
     return *out == (uint64_t)-1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* Model(pad, divisions, max_split, max_non_split, large_segment, page_1g, capacity, allowed,
- *       fresh, expected): capacity and allowed -1 for none; divisions 16 numbers; expected the
- *       recording's segment_alloc (addr, size) in order, as a flat sequence */
+/* Model(pad, divisions, max_split, max_non_split, large_segment, page_1g, expandable,
+ *       large_page, npu, align, capacity, allowed, fresh, expected): capacity and allowed -1 for
+ *       none; divisions 16 numbers; expected the recording's segment_alloc (addr, size) in
+ *       order, as a flat sequence */
 static int Model_init(Model *m, PyObject *args, PyObject *kw) {
     PyObject *divisions, *expected;
     long long capacity, allowed;
-    if (!PyArg_ParseTuple(args, "KOKKKpLLKO", &m->pad, &divisions, &m->max_split, &m->max_non_split,
-                          &m->large_segment, &m->page_1g, &capacity, &allowed, &m->fresh, &expected))
+    if (!PyArg_ParseTuple(args, "KOKKKppKpKLLKO", &m->pad, &divisions, &m->max_split,
+                          &m->max_non_split, &m->large_segment, &m->page_1g, &m->expandable,
+                          &m->large_page, &m->npu, &m->align, &capacity, &allowed, &m->fresh,
+                          &expected))
         return -1;
+    if (!m->large_page) {
+        PyErr_SetString(PyExc_ValueError, "large_page: more than 0 bytes");
+        return -1;
+    }
     m->capacity = capacity;
     m->allowed = allowed;
     PyObject *seq = PySequence_Fast(divisions, "divisions: a sequence");
@@ -666,8 +977,42 @@ static int Model_init(Model *m, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-/* restore(segments): segments (addr, size, stream, small, blocks) live at the start, blocks
- * (addr, size, requested, allocated) in address order; the allocated ones become live */
+/* blocks (addr, size, requested, allocated) of one segment, in address order, after
+ * `previous`: the allocated ones become live; the last one's id (`previous` for none), or -2 */
+static int32_t restore_blocks(Model *m, PyObject *blocks, uint64_t stream, int small,
+                              int32_t segment, int32_t previous) {
+    PyObject *items = PySequence_Fast(blocks, "blocks: a sequence");
+    if (!items) return -2;
+    for (Py_ssize_t b = 0; b < PySequence_Fast_GET_SIZE(items); b++) {
+        uint64_t addr, size, requested;
+        int allocated, existed;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, b), "KKKp", &addr, &size,
+                              &requested, &allocated)) goto fail;
+        int32_t id = new_block_in(m, addr, size, stream, small, segment, 1);
+        if (id == NONE) goto fail;
+        m->blocks[id].prev = previous;
+        if (previous != NONE) m->blocks[previous].next = id;
+        if (allocated) {
+            m->blocks[id].allocated = 1;
+            m->blocks[id].requested = requested;
+            if (live_put(m, addr, id, &existed) < 0) goto fail;
+            m->allocations++;
+            m->allocated_bytes += size;
+            m->requested_bytes += requested;
+        } else if (pool_insert(m, id) < 0) {
+            goto fail;
+        }
+        previous = id;
+    }
+    Py_DECREF(items);
+    return previous;
+fail:
+    Py_DECREF(items);
+    return -2;
+}
+
+/* restore(segments): cudaMalloc'd segments (addr, size, stream, small, blocks) live at the
+ * start, blocks as restore_blocks takes them */
 static PyObject *Model_restore(Model *m, PyObject *segments) {
     PyObject *seq = PySequence_Fast(segments, "segments: a sequence");
     if (!seq) return NULL;
@@ -676,36 +1021,57 @@ static PyObject *Model_restore(Model *m, PyObject *segments) {
         int small;
         PyObject *blocks;
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, s), "KKKpO", &addr, &size, &stream,
-                              &small, &blocks) || device_claim(m, addr, size) < 0)
-            goto fail;
+                              &small, &blocks) || device_claim(m, addr, size) < 0
+            || restore_blocks(m, blocks, stream, small, NONE, NONE) == -2) {
+            Py_DECREF(seq);
+            return NULL;
+        }
         m->used += size;
         m->reserved += size;
-        PyObject *items = PySequence_Fast(blocks, "blocks: a sequence");
-        if (!items) goto fail;
-        int32_t previous = NONE;
-        for (Py_ssize_t b = 0; b < PySequence_Fast_GET_SIZE(items); b++) {
-            uint64_t baddr, bsize, requested;
-            int allocated, existed;
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, b), "KKKp", &baddr, &bsize,
-                                  &requested, &allocated)) { Py_DECREF(items); goto fail; }
-            int32_t id = new_block(m, baddr, bsize, stream, small);
-            if (id == NONE) { Py_DECREF(items); goto fail; }
-            m->blocks[id].prev = previous;
-            if (previous != NONE) m->blocks[previous].next = id;
-            if (allocated) {
-                m->blocks[id].allocated = 1;
-                m->blocks[id].requested = requested;
-                if (live_put(m, baddr, id, &existed) < 0) { Py_DECREF(items); goto fail; }
-                m->allocations++;
-                m->allocated_bytes += bsize;
-                m->requested_bytes += requested;
-            } else if (pool_insert(m, id) < 0) {
-                Py_DECREF(items);
-                goto fail;
-            }
-            previous = id;
+    }
+    Py_DECREF(seq);
+    m->peak_reserved = m->reserved;
+    Py_RETURN_NONE;
+}
+
+/* restore_expandable(stream, small, base, space, ranges): one expandable segment of `space`
+ * bytes of addresses from `base`, its mapped ranges (addr, size, blocks) in address order */
+static PyObject *Model_restore_expandable(Model *m, PyObject *args) {
+    uint64_t stream, base, space;
+    int small;
+    PyObject *ranges;
+    if (!PyArg_ParseTuple(args, "KpKKO", &stream, &small, &base, &space, &ranges)) return NULL;
+    PyObject *seq = PySequence_Fast(ranges, "ranges: a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t seg = new_expandable(m, stream, expandable_page(m, small), space, (int64_t)base);
+    if (seg < 0) goto fail;
+    int32_t previous = NONE;
+    uint64_t cursor = base;
+    for (Py_ssize_t r = 0; r < PySequence_Fast_GET_SIZE(seq); r++) {
+        uint64_t addr, size;
+        PyObject *blocks;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, r), "KKO", &addr, &size, &blocks)) goto fail;
+        if (addr > cursor) {
+            int32_t gap = new_block_in(m, cursor, addr - cursor, stream, small, (int32_t)seg, 0);
+            if (gap == NONE) goto fail;
+            m->blocks[gap].prev = previous;
+            if (previous != NONE) m->blocks[previous].next = gap;
+            if (insert_unmapped(m, gap) < 0) goto fail;
+            previous = gap;
         }
-        Py_DECREF(items);
+        if (mark_mapped(m, &m->segs[seg], addr, size) < 0) goto fail;
+        m->reserved += size;
+        previous = restore_blocks(m, blocks, stream, small, (int32_t)seg, previous);
+        if (previous == -2) goto fail;
+        cursor = addr + size;
+    }
+    uint64_t end = base + m->segs[seg].max_pages * m->segs[seg].page;
+    if (cursor < end) {
+        int32_t gap = new_block_in(m, cursor, end - cursor, stream, small, (int32_t)seg, 0);
+        if (gap == NONE) goto fail;
+        m->blocks[gap].prev = previous;
+        if (previous != NONE) m->blocks[previous].next = gap;
+        if (insert_unmapped(m, gap) < 0) goto fail;
     }
     Py_DECREF(seq);
     m->peak_reserved = m->reserved;
@@ -799,8 +1165,8 @@ static PyObject *Model_events(Model *m, PyObject *arg) {
 
 static PyObject *Model_stats(Model *m, PyObject *unused) {
     return Py_BuildValue(
-        "{sKsKsKsKsLsLsLsLsLsLsnsKsKsLsLsL}",
-        "reserved", m->reserved, "peak_reserved", m->peak_reserved,
+        "{sKsKsKsKsKsLsLsLsLsLsLsnsKsKsLsLsL}",
+        "used", m->used, "reserved", m->reserved, "peak_reserved", m->peak_reserved,
         "allocated", m->allocated_bytes, "requested", m->requested_bytes,
         "allocations", (long long)m->allocations, "num_device_alloc", (long long)m->num_device_alloc,
         "num_device_free", (long long)m->num_device_free,
@@ -818,39 +1184,52 @@ static PyObject *Model_last_oom(Model *m, PyObject *unused) {
     return Py_BuildValue("KKKKNKK", m->oom[0], m->oom[1], m->oom[2], m->oom[3], free, m->oom[5], m->oom[6]);
 }
 
-/* blocks() -> [(addr, size, requested, allocated, stream, small, prev addr or None)] of every
- * block the model holds (for the differential tests) */
+/* blocks() -> [(addr, size, requested, allocated, stream, small, prev addr or None, mapped)]
+ * of every block the model holds (for the differential tests) */
 static PyObject *Model_blocks(Model *m, PyObject *unused) {
     PyObject *out = PyList_New(0);
     for (int32_t i = 0; out && i < m->nblocks; i++) {
         Block *b = &m->blocks[i];
         if (b->dead) continue;
         PyObject *prev = b->prev == NONE ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(m->blocks[b->prev].addr);
-        PyObject *item = prev ? Py_BuildValue("KKKOKON", b->addr, b->size, b->requested,
+        PyObject *item = prev ? Py_BuildValue("KKKOKONO", b->addr, b->size, b->requested,
                                              b->allocated ? Py_True : Py_False, b->stream,
-                                             b->small ? Py_True : Py_False, prev) : NULL;
+                                             b->small ? Py_True : Py_False, prev,
+                                             b->mapped ? Py_True : Py_False) : NULL;
         if (!item || PyList_Append(out, item) < 0) Py_CLEAR(out);
         Py_XDECREF(item);
     }
     return out;
 }
 
+/* free_keys() -> [(pool, stream, size, addr)] and [(pool, stream, addr)] of the unmapped
+ * ranges, in the pools' orders (pool 0 small, 1 large) */
 static PyObject *Model_free_keys(Model *m, PyObject *unused) {
-    PyObject *out = PyList_New(0);
+    PyObject *out = PyList_New(0), *unmapped = PyList_New(0);
     BlockPool *pools[2] = {&m->small, &m->large};
-    for (int p = 0; out && p < 2; p++)
+    for (int p = 0; out && unmapped && p < 2; p++) {
         for (Py_ssize_t i = 0; out && i < pools[p]->n; i++) {
             Key *k = &pools[p]->keys[i];
             PyObject *item = Py_BuildValue("iKKK", p, k->stream, k->size, k->addr);
             if (!item || PyList_Append(out, item) < 0) Py_CLEAR(out);
             Py_XDECREF(item);
         }
-    return out;
+        for (Py_ssize_t i = 0; out && unmapped && i < pools[p]->nu; i++) {
+            UnmappedKey *k = &pools[p]->unmapped[i];
+            PyObject *item = Py_BuildValue("iKK", p, k->stream, k->addr);
+            if (!item || PyList_Append(unmapped, item) < 0) Py_CLEAR(unmapped);
+            Py_XDECREF(item);
+        }
+    }
+    if (!out || !unmapped) { Py_XDECREF(out); Py_XDECREF(unmapped); return NULL; }
+    return Py_BuildValue("NN", out, unmapped);
 }
 
 static PyMethodDef Model_methods[] = {
     {"run", (PyCFunction)Model_run, METH_VARARGS, "Play trace entries (see _native.c)."},
     {"restore", (PyCFunction)Model_restore, METH_O, "The segments live at the start."},
+    {"restore_expandable", (PyCFunction)Model_restore_expandable, METH_VARARGS,
+     "An expandable segment live at the start."},
     {"start", (PyCFunction)Model_start, METH_O, "The live requested bytes at the start."},
     {"oom_request", (PyCFunction)Model_oom_request, METH_VARARGS, "A refused request, again."},
     {"empty_cache", (PyCFunction)Model_empty_cache, METH_VARARGS, "torch.cuda.empty_cache()."},

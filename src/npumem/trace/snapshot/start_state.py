@@ -262,8 +262,9 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     state = _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
     # only the entries of private pools: a few segments' worth, where every entry is a million
     pool_of = {node: nodes.of(node) or DEFAULT_POOL for node in set(entry_nodes.values())}
+    private = {node for node, pool in pool_of.items() if pool != DEFAULT_POOL}
     state.pools = {index: pool_of[node] for index, node in entry_nodes.items()
-                   if pool_of[node] != DEFAULT_POOL}
+                   if node in private} if private else {}
     for index in indices(entries, "oom"):     # a refused request: no segment to tell
         pool = read_pool_id(entries[index].get("pool_id")) or _between(entries, state.pools, index)
         if pool not in (None, DEFAULT_POOL):
