@@ -1,6 +1,6 @@
 """What plays a recording's allocs and frees through the model of PyTorch's allocator: the
-native model (alloc/torch_model/_native.c) where it covers the recording and the settings (the
-default pools, without garbage collection), the Python model everywhere else.
+native model (alloc/torch_model/_native.c) where it covers the recording (the default pools),
+the Python model where private pools served it (CUDA graphs, MemPools).
 
 Both are "cores" with one face, which torch_replay drives:
 - `run(kinds, action, addr, size, stream, start, stop, stop_on_events)` plays the plain entries
@@ -60,9 +60,8 @@ class Counts:
 
 
 class PythonCore:
-    """The Python model: every recording and setting (private pools, captures, expandable
-    segments, garbage collection). `pools` and `captured` (the start state's) say where each
-    request went."""
+    """The Python model: every recording, private pools and captures too. `pools` and
+    `captured` (the start state's) say where each request went."""
 
     def __init__(self, model: TorchAllocatorModel, live: dict, allocated: int,
                  pools: dict[int, tuple], captured: set[int]):
@@ -158,7 +157,7 @@ class PythonCore:
 
 class NativeCore:
     """The native model (_native.c): the default pools, of cudaMalloc'd or expandable
-    segments."""
+    segments, with garbage collection."""
 
     def __init__(self, config, capacity: int | None, allowed: int | None, fresh_base: int,
                  expected: list[tuple[int, int]], segments, allocated: int):
@@ -167,7 +166,8 @@ class NativeCore:
             config.pad, list(config.roundup_power2_divisions), config.max_split_size,
             config.max_non_split_rounding_size, config.large_segment_size, config.page_size_1g,
             config.expandable_segments, config.expandable_large_page, config.flavour == "npu",
-            config.base_addr_aligned_kb * 1024, -1 if capacity is None else capacity,
+            config.base_addr_aligned_kb * 1024, config.garbage_collection_threshold,
+            -1 if capacity is None else capacity,
             -1 if allowed is None else allowed, fresh_base,
             [number for pair in expected for number in pair])
         self._restore(segments, capacity)
@@ -221,8 +221,6 @@ def native_covers(config, allowed: int | None, start, pools: dict, captured: set
     """Why the native model cannot replay this ("" when it can)."""
     if _native is None:
         return "the native model is not built"
-    if config.garbage_collection_threshold and allowed is not None:
-        return "garbage collection"
     if captured or any(pool != DEFAULT_POOL for pool in pools.values()):
         return "private pools"
     if any(s.pool != DEFAULT_POOL for s in start.segments):

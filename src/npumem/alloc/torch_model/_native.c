@@ -1,6 +1,6 @@
 /* The model of PyTorch's caching allocator, native: the default pools, of cudaMalloc'd or
- * expandable segments (no private pools, no garbage collection), with the driver under it, and
- * a loop that plays a trace's allocs and frees through it.
+ * expandable segments, with garbage collection (no private pools), the driver under it, and a
+ * loop that plays a trace's allocs and frees through it.
  *
  * allocator.py states the rules, and this file follows it function for function (the names
  * match); a replay takes this model where it covers the recording and its settings
@@ -33,6 +33,7 @@ static const char *EVENT_NAMES[] = {"segment_alloc", "segment_free", "oom", "seg
 
 typedef struct {
     uint64_t addr, size, requested, stream;
+    uint64_t gc_base;                         /* its pool's get_free_block calls when cached */
     int32_t prev, next;
     int32_t segment;                          /* its expandable segment, NONE: cudaMalloc'd */
     uint8_t small, allocated, dead, mapped;
@@ -42,6 +43,7 @@ typedef struct { uint64_t stream, size, addr; int32_t id; } Key;
 typedef struct { uint64_t stream, addr; int32_t id; } UnmappedKey;
 typedef struct {
     Key *keys; Py_ssize_t n, cap;                    /* free mapped blocks */
+    uint64_t free_block_calls;                       /* for garbage collection's ages */
     UnmappedKey *unmapped; Py_ssize_t nu, capu;      /* unmapped ranges of expandable segments */
 } BlockPool;
 /* one stream's growing address range, mapped in pages */
@@ -62,6 +64,7 @@ typedef struct {
     uint64_t large_page, align;                   /* expandable large pages; npu start alignment */
     uint8_t divisions[INTERVALS];
     int64_t allowed, capacity;                /* -1: none */
+    double gc_threshold;                      /* garbage_collection_threshold (0: off) */
     /* the driver */
     uint64_t used, fresh;
     Range *ranges; Py_ssize_t nranges, capranges;
@@ -146,6 +149,7 @@ static BlockPool *pool_of(Model *m, Block *b) { return b->small ? &m->small : &m
 static int pool_insert(Model *m, int32_t id) {
     Block *b = &m->blocks[id];
     BlockPool *p = pool_of(m, b);
+    b->gc_base = p->free_block_calls;
     if (grow((void **)&p->keys, &p->cap, p->n + 1, sizeof(Key)) < 0) return -1;
     Py_ssize_t at = lower_bound(p, b->stream, b->size, b->addr);
     memmove(&p->keys[at + 1], &p->keys[at], (size_t)(p->n - at) * sizeof(Key));
@@ -220,7 +224,7 @@ static int32_t new_block_in(Model *m, uint64_t addr, uint64_t size, uint64_t str
         m->capblocks = (int32_t)(cap > INT32_MAX ? INT32_MAX : cap);
         id = m->nblocks++;
     }
-    m->blocks[id] = (Block){addr, size, 0, stream, NONE, NONE, segment, (uint8_t)small, 0, 0,
+    m->blocks[id] = (Block){addr, size, 0, stream, 0, NONE, NONE, segment, (uint8_t)small, 0, 0,
                             (uint8_t)mapped};
     return id;
 }
@@ -596,7 +600,10 @@ static uint64_t expandable_size(Model *m, int32_t id) {    /* the size it can gr
     return b->size + (b->next != NONE && !m->blocks[b->next].mapped ? m->blocks[b->next].size : 0);
 }
 
+static int collects(Model *m) { return m->allowed >= 0 && m->gc_threshold > 0; }
+
 static int32_t get_free_block(Model *m, BlockPool *p, uint64_t size, uint64_t stream) {
+    if (collects(m)) p->free_block_calls++;
     Py_ssize_t at = lower_bound(p, stream, size, 0);
     if (at == p->n || p->keys[at].stream != stream) return NONE;
     int32_t id = p->keys[at].id;
@@ -788,6 +795,58 @@ static int out_of_memory(Model *m, uint64_t orig, uint64_t size, uint64_t alloc_
     return 0;
 }
 
+/* what garbage_collect_cached_blocks frees, in its order (ids in *chosen, at most large.n):
+ * rounds over the large pool, each freeing every unsplit cudaMalloc'd block at least as old as
+ * the average of those left (expandable ones count in the average, never go), until what is
+ * freed covers the excess over the threshold or a round frees nothing */
+static Py_ssize_t collectable(Model *m, int32_t *chosen) {
+    uint64_t threshold = (uint64_t)(m->gc_threshold * (double)m->allowed);
+    if (m->reserved <= threshold) return 0;
+    uint64_t target = m->reserved - threshold;
+    BlockPool *p = &m->large;
+    Py_ssize_t nunsplit = 0, count = 0, taken_count = 0;
+    int32_t *unsplit = PyMem_Malloc((size_t)(p->n + 1) * sizeof(int32_t));
+    uint8_t *taken = PyMem_Calloc((size_t)(p->n + 1), 1);
+    if (!unsplit || !taken) { PyMem_Free(unsplit); PyMem_Free(taken); PyErr_NoMemory(); return -1; }
+    uint64_t total_age = 0;
+    for (Py_ssize_t i = 0; i < p->n; i++)
+        if (!is_split(&m->blocks[p->keys[i].id])) {
+            unsplit[nunsplit++] = p->keys[i].id;
+            total_age += p->free_block_calls - m->blocks[p->keys[i].id].gc_base;
+        }
+    count = nunsplit;
+    uint64_t reclaimed = 0;
+    int freed = 1;
+    while (reclaimed < target && freed && count > 0) {
+        double average = (double)total_age / (double)count;
+        freed = 0;
+        for (Py_ssize_t i = 0; i < nunsplit; i++) {
+            Block *b = &m->blocks[unsplit[i]];
+            uint64_t age = p->free_block_calls - b->gc_base;
+            if (taken[i] || b->segment != NONE || (double)age < average) continue;
+            freed = 1;
+            reclaimed += b->size;
+            total_age -= age;
+            count--;
+            taken[i] = 1;
+            chosen[taken_count++] = unsplit[i];
+        }
+    }
+    PyMem_Free(unsplit);
+    PyMem_Free(taken);
+    return taken_count;
+}
+
+static int garbage_collect(Model *m) {
+    int32_t *chosen = PyMem_Malloc((size_t)(m->large.n + 1) * sizeof(int32_t));
+    if (!chosen) { PyErr_NoMemory(); return -1; }
+    Py_ssize_t count = collectable(m, chosen);
+    int error = count < 0;
+    for (Py_ssize_t i = 0; i < count && !error; i++) error = release_block(m, chosen[i]) < 0;
+    PyMem_Free(chosen);
+    return error ? -1 : 0;
+}
+
 /* malloc: 1 with *id set, 0 when out of memory (m->oom says how), -1 on error */
 static int model_malloc(Model *m, uint64_t orig, uint64_t stream, int32_t *id) {
     uint64_t size = round_size(m, orig);
@@ -798,6 +857,7 @@ static int model_malloc(Model *m, uint64_t orig, uint64_t stream, int32_t *id) {
     if (found != NONE) {
         m->cache_hits++;
     } else {
+        if (collects(m) && garbage_collect(m) < 0) return -1;
         int got = alloc_block(m, p, small, size, alloc_size, stream, 0, &found);
         if (got == 0) {
             got = release_available(m, p, size, stream);
@@ -929,16 +989,16 @@ static int as_u64(PyObject *obj, uint64_t *out) {
 }
 
 /* Model(pad, divisions, max_split, max_non_split, large_segment, page_1g, expandable,
- *       large_page, npu, align, capacity, allowed, fresh, expected): capacity and allowed -1 for
- *       none; divisions 16 numbers; expected the recording's segment_alloc (addr, size) in
- *       order, as a flat sequence */
+ *       large_page, npu, align, gc_threshold, capacity, allowed, fresh, expected): capacity and
+ *       allowed -1 for none; divisions 16 numbers; expected the recording's segment_alloc
+ *       (addr, size) in order, as a flat sequence */
 static int Model_init(Model *m, PyObject *args, PyObject *kw) {
     PyObject *divisions, *expected;
     long long capacity, allowed;
-    if (!PyArg_ParseTuple(args, "KOKKKppKpKLLKO", &m->pad, &divisions, &m->max_split,
+    if (!PyArg_ParseTuple(args, "KOKKKppKpKdLLKO", &m->pad, &divisions, &m->max_split,
                           &m->max_non_split, &m->large_segment, &m->page_1g, &m->expandable,
-                          &m->large_page, &m->npu, &m->align, &capacity, &allowed, &m->fresh,
-                          &expected))
+                          &m->large_page, &m->npu, &m->align, &m->gc_threshold, &capacity,
+                          &allowed, &m->fresh, &expected))
         return -1;
     if (!m->large_page) {
         PyErr_SetString(PyExc_ValueError, "large_page: more than 0 bytes");
@@ -1110,14 +1170,23 @@ static PyObject *Model_empty_cache(Model *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* whether malloc would serve this request from a cached block (changes nothing) */
+static int would_reuse(Model *m, uint64_t orig, uint64_t stream) {
+    uint64_t size = round_size(m, orig);
+    BlockPool *p = size <= SMALL_SIZE ? &m->small : &m->large;
+    uint64_t calls = p->free_block_calls;
+    int32_t id = get_free_block(m, p, size, stream);
+    p->free_block_calls = calls;
+    if (id == NONE) return 0;
+    return pool_insert(m, id) < 0 ? -1 : 1;
+}
+
 static PyObject *Model_would_reuse(Model *m, PyObject *args) {
     uint64_t orig, stream;
     if (!PyArg_ParseTuple(args, "K|K", &orig, &stream)) return NULL;
-    uint64_t size = round_size(m, orig);
-    int32_t id = get_free_block(m, size <= SMALL_SIZE ? &m->small : &m->large, size, stream);
-    if (id == NONE) Py_RETURN_FALSE;
-    if (pool_insert(m, id) < 0) return NULL;
-    Py_RETURN_TRUE;
+    int reuse = would_reuse(m, orig, stream);
+    if (reuse < 0) return NULL;
+    return PyBool_FromLong(reuse);
 }
 
 static PyObject *Model_oversize_release(Model *m, PyObject *args, PyObject *kw) {
@@ -1143,7 +1212,27 @@ static PyObject *Model_oversize_release(Model *m, PyObject *args, PyObject *kw) 
     return addrs;
 }
 
-static PyObject *Model_collected(Model *m, PyObject *args) { return PyList_New(0); }
+/* collected(size, stream) -> addresses of the cached segments this request's garbage collection
+ * frees, in order (none when a cached block serves it, or collection is off or not due) */
+static PyObject *Model_collected(Model *m, PyObject *args) {
+    uint64_t orig, stream = 0;
+    if (!PyArg_ParseTuple(args, "K|K", &orig, &stream)) return NULL;
+    if (!collects(m)) return PyList_New(0);
+    int reuse = would_reuse(m, orig, stream);
+    if (reuse < 0) return NULL;
+    if (reuse) return PyList_New(0);
+    int32_t *chosen = PyMem_Malloc((size_t)(m->large.n + 1) * sizeof(int32_t));
+    if (!chosen) return PyErr_NoMemory();
+    Py_ssize_t count = collectable(m, chosen);
+    PyObject *addrs = count < 0 ? NULL : PyList_New(count);
+    for (Py_ssize_t i = 0; addrs && i < count; i++) {
+        PyObject *addr = PyLong_FromUnsignedLongLong(m->blocks[chosen[i]].addr);
+        if (!addr) { Py_CLEAR(addrs); break; }
+        PyList_SET_ITEM(addrs, i, addr);
+    }
+    PyMem_Free(chosen);
+    return addrs;
+}
 
 /* events(start) -> [(action, addr, size, stream)] from the start-th on; an oom's addr is the
  * free bytes, which may be negative */
@@ -1236,7 +1325,7 @@ static PyMethodDef Model_methods[] = {
     {"would_reuse", (PyCFunction)Model_would_reuse, METH_VARARGS, "Whether a cached block serves it."},
     {"oversize_release", (PyCFunction)(void (*)(void))Model_oversize_release,
      METH_VARARGS | METH_KEYWORDS, "The oversize blocks the retry frees first."},
-    {"collected", (PyCFunction)Model_collected, METH_VARARGS, "No garbage collection here: []."},
+    {"collected", (PyCFunction)Model_collected, METH_VARARGS, "What garbage collection frees."},
     {"events", (PyCFunction)Model_events, METH_O, "Segment events from the start-th on."},
     {"stats", (PyCFunction)Model_stats, METH_NOARGS, "The model's and the replay's counts."},
     {"last_oom", (PyCFunction)Model_last_oom, METH_NOARGS, "The last refused request."},
