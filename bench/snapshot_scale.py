@@ -1,7 +1,9 @@
 """Snapshots at scale: make a PyTorch-shaped memory snapshot of millions of trace entries, then
-time `npumem report` and `npumem replay --allocator torch` on it, with each command's peak RSS.
+time `npumem report`, `npumem replay --allocator torch` (and `--check`) and `npumem tune` on it, with
+each command's peak RSS, against PyTorch's own reader of the file (`_memory_viz trace_plot`).
 
     python bench/snapshot_scale.py [--entries 1M,10M] [--frames shared|copied] [--keep DIR]
+                                   [--no-peer]
 
 The snapshot is a real recording (the project's H100 gpt_train, tests/data/cuda_snapshots)
 whose steady training step is repeated until the trace has --entries entries: the step begins
@@ -199,15 +201,42 @@ def run(command: list[str]) -> tuple[float, float, int, str]:
     return seconds, usage.ru_maxrss / 2**20, child.returncode, lines[-1] if lines else ""
 
 
-def measure(path: str, entries: int) -> None:
+def measure(path: str, entries: int, peer: bool) -> None:
     npumem = [sys.executable, "-m", "npumem"]
     size = os.path.getsize(path) / 2**20
     print(f"{entries:,} entries, {size:,.0f} MiB snapshot")
-    for name, args in (("report", ["report", path]),
-                       ("replay --allocator torch", ["replay", "--allocator", "torch", path])):
-        seconds, peak, status, last = run(npumem + args)
-        print(f"  {name:26s} {seconds:7.1f} s  {entries / seconds / 1e6:5.2f}M entries/s  "
+    commands = [("report", npumem + ["report", path]),
+                ("replay --allocator torch", npumem + ["replay", "--allocator", "torch", path]),
+                ("replay --check", npumem + ["replay", "--check", path]),
+                ("tune", npumem + ["tune", path])]
+    if peer:          # PyTorch's own reader of the same file: its trace plot (no GPU needed)
+        with tempfile.NamedTemporaryFile(suffix=".html") as out:
+            commands.append(("peer: _memory_viz trace_plot",
+                             [sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", path,
+                              "-o", out.name]))
+            times = _rows(commands, entries)
+    else:
+        times = _rows(commands, entries)
+    if "peer: _memory_viz trace_plot" in times:
+        peer_s = times["peer: _memory_viz trace_plot"]
+        print("  ratios to the peer: " + ", ".join(f"{name} {seconds / peer_s:.2f}x"
+                                                  for name, seconds in times.items()
+                                                  if not name.startswith("peer")))
+
+
+def _rows(commands, entries: int) -> dict[str, float]:
+    times = {}
+    for name, command in commands:
+        seconds, peak, status, last = run(command)
+        times[name] = seconds
+        print(f"  {name:30s} {seconds:7.1f} s  {entries / seconds / 1e6:5.2f}M entries/s  "
               f"peak RSS {peak:5.2f} GiB  exit {status}" + (f"  ({last})" if status else ""))
+    return times
+
+
+def _has_torch() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
 
 
 def cpu_name() -> str:
@@ -231,6 +260,8 @@ def main() -> None:
     parser.add_argument("--frames", choices=("shared", "copied"), default="shared")
     parser.add_argument("--keep", help="write the snapshots to this folder and keep them")
     parser.add_argument("--make-only", action="store_true", help="write the snapshots, time nothing")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="skip PyTorch's _memory_viz trace_plot on the same file")
     args = parser.parse_args()
     folder = args.keep or tempfile.mkdtemp(prefix="npumem-scale-")
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}")
@@ -247,7 +278,7 @@ def main() -> None:
                     f.write(str(written))
                 print(f"wrote {written:,} entries in {time.perf_counter() - start:.0f} s: {path}")
             if not args.make_only:
-                measure(path, written)
+                measure(path, written, peer=not args.no_peer and _has_torch())
     finally:
         if not args.keep:
             for name in os.listdir(folder):

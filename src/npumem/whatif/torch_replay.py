@@ -17,9 +17,9 @@ mean it had been released (graph reset, MemPool deleted): the replay releases it
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from dataclasses import asdict, dataclass, field
 
 from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
                                  TorchAllocatorConfig, TorchAllocatorModel)
@@ -27,8 +27,8 @@ from ..units import format_size
 from ..alloc.torch_model.allocator import round_size
 from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, first_oom, read_pool_id
 from ..trace.snapshot.columns import ACTION_CODE, arrays, highest_address, indices, rows, take
-from . import replay_cores
 from ..trace.snapshot.schema import oom_device_free
+from . import replay_cores
 
 
 @dataclass
