@@ -415,6 +415,8 @@ static int is_known_key(PyObject *key) {
             return 1;
     if (!PyUnicode_Check(key))
         return 0;
+    if (PyUnicode_CheckExact(key) && PyUnicode_CHECK_INTERNED(key))
+        return 0;                       /* an interned key equal to one of them would be it */
     for (int k = 0; k < K_DEVICE_FREE; k++)
         if (PyUnicode_Compare(key, interned_keys[k]) == 0)
             return 1;
@@ -426,6 +428,32 @@ static int intern_extras(Interned *t, PyObject *entry, uint32_t *out) {
     Py_ssize_t pos = 0, count = 0;
     PyObject *key, *value;
     Py_ssize_t total = PyDict_GET_SIZE(entry);
+    /* the common case first, without a tuple: the same objects as the last entry's (memoized
+     * strings), or none */
+    if (total <= 16) {
+        PyObject *seen[32];
+        while (PyDict_Next(entry, &pos, &key, &value)) {
+            if (is_known_key(key))
+                continue;
+            seen[count++] = key;
+            seen[count++] = value;
+        }
+        if (count == 0) {
+            *out = 0;
+            return 0;
+        }
+        if (t->last_extra_items && PyTuple_GET_SIZE(t->last_extra_items) == count) {
+            int same = 1;
+            for (Py_ssize_t i = 0; i < count && same; i++)
+                same = seen[i] == PyTuple_GET_ITEM(t->last_extra_items, i);
+            if (same) {
+                *out = t->last_extra;
+                return 0;
+            }
+        }
+        pos = 0;
+        count = 0;
+    }
     PyObject *items = PyTuple_New(2 * total);
     if (!items)
         return -1;
