@@ -68,6 +68,8 @@ def test_ambiguous_sizes_are_refused_with_both_readings():
     (["tune", SNAPSHOT, "--memory", "0"], "a device holds some memory"),
     (["report", SNAPSHOT, "--top", "-1"], "-1 is not in the range"),
     (["tune", SNAPSHOT, "--allocator", "pool", "--scheduler", "foo"], "unknown scheduler"),
+    (["tune", SNAPSHOT, "--scheduler", "foo"], "unknown scheduler"),     # PyTorch's settings
+    (["replay", SNAPSHOT, "--scheduler", "foo"], "unknown scheduler"),
 ])
 def test_options_out_of_range_are_one_line_errors(args, words):
     done = CliRunner().invoke(main, args)

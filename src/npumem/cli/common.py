@@ -10,9 +10,17 @@ import sys
 import click
 
 
+def _scheduler(ctx, param, value: str) -> str:
+    if value in ("processes", "serial", "dask") or value.startswith(("tcp://", "tls://")):
+        return value
+    raise click.BadParameter(f"unknown scheduler {value!r}: use processes, serial, dask or "
+                             "tcp://host:port")
+
+
 def scheduler_options(command):
     """--scheduler and --workers: where the replays of `replay` and `tune` run."""
     command = click.option("--scheduler", default="processes", show_default=True,
+                           callback=_scheduler,
                            help="Where replays run: processes (local, one per core), serial, "
                                 "dask (a local Dask cluster) or tcp://host:port (a Dask "
                                 "scheduler).")(command)
