@@ -3,6 +3,8 @@ import pickle
 import subprocess
 import sys
 
+import pytest
+
 from click.testing import CliRunner
 
 from npumem.cli import main
@@ -67,11 +69,24 @@ def _count_snapshot_reads(monkeypatch) -> list[str]:
     return reads
 
 
-def test_replay_reads_a_snapshot_once(monkeypatch):
+@pytest.mark.parametrize("allocator", ["torch", "pool"])
+def test_replay_reads_a_snapshot_once(monkeypatch, allocator):
     reads = _count_snapshot_reads(monkeypatch)
-    result = CliRunner().invoke(main, ["replay", "--allocator", "torch", SNAPSHOT])
+    result = CliRunner().invoke(main, ["replay", "--allocator", allocator, SNAPSHOT])
     assert result.exit_code == 0, result.output
     assert reads == [SNAPSHOT]
+
+
+def test_a_pool_replay_of_a_run_that_died_says_its_oom_from_one_read(monkeypatch):
+    from npumem.profile.oom import oom_lines
+    from npumem.trace.snapshot import load_recording
+
+    died = str(sorted(pathlib.Path("tests/data/cuda_oom_h200/snapshots").rglob("*.pickle*"))[0])
+    expected = oom_lines(load_recording(died))
+    reads = _count_snapshot_reads(monkeypatch)
+    result = CliRunner().invoke(main, ["replay", "--allocator", "pool", died])
+    assert result.exit_code == 0, result.output
+    assert reads == [died] and f"{died}: " + "\n".join(expected) in result.output
 
 
 def test_replay_of_a_run_that_died_says_its_oom_from_one_read_and_one_replay(monkeypatch):

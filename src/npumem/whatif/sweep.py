@@ -24,7 +24,9 @@ from ..alloc.settings import (describe_changes, parse_settings, settings_warning
 from ..alloc.torch_model.config import KEYS as TORCH_KEYS
 from ..errors import InvalidParamError
 from ..units import GiB
-from ..trace.formats import read_trace, read_with_steps
+from ..trace import snapshot
+from ..trace.formats import holds_snapshot, read_trace, read_with_steps
+from ..trace.snapshot import load_recording
 from .replay import ReplayResult, replay
 
 TORCH_ALLOCATORS = ("torch", "torch_npu")
@@ -48,13 +50,22 @@ class ReplayJob:
                                   progress=progress, pad=self.pad)
             return ReplayResult.from_torch(result, self.allocator)
         settings = parse_settings(self.settings)
+        # a snapshot is loaded here, once: its events, its step marks and its own OOM
+        recording = load_recording(self.trace) if holds_snapshot(self.trace) else None
         if settings.predictive:      # the program's step marks, where the trace has them
-            events, marks, note = read_with_steps(self.trace, self.steps)
+            events, marks, note = (read_with_steps(self.trace, self.steps) if recording is None
+                                   else snapshot.read_with_steps(self.trace, self.steps,
+                                                                 recording))
+        elif recording is not None:
+            events, marks, note = snapshot.events(recording), (), None
         else:
             events, marks, note = read_trace(self.trace), (), None
         result = replay(events, self.allocator, settings, trace_name=self.trace,
                         memory=self.memory or 64 * GiB, progress=progress,
                         planner_lag=self.planner_lag, steps=marks)
+        if recording is not None:
+            from .torch_replay import oom_facts
+            result.recorded_oom = oom_facts(recording) or {}
         if marks:
             how = f"{self.steps!r} annotations" if self.steps else "npumem.memory.step() marks"
             result.notes.insert(0, f"{len(marks)} steps marked by the trace's {how}")

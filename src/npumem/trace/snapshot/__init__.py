@@ -15,16 +15,19 @@ from __future__ import annotations
 import pickle
 from typing import Iterable, Iterator
 
+import numpy as np
+
 from ...events import TraceEvent
 from ..file_checks import TraceFormatError
 from ..step_marks import hint, marks_before, step_positions
 from ..textio import open_for_writing
-from .columns import SEGMENT_ADD, SEGMENT_REMOVE
+from .columns import ACTION_CODE, SEGMENT_ADD, SEGMENT_REMOVE, arrays, having
 from .recording import Recording, died_at, first_oom, load_data, load_recording, recording_from_data
 from .start_state import StartState, read_pool_id
 
 __all__ = ["Recording", "SEGMENT_ADD", "SEGMENT_REMOVE", "SnapshotError", "StartState", "died_at",
-           "first_oom", "load_data", "load_recording", "load_snapshot", "read", "read_pool_id",
+           "events", "first_oom", "load_data", "load_recording", "load_snapshot", "read",
+           "read_pool_id",
            "read_with_steps", "recording_from_data", "save", "sniff", "write"]
 
 
@@ -52,20 +55,29 @@ def read(path: str, device: int | None = None) -> Iterator[TraceEvent]:
     """Events of one device (default: the first with any). Blocks that were live when the trace
     began come first, as allocations at its first time stamp, so what was in use before the
     recording counts in every replay and conversion."""
-    for _, event in _numbered_events(load_recording(path, device)):
+    return events(load_recording(path, device))
+
+
+def events(recording: Recording) -> Iterator[TraceEvent]:
+    """`read`'s events of a recording already loaded."""
+    for _, event in _numbered_events(recording):
         yield event
 
 
-def read_with_steps(path: str, name: str | None = None) -> tuple[list[TraceEvent], list[int],
-                                                                  str | None]:
-    """The events of `read` (first device), the positions in them before which a step begins
-    (`step_marks`: annotations named `name`, or npumem's own step marks), and a note for a
-    replay when there are none but the profiler's steps could be."""
-    recording = load_recording(path)
-    times = [float(entry.get("time_us", 0) or 0) for entry in recording.entries]
+def read_with_steps(path: str, name: str | None = None, recording: Recording | None = None
+                    ) -> tuple[list[TraceEvent], list[int], str | None]:
+    """The events of `read` (first device, or `recording` if loaded already), the positions in
+    them before which a step begins (`step_marks`: annotations named `name`, or npumem's own
+    step marks), and a note for a replay when there are none but the profiler's steps could
+    be."""
+    recording = recording or load_recording(path)
+    times = arrays(recording.entries).time.tolist() if recording.entries else []
     positions = step_positions(path, recording.annotations, name, times)
-    events, marks = marks_before(positions, _numbered_events(recording))
-    return events, marks, None if marks else hint(recording.annotations)
+    found, marks = marks_before(positions, _numbered_events(recording))
+    return found, marks, None if marks else hint(recording.annotations)
+
+
+_CHUNK = 1 << 16
 
 
 def _numbered_events(recording) -> Iterator[tuple[int, TraceEvent]]:
@@ -74,17 +86,19 @@ def _numbered_events(recording) -> Iterator[tuple[int, TraceEvent]]:
         raise TraceFormatError(recording.path, "device_traces", "the snapshot has no trace "
                                "entries to replay (record with "
                                "torch.cuda.memory._record_memory_history())")
-    free_action = recording.free_action
-    first_time = float(recording.entries[0].get("time_us", 0) or 0)
+    a = arrays(recording.entries)
+    first_time = float(a.time[0])
     for block in recording.start_state().live.values():
         yield -1, TraceEvent(first_time, "alloc", block.addr, block.requested, 0)
-    for index, entry in enumerate(recording.entries):
-        action = entry["action"]
-        if action in ("alloc", free_action):
-            yield index, TraceEvent(float(entry.get("time_us", 0) or 0),
-                                    "alloc" if action == "alloc" else "free",
-                                    entry.get("addr", 0), entry.get("size", 0),
-                                    int(entry.get("stream", 0) or 0))
+    chosen = np.flatnonzero(having(a.action, "alloc", recording.free_action))
+    alloc = ACTION_CODE["alloc"]
+    for begin in range(0, len(chosen), _CHUNK):          # the columns read a chunk at a time
+        at = chosen[begin:begin + _CHUNK]
+        for index, when, code, addr, size, stream in zip(
+                at.tolist(), a.time[at].tolist(), a.action[at].tolist(), a.addr[at].tolist(),
+                a.size[at].tolist(), a.stream[at].tolist()):
+            yield index, TraceEvent(when, "alloc" if code == alloc else "free", addr, size,
+                                    stream)
 
 
 def from_events(events: Iterable[TraceEvent]) -> dict:
