@@ -1,6 +1,7 @@
 """Tensor arithmetic as torch users write it: a + b, a - b, a * b, a / b, a @ b, and with a
 number on either side of + and *. Each runs aclnn's two-phase op on the current stream (the one
-`npumem.stream(s)` sets), its workspace from the caching pool, into a new tensor.
+`npumem.stream(s)` sets), its workspace from the caching pool, into a new tensor. + - * / of
+two tensors whose plan is simple take the lean route of ops/fastpath.py, which does the same.
 
 The operators are installed on Tensor here: tensor.py cannot import the ops, which import it.
 """
@@ -12,13 +13,16 @@ import numpy as np
 from ..errors import OpParamError
 from ..runtime.state import RUNTIME
 from . import aclnn
+from . import fastpath as FASTPATH
+from .fastpath import FAST, OPS as FAST_OPS
 from ..dtypes import numpy_dtype
 from .tensor import Tensor, empty, from_numpy, result
 
 
-def _binary(op: str, left: Tensor, right) -> Tensor:
+def _binary(op: str, left: Tensor, right, out: Tensor | None = None) -> Tensor:
     """`left op right` with aclnn's two-phase op on the current stream; a number on the right
-    becomes a tensor of left's dtype."""
+    becomes a tensor of left's dtype. `out`: the result the lean route (ops/fastpath.py)
+    allocated before it handed the call over."""
     if not isinstance(right, Tensor):
         if not isinstance(right, (int, float)) or isinstance(right, bool):
             return NotImplemented
@@ -37,17 +41,30 @@ def _binary(op: str, left: Tensor, right) -> Tensor:
             except ValueError:
                 raise OpParamError(f"{op}: shapes {left.shape} and {right.shape} do not "
                                    "broadcast") from None
-        out = result(shape, left.dtype, stream)
+        if out is None or out.shape != shape:       # the lean route allocated it already
+            out = result(shape, left.dtype, stream)
         phase1 = getattr(aclnn, f"{op}_get_workspace_size")
+        sim_kernels = FASTPATH.sim_kernels()          # before phase 1 reads it
         planned = phase1(left, right, 1, out) if op in ("add", "sub") else phase1(left, right, out)
+        if op in FAST_OPS:
+            FAST.remember(op, left, right, out, planned, sim_kernels)
     aclnn.run_with_pool_workspace(getattr(aclnn, op), planned, stream)
     return out
 
 
 
 def _operator(op: str, reflected: bool = False):
-    def apply(self: Tensor, other):
-        return _binary(op, self, other)
+    if op in FAST_OPS and not reflected:
+        def apply(self: Tensor, other):
+            if type(other) is Tensor and type(self) is Tensor:     # the common case first
+                done, out = FAST.run(op, self, other)
+                if done is not None:
+                    return done
+                return _binary(op, self, other, out)
+            return _binary(op, self, other)
+    else:
+        def apply(self: Tensor, other):
+            return _binary(op, self, other)
     apply.__name__ = f"__{'r' if reflected else ''}{'truediv' if op == 'div' else op}__"
     apply.__doc__ = f"self {op} other, queued on the current stream"
     return apply

@@ -137,7 +137,9 @@ def plan(call: OpCall) -> tuple[int, Executor]:
                                f"{type(tensor).__name__}")
         ranges[role] = RUNTIME.require().resolve(*tensor.span(), f"{call.op} {role}")  # live
     epoch = RELEASES.value
-    first = next(iter(call.inputs.values()), None) or next(iter(call.outputs.values()))
+    first = next(iter(call.inputs.values()), None)     # (a tensor's truth is its len())
+    if first is None:
+        first = next(iter(call.outputs.values()))
     impl = REGISTRY.lookup(call.op, op_device_type(), first.dtype)
     if impl.tiling is not None:
         call.attrs["tiling"] = impl.tiling(call)

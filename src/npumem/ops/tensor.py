@@ -8,8 +8,10 @@ the caller's. Views (`t()`, `transpose`, slicing) share storage and never copy.
 
 from __future__ import annotations
 
+import atexit
 import math
 import operator
+import sys
 import weakref
 
 import numpy as np
@@ -41,8 +43,11 @@ class Storage:
         # storage from the allocation that reuses its bytes.
         self.record = SANITIZER.tensor_record(pool, pointer, self.streams) \
             if pool is not None and SANITIZER.on else None
-        self._finalizer = weakref.finalize(self, _give_back, pool, pointer, self.record) \
-            if pool else None
+        if pool:                              # its bytes go back to the pool when it dies
+            self._finalizer = finalizer = weakref.ref(self, _storage_died)
+            _GIVE_BACK[finalizer] = (pool, pointer, self.record)
+        else:
+            self._finalizer = None
 
     def used_on(self, stream) -> None:
         """Queued work on `stream` uses these bytes: reuse them only after it."""
@@ -62,7 +67,7 @@ class Storage:
     def free(self) -> None:
         """Give pool memory back now instead of when the last tensor is dropped."""
         if self._finalizer is not None:
-            self._finalizer()
+            _storage_died(self._finalizer)
 
     def check_live(self, what: str) -> None:
         """With the pool sanitizer: raise if these bytes were given back (Storage.free()) while
@@ -73,6 +78,48 @@ class Storage:
                 f"{what}: a stale tensor: its storage, {record.describe()}, was freed "
                 "(Storage.free()) while this tensor still used it; its bytes may belong to "
                 "another allocation now")
+
+
+# What weakref.finalize(storage, _give_back, pool, pointer, record) did, for a fraction of its
+# cost per storage (a tensor's result makes one per op): a weak reference whose callback gives
+# the bytes back, and the arguments under it here; popping them makes the release happen once
+# (at the storage's death, at Storage.free(), or at exit, whichever comes first). As with
+# weakref.finalize, nothing is given back after the exit handler ran (interpreter teardown).
+_GIVE_BACK: dict = {}
+_AFTER_EXIT: list = []
+
+
+def _storage_died(finalizer, pending=_GIVE_BACK, after_exit=_AFTER_EXIT) -> None:
+    arguments = pending.pop(finalizer, None)
+    if arguments is not None and not after_exit:
+        _give_back(*arguments)
+
+
+def pooled_storage(pointer: int, nbytes: int, pool) -> Storage:
+    """`Storage(pointer, nbytes, pool.device, pool=pool)` for a block `pool` just allocated,
+    with the pool sanitizer off (the caller checked): the same attributes, made without the
+    calls (ops/fastpath.py)."""
+    storage = Storage.__new__(Storage)
+    storage.pointer, storage.nbytes, storage.device = pointer, nbytes, pool.device
+    storage.pool, storage.host_address, storage.streams, storage.record = pool, 0, set(), None
+    storage._finalizer = finalizer = weakref.ref(storage, _storage_died)
+    _GIVE_BACK[finalizer] = (pool, pointer, None)
+    return storage
+
+
+@atexit.register
+def _give_back_at_exit() -> None:
+    """As weakref.finalize does at exit: the storages still alive give their bytes back (the
+    oldest first), errors reported as there; later deaths give nothing back."""
+    try:
+        while _GIVE_BACK:
+            finalizer = next(iter(_GIVE_BACK))
+            try:
+                _storage_died(finalizer)
+            except Exception:         # noqa: BLE001 - reported, as weakref.finalize does
+                sys.excepthook(*sys.exc_info())
+    finally:
+        _AFTER_EXIT.append(True)
 
 
 def _give_back(pool, pointer: int, record) -> None:
@@ -121,6 +168,10 @@ class Tensor:
     """A strided view of device storage. Strides and offset count elements, as in aclCreateTensor.
 
     Its arithmetic operators (+ - * / @) come from ops/arithmetic.py, which needs the ops."""
+
+    # (release count, array): the kernel's view of the bytes, made by ops/fastpath.py and
+    # reused while no device bytes were released since (see that module)
+    _kernel_view = None
 
     def __init__(self, storage: Storage, shape, strides=None, offset: int = 0,
                  dtype=DataType.FLOAT, format: Format = Format.ND, storage_shape=None):
@@ -389,6 +440,28 @@ def result(shape: tuple[int, ...], dtype: DataType, stream) -> Tensor:
     from checked tensors: none of empty's argument parsing."""
     storage = _pool_storage(math.prod(shape) * itemsize(dtype), None, stream)
     return Tensor(storage, shape, None, 0, dtype)
+
+
+def result_template(tensor: Tensor) -> dict:
+    """The attributes of `tensor`, made by `result()`, less its storage and span: what
+    `fresh_result` makes another result of the same geometry from (ops/fastpath.py)."""
+    template = dict(vars(tensor))
+    template.pop("_kernel_view", None)
+    template["storage"] = template["_span"] = None      # keeps no storage alive
+    return template
+
+
+def fresh_result(storage: Storage, template: dict) -> Tensor:
+    """`result(shape, dtype, stream)` with the storage made already and the attributes of a
+    result of that shape and dtype from `result_template` (whose `_geometry` names the
+    storage's device): none of the checks, the same attributes in the same order
+    (tests/test_ops_fastpath.py compares the two)."""
+    tensor = Tensor.__new__(Tensor)
+    attributes = tensor.__dict__
+    attributes.update(template)
+    attributes["storage"] = storage
+    attributes["_span"] = (storage.pointer, storage.nbytes)
+    return tensor
 
 
 def zeros(*size, dtype=DataType.FLOAT, stream=None, device: int | None = None) -> Tensor:

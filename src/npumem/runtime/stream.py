@@ -22,7 +22,7 @@ from ..errors import (
     AclError, AsyncTaskError, InvalidHandleError, InvalidParamError, KernelFault,
     StreamDeadlockError, StreamNotCompleteError,
 )
-from ..device.running import running_inline
+from ..device.running import set_inline
 from .dependencies import GRAPH, PendingWait, RecordPoint, describe_cycle
 from .handles import forget, new_handle
 
@@ -82,6 +82,7 @@ class Stream:
         self.destroyed = False
         self._tasks: queue.SimpleQueue[tuple[Task, str] | None] = queue.SimpleQueue()
         self._done = threading.Condition()
+        self._waiting = 0                  # threads in drain: _finished wakes them, if any
         self._submitted = 0
         self._completed = 0
         self._labels: collections.deque[str] = collections.deque()   # queued, for messages
@@ -111,23 +112,30 @@ class Stream:
 
     def submit(self, task: Task, label: str) -> None:
         """Run `task` after everything queued before it, as `enqueue` does, but on the calling
-        thread at once when the stream is idle: nothing queued or running and no error waiting
-        for synchronize. That spares a small op the two thread hand-offs a queued task costs;
-        work queued meanwhile from another thread waits for it, so stream order stays exact."""
+        thread at once when the stream is idle (`run_if_idle`). That spares a small op the two
+        thread hand-offs a queued task costs."""
         self.check_alive()
+        if not self.run_if_idle(task, label):
+            self.enqueue(task, label)
+
+    def run_if_idle(self, task: Task, label) -> bool:
+        """Run `task` on the calling thread at once when the stream is idle: nothing queued or
+        running and no error waiting for synchronize; False, with nothing done, when it is
+        not. Work queued meanwhile from another thread waits for it, so stream order stays
+        exact. `label` (str() of it) names the task in errors."""
         with self._done:
-            inline = self._completed == self._submitted and self._error is None and \
-                self._running.acquire(blocking=False)
+            if not (self._completed == self._submitted and self._error is None
+                    and self._running.acquire(blocking=False)):
+                return False
             self._count(label)
-        if not inline:
-            self._tasks.put((task, label))
-            return
+        outer = set_inline(self)
         try:
-            with running_inline(self):
-                self._execute(task, label)
+            self._execute(task, label)
         finally:
+            set_inline(outer)
             self._running.release()
             self._finished()
+        return True
 
     def _count(self, label: str) -> int:
         """Number a new task (under self._done)."""
@@ -172,7 +180,7 @@ class Stream:
         with self._done:
             self._labels.popleft()
             self._completed += 1
-            if self._completed == self._submitted:
+            if self._completed == self._submitted and self._waiting:
                 self._done.notify_all()
 
     # torch.cuda.Stream's methods
@@ -202,7 +210,11 @@ class Stream:
         """Wait for the work queued so far, leaving its errors for `synchronize`; True if done."""
         with self._done:
             target = self._submitted
-            return self._done.wait_for(lambda: self._completed >= target, timeout)
+            self._waiting += 1
+            try:
+                return self._done.wait_for(lambda: self._completed >= target, timeout)
+            finally:
+                self._waiting -= 1
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Block until the stream is idle; raise the first error its work hit since the last sync."""
