@@ -73,12 +73,18 @@ class FreeList:
     case, instead of being removed and inserted again: this runs on every allocate and free.
     """
 
-    __slots__ = ("_keys", "_blocks", "_starts")
+    __slots__ = ("_keys", "_blocks", "_starts", "_spare", "_cut")
 
     def __init__(self):
         self._keys: list[int] = []
         self._blocks: list[Block] = []
         self._starts: list[int] = []
+        # A free block absorbed by a merge, kept for reuse as the rest of the next split: a
+        # cache-hit pair cuts a rest from a free block and merges it back, and making and
+        # dropping a Block object each time was a tenth of the pair. Nothing holds absorbed
+        # blocks (the lists are walked under the pool's lock, or checked after an unlocked walk).
+        self._spare: Block | None = None
+        self._cut = 0        # the slot of the last split's rest: where its merge looks first
 
     def largest_first(self):
         """The free blocks, largest first."""
@@ -139,15 +145,26 @@ class FreeList:
         if first_fit and i + 1 < count:
             starts = self._starts[i:]
             i += starts.index(min(starts))
-        block = self._blocks[i]
-        rest_size = block.size - size
-        if below is not None and block.size >= below:
+        blocks = self._blocks
+        block = blocks[i]
+        whole = block.size
+        if below is not None and whole >= below:
             return None
+        rest_size = whole - size
         if rest_size < split_min:
             return self._pop(i)
         following = block.next
         start = block.start + size
-        rest = Block(start, rest_size, block.segment, block, following)
+        rest = self._spare
+        if rest is None:
+            rest = Block(start, rest_size, block.segment, block, following)
+        else:                   # the block object the last merge let go (see merge_and_add)
+            self._spare = None
+            rest.start = start
+            rest.size = rest_size
+            rest.segment = block.segment
+            rest.prev = block
+            rest.next = following
         if following is not None:
             following.prev = rest
         block.next = rest
@@ -156,8 +173,9 @@ class FreeList:
         key = rest_size << _ADDRESS_BITS | start
         if i == 0 or keys[i - 1] < key:
             keys[i] = key
-            self._blocks[i] = rest
+            blocks[i] = rest
             self._starts[i] = start
+            self._cut = i
         else:
             self._pop(i)
             self.add(rest)
@@ -191,24 +209,31 @@ class FreeList:
         prev_free = previous is not None and not previous.allocated
         if following is not None and not following.allocated:
             keys = self._keys
-            i = bisect_left(keys, following.size << _ADDRESS_BITS | following.start)
             if not prev_free:
-                # the common case on a cache hit: the block rejoins the rest it was cut from,
-                # and takes the rest's slot when its (larger) key stays below slot i+1's
+                # the common case on a cache hit: the block rejoins the rest it was cut from
+                # (found where the last split left it, else by its key), and takes the rest's
+                # slot when its (larger) key stays below slot i+1's
+                blocks = self._blocks
+                i = self._cut
+                if i >= len(blocks) or blocks[i] is not following:
+                    i = bisect_left(keys, following.size << _ADDRESS_BITS | following.start)
                 size = block.size + following.size
                 block.size = size
                 block.next = after = following.next
                 if after is not None:
                     after.prev = block
-                key = size << _ADDRESS_BITS | block.start
+                start = block.start
+                key = size << _ADDRESS_BITS | start
                 if i + 1 == len(keys) or key < keys[i + 1]:
                     keys[i] = key
-                    self._blocks[i] = block
-                    self._starts[i] = block.start
+                    blocks[i] = block
+                    self._starts[i] = start
                 else:
                     self._pop(i)
                     self.add(block)
+                self._spare = following    # absorbed: the next split's rest, not a new Block
                 return
+            i = bisect_left(keys, following.size << _ADDRESS_BITS | following.start)
             block.absorb_next()
             self._pop(i)
             i = self._index(previous)

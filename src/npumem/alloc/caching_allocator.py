@@ -102,6 +102,8 @@ class CachingAllocator(MemoryResource):
                 self._predictor = None
         # what the hot path needs from the settings, worked out once
         self.split_min = max(MIN_BLOCK[self.flavour], settings.block_alignment)
+        limit = settings.max_split_size_mb      # max_split_size_mb in bytes (segment mode)
+        self.max_split_bytes = None if limit is None else int(limit * (1 << 20))
         self._plain_rounding = self.flavour == "npu" and settings.block_alignment == 64 and \
             settings.roundup_power2_divisions <= 1
 
@@ -142,16 +144,17 @@ class CachingAllocator(MemoryResource):
                 self._free_completed_pending()
             predictor = self._predictor
             if predictor is None:
-                block = None
-            elif predictor.requests < predictor.rest_until:     # paused: only counted
-                predictor.requests += 1
-                block = None
-            else:
-                block = predictor.take(nbytes, size, stream)
-            if block is None:
                 block = self._take(size, stream)
+            else:
+                if predictor.requests < predictor.rest_until:     # paused: only counted
+                    predictor.requests += 1
+                    block = None
+                else:
+                    block = predictor.take(nbytes, size, stream)
                 if block is None:
-                    block = self._retry_after_releasing_cache(nbytes, size, stream)
+                    block = self._take(size, stream)
+            if block is None:
+                block = self._retry_after_releasing_cache(nbytes, size, stream)
             start = block.start
             block.allocated = True
             block.requested = nbytes
@@ -159,7 +162,9 @@ class CachingAllocator(MemoryResource):
             self._allocated[start] = block
             stats = self.stats
             log = stats.log
-            log += (block.size, nbytes, small)
+            log.append(block.size)      # three appends: cheaper than += of a tuple
+            log.append(nbytes)
+            log.append(small)
             if len(log) >= FOLD_AT:
                 stats.fold()
             if pending:
@@ -177,18 +182,27 @@ class CachingAllocator(MemoryResource):
         lock = self.lock
         lock.acquire()
         try:
-            block = self._allocated.get(pointer)
-            if block is None:
-                raise MemoryFreeError(f"deallocate(0x{pointer:x}): {self._explain_unknown(pointer)}")
-            if nbytes is not None and nbytes != block.requested:
-                raise InvalidParamError(f"deallocate(0x{pointer:x}, {nbytes}): the block was "
-                                        f"allocated for {block.requested} bytes")
-            del self._allocated[pointer]
+            if nbytes is None:
+                block = self._allocated.pop(pointer, None)
+                if block is None:
+                    raise MemoryFreeError(
+                        f"deallocate(0x{pointer:x}): {self._explain_unknown(pointer)}")
+            else:
+                block = self._allocated.get(pointer)
+                if block is None:
+                    raise MemoryFreeError(
+                        f"deallocate(0x{pointer:x}): {self._explain_unknown(pointer)}")
+                if nbytes != block.requested:
+                    raise InvalidParamError(f"deallocate(0x{pointer:x}, {nbytes}): the block was "
+                                            f"allocated for {block.requested} bytes")
+                del self._allocated[pointer]
             predictor = self._predictor
             if predictor is not None and predictor.learner is not None:
                 predictor.learn_free(pointer, block.stream)
             log = self.stats.log
-            log += (-block.size, -block.requested, block.small)
+            log.append(-block.size)
+            log.append(-block.requested)
+            log.append(block.small)
             if self._other_streams:
                 streams = self._other_streams.pop(pointer, None)
                 if streams and self._record_event is not None:

@@ -58,10 +58,12 @@ class SegmentStrategy:
     def take(self, size: int, stream) -> Block | None:
         """A block of `size` bytes for `stream`, from the cache or a new segment."""
         small = size <= SMALL_SIZE
-        free_list = self._free_list(stream, small)
+        free_list = self.free_lists.get((stream, small)) or self._free_list(stream, small)
+        owner = self.owner
         # large blocks split only when more than a small block's worth would remain
-        split_min = self.owner.split_min if small else max(self.owner.split_min, SMALL_SIZE + 1)
-        block = free_list.take(size, split_min, self._usable_below(size))
+        split_min = owner.split_min if small else max(owner.split_min, SMALL_SIZE + 1)
+        block = free_list.take(size, split_min,
+                               None if owner.max_split_bytes is None else self._usable_below(size))
         if block is not None:
             return block
         self._collect_garbage()
@@ -83,10 +85,9 @@ class SegmentStrategy:
         """With max_split_size_mb, the cached block size from which blocks may not serve `size`:
         blocks that large are kept for large requests, and those only take blocks at most
         LARGE_BUFFER bigger than asked (None: any block may serve)."""
-        limit = self.owner.settings.max_split_size_mb
+        limit = self.owner.max_split_bytes
         if limit is None:
             return None
-        limit = int(limit * (1 << 20))
         return limit if size < limit else size + LARGE_BUFFER
 
     def _new_segment(self, size: int, stream, small: bool, nbytes: int | None = None) -> Segment | None:

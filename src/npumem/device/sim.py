@@ -265,8 +265,8 @@ class SimBackend(DeviceBackend):
     def is_device_pointer(self, pointer):
         return in_device_space(pointer, len(self.devices))
 
-    def device_of(self, pointer):
-        return device_of(pointer)
+    # the address space's function itself: one call less on every caching_allocator_delete
+    device_of = staticmethod(device_of)
 
     def reserve(self, device, nbytes):
         return self._device(device).reserve(nbytes)

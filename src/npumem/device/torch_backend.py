@@ -247,8 +247,8 @@ class TorchBackend(DeviceBackend):
     def is_device_pointer(self, pointer: int) -> bool:
         return in_device_space(pointer, len(self.devices))
 
-    def device_of(self, pointer: int) -> int:
-        return device_of(pointer)
+    # the address space's function itself: one call less on every caching_allocator_delete
+    device_of = staticmethod(device_of)
 
     def live_allocations(self, device: int) -> list[Allocation]:
         dev = self._device(device)

@@ -220,7 +220,9 @@ class Runtime:
 
     def _context_in_use(self) -> Context | None:
         """This thread's context, else the one most recently made current in the process."""
-        context = getattr(self._thread, "context", None) or self.process_context
+        # (the thread's own settings read from its dict: getattr with a default on a name the
+        # thread never set raises and catches inside, 0.3 us an allocation)
+        context = self._thread.__dict__.get("context") or self.process_context
         return None if context is None or context.destroyed else context
 
     def create_context(self, device: int) -> Context:
@@ -288,7 +290,7 @@ class Runtime:
         return self._stream_in_use(self.lazy_context())
 
     def _stream_in_use(self, context: Context) -> Stream:
-        stream = getattr(self._thread, "stream", None)     # npumem.stream(s) on this thread
+        stream = self._thread.__dict__.get("stream")       # npumem.stream(s) on this thread
         if stream is not None and not stream.destroyed and stream.context is context:
             return stream
         return context.default_stream
