@@ -23,6 +23,7 @@ import numpy as np
 
 from ..alloc.torch_model import DEFAULT_POOL, ModelOutOfMemory, TorchAllocatorModel
 from ..alloc.torch_model.allocator import SegmentEvent, out_of_memory_error
+from ..alloc.torch_model.config import NO_LIMIT
 from ..trace.snapshot.columns import ACTION_CODE
 
 try:
@@ -228,10 +229,10 @@ def native_covers(config, allowed: int | None, start, pools: dict, captured: set
     if columns.addr.dtype != np.uint64 or columns.size.dtype != np.uint64 \
             or columns.stream.dtype != np.uint64:
         return "numbers outside 64 bits"
-    highest = max([0, fresh_base, capacity or 0, allowed or 0, config.large_segment_size,
-                   config.expandable_large_page] +
-                  [int(column.max()) for column in (columns.size,) if len(column)])
-    if highest >= NATIVE_LIMIT or (config.max_split_size != (1 << 64) - 1
-                                   and config.max_split_size >= NATIVE_LIMIT):
+    # (addresses: the fresh base lies above every recorded one)
+    highest = max(fresh_base, capacity or 0, allowed or 0, config.large_segment_size,
+                  config.expandable_large_page, int(columns.size.max()) if len(columns.size) else 0,
+                  0 if config.max_split_size == NO_LIMIT else config.max_split_size)
+    if highest >= NATIVE_LIMIT:
         return "numbers past 2**62"
     return ""
