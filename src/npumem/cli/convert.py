@@ -30,8 +30,9 @@ def convert(source, target, fmt):
         fmt = fmt or format_for_output(target)
         source_format = detect_format(source)
         notes: list[str] = []
+        loaded: dict = {}
         with written_whole(target) as partial:
-            count = convert_file(source, partial, fmt, notes)
+            count = convert_file(source, partial, fmt, notes, loaded)
             if count == 0:
                 _readable_or_refused(source, partial, fmt)
     except OutputPathError as exc:
@@ -48,7 +49,7 @@ def convert(source, target, fmt):
     click.echo(f"{source} ({source_format}) -> {target} ({fmt}): {count} events")
     for note in notes:
         click.echo(f"note: {source}: {note}")
-    if echo_recorded_ooms([source]) and fmt not in ("snapshot", "jsonl"):
+    if echo_recorded_ooms([source], loaded) and fmt not in ("snapshot", "jsonl"):
         click.echo(f"note: {target} holds allocations and frees only: the out-of-memory, the "
                    f"segments and the settings stay in {source} (convert to .pickle or .jsonl "
                    "keeps them)")

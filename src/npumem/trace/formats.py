@@ -56,17 +56,22 @@ def holds_snapshot(path: str | os.PathLike) -> bool:
     return fmt == "snapshot" or (fmt == "jsonl" and jsonl.holds_snapshot(read_head(path, 64)))
 
 
-def convert(source: str, target: str, fmt: str, notes: list[str] | None = None) -> int:
+def convert(source: str, target: str, fmt: str, notes: list[str] | None = None,
+            loaded: dict | None = None) -> int:
     """Write `source` as `target` in `fmt`; the number of events (or snapshot entries) written.
 
     A whole snapshot (pickle or JSONL) going to a snapshot pickle or JSONL is copied entire:
     segments, blocks, frames, every action and setting. msprof's operator_memory.csv going to
     either becomes a snapshot whose allocations carry their operator as a frame. Other
     conversions carry each allocation and free (time, address, size, stream), which is what the
-    other formats hold. `notes` gathers what reading the source passed over or reinterpreted."""
+    other formats hold. `notes` gathers what reading the source passed over or reinterpreted;
+    `loaded` gets the snapshot read whole, by path (for its OOM lines, without a second read)."""
     notes = [] if notes is None else notes
     if fmt in ("snapshot", "jsonl") and holds_snapshot(source):
-        return _write_snapshot(fmt, snapshot.load_data(source), target)
+        data = snapshot.load_data(source)
+        if loaded is not None:
+            loaded[source] = data
+        return _write_snapshot(fmt, data, target)
     if detect_format(source) == "msprof":
         if fmt in ("snapshot", "jsonl"):
             data, found = msprof.to_snapshot(source)
