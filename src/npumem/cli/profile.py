@@ -48,7 +48,7 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, samp
     all. Ctrl-C saves only the snapshots (within 3.5 s) and exits 130.
     """
     from ..errors import InvalidParamError
-    from ..profile import _stop_environment_session
+    from ..profile import stop_environment_session
     from ..profile.folder import claim_folder
     from ..profile.run import run_target
     from ..profile.session import ProfileSession
@@ -56,7 +56,7 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, samp
     if interval_ms <= 0:
         raise click.BadParameter("must be positive", param_hint="--interval")
     sample = size_option(sample_bytes, "--sample-bytes") if sample_bytes is not None else 0
-    _stop_environment_session()          # NPUMEM_PROFILE=1 as well: this run is the profile
+    stop_environment_session()           # NPUMEM_PROFILE=1 as well: this run is the profile
     created = not os.path.exists(out_dir)
     try:
         folder, lock = claim_folder(out_dir, force)

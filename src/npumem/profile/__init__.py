@@ -112,7 +112,7 @@ def _start_from_environment() -> None:
     atexit.register(_finish_environment_session)
 
 
-def _stop_environment_session() -> None:
+def stop_environment_session() -> None:
     """Stop this process's NPUMEM_PROFILE session without writing it (`npumem profile` makes
     the profile itself)."""
     if _ENVIRONMENT_SESSION:
