@@ -390,3 +390,14 @@ def test_a_cap_met_before_anything_was_held_is_not_called_exact():
         {"action": "oom", "device_free": 30 * MiB, "size": 4 * MiB, "stream": 0, "time_us": 1}]]}
     bounds = capacity_bounds(recording_from_data(snapshot), 0)
     assert not bounds.exact and "failed before holding anything" in bounds.caveat()
+
+
+def test_a_setting_past_a_memory_fraction_by_its_pages_is_not_said_to_spare_negative_bytes():
+    """Expandable segments under a memory fraction map whole pages for the bytes the fraction
+    counted: a setting can finish a few MiB over the cap, and the answer says so in words
+    (it said "with -7.00 MiB to spare")."""
+    died = "tests/data/cuda_oom_h200/snapshots/cnn_sgd/153MiB_default.pickle.gz"
+    tuning = tune_recording(load_recording(died), workers=1)
+    assert tuning.worth_trying is not None and tuning.worth_trying.headroom < 0
+    answer = tuning.answer()
+    assert "over the limit in whole pages mapped" in answer and "-7.00 MiB" not in answer

@@ -157,8 +157,8 @@ class TorchTuning:
             return f"answer: set {self.best.line}"
         if self.worth_trying is not None:
             return (f"answer: none certain{where}; try {self.worth_trying.line}: it gets past "
-                    f"the failed request with {format_size(self.worth_trying.headroom or 0)} to "
-                    f"spare, but the rest of the run is unknown ({self.unextended})")
+                    f"the failed request ({_spare(self.worth_trying.headroom or 0)}), but the "
+                    f"rest of the run is unknown ({self.unextended})")
         needed = [c for c in self.candidates if c.needed is not None]
         if not needed:
             return f"answer: none fits{where}"
@@ -492,8 +492,7 @@ def _reasons(tuning: TorchTuning) -> list[str]:
                       f"({format_size(best.decisive.peak_reserved_bytes)} vs "
                       f"{format_size(recorded.decisive.peak_reserved_bytes)})" if saved > 0 else
                       f"{format_size(best.decisive.peak_reserved_bytes)} at peak and finishes")
-                   + (f", leaving {format_size(best.headroom)} of headroom"
-                      if best.headroom is not None else ""))
+                   + (f" ({_spare(best.headroom)})" if best.headroom is not None else ""))
         if best.config.expandable_segments and not recorded.config.expandable_segments:
             out.append("expandable segments grow one address range per stream instead of "
                        "caching whole segments, so freed space is not stranded in segments "
@@ -508,3 +507,13 @@ def _reasons(tuning: TorchTuning) -> list[str]:
         out.append(f"peak live tensors: {format_size(live)}; the recommendation reserves "
                    f"{best.decisive.peak_reserved_bytes / live:.3f}x that")
     return out
+
+
+def _spare(headroom: int) -> str:
+    """How a setting that finishes stands to the limit. Above it only under a memory fraction
+    with expandable segments: the fraction counts the segment asked for, while whole pages are
+    mapped for it."""
+    if headroom >= 0:
+        return f"{format_size(headroom)} to spare"
+    return (f"{format_size(-headroom)} over the limit in whole pages mapped: a memory fraction "
+            f"counts the bytes asked for, expandable segments map pages")
