@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..alloc.torch_model import DEFAULT_POOL, ModelOutOfMemory, TorchAllocatorModel
-from ..alloc.torch_model.allocator import SegmentEvent, out_of_memory_error
+from ..alloc.torch_model.allocator import (SegmentEvent, address_space, out_of_memory_error,
+                                           restored_range)
 from ..alloc.torch_model.config import NO_LIMIT
 from ..trace.snapshot.columns import ACTION_CODE
 
@@ -169,7 +170,7 @@ class NativeCore:
             config.expandable_segments, config.expandable_large_page, config.flavour == "npu",
             config.base_addr_aligned_kb * 1024, config.garbage_collection_threshold,
             -1 if capacity is None else capacity,
-            -1 if allowed is None else allowed, fresh_base,
+            -1 if allowed is None else allowed, address_space(capacity), fresh_base,
             [number for pair in expected for number in pair])
         self._restore(segments, capacity)
         self.model.start(allocated)
@@ -188,12 +189,10 @@ class NativeCore:
         for s in segments:
             if s.expandable:
                 groups.setdefault((s.stream, s.small), []).append(s)
-        space = capacity or (1 << 40)
         for (stream, small), ranges in groups.items():
             ranges.sort(key=lambda r: r.addr)
-            base = min([ranges[0].addr] + [r.lowest for r in ranges if r.lowest is not None])
-            end = ranges[-1].addr + ranges[-1].size
-            self.model.restore_expandable(stream, small, base, max(space + space // 8, end - base),
+            base, space = restored_range(ranges, capacity)
+            self.model.restore_expandable(stream, small, base, space,
                                           [(r.addr, r.size, blocks(r)) for r in ranges])
 
     def oom_request(self, index: int, size: int, stream: int) -> bool:
@@ -217,21 +216,21 @@ class NativeCore:
                       s["num_device_free"], s["cache_hits"])
 
 
-def native_covers(config, allowed: int | None, start, pools: dict, captured: set, columns,
+def native_covers(config, allowed: int | None, start, pools: dict, captured: set, a,
                   fresh_base: int, capacity: int | None) -> str:
-    """Why the native model cannot replay this ("" when it can)."""
+    """Why the native model cannot replay this ("" when it can); `a`: the trace as
+    columns.Arrays."""
     if _native is None:
         return "the native model is not built"
     if captured or any(pool != DEFAULT_POOL for pool in pools.values()):
         return "private pools"
     if any(s.pool != DEFAULT_POOL for s in start.segments):
         return "private segments at the start"
-    if columns.addr.dtype != np.uint64 or columns.size.dtype != np.uint64 \
-            or columns.stream.dtype != np.uint64:
+    if a.addr.dtype != np.uint64 or a.size.dtype != np.uint64 or a.stream.dtype != np.uint64:
         return "numbers outside 64 bits"
     # (addresses: the fresh base lies above every recorded one)
-    highest = max(fresh_base, capacity or 0, allowed or 0, config.large_segment_size,
-                  config.expandable_large_page, int(columns.size.max()) if len(columns.size) else 0,
+    highest = max(fresh_base, address_space(capacity), allowed or 0, config.large_segment_size,
+                  config.expandable_large_page, int(a.size.max()) if len(a.size) else 0,
                   0 if config.max_split_size == NO_LIMIT else config.max_split_size)
     if highest >= NATIVE_LIMIT:
         return "numbers past 2**62"

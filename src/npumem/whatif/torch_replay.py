@@ -24,7 +24,7 @@ import numpy as np
 from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
                                  TorchAllocatorConfig, TorchAllocatorModel)
 from ..units import format_size
-from ..alloc.torch_model.allocator import round_size
+from ..alloc.torch_model.allocator import allowed_bytes, round_size
 from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, first_oom, read_pool_id
 from ..trace.snapshot.columns import ACTION_CODE, arrays, highest_address, indices, rows, take
 from ..trace.snapshot.schema import oom_device_free
@@ -301,7 +301,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
             if progress is not None:
                 progress(index)
         elif why == replay_cores.OUT_OF_MEMORY:
-            oom = _oom_record(at, {"size": int(a.size[at])}, core.oom_error())
+            oom = _oom_record(at, core.oom_error())
             model_events += [(at, e) for e in core.new_events()]
             stopped = at
         elif why == replay_cores.EVENTS:       # (check only) an alloc that made segments
@@ -356,14 +356,11 @@ def _core(recording: Recording, config: TorchAllocatorConfig, start, capacity: i
                 take(recording.entries, indices(recording.entries, "segment_alloc"))]
     pools, captured = _pools_of(recording, start)
     if native is not False:
-        allowed_bytes = allowed
-        fraction = config.per_process_memory_fraction
-        if allowed_bytes is None and fraction is not None and capacity:
-            allowed_bytes = int(fraction * capacity)       # as the Python model computes it
-        why_not = replay_cores.native_covers(config, allowed_bytes, start, pools, captured,
+        limit = allowed_bytes(config, capacity, allowed)
+        why_not = replay_cores.native_covers(config, limit, start, pools, captured,
                                              arrays(recording.entries), fresh_base, capacity)
         if not why_not:
-            return replay_cores.NativeCore(config, capacity, allowed_bytes, fresh_base, expected,
+            return replay_cores.NativeCore(config, capacity, limit, fresh_base, expected,
                                            start.segments, start.allocated)
         if native:
             raise ValueError(f"the native model does not cover this replay: {why_not}")
@@ -386,7 +383,7 @@ def _irregular(recording, core, a, kinds, index, check, recorded, model_events, 
         if call in ("alloc", "free"):
             _, why = core.run(kinds, a.action, a.addr, a.size, a.stream, at, at + 1, False)
             if why == replay_cores.OUT_OF_MEMORY:
-                oom = _oom_record(at, entry, core.oom_error())
+                oom = _oom_record(at, core.oom_error())
                 model_events += [(at, e) for e in core.new_events()]
                 return len(a), oom, None, compared, at
         elif call == "empty_cache":
@@ -399,7 +396,7 @@ def _irregular(recording, core, a, kinds, index, check, recorded, model_events, 
                     notes.append(f"entry {at}: the recorded out-of-memory request "
                                  f"({format_size(entry.get('size', 0))}) fits under these settings")
             else:
-                oom = oom or _oom_record(at, entry, core.oom_error())
+                oom = oom or _oom_record(at, core.oom_error())
         model_events += [(at, e) for e in core.new_events()]
         if check and call != "frees_before":
             divergence, compared = _compare(recording, recorded, model_events, at, compared)
@@ -509,7 +506,7 @@ def _free_before_request(model: TorchAllocatorModel, entry: dict) -> None:
     model.empty_cache()
 
 
-def _oom_record(index: int, entry: dict, exc: ModelOutOfMemory) -> dict:
+def _oom_record(index: int, exc: ModelOutOfMemory) -> dict:
     return {"index": index, "request_bytes": exc.request, "alloc_bytes": exc.alloc_size,
             "free_bytes": exc.free, "reserved_bytes": exc.reserved,
             "allocated_bytes": exc.allocated, "largest_free_bytes": exc.largest_free,

@@ -62,6 +62,7 @@ typedef struct {
     uint64_t pad, max_split, max_non_split, large_segment;
     int page_1g, expandable, npu;
     uint64_t large_page, align;                   /* expandable large pages; npu start alignment */
+    uint64_t space;                               /* the addresses a new expandable segment takes */
     uint8_t divisions[INTERVALS];
     int64_t allowed, capacity;                /* -1: none */
     double gc_threshold;                      /* garbage_collection_threshold (0: off) */
@@ -663,10 +664,7 @@ static int32_t find_expandable_block(Model *m, BlockPool *p, int small, uint64_t
             room += m->blocks[walker].size;
         if (room >= size) return candidate;
     }
-    uint64_t page = expandable_page(m, small);
-    uint64_t capacity = m->capacity > 0 ? (uint64_t)m->capacity : (uint64_t)1 << 40;
-    /* address space for 9/8 of the device (c10; torch_npu NPUCachingAllocator.cpp l.369) */
-    Py_ssize_t seg = new_expandable(m, stream, page, capacity + capacity / 8, -1);
+    Py_ssize_t seg = new_expandable(m, stream, expandable_page(m, small), m->space, -1);
     if (seg < 0) return NONE;
     Expandable *e = &m->segs[seg];
     int32_t whole = new_block_in(m, e->base, e->max_pages * e->page, stream, small, (int32_t)seg, 0);
@@ -989,16 +987,17 @@ static int as_u64(PyObject *obj, uint64_t *out) {
 }
 
 /* Model(pad, divisions, max_split, max_non_split, large_segment, page_1g, expandable,
- *       large_page, npu, align, gc_threshold, capacity, allowed, fresh, expected): capacity and
- *       allowed -1 for none; divisions 16 numbers; expected the recording's segment_alloc
- *       (addr, size) in order, as a flat sequence */
+ *       large_page, npu, align, gc_threshold, capacity, allowed, space, fresh, expected):
+ *       capacity and allowed -1 for none; divisions 16 numbers; space the addresses a new
+ *       expandable segment reserves (allocator.address_space); expected the recording's
+ *       segment_alloc (addr, size) in order, as a flat sequence */
 static int Model_init(Model *m, PyObject *args, PyObject *kw) {
     PyObject *divisions, *expected;
     long long capacity, allowed;
-    if (!PyArg_ParseTuple(args, "KOKKKppKpKdLLKO", &m->pad, &divisions, &m->max_split,
+    if (!PyArg_ParseTuple(args, "KOKKKppKpKdLLKKO", &m->pad, &divisions, &m->max_split,
                           &m->max_non_split, &m->large_segment, &m->page_1g, &m->expandable,
                           &m->large_page, &m->npu, &m->align, &m->gc_threshold, &capacity,
-                          &allowed, &m->fresh, &expected))
+                          &allowed, &m->space, &m->fresh, &expected))
         return -1;
     if (!m->large_page) {
         PyErr_SetString(PyExc_ValueError, "large_page: more than 0 bytes");
@@ -1163,9 +1162,7 @@ static PyObject *Model_oom_request(Model *m, PyObject *args) {
     return PyBool_FromLong(got);
 }
 
-static PyObject *Model_empty_cache(Model *m, PyObject *args) {
-    PyObject *pool = NULL;
-    if (!PyArg_ParseTuple(args, "|O", &pool)) return NULL;
+static PyObject *Model_empty_cache(Model *m, PyObject *unused) {
     if (release_cached(m) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -1321,7 +1318,8 @@ static PyMethodDef Model_methods[] = {
      "An expandable segment live at the start."},
     {"start", (PyCFunction)Model_start, METH_O, "The live requested bytes at the start."},
     {"oom_request", (PyCFunction)Model_oom_request, METH_VARARGS, "A refused request, again."},
-    {"empty_cache", (PyCFunction)Model_empty_cache, METH_VARARGS, "torch.cuda.empty_cache()."},
+    {"empty_cache", (PyCFunction)Model_empty_cache, METH_NOARGS,
+     "torch.cuda.empty_cache() (the default pools: private ones are the Python model's)."},
     {"would_reuse", (PyCFunction)Model_would_reuse, METH_VARARGS, "Whether a cached block serves it."},
     {"oversize_release", (PyCFunction)(void (*)(void))Model_oversize_release,
      METH_VARARGS | METH_KEYWORDS, "The oversize blocks the retry frees first."},

@@ -143,6 +143,34 @@ def out_of_memory_error(orig_size: int, alloc_size: int, free: int | None, cappe
     return ModelOutOfMemory(message, orig_size, alloc_size, free, reserved, allocated, usable)
 
 
+def allowed_bytes(config: TorchAllocatorConfig, capacity: int | None,
+                  allowed: int | None = None) -> int | None:
+    """The bytes a memory fraction allows (c10's allowed_memory_maximum): `allowed` where they
+    are known as bytes, else the config's per_process_memory_fraction of the device's
+    `capacity`, as setMemoryFraction computes it; None without a fraction."""
+    fraction = config.per_process_memory_fraction
+    if allowed is None and fraction is not None and capacity:
+        return int(fraction * capacity)
+    return allowed
+
+
+def restored_range(ranges, capacity: int | None) -> tuple[int, int]:
+    """(base, bytes of addresses) of an expandable segment rebuilt from its mapped `ranges`
+    (address order, StartSegment-shaped): from the lowest address the trace maps (it may map
+    below the pages mapped at its start: c10 maps the lowest room first), with room for 9/8 of
+    the device, as a new one reserves."""
+    base = min([ranges[0].addr] + [r.lowest for r in ranges if r.lowest is not None])
+    end = ranges[-1].addr + ranges[-1].size
+    return base, max(address_space(capacity), end - base)
+
+
+def address_space(capacity: int | None) -> int:
+    """The addresses an expandable segment reserves: 9/8 of the device (c10; torch_npu
+    NPUCachingAllocator.cpp l.369); 1 TiB where the device has no limit."""
+    capacity = capacity or (1 << 40)
+    return capacity + capacity // 8
+
+
 class TorchAllocatorModel:
     """The allocator of one device. `malloc` returns a Block (its `addr` is the pointer),
     `free` takes it back; `stats.events` lists the segment events in order."""
@@ -162,11 +190,7 @@ class TorchAllocatorModel:
         self.stats = ModelStats()
         self.active: set[Block] = set()          # allocated blocks
         self.expandable: list[ExpandableSegment] = []
-        fraction = self.config.per_process_memory_fraction
-        capacity = self.device.capacity
-        if allowed is None and fraction is not None and capacity:
-            allowed = int(fraction * capacity)
-        self.allowed = allowed
+        self.allowed = allowed_bytes(self.config, self.device.capacity, allowed)
         self.total_allocated = 0                  # what the driver gave: reserved bytes
 
     # --- the public calls ------------------------------------------------------------------
@@ -486,9 +510,7 @@ class TorchAllocatorModel:
             if room >= size:
                 return candidate
         page = self.expandable_page(pool.small)
-        capacity = self.device.capacity or (1 << 40)
-        # address space for 9/8 of the device (c10; torch_npu NPUCachingAllocator.cpp l.369)
-        segment = ExpandableSegment(self.device, stream, page, capacity + capacity // 8)
+        segment = ExpandableSegment(self.device, stream, page, address_space(self.device.capacity))
         self.expandable.append(segment)
         candidate = segment.whole(pool, stream)
         pool.insert_unmapped(candidate)
@@ -733,11 +755,7 @@ class TorchAllocatorModel:
 
     def _restore_expandable(self, stream: int, pool: BlockPool, ranges, live) -> None:
         page = self.expandable_page(pool.small)
-        # the trace may map below the pages mapped at its start: c10 maps the lowest room first
-        base = min([ranges[0].addr] + [r.lowest for r in ranges if r.lowest is not None])
-        end = ranges[-1].addr + ranges[-1].size
-        capacity = self.device.capacity or (1 << 40)
-        space = max(capacity + capacity // 8, end - base)
+        base, space = restored_range(ranges, self.device.capacity)
         segment = ExpandableSegment(self.device, stream, page, space, base=base)
         self.expandable.append(segment)
         previous, cursor = None, base
