@@ -12,6 +12,7 @@ import pytest
 
 import npumem
 from npumem.device import sanitizer
+from npumem.device.address_index import RELEASES
 from npumem.errors import AsyncTaskError, MemoryAccessError, OpParamError
 from npumem.observe import OBSERVERS
 from npumem.ops import REGISTRY
@@ -426,10 +427,20 @@ def test_views_are_checked_again_after_a_release(lean):
     b = npumem.from_numpy(np.ones(64, np.float32))
     a + b
     assert _served(lambda: a + b)[0]
+    made_at = a._kernel_view[0]
     npumem.free(npumem.malloc(1 << 20))      # a release: views made before are checked again
     npumem.memory.empty_cache()
-    served, c = _served(lambda: a + b)
-    assert served
+    assert RELEASES.value != made_at
+    resolved = []
+    backend = RUNTIME.backend
+    real = backend.resolve
+    backend.resolve = lambda *args: resolved.append(args[0]) or real(*args)
+    try:
+        served, c = _served(lambda: a + b)
+    finally:
+        del backend.resolve
+    assert served and a._kernel_view[0] == RELEASES.value
+    assert a.storage.pointer in resolved and b.storage.pointer in resolved
     np.testing.assert_array_equal(c.numpy(), np.arange(64, dtype=np.float32) + 1)
 
 

@@ -119,17 +119,23 @@ def _stream(stream):
     return RUNTIME.stream(stream, "caching allocator")
 
 
+def current_pool_and_stream():
+    """(the current device's pool, the current stream) as get_allocator and _stream would find
+    them, found without the runtime's lock (it matters only for starting the runtime); None
+    when the runtime has no current context or its device no pool yet: then take those."""
+    context = RUNTIME._context_in_use()
+    if context is None:
+        return None
+    pool = _pools.get(context.device)
+    return None if pool is None else (pool, RUNTIME._stream_in_use(context))
+
+
 def caching_allocator_alloc(size: int, device: int | None = None, stream=None) -> int:
     """A device pointer from the pool, ordered on `stream` (None: the default stream)."""
-    if type(size) is int and device is None and stream is None:
-        # The common call: an int size on the current device and stream of a running runtime
-        # whose pool exists. What get_allocator and _stream would find, found once and without
-        # the runtime's lock (the lock only matters for starting the runtime, done below).
-        context = RUNTIME._context_in_use()
-        if context is not None:
-            pool = _pools.get(context.device)
-            if pool is not None:
-                return pool.allocate(size, RUNTIME._stream_in_use(context))
+    if type(size) is int and device is None and stream is None:     # the common call
+        found = current_pool_and_stream()
+        if found is not None:
+            return found[0].allocate(size, found[1])
     size = integer_argument(size, "caching_allocator_alloc: size")
     pool = get_allocator(device)
     return pool.allocate(size, _stream(stream))
@@ -153,7 +159,7 @@ def caching_allocator_delete(pointer: int) -> None:
         backend = RUNTIME.backend
         if backend is not None:
             pool = _pools.get(backend.device_of(pointer))
-            if pool is not None and pointer in pool._allocated:
+            if pool is not None and pool.owns(pointer):
                 pool.deallocate(pointer)
                 return
     pointer = integer_argument(pointer, "caching_allocator_delete: pointer")

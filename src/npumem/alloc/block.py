@@ -231,7 +231,10 @@ class FreeList:
                 else:
                     self._pop(i)
                     self.add(block)
-                self._spare = following    # absorbed: the next split's rest, not a new Block
+                # absorbed: the next split's rest, not a new Block; it keeps nothing of its
+                # old chain meanwhile (a released segment must not stay alive through it)
+                following.segment = following.prev = following.next = None
+                self._spare = following
                 return
             i = bisect_left(keys, following.size << _ADDRESS_BITS | following.start)
             block.absorb_next()

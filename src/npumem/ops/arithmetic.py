@@ -13,7 +13,6 @@ import numpy as np
 from ..errors import OpParamError
 from ..runtime.state import RUNTIME
 from . import aclnn
-from . import fastpath as FASTPATH
 from .fastpath import FAST, OPS as FAST_OPS
 from ..dtypes import numpy_dtype
 from .tensor import Tensor, empty, from_numpy, result
@@ -41,13 +40,12 @@ def _binary(op: str, left: Tensor, right, out: Tensor | None = None) -> Tensor:
             except ValueError:
                 raise OpParamError(f"{op}: shapes {left.shape} and {right.shape} do not "
                                    "broadcast") from None
-        if out is None or out.shape != shape:       # the lean route allocated it already
+        if out is None:                   # (else the lean route allocated it already)
             out = result(shape, left.dtype, stream)
         phase1 = getattr(aclnn, f"{op}_get_workspace_size")
-        sim_kernels = FASTPATH.sim_kernels()          # before phase 1 reads it
         planned = phase1(left, right, 1, out) if op in ("add", "sub") else phase1(left, right, out)
         if op in FAST_OPS:
-            FAST.remember(op, left, right, out, planned, sim_kernels)
+            FAST.remember(op, left, right, out, planned)
     aclnn.run_with_pool_workspace(getattr(aclnn, op), planned, stream)
     return out
 

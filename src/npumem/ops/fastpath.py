@@ -31,7 +31,6 @@ full route, whose phase 1 reports it.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 
 from .. import memory as pool_api
@@ -42,26 +41,12 @@ from ..observe import OBSERVERS
 from ..runtime.handles import forget, new_handle
 from ..runtime.state import RUNTIME
 from ..runtime.stream import Stream
-from .executor import KernelArgs
+from .executor import KernelArgs, op_device_type
 from .phase1_cache import PHASE1
 from .registry import REGISTRY
 from .tensor import Tensor, fresh_result, pooled_storage, result_template
 
 OPS = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div"}
-SIM_KERNELS = "NPUMEM_SIM_KERNELS"      # what op_device_type reads besides the backend
-
-
-# os.environ.get of an unset name costs a small op 0.6 us (a KeyError inside): where CPython
-# keeps the encoded mapping (os.environ._data), it is read there, the same value as bytes
-_ENVIRON = getattr(os.environ, "_data", None)
-_ENV_KEY = os.environ.encodekey(SIM_KERNELS) if isinstance(_ENVIRON, dict) else None
-if _ENV_KEY is None:
-    _ENVIRON = None
-
-
-def sim_kernels():
-    """NPUMEM_SIM_KERNELS as this module compares it (None when unset)."""
-    return os.environ.get(SIM_KERNELS) if _ENVIRON is None else _ENVIRON.get(_ENV_KEY)
 
 
 class _Label:
@@ -91,9 +76,9 @@ class FastPlan:
     """What phase 1 decided for one geometry of operands, and the result it makes."""
 
     __slots__ = ("op", "kernel", "direct", "keywords", "attrs", "generation", "backend",
-                 "sim_kernels", "device", "nbytes", "template", "views", "views_epoch")
+                 "device_type", "device", "nbytes", "template", "views")
 
-    def __init__(self, executor, out: Tensor, sim_kernels):
+    def __init__(self, executor, out: Tensor):
         self.op = executor.op
         self.kernel = executor.impl.kernel
         # what a built-in kernel computes, called directly (ops/kernels.py, torch_kernels.py)
@@ -103,13 +88,18 @@ class FastPlan:
         self.attrs = executor.call.attrs
         self.generation = REGISTRY.generation
         self.backend = RUNTIME.backend
-        self.sim_kernels = sim_kernels
+        self.device_type = op_device_type()
         self.device = out.storage.device
         self.nbytes = out.span()[1]
         # the full route's result, less its storage: what each new result is made of
         self.template = result_template(out)
         self.views: dict = {}            # result pointer -> (release count, kernel view)
-        self.views_epoch = None          # the release count they were made at
+
+    def current(self) -> bool:
+        """Whether phase 1 would still choose this kernel: the same op registry, backend and
+        kernel choice (NPUMEM_SIM_KERNELS)."""
+        return self.generation == REGISTRY.generation and self.backend is RUNTIME.backend \
+            and self.device_type == op_device_type()
 
 
 class FastPlans:
@@ -125,10 +115,9 @@ class FastPlans:
         with self._lock:
             self._plans.clear()
 
-    def remember(self, op: str, left, right, out: Tensor, planned, sim_kernels) -> None:
+    def remember(self, op: str, left, right, out: Tensor, planned) -> None:
         """After the full route's phase 1 for `left op right` into `out`: keep its plan when it
-        is simple (see the module docstring). `sim_kernels` is NPUMEM_SIM_KERNELS as it was
-        read before phase 1."""
+        is simple (see the module docstring)."""
         size, executor = planned
         if size or type(left) is not Tensor or type(right) is not Tensor or \
                 type(out) is not Tensor or executor.call is None or \
@@ -140,10 +129,9 @@ class FastPlans:
             return
         key = (op, left._geometry, right._geometry, left is right)
         known = self._plans.get(key)
-        if known is not None and known.generation == REGISTRY.generation and \
-                known.backend is RUNTIME.backend and known.sim_kernels == sim_kernels:
+        if known is not None and known.current():
             return                        # the same plan (the full route ran for another reason)
-        plan = FastPlan(executor, out, sim_kernels)
+        plan = FastPlan(executor, out)
         with self._lock:
             if len(self._plans) >= self.SIZE:
                 self._plans.clear()
@@ -156,17 +144,13 @@ class FastPlans:
         plan = self._plans.get((op, left._geometry, right._geometry, left is right))
         if plan is None or OBSERVERS.active or SANITIZER.on or \
                 left.storage.record is not None or right.storage.record is not None or \
-                plan.generation != REGISTRY.generation or plan.backend is not RUNTIME.backend or \
-                plan.sim_kernels != sim_kernels():
+                not plan.current():
             return None, None
-        context = RUNTIME._context_in_use()      # what current_stream and the pool would find
-        if context is None or context.device != plan.device:
+        found = pool_api.current_pool_and_stream()
+        if found is None:
             return None, None
-        pool = pool_api._pools.get(context.device)
-        if pool is None:
-            return None, None
-        stream = RUNTIME._stream_in_use(context)
-        if type(stream) is not Stream or stream.destroyed:
+        pool, stream = found
+        if pool.device != plan.device or type(stream) is not Stream or stream.destroyed:
             return None, None
         # The result, as `result()` makes it (an allocation failure raises as there).
         nbytes = plan.nbytes
@@ -176,24 +160,18 @@ class FastPlans:
         # nothing was released since they were made, else made again (resolve checks them).
         epoch = RELEASES.value
         backend = plan.backend
-        cached = left._kernel_view
-        x = cached[1] if cached is not None and cached[0] == epoch else \
-            _view(backend, left, epoch, plan.op)
-        cached = right._kernel_view
-        y = cached[1] if cached is not None and cached[0] == epoch else \
-            _view(backend, right, epoch, plan.op)
-        views = plan.views
-        cached = views.get(pointer)
+        x = _view(backend, left, epoch, plan.op)
+        y = _view(backend, right, epoch, plan.op)
+        cached = plan.views.get(pointer)
         if cached is not None and cached[0] == epoch:
             out._kernel_view = cached
             z = cached[1]
         else:
             z = _view(backend, out, epoch, plan.op)
             if z is not None:
-                if len(views) >= self.VIEWS or plan.views_epoch != epoch:
-                    plan.views = views = {}       # a new dict: another thread may read the old
-                    plan.views_epoch = epoch
-                views[pointer] = out._kernel_view
+                if len(plan.views) >= self.VIEWS:
+                    plan.views = {}           # a new dict: another thread may read the old one
+                plan.views[pointer] = out._kernel_view
         if x is None or y is None or z is None:
             return None, out
         # run at once on an idle stream, as the full route's submit would; else the full route
