@@ -226,7 +226,8 @@ def load_pickle(data: bytes, shown) -> tuple[object, list[Entries], Tables]:
 def from_events(events) -> "Entries | list[dict]":
     """A trace of TraceEvents (an alloc, or the free that makes its block reusable) as the
     entries of a snapshot's trace: columns, not a dict per event. Numbers past 64 bits stay
-    dicts."""
+    dicts, as do all of them where the reader (the C extension that defines the columns'
+    flags) is not built."""
     action, addr, size, stream, times = [], [], [], [], []
     alloc, free = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
     for event in events:
@@ -235,6 +236,8 @@ def from_events(events) -> "Entries | list[dict]":
         size.append(event.size)
         stream.append(event.stream)
         times.append(event.t_us)
+    if native is None:
+        return _entry_dicts(action, addr, size, stream, times)
     try:
         floats = np.array([type(t) is float for t in times], dtype=bool)
         raw = np.where(floats, np.array(times, dtype=np.float64).view(np.int64),
@@ -248,9 +251,13 @@ def from_events(events) -> "Entries | list[dict]":
                    "requested": np.zeros(len(action), np.uint64),
                    "stack": np.zeros(len(action), np.uint32), "extra": np.zeros(len(action), np.uint32)}
     except (OverflowError, ValueError, TypeError):
-        return [{"action": ACTIONS[a], "addr": at, "size": n, "stream": on, "time_us": t}
-                for a, at, n, on, t in zip(action, addr, size, stream, times)]
+        return _entry_dicts(action, addr, size, stream, times)
     return Entries(Columns(columns, Tables([], [()], 0)))
+
+
+def _entry_dicts(action, addr, size, stream, times) -> list[dict]:
+    return [{"action": ACTIONS[a], "addr": at, "size": n, "stream": on, "time_us": t}
+            for a, at, n, on, t in zip(action, addr, size, stream, times)]
 
 
 def rows(entries, reverse: bool = False):
