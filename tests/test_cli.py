@@ -144,3 +144,19 @@ def test_verbs_share_helpers_through_common_only():
                  if isinstance(node, ast.ImportFrom) and node.level == 1
                  for alias in node.names}
         assert taken & own <= allowed, f"{path.name} imports {sorted(taken & own - allowed)}"
+
+
+def test_only_the_job_that_says_a_recorded_oom_replays_for_it(monkeypatch):
+    """A sweep (or tune) of several settings on one snapshot: the recording's own OOM is worked
+    out once, by the job that says it, not once per job."""
+    from npumem.whatif import torch_replay
+    from npumem.whatif.sweep import ReplayJob
+
+    died = str(sorted(pathlib.Path("tests/data/cuda_oom_h200/snapshots").rglob("*.pickle*"))[0])
+    replays = []
+    real = torch_replay.replay_recording
+    monkeypatch.setattr(torch_replay, "replay_recording",
+                        lambda *args, **kwargs: replays.append(1) or real(*args, **kwargs))
+    assert ReplayJob(died, "pool").run().recorded_oom is None and not replays
+    assert ReplayJob(died, "pool", says_oom=True).run().recorded_oom["index"] >= 0
+    assert len(replays) == 1

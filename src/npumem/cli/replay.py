@@ -95,11 +95,15 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     check_steps(steps, traces, combos.get("pool", []))
     environment, env_notes = torch_environment(used, traces, snapshots, combos)
     notes += env_notes
-    jobs = [ReplayJob(path, name, ",".join(filter(None, [environment.get((path, name)), chosen])),
-                      capacity, planner_lag, steps,
-                      pad if name in ("torch", "torch_npu") else None)
-            for path in traces for name in per_trace[path]
-            for chosen in combos.get(name, [""])]
+    jobs = []
+    for path in traces:
+        for name in per_trace[path]:
+            for chosen in combos.get(name, [""]):
+                jobs.append(ReplayJob(
+                    path, name, ",".join(filter(None, [environment.get((path, name)), chosen])),
+                    capacity, planner_lag, steps, pad if name in ("torch", "torch_npu") else None,
+                    says_oom=not any(job.trace == path for job in jobs)))   # one job of each
+                                                                            # trace says its OOM
     results = run_replays("replay", as_json, lambda update: run_jobs(jobs, scheduler, workers, update))
     if plot_path:
         from ..output_files import written_whole

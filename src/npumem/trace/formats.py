@@ -111,14 +111,16 @@ def carries_annotations(path: str | os.PathLike) -> bool:
     return holds_snapshot(path) or detect_format(path) == "chrome"
 
 
-def read_with_steps(path: str | os.PathLike, name: str | None = None) -> tuple[
+def read_with_steps(path: str | os.PathLike, name: str | None = None,
+                    recording=None) -> tuple[
         Iterable[TraceEvent], list[int], str | None]:
     """The events of `read_trace`, the positions in them before which a step begins, from
     the trace's annotations (`step_marks`: a snapshot's or a Chrome trace's; named `name`, or
-    npumem.memory.step() calls), and a note when a replay could mark steps but does not."""
+    npumem.memory.step() calls), and a note when a replay could mark steps but does not.
+    `recording`: the snapshot's, if loaded already."""
     path = _existing(path)
-    if holds_snapshot(path):
-        return snapshot.read_with_steps(path, name)
+    if recording is not None or holds_snapshot(path):
+        return snapshot.read_with_steps(path, name, recording)
     fmt = detect_format(path)
     if fmt == "chrome":
         return chrome.read_with_steps(path, name)

@@ -42,28 +42,27 @@ class ReplayJob:
     planner_lag: int = 0           # requests before a predictive layout is handed over
     steps: str | None = None       # the snapshot annotation that begins a step (see step_marks)
     pad: int | None = None         # torch_npu: the target chip's request padding (npu_pad)
+    says_oom: bool = False         # a snapshot's own OOM goes on the result (`recorded_oom`):
+                                   # one job of each trace says it for the command
 
     def run(self, progress: Callable[[int], None] | None = None) -> ReplayResult:
         """`progress(events)` every 10,000 events replayed."""
         if self.allocator in TORCH_ALLOCATORS:
             result = replay_torch(self.trace, self.allocator, self.settings, self.memory,
-                                  progress=progress, pad=self.pad)
+                                  progress=progress, pad=self.pad, says_oom=self.says_oom)
             return ReplayResult.from_torch(result, self.allocator)
         settings = parse_settings(self.settings)
         # a snapshot is loaded here, once: its events, its step marks and its own OOM
         recording = load_recording(self.trace) if holds_snapshot(self.trace) else None
         if settings.predictive:      # the program's step marks, where the trace has them
-            events, marks, note = (read_with_steps(self.trace, self.steps) if recording is None
-                                   else snapshot.read_with_steps(self.trace, self.steps,
-                                                                 recording))
-        elif recording is not None:
-            events, marks, note = snapshot.events(recording), (), None
+            events, marks, note = read_with_steps(self.trace, self.steps, recording)
         else:
-            events, marks, note = read_trace(self.trace), (), None
+            events = read_trace(self.trace) if recording is None else snapshot.events(recording)
+            marks, note = (), None
         result = replay(events, self.allocator, settings, trace_name=self.trace,
                         memory=self.memory or 64 * GiB, progress=progress,
                         planner_lag=self.planner_lag, steps=marks)
-        if recording is not None:
+        if recording is not None and self.says_oom:
             from .torch_replay import oom_facts
             result.recorded_oom = oom_facts(recording) or {}
         if marks:
@@ -77,9 +76,10 @@ class ReplayJob:
 
 def replay_torch(path: str, allocator: str = "torch", settings: str = "",
                  memory: int | None = None, check: bool = False, progress=None,
-                 pad: int | None = None):
+                 pad: int | None = None, says_oom: bool = False):
     """`torch_replay.replay_file`, with notes first on how the settings read (the recorded
-    ones included) and on combinations that do nothing or that torch_npu refuses."""
+    ones included) and on combinations that do nothing or that torch_npu refuses; with
+    `says_oom`, the recording's own OOM as `recorded_oom`."""
     from ..alloc.torch_model import TorchAllocatorConfig
     from ..alloc.torch_model.config import config_warnings, parse_config
     from .torch_replay import load_for_model, oom_facts, replay_recording
@@ -89,7 +89,7 @@ def replay_torch(path: str, allocator: str = "torch", settings: str = "",
     config = parse_config(settings, base=base) if settings else base
     result = replay_recording(recording, config, capacity=memory, check=check, progress=progress)
     result.notes[:0] = config_warnings(config)
-    if allocator == "torch" and recording.continues is None:
+    if says_oom and allocator == "torch" and recording.continues is None:
         # the recording as any reader loads it: its OOM is said from here, the file read once
         own = memory is None and config == TorchAllocatorConfig(recording.flavour)
         result.recorded_oom = oom_facts(recording, result if own else None) or {}
