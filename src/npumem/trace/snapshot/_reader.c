@@ -37,6 +37,22 @@ enum { HAS_ADDR = 1, HAS_SIZE = 2, HAS_STREAM = 4, HAS_TIME = 8, TIME_FLOAT = 16
 
 static PyObject *interned_keys[8];
 static PyObject *interned_actions[N_ACTIONS];
+/* the names above as the reader's own objects (known_string); filled at import */
+static PyObject *known[32];
+static Py_ssize_t n_known;
+
+/* a new reference to the reader's object for this text, if it is one of the names it looks
+ * for (keys, actions, frame fields); NULL otherwise. Not interned as such: interned strings
+ * live as long as the process on newer Pythons, and a snapshot's frames hold many */
+static PyObject *known_string(const char *text, Py_ssize_t size) {
+    for (Py_ssize_t k = 0; k < n_known; k++) {
+        Py_ssize_t length;
+        const char *name = PyUnicode_AsUTF8AndSize(known[k], &length);
+        if (length == size && memcmp(name, text, (size_t)size) == 0)
+            return Py_NewRef(known[k]);
+    }
+    return NULL;
+}
 enum { K_ACTION, K_ADDR, K_SIZE, K_STREAM, K_TIME, K_REQUESTED, K_FRAMES, K_DEVICE_FREE };
 static const char *KEY_NAMES[] = {"action", "addr", "size", "stream", "time_us",
                                   "requested_size", "frames", "device_free"};
@@ -113,6 +129,8 @@ typedef struct {
     PyObject *extras_by_value;  /* dict: that tuple -> extra id */
     PyObject *last_extra_items; /* the last entry's extras (a tuple) and its id */
     uint32_t last_extra;
+    int own_strings;            /* the keys are the reader's (a pickle it read): a known one
+                                   is the reader's object (known_string), never a copy */
 } Interned;
 
 static int interned_init(Interned *t) {
@@ -409,14 +427,12 @@ static int intern_stack(Interned *t, PyObject *frames, uint32_t *out, Py_ssize_t
     return 0;
 }
 
-static int is_known_key(PyObject *key) {
+static int is_known_key(PyObject *key, int own_strings) {
     for (int k = 0; k < K_DEVICE_FREE; k++)          /* device_free stays with the extras */
         if (key == interned_keys[k])
             return 1;
-    if (!PyUnicode_Check(key))
+    if (own_strings || !PyUnicode_Check(key))
         return 0;
-    if (PyUnicode_CheckExact(key) && PyUnicode_CHECK_INTERNED(key))
-        return 0;                       /* an interned key equal to one of them would be it */
     for (int k = 0; k < K_DEVICE_FREE; k++)
         if (PyUnicode_Compare(key, interned_keys[k]) == 0)
             return 1;
@@ -428,64 +444,36 @@ static int intern_extras(Interned *t, PyObject *entry, uint32_t *out) {
     Py_ssize_t pos = 0, count = 0;
     PyObject *key, *value;
     Py_ssize_t total = PyDict_GET_SIZE(entry);
-    /* the common case first, without a tuple: the same objects as the last entry's (memoized
-     * strings), or none */
-    if (total <= 16) {
-        PyObject *seen[32];
-        while (PyDict_Next(entry, &pos, &key, &value)) {
-            if (is_known_key(key))
-                continue;
-            seen[count++] = key;
-            seen[count++] = value;
-        }
-        if (count == 0) {
-            *out = 0;
-            return 0;
-        }
-        if (t->last_extra_items && PyTuple_GET_SIZE(t->last_extra_items) == count) {
-            int same = 1;
-            for (Py_ssize_t i = 0; i < count && same; i++)
-                same = seen[i] == PyTuple_GET_ITEM(t->last_extra_items, i);
-            if (same) {
-                *out = t->last_extra;
-                return 0;
-            }
-        }
-        pos = 0;
-        count = 0;
-    }
-    PyObject *items = PyTuple_New(2 * total);
-    if (!items)
+    /* the fields, borrowed, in a buffer first: the common case, the same objects as the last
+     * entry's (memoized strings) or none, makes no tuple */
+    PyObject *few[32], **seen = total <= 16 ? few : PyMem_Malloc((size_t)(2 * total) * sizeof(PyObject *));
+    if (!seen) {
+        PyErr_NoMemory();
         return -1;
-    while (PyDict_Next(entry, &pos, &key, &value)) {
-        if (is_known_key(key))
-            continue;
-        Py_INCREF(key);
-        Py_INCREF(value);
-        PyTuple_SET_ITEM(items, count++, key);
-        PyTuple_SET_ITEM(items, count++, value);
     }
-    if (count == 0) {
-        Py_DECREF(items);
-        *out = 0;
+    while (PyDict_Next(entry, &pos, &key, &value)) {
+        if (is_known_key(key, t->own_strings))
+            continue;
+        seen[count++] = key;
+        seen[count++] = value;
+    }
+    int same = count == 0;
+    if (count && t->last_extra_items && PyTuple_GET_SIZE(t->last_extra_items) == count) {
+        same = 1;
+        for (Py_ssize_t i = 0; i < count && same; i++)
+            same = seen[i] == PyTuple_GET_ITEM(t->last_extra_items, i);
+    }
+    PyObject *items = same ? NULL : PyTuple_New(count);
+    for (Py_ssize_t i = 0; items && i < count; i++)
+        PyTuple_SET_ITEM(items, i, Py_NewRef(seen[i]));
+    if (seen != few)
+        PyMem_Free(seen);
+    if (same) {
+        *out = count ? t->last_extra : 0;
         return 0;
     }
-    if (count < 2 * total) {
-        Py_SETREF(items, PyTuple_GetSlice(items, 0, count));
-        if (!items)
-            return -1;
-    }
-    /* the common case: the same objects as the last entry's (memoized strings) */
-    if (t->last_extra_items && PyTuple_GET_SIZE(t->last_extra_items) == count) {
-        int same = 1;
-        for (Py_ssize_t i = 0; i < count && same; i++)
-            same = PyTuple_GET_ITEM(items, i) == PyTuple_GET_ITEM(t->last_extra_items, i);
-        if (same) {
-            Py_DECREF(items);
-            *out = t->last_extra;
-            return 0;
-        }
-    }
+    if (!items)
+        return -1;
     uint32_t id;
     PyObject *known = NULL;
     if (PyObject_Hash(items) == -1)
@@ -1148,18 +1136,20 @@ static int run(Machine *m, PyObject **result) {
                     return need(m, m->length - m->pos + 1);
                 const char *p = (const char *)d + m->pos;
                 m->pos += (Py_ssize_t)size;
-                if (op == 0x8c || op == 'X' || op == 0x8d)
+                int text = op == 0x8c || op == 'X' || op == 0x8d || op == 'U' || op == 'T';
+                /* an entry's keys and actions as the reader's own objects: its fields are then
+                 * found by identity, where each lookup compared the text */
+                v = text ? known_string(p, (Py_ssize_t)size) : NULL;
+                if (v)
+                    ;
+                else if (op == 0x8c || op == 'X' || op == 0x8d)
                     v = PyUnicode_DecodeUTF8(p, (Py_ssize_t)size, "surrogatepass");
-                else if (op == 'U' || op == 'T')
+                else if (text)
                     v = PyUnicode_DecodeASCII(p, (Py_ssize_t)size, "strict");
                 else if (op == 0x96)
                     v = PyByteArray_FromStringAndSize(p, (Py_ssize_t)size);
                 else
                     v = PyBytes_FromStringAndSize(p, (Py_ssize_t)size);
-                /* short strings (an entry's keys, above all) interned: its fields are then
-                 * found by identity, where each lookup compared the text */
-                if (v && PyUnicode_CheckExact(v) && size <= 32)
-                    PyUnicode_InternInPlace(&v);
                 if (!v && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
                     PyErr_Clear();
                     return unsafe("a damaged pickle: a string that does not decode at byte %zd",
@@ -1176,6 +1166,14 @@ static int run(Machine *m, PyObject **result) {
                 PyErr_Clear();
                 return unsafe("a damaged pickle: a string that does not decode at byte %zd",
                               m->pos);
+            }
+            {                            /* a known name as the reader's object, as above */
+                Py_ssize_t size;
+                const char *utf8 = PyUnicode_AsUTF8AndSize(v, &size);
+                PyObject *own = utf8 ? known_string(utf8, size) : NULL;
+                PyErr_Clear();           /* (surrogates: no UTF-8, and no known name) */
+                if (own)
+                    Py_SETREF(v, own);
             }
             break;
         case 'S':
@@ -1378,7 +1376,8 @@ static PyObject *load(PyObject *self, PyObject *arg) {
     m.data = view.buf;
     m.length = view.len;
     m.entry_marker = PyCapsule_New(&m, "npumem.trace_entry", NULL);
-    if (m.entry_marker && interned_init(&m.reader.interned) == 0 && run(&m, &root) == 0) {
+    if (m.entry_marker && interned_init(&m.reader.interned) == 0
+        && (m.reader.interned.own_strings = 1) && run(&m, &root) == 0) {
         PyObject *tables = reader_result(&m.reader);
         if (tables) {
             result = Py_BuildValue("(NN)", root, tables);
@@ -1461,6 +1460,11 @@ PyMODINIT_FUNC PyInit__reader(void) {
     s_line = PyUnicode_InternFromString("line");
     s_name = PyUnicode_InternFromString("name");
     s_pool_id = PyUnicode_InternFromString("pool_id");
+    PyObject *names[] = {s_filename, s_line, s_name, s_pool_id};
+    n_known = 0;
+    for (int k = 0; k < 8; k++) known[n_known++] = interned_keys[k];
+    for (int a = 0; a < N_ACTIONS; a++) known[n_known++] = interned_actions[a];
+    for (int k = 0; k < 4; k++) known[n_known++] = names[k];
     if (!s_filename || !s_line || !s_name || !s_pool_id)
         return NULL;
     PyObject *actions = PyTuple_New(N_ACTIONS);
