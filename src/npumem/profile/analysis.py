@@ -13,15 +13,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace.snapshot.columns import (ACTION_CODE, SEGMENT_ADD, SEGMENT_REMOVE, arrays,
-                                      block_order, exact, having, index_type, levels, natural,
-                                      sizes, take)
+from ..trace.snapshot.columns import (ALLOC, FREE_COMPLETED, FREE_REQUESTED, SEGMENT_ADD,
+                                      SEGMENT_REMOVE, arrays, block_order, exact, having,
+                                      index_type, levels, natural, sizes, take)
 from ..units import format_size
 from .stacks import is_internal_file
 
 _RESERVE = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
-ALLOC, FREE_REQUESTED, FREE_COMPLETED = (ACTION_CODE[name] for name in (
-    "alloc", "free_requested", "free_completed"))
 _POINT_ACTIONS = ("alloc", "free_requested", "free_completed", *_RESERVE)  # they move a total
 TIMELINE_BUCKETS = 4096             # stretches of entries a timeline keeps a few points of
 
@@ -457,21 +455,13 @@ def start_state_of(snapshot: dict, device: int, recording=None):
     recording = recording or recording_from_data(snapshot, device=device)
     entries = recording.entries
     if not isinstance(entries, Entries):
-        return _start_state(recording)
+        return recording.start_state(pools=False)
     key = (device, entries.start, entries.stop, recording.flavour,
            tuple(id(segment) for segment in recording.segments))
     known = _STARTS.setdefault(entries.columns, {})
     if key not in known:
-        known[key] = _start_state(recording)
+        known[key] = recording.start_state(pools=False)
     return known[key]
-
-
-def _start_state(recording):
-    from ..trace.snapshot.start_state import rebuild_start
-
-    if recording.continues is not None:
-        return recording.start_state()
-    return rebuild_start(recording, recording.base_config(), pools=False)
 
 
 def analyze_snapshot(snapshot: dict) -> list[DeviceAnalysis]:

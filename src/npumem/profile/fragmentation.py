@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace.snapshot.columns import (ACTION_CODE, ACTIONS, SEGMENT_ADD, SEGMENT_REMOVE, arrays,
-                                      block_order, having, index_type, natural, sizes)
+from ..trace.snapshot.columns import (ACTIONS, ALLOC, FREE_COMPLETED, FREE_REQUESTED,
+                                      SEGMENT_ADD, SEGMENT_REMOVE, arrays, block_order, having,
+                                      index_type, natural, sizes)
 from ..units import format_size
 
 LIVE_STATES = ("active_allocated", "active_pending_free")
@@ -182,8 +183,6 @@ def maps_over_time(snapshot: dict, device: int, moments: int = 24, also: int = -
     return out
 
 
-_ALLOC, _REQUESTED, _COMPLETED = (ACTION_CODE[x] for x in (
-    "alloc", "free_requested", "free_completed"))
 
 
 def _blocks_at(a, first_live: dict[int, int], moments: np.ndarray) -> tuple[list, list]:
@@ -196,16 +195,16 @@ def _blocks_at(a, first_live: dict[int, int], moments: np.ndarray) -> tuple[list
     index = np.arange(n, dtype=index_type(n))
     # a block's life: from the first move of its address, or from just after a completed free
     begins = first.copy()
-    begins[1:] |= actions[:-1] == _COMPLETED
+    begins[1:] |= actions[:-1] == FREE_COMPLETED
     begin = np.maximum.accumulate(np.where(begins, index, 0))
     del begins
     live = np.zeros(n, dtype=bool)           # the state each move finds: live,
     if first_live:                           # from an alloc, or from the start
         live[first] = np.isin(addrs[first], natural(list(first_live)))
         live = live[begin]
-    allocating = actions == _ALLOC
+    allocating = actions == ALLOC
     live |= _earlier(allocating, begin)
-    requested = actions == _REQUESTED
+    requested = actions == FREE_REQUESTED
     pending = _earlier(requested & live, begin)          # and pending
     size = sizes(a)[positions]
     change = np.where(allocating, size, np.where(live & ~pending, -size, 0))
@@ -217,7 +216,7 @@ def _blocks_at(a, first_live: dict[int, int], moments: np.ndarray) -> tuple[list
     totals = (np.cumsum(totals)[:len(moments)] + sum(first_live.values())).tolist()
     del change
     # the state each move leaves holds until the next move of its address: the moments then
-    live_after = allocating | (live & (actions != _COMPLETED))
+    live_after = allocating | (live & (actions != FREE_COMPLETED))
     pending_after = (pending | (requested & live)) & live_after
     last_alloc = np.maximum.accumulate(np.where(allocating, index, -1))
     shown = np.flatnonzero(live_after)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..trace.snapshot.columns import SEGMENT_ADD, SEGMENT_REMOVE, Entries
+from ..trace.snapshot.columns import SEGMENT_ADD, SEGMENT_REMOVE, indices
 from ..units import format_size
 from .analysis import DeviceAnalysis, SiteUsage, analyze_snapshot, group_by_site, live_after
 from .fragmentation import PoolFragmentation, analyze, format_fragmentation, maps_over_time
@@ -166,9 +166,7 @@ def _snapshot_leaks(snapshot: dict, starts: dict) -> tuple[list[SiteUsage], str,
 
 
 def _has_segment_events(trace) -> bool:
-    if isinstance(trace, Entries):          # the reader knows segment_* actions only
-        return bool(len(trace.indices(*SEGMENT_ADD, *SEGMENT_REMOVE)))
-    return any(entry.get("action", "").startswith("segment_") for entry in trace)
+    return bool(indices(trace, *SEGMENT_ADD, *SEGMENT_REMOVE))
 
 
 def _sites(title: str, sites: list[SiteUsage], limit: int) -> list[str]:

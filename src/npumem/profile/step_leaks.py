@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace.snapshot.columns import (ACTION_CODE, arrays, block_order, index_type, levels,
+from ..trace.snapshot.columns import (ALLOC, FREE_COMPLETED, arrays, block_order, index_type, levels,
                                       sizes, take)
 from ..trace.file_checks import TraceFormatError
 from ..trace.step_marks import PROFILER_STEP, starts_named, step_positions
@@ -27,7 +27,6 @@ from ..units import format_size
 from .analysis import callers, live_blocks, site_name, user_frame
 
 MIN_RISES = 2
-ALLOC, FREE_COMPLETED = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
 
 
 @dataclass

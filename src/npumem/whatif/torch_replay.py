@@ -26,7 +26,7 @@ from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
 from ..units import format_size
 from ..alloc.torch_model.allocator import allowed_bytes, round_size
 from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, first_oom, read_pool_id
-from ..trace.snapshot.columns import ACTION_CODE, arrays, highest_address, indices, rows, take
+from ..trace.snapshot.columns import ALLOC, arrays, highest_address, indices, rows, take
 from ..trace.snapshot.schema import oom_device_free
 from . import replay_cores
 
@@ -318,7 +318,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
                                         compared)
     counts = core.counts()
     if stopped is not None:                   # the requests after it count as misses
-        counts.requests += int(np.count_nonzero(a.action[stopped + 1:] == ACTION_CODE["alloc"]))
+        counts.requests += int(np.count_nonzero(a.action[stopped + 1:] == ALLOC))
     recorded_peak, recorded_allocs, recorded_frees = _recorded_totals(recording, start.reserved)
     if not recording.segments and not recording.recorded_segment_events():
         recorded_peak = recorded_allocs = recorded_frees = None     # not a PyTorch recording

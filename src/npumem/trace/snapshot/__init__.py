@@ -21,7 +21,7 @@ from ...events import TraceEvent
 from ..file_checks import TraceFormatError
 from ..step_marks import hint, marks_before, step_positions
 from ..textio import open_for_writing
-from .columns import ACTION_CODE, SEGMENT_ADD, SEGMENT_REMOVE, arrays, having
+from .columns import _CHUNK, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays, having
 from .recording import Recording, died_at, first_oom, load_data, load_recording, recording_from_data
 from .start_state import StartState, read_pool_id
 
@@ -77,9 +77,6 @@ def read_with_steps(path: str, name: str | None = None, recording: Recording | N
     return found, marks, None if marks else hint(recording.annotations)
 
 
-_CHUNK = 1 << 16
-
-
 def _numbered_events(recording) -> Iterator[tuple[int, TraceEvent]]:
     """(index of the trace entry, event); -1 for the blocks live when the trace began."""
     if not recording.entries:
@@ -88,16 +85,15 @@ def _numbered_events(recording) -> Iterator[tuple[int, TraceEvent]]:
                                "torch.cuda.memory._record_memory_history())")
     a = arrays(recording.entries)
     first_time = float(a.time[0])
-    for block in recording.start_state().live.values():
+    for block in recording.start_state(pools=False).live.values():
         yield -1, TraceEvent(first_time, "alloc", block.addr, block.requested, 0)
     chosen = np.flatnonzero(having(a.action, "alloc", recording.free_action))
-    alloc = ACTION_CODE["alloc"]
     for begin in range(0, len(chosen), _CHUNK):          # the columns read a chunk at a time
         at = chosen[begin:begin + _CHUNK]
         for index, when, code, addr, size, stream in zip(
                 at.tolist(), a.time[at].tolist(), a.action[at].tolist(), a.addr[at].tolist(),
                 a.size[at].tolist(), a.stream[at].tolist()):
-            yield index, TraceEvent(when, "alloc" if code == alloc else "free", addr, size,
+            yield index, TraceEvent(when, "alloc" if code == ALLOC else "free", addr, size,
                                     stream)
 
 

@@ -29,6 +29,8 @@ ACTIONS: tuple[str, ...] = native.ACTIONS if native else (
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
     "segment_unmap", "oom", "snapshot", "annotate", "workspace_snapshot")
 ACTION_CODE = {name: code for code, name in enumerate(ACTIONS)}
+ALLOC, FREE_REQUESTED, FREE_COMPLETED = (ACTION_CODE[name] for name in (
+    "alloc", "free_requested", "free_completed"))          # the codes walks compare with
 MAX_FRAMES = 256
 SEGMENT_ADD = ("segment_alloc", "segment_map")        # actions that reserve device memory
 SEGMENT_REMOVE = ("segment_free", "segment_unmap")    # and that give it back
@@ -229,9 +231,8 @@ def from_events(events) -> "Entries | list[dict]":
     dicts, as do all of them where the reader (the C extension that defines the columns'
     flags) is not built."""
     action, addr, size, stream, times = [], [], [], [], []
-    alloc, free = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
     for event in events:
-        action.append(alloc if event.action == "alloc" else free)
+        action.append(ALLOC if event.action == "alloc" else FREE_COMPLETED)
         addr.append(event.addr)
         size.append(event.size)
         stream.append(event.stream)

@@ -61,10 +61,13 @@ class Recording:
     def recorded_segment_events(self) -> list[dict]:
         return [self.entries[i] for i in indices(self.entries, *SEGMENT_ADD, *SEGMENT_REMOVE)]
 
-    def start_state(self, config: TorchAllocatorConfig | None = None) -> StartState:
+    def start_state(self, config: TorchAllocatorConfig | None = None,
+                    pools: bool = True) -> StartState:
+        """The allocator's state at the first entry (start_state.rebuild_start); `pools`
+        False: without inferring which pool served each request (blocks and segments only)."""
         if self.continues is not None:
-            return self.continues.start_state(config)
-        return rebuild_start(self, config or self.base_config())
+            return self.continues.start_state(config, pools)
+        return rebuild_start(self, config or self.base_config(), pools)
 
     @classmethod
     def from_events(cls, path: str, events, flavour: str = "cuda") -> "Recording":

@@ -28,7 +28,7 @@ import numpy as np
 from ...alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
                                            round_size)
 from ...alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
-from .columns import (ACTION_CODE, ACTIONS, SEGMENT_ADD, SEGMENT_REMOVE, arrays, block_order,
+from .columns import (ACTIONS, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays, block_order,
                       having, indices, natural, rows)
 
 
@@ -273,7 +273,6 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     return state
 
 
-ALLOC = ACTION_CODE["alloc"]
 
 
 def _undo_blocks(a, live: dict[int, StartBlock], free_action: str) -> int:
