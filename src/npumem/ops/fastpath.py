@@ -44,7 +44,7 @@ from ..runtime.stream import Stream
 from .executor import KernelArgs, op_device_type
 from .phase1_cache import PHASE1
 from .registry import REGISTRY
-from .tensor import Tensor, fresh_result, pooled_storage, result_template
+from .tensor import Storage, Tensor, fresh_result, result_template
 
 OPS = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div"}
 
@@ -75,16 +75,12 @@ class _Label:
 class FastPlan:
     """What phase 1 decided for one geometry of operands, and the result it makes."""
 
-    __slots__ = ("op", "kernel", "direct", "keywords", "attrs", "generation", "backend",
+    __slots__ = ("op", "kernel", "attrs", "generation", "backend",
                  "device_type", "device", "nbytes", "template", "views")
 
     def __init__(self, executor, out: Tensor):
         self.op = executor.op
         self.kernel = executor.impl.kernel
-        # what a built-in kernel computes, called directly (ops/kernels.py, torch_kernels.py)
-        direct = getattr(self.kernel, "direct", None)
-        direct = direct(executor.call) if direct is not None else None
-        self.direct, self.keywords = direct if direct is not None else (None, None)
         self.attrs = executor.call.attrs
         self.generation = REGISTRY.generation
         self.backend = RUNTIME.backend
@@ -155,7 +151,7 @@ class FastPlans:
         # The result, as `result()` makes it (an allocation failure raises as there).
         nbytes = plan.nbytes
         pointer = pool.allocate(nbytes, stream)
-        out = fresh_result(pooled_storage(pointer, nbytes, pool), plan.template)
+        out = fresh_result(Storage(pointer, nbytes, pool.device, pool=pool), plan.template)
         # The views, after the allocation (which may release cached memory): reused while
         # nothing was released since they were made, else made again (resolve checks them).
         epoch = RELEASES.value
@@ -176,11 +172,8 @@ class FastPlans:
             return None, out
         # run at once on an idle stream, as the full route's submit would; else the full route
         # queues it (an idle stream has no kernel fault pending: nothing to skip)
-        if plan.direct is not None:           # what the built-in kernel computes, directly
-            task = functools.partial(plan.direct, x, y, out=z, **plan.keywords)
-        else:
-            task = functools.partial(plan.kernel, KernelArgs({"self": x, "other": y}, {"out": z},
-                                                             plan.attrs, {}))
+        task = functools.partial(plan.kernel, KernelArgs({"self": x, "other": y}, {"out": z},
+                                                         plan.attrs, {}))
         if not stream.run_if_idle(task, _Label(plan.op)):
             return None, out
         # as launch ends: the storages are used on the stream. The result's block was

@@ -70,19 +70,6 @@ def div_kernel(args) -> None:
                        casting="unsafe")
 
 
-def _direct(ufunc):
-    def direct(call):
-        """What the kernel computes for `call` (planned with no workspace: alpha 1) as
-        (function, keywords): function(self, other, out=out, **keywords). ops/fastpath.py
-        calls that directly."""
-        return ufunc, {"casting": "unsafe"}
-    return direct
-
-
-add_kernel.direct, sub_kernel.direct, mul_kernel.direct = \
-    _direct(np.add), _direct(np.subtract), _direct(np.multiply)
-
-
 @register_op("Fill", device_types=HOST_VISIBLE, name="numpy_fill")
 def fill_kernel(args) -> None:
     args.outputs["self"][...] = args.attrs["value"]

@@ -95,18 +95,6 @@ def _storage_died(finalizer, pending=_GIVE_BACK, after_exit=_AFTER_EXIT) -> None
         _give_back(*arguments)
 
 
-def pooled_storage(pointer: int, nbytes: int, pool) -> Storage:
-    """`Storage(pointer, nbytes, pool.device, pool=pool)` for a block `pool` just allocated,
-    with the pool sanitizer off (the caller checked): the same attributes, made without the
-    calls (ops/fastpath.py)."""
-    storage = Storage.__new__(Storage)
-    storage.pointer, storage.nbytes, storage.device = pointer, nbytes, pool.device
-    storage.pool, storage.host_address, storage.streams, storage.record = pool, 0, set(), None
-    storage._finalizer = finalizer = weakref.ref(storage, _storage_died)
-    _GIVE_BACK[finalizer] = (pool, pointer, None)
-    return storage
-
-
 @atexit.register
 def _give_back_at_exit() -> None:
     """As weakref.finalize does at exit: the storages still alive give their bytes back (the

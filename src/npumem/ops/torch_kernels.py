@@ -79,26 +79,6 @@ def div_kernel(args) -> None:
     _store(args.outputs["out"], _torch().div, x, y)
 
 
-def _direct(name: str, floating_only: bool = False):
-    def direct(call):
-        """What the kernel computes for `call` (planned with no workspace: alpha 1) as
-        (function, keywords), function(self, other, out=out), when that is all it does: the
-        inputs and out already of the compute dtype (no conversion, _store's direct case);
-        else None. ops/fastpath.py calls that directly."""
-        torch = _torch()
-        compute = torch_dtype(call.attrs["compute"])
-        tensors = [*call.inputs.values(), *call.outputs.values()]
-        if any(torch_dtype(t.dtype) != compute for t in tensors) or \
-                (floating_only and not compute.is_floating_point):
-            return None
-        return getattr(torch, name), {}
-    return direct
-
-
-add_kernel.direct, sub_kernel.direct, mul_kernel.direct, div_kernel.direct = \
-    _direct("add"), _direct("sub"), _direct("mul"), _direct("div", floating_only=True)
-
-
 @_register("Fill", "torch_fill")
 def fill_kernel(args) -> None:
     args.outputs["self"].fill_(_python(args.attrs["value"]))
