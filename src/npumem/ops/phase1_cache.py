@@ -67,17 +67,20 @@ class _Entry:
                       self.dense_inputs, self.views)
         epoch = RELEASES.value            # read first: a release during the checks shows later
         ranges = {}
+        moved = False                     # a range outside the allocation hinted for its role
         for role, tensor in call.tensors():
             record = tensor.storage.record
             if record is not None and not record.live:
                 return None
             hint = self.last.get(role)
-            rng = _checked_range(backend, hint() if hint is not None else None, *tensor.span(),
-                                 self.op, role)
+            allocation = hint() if hint is not None else None
+            rng = _checked_range(backend, allocation, *tensor.span(), self.op, role)
             if rng is None:
                 return None
             ranges[role] = rng
-        self.last = _hints(ranges)
+            moved = moved or rng.allocation is not allocation
+        if moved:
+            self.last = _hints(ranges)
         return Executor(call, self.impl, self.plan, ranges, epoch)
 
 
