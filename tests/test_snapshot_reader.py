@@ -267,3 +267,101 @@ def test_without_the_built_reader_npumem_works_and_a_snapshot_is_one_clear_line(
                           text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "pip install -e ." in done.stderr, done.stderr
+
+
+# --- entries read as rows without a dict: the layouts pickle.dump writes, and the ones it never
+# writes (refused, or read as pickle reads them)
+
+def _entry(*pairs: bytes) -> bytes:
+    """An entry as pickle.dump writes one (EMPTY_DICT, MARK, key value ..., SETITEMS)."""
+    return b"}(" + b"".join(pairs) + b"u"
+
+
+_GOOD = (_text("action") + _text("alloc") + _text("addr") + b"K\x01" + _text("size") + b"K\x01")
+
+
+def _snapshot(device_list: bytes) -> bytes:
+    """A snapshot whose device_traces holds one list, built by `device_list` (after `]`)."""
+    return (b"\x80\x02}(" + _text("segments") + b"]" + _text("device_traces") + b"]]"
+            + device_list + b"au.")
+
+
+@pytest.mark.parametrize("device_list, words", [
+    (b"(" + _entry(_GOOD) + b"2e", "copies a trace entry"),
+    (b"(" + _entry(_GOOD) + b"0e", "never reach its list"),
+    (b"(" + _entry(_GOOD) + b"}0(" + _text("stream") + b"K\x01ue", "filled after the next"),
+    (b"(" + _entry(_GOOD) + b"(" + _GOOD + b"d" + _entry(_GOOD) + b"e", "mixes entries"),
+    (b"((" + _GOOD + b"d" + _entry(_GOOD) + b"e", "mixes entries"),     # a DICT op, then a row
+])
+def test_entry_layouts_no_pickler_writes_are_refused(device_list, words):
+    data = _snapshot(device_list)
+    pickle.loads(data)                          # plain data to Python's unpickler
+    with pytest.raises(UnsafePickle, match=words):
+        load_pickle(data, shown)
+
+
+@pytest.mark.parametrize("device_list", [
+    b"(" + _entry(_GOOD, _text("size") + b"K\x07") + b"e",               # a key set twice
+    b"(" + _entry(_GOOD, _text("x") + b"K\x01", _text("x") + b"K\x02") + b"e",
+    b"(" + _entry(_GOOD, b"K\x05K\x07") + b"e",                           # a key not a str
+    b"(" + _entry(_GOOD) + b"}(" + _text("action") + _text("alloc") + b"u" + b"(" + _text("addr")
+    + b"K\x02" + _text("size") + b"K\x03ue",                             # filled in two steps
+    _entry(_GOOD) + b"a" + _entry(_GOOD) + b"a",                           # APPEND, one by one
+])
+def test_entries_written_unusually_read_as_pickle_reads_them(device_list):
+    data = _snapshot(device_list)
+    _, devices, _ = load_pickle(data, shown)
+    assert [list(device) for device in devices] == pickle.loads(data)["device_traces"]
+
+
+def test_a_mapped_file_reads_as_its_bytes_and_its_pages_are_dropped_behind(tmp_path):
+    """A plain file is mapped, and the reader drops the pages it has passed every 64 MiB:
+    past that point the rows must still be the file's."""
+    trace = [{"action": "alloc", "addr": i, "size": 512, "user_metadata": f"{i:01000d}"}
+             for i in range(70_000)]                               # about 70 MB
+    path = tmp_path / "big.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4))
+    assert path.stat().st_size > 64 << 20
+    from npumem.trace.textio import bounded_bytes
+    import mmap
+    with bounded_bytes(str(path), 1 << 40) as data:
+        assert isinstance(data, mmap.mmap)
+        _, mapped, _ = load_pickle(data, shown)
+    _, read, _ = load_pickle(path.read_bytes(), shown)
+    for name in ("action", "flags", "addr", "size", "stream", "time_raw", "requested", "stack",
+                 "extra"):
+        assert getattr(mapped[0].columns, name).tobytes() == getattr(read[0].columns, name).tobytes()
+    assert mapped[0][69_999]["user_metadata"] == f"{69_999:01000d}"
+
+
+def test_bounded_bytes_maps_plain_files_reads_gzip_and_refuses_past_the_limit(tmp_path):
+    from npumem.trace.file_checks import TraceFormatError
+    from npumem.trace.textio import bounded_bytes
+    plain, packed, empty = tmp_path / "a.pickle", tmp_path / "a.pickle.gz", tmp_path / "e.pickle"
+    plain.write_bytes(b"x" * 100)
+    packed.write_bytes(gzip.compress(b"y" * 100))
+    empty.write_bytes(b"")
+    for path, expected in [(plain, b"x" * 100), (packed, b"y" * 100), (empty, b"")]:
+        with bounded_bytes(str(path), 100) as data:
+            assert bytes(data) == expected
+        if expected:
+            with pytest.raises(TraceFormatError, match="more than 99 bytes"):
+                with bounded_bytes(str(path), 99):
+                    pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.integers(1, 400))
+def test_order_by_key_is_a_stable_argsort(values, distinct):
+    """Keys with few distinct values (the one-pass order), and with many (None: a sort)."""
+    import numpy as np
+    from npumem.trace.snapshot import _reader as native
+    from npumem.trace.snapshot.columns import stable_order
+    keys = np.array([v % distinct * (2**64 // distinct) for v in values], dtype=np.uint64)
+    expected = np.argsort(keys, kind="stable").tolist()
+    assert stable_order(keys).tolist() == expected
+    order = native.order_by_key(keys)
+    if order is not None:
+        assert np.frombuffer(order, dtype=np.int64).tolist() == expected
+    elif len(keys):
+        assert len(np.unique(keys)) > len(keys) // 4

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 
 from ..events import TraceEvent
 from .file_checks import TraceFormatError, checked_event
-from .textio import decode_json, open_for_writing, read_head, reading
+from .textio import decode_json, open_for_writing, reading
 
 
 SNAPSHOT_KEY = "npumem_snapshot"

@@ -6,6 +6,7 @@ import csv
 import gzip
 import io
 import json
+import mmap
 import os
 import zlib
 from contextlib import contextmanager
@@ -61,21 +62,40 @@ def max_snapshot_bytes() -> int:
                                "(write it as 4GiB or 4294967296)") from None
 
 
-def read_bounded(path: str, limit: int) -> bytes:
-    """The whole (decompressed) file, or a TraceFormatError past `limit` bytes."""
-    pieces, total = [], 0
+@contextmanager
+def bounded_bytes(path: str, limit: int):
+    """The whole (decompressed) file as a buffer, or a TraceFormatError past `limit` bytes.
+    A plain file is mapped, not copied: a 1 GB snapshot then costs no 1 GB read, and the
+    reader can drop the pages behind it. The buffer is valid inside the block."""
     try:
         with open_binary(path) as handle:
-            while piece := handle.read(1 << 24):
-                total += len(piece)
-                if total > limit:
-                    raise TraceFormatError(path, "0", f"more than {limit} bytes once "
-                                           "decompressed; set NPUMEM_MAX_SNAPSHOT_BYTES to read "
-                                           "a larger snapshot")
-                pieces.append(piece)
+            if isinstance(handle, gzip.GzipFile):
+                data = _read_all(handle, path, limit)
+            else:
+                size = os.fstat(handle.fileno()).st_size
+                _check_size(path, size, limit)
+                data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceFormatError(path, "0", f"the file is truncated or corrupt: {exc}") from None
-    return b"".join(pieces)
+    try:
+        yield data
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()
+
+
+def _read_all(handle, path: str, limit: int) -> bytearray:
+    data = bytearray()          # grown in place (realloc), not pieces joined at twice the size
+    while piece := handle.read(1 << 24):
+        _check_size(path, len(data) + len(piece), limit)
+        data += piece
+    return data
+
+
+def _check_size(path: str, size: int, limit: int) -> None:
+    if size > limit:
+        raise TraceFormatError(path, "0", f"more than {limit} bytes once decompressed; set "
+                               "NPUMEM_MAX_SNAPSHOT_BYTES to read a larger snapshot")
 
 
 @contextmanager

@@ -16,6 +16,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifndef _WIN32
+#include <sys/mman.h>
+#endif
 
 #define MAX_FRAMES 256          /* frames kept (and checked) per stack: snapshot_schema.MAX_FRAMES */
 #define MEMO_SLACK 1024         /* a PUT may run this far past the memo's end, no further */
@@ -108,6 +111,7 @@ static const Py_ssize_t COLUMN_WIDTHS[] = {1, 1, 8, 8, 8, 8, 8, 4, 4};
 typedef struct {
     Column columns[N_COLUMNS];
     Py_ssize_t device;
+    Py_ssize_t staged;          /* rows read without a dict, their markers not yet appended */
 } Device;
 
 /* ---- interned stacks and extras, shared by every device of one file ---- */
@@ -278,26 +282,18 @@ static int natural64(PyObject *v, uint64_t *out) {
 
 static const char *INTEGER = "must be an integer in [0, 2**64), got {}";
 
-/* an integer field: required (error if absent) or optional (absent: 0, flag clear) */
-static int integer_field(PyObject *entry, int key, int required, uint64_t *out, int *present,
+/* an integer field `v` (NULL: absent): required (error if absent) or optional (absent: 0,
+ * flag clear) */
+static int integer_field(PyObject *v, int key, int required, uint64_t *out, int *present,
                          Py_ssize_t device, Py_ssize_t index) {
-    PyObject *v = PyDict_GetItemWithError(entry, interned_keys[key]);
-    if (!v) {
-        if (PyErr_Occurred())
-            return -1;
-        *present = 0;
-        *out = 0;
-        if (required)
-            return entry_error(device, index, KEY_NAMES[key], INTEGER, Py_None);
-        return 0;
-    }
+    *present = v != NULL;
+    *out = 0;
+    if (!v)
+        return required ? entry_error(device, index, KEY_NAMES[key], INTEGER, Py_None) : 0;
     int ok = natural64(v, out);
     if (ok < 0)
         return -1;
-    if (!ok)
-        return entry_error(device, index, KEY_NAMES[key], INTEGER, v);
-    *present = 1;
-    return 0;
+    return ok ? 0 : entry_error(device, index, KEY_NAMES[key], INTEGER, v);
 }
 
 static int check_frame(PyObject *frame, Py_ssize_t device, Py_ssize_t index, Py_ssize_t at) {
@@ -427,36 +423,10 @@ static int intern_stack(Interned *t, PyObject *frames, uint32_t *out, Py_ssize_t
     return 0;
 }
 
-static int is_known_key(PyObject *key, int own_strings) {
-    for (int k = 0; k < K_DEVICE_FREE; k++)          /* device_free stays with the extras */
-        if (key == interned_keys[k])
-            return 1;
-    if (own_strings || !PyUnicode_Check(key))
-        return 0;
-    for (int k = 0; k < K_DEVICE_FREE; k++)
-        if (PyUnicode_Compare(key, interned_keys[k]) == 0)
-            return 1;
-    return 0;
-}
-
-/* The fields npumem does not keep in a column, interned: (key, value, key, value, ...). */
-static int intern_extras(Interned *t, PyObject *entry, uint32_t *out) {
-    Py_ssize_t pos = 0, count = 0;
-    PyObject *key, *value;
-    Py_ssize_t total = PyDict_GET_SIZE(entry);
-    /* the fields, borrowed, in a buffer first: the common case, the same objects as the last
-     * entry's (memoized strings) or none, makes no tuple */
-    PyObject *few[32], **seen = total <= 16 ? few : PyMem_Malloc((size_t)(2 * total) * sizeof(PyObject *));
-    if (!seen) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    while (PyDict_Next(entry, &pos, &key, &value)) {
-        if (is_known_key(key, t->own_strings))
-            continue;
-        seen[count++] = key;
-        seen[count++] = value;
-    }
+/* The fields npumem does not keep in a column, interned: `seen` holds them as (key, value,
+ * key, value, ...), `count` objects. The common case, the same objects as the last entry's
+ * (memoized strings) or none, makes no tuple. */
+static int intern_extras(Interned *t, PyObject **seen, Py_ssize_t count, uint32_t *out) {
     int same = count == 0;
     if (count && t->last_extra_items && PyTuple_GET_SIZE(t->last_extra_items) == count) {
         same = 1;
@@ -466,8 +436,6 @@ static int intern_extras(Interned *t, PyObject *entry, uint32_t *out) {
     PyObject *items = same ? NULL : PyTuple_New(count);
     for (Py_ssize_t i = 0; items && i < count; i++)
         PyTuple_SET_ITEM(items, i, Py_NewRef(seen[i]));
-    if (seen != few)
-        PyMem_Free(seen);
     if (same) {
         *out = count ? t->last_extra : 0;
         return 0;
@@ -515,10 +483,9 @@ static int intern_extras(Interned *t, PyObject *entry, uint32_t *out) {
     return 0;
 }
 
-static int check_pool_id(PyObject *entry, Py_ssize_t device, Py_ssize_t index) {
-    PyObject *v = PyDict_GetItemWithError(entry, s_pool_id);
+static int check_pool_id(PyObject *v, Py_ssize_t device, Py_ssize_t index) {
     if (!v || v == Py_None)
-        return PyErr_Occurred() ? -1 : 0;
+        return 0;
     if ((PyTuple_Check(v) || PyList_Check(v)) && PySequence_Fast_GET_SIZE(v) == 2) {
         uint64_t part;
         int a = natural64(PySequence_Fast_ITEMS(v)[0], &part);
@@ -532,15 +499,76 @@ static int check_pool_id(PyObject *entry, Py_ssize_t device, Py_ssize_t index) {
                        "memory pool's id), got {}", v);
 }
 
-static int add_entry(Device *d, Interned *t, PyObject *entry) {
-    Py_ssize_t index = d->columns[C_ACTION].count;
-    PyObject *action = PyDict_Check(entry) ? PyDict_GetItemWithError(entry, interned_keys[K_ACTION])
-                                           : NULL;
-    if (PyErr_Occurred())
+/* The keys a row reads: found by identity where the keys are the reader's own objects (a
+ * pickle it read), else by equality (dicts from JSON). The first K_DEVICE_FREE become columns;
+ * device_free and pool_id are checked and stay with the extras. */
+enum { F_POOL_ID = K_DEVICE_FREE + 1, N_FIELD_KEYS };
+static PyObject *field_keys[N_FIELD_KEYS];
+
+static int field_key(PyObject *key, int own_strings) {
+    for (int k = 0; k < N_FIELD_KEYS; k++)
+        if (key == field_keys[k])
+            return k;
+    if (own_strings || !PyUnicode_Check(key))
         return -1;
-    if (!action || !PyUnicode_Check(action))
-        return entry_error(d->device, index, NULL, "a trace entry must be a dict with an action, "
-                           "got {}", entry);
+    for (int k = 0; k < N_FIELD_KEYS; k++)
+        if (PyUnicode_Compare(key, field_keys[k]) == 0)
+            return k;
+    return -1;
+}
+
+/* the entry as a dict, for an error message (`pairs` are the fields of one being read) */
+static PyObject *shown_entry(PyObject *entry, PyObject **pairs, Py_ssize_t n) {
+    if (entry)
+        return Py_NewRef(entry);
+    PyObject *dict = PyDict_New();
+    for (Py_ssize_t i = 0; dict && i < n; i++)
+        if (PyDict_SetItem(dict, pairs[2 * i], pairs[2 * i + 1]) < 0)
+            Py_CLEAR(dict);
+    return dict;
+}
+
+static int missing_action(Device *d, Py_ssize_t index, PyObject *entry, PyObject **pairs,
+                          Py_ssize_t n) {
+    PyObject *shown = shown_entry(entry, pairs, n);
+    if (!shown)
+        return -1;
+    entry_error(d->device, index, NULL, "a trace entry must be a dict with an action, got {}",
+                shown);
+    Py_DECREF(shown);
+    return -1;
+}
+
+/* One row from an entry's fields: `pairs` holds `n` (key, value) pairs with distinct keys,
+ * borrowed; `entry` is the dict they came from, if any. *frames_out: the frames list the row
+ * interned, borrowed (NULL for none). */
+static int add_row(Device *d, Interned *t, PyObject **pairs, Py_ssize_t n, PyObject *entry,
+                   PyObject **frames_out) {
+    Py_ssize_t index = d->columns[C_ACTION].count;
+    PyObject *found[N_FIELD_KEYS] = {NULL};
+    PyObject *few[32], **seen = n <= 16 ? few : PyMem_Malloc((size_t)(2 * n) * sizeof(PyObject *));
+    if (!seen) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = pairs[2 * i], *value = pairs[2 * i + 1];
+        int k = field_key(key, t->own_strings);
+        if (k >= 0)
+            found[k] = value;
+        if (k < 0 || k >= K_DEVICE_FREE) {
+            seen[count++] = key;
+            seen[count++] = value;
+        }
+    }
+    int result = -1;
+    PyObject *action = found[K_ACTION];
+    *frames_out = NULL;
+    if (!action || !PyUnicode_Check(action)) {
+        missing_action(d, index, entry, pairs, n);
+        goto done;
+    }
     int code = -1;
     for (int a = 0; a < N_ACTIONS && code < 0; a++)     /* interned as the reader reads them */
         if (action == interned_actions[a])
@@ -548,45 +576,43 @@ static int add_entry(Device *d, Interned *t, PyObject *entry) {
     for (int a = 0; a < N_ACTIONS && code < 0; a++)
         if (PyUnicode_CompareWithASCIIString(action, ACTIONS[a]) == 0)
             code = a;
-    if (code < 0)
-        return entry_error(d->device, index, "action", "unknown action {}; PyTorch writes alloc, "
-                           "free_requested, free_completed, segment_alloc, segment_free, "
-                           "segment_map, segment_unmap, oom, snapshot, annotate, "
-                           "workspace_snapshot", action);
+    if (code < 0) {
+        entry_error(d->device, index, "action", "unknown action {}; PyTorch writes alloc, "
+                    "free_requested, free_completed, segment_alloc, segment_free, "
+                    "segment_map, segment_unmap, oom, snapshot, annotate, "
+                    "workspace_snapshot", action);
+        goto done;
+    }
     uint8_t flags = 0;
     uint64_t addr, size, stream, requested, device_free;
     int present;
     /* PyTorch's oom entry carries the driver's free bytes in place of an address */
-    int has_addr_key = PyDict_Contains(entry, interned_keys[K_ADDR]);
-    if (has_addr_key < 0)
-        return -1;
-    int key = code == OOM && !has_addr_key ? K_DEVICE_FREE : K_ADDR;
-    if (integer_field(entry, key, 1, key == K_ADDR ? &addr : &device_free, &present, d->device,
-                      index) < 0)
-        return -1;
+    int key = code == OOM && !found[K_ADDR] ? K_DEVICE_FREE : K_ADDR;
+    if (integer_field(found[key], key, 1, key == K_ADDR ? &addr : &device_free, &present,
+                      d->device, index) < 0)
+        goto done;
     if (key == K_DEVICE_FREE)
         addr = 0;
     else
         flags |= HAS_ADDR;
-    if (integer_field(entry, K_SIZE, 1, &size, &present, d->device, index) < 0)
-        return -1;
+    if (integer_field(found[K_SIZE], K_SIZE, 1, &size, &present, d->device, index) < 0)
+        goto done;
     flags |= HAS_SIZE;
-    if (integer_field(entry, K_STREAM, 0, &stream, &present, d->device, index) < 0)
-        return -1;
+    if (integer_field(found[K_STREAM], K_STREAM, 0, &stream, &present, d->device, index) < 0)
+        goto done;
     flags |= present ? HAS_STREAM : 0;
-    if (key == K_ADDR &&
-        integer_field(entry, K_DEVICE_FREE, 0, &device_free, &present, d->device, index) < 0)
-        return -1;
-    if (integer_field(entry, K_REQUESTED, 0, &requested, &present, d->device, index) < 0)
-        return -1;
+    if (key == K_ADDR && integer_field(found[K_DEVICE_FREE], K_DEVICE_FREE, 0, &device_free,
+                                       &present, d->device, index) < 0)
+        goto done;
+    if (integer_field(found[K_REQUESTED], K_REQUESTED, 0, &requested, &present, d->device,
+                      index) < 0)
+        goto done;
     flags |= present ? HAS_REQUESTED : 0;
-    if (check_pool_id(entry, d->device, index) < 0)
-        return -1;
+    if (check_pool_id(found[F_POOL_ID], d->device, index) < 0)
+        goto done;
     /* time_us: a finite int or float; ints that fit 64 bits stay exact */
     union { int64_t i; double f; } when = {0};
-    PyObject *time = PyDict_GetItemWithError(entry, interned_keys[K_TIME]);
-    if (!time && PyErr_Occurred())
-        return -1;
+    PyObject *time = found[K_TIME];
     if (time) {
         int ok = 0;
         if (PyFloat_CheckExact(time) || (PyFloat_Check(time))) {
@@ -597,7 +623,7 @@ static int add_entry(Device *d, Interned *t, PyObject *entry) {
             int overflow;
             long long x = PyLong_AsLongLongAndOverflow(time, &overflow);
             if (x == -1 && PyErr_Occurred())
-                return -1;
+                goto done;
             if (!overflow) {
                 when.i = x;
                 ok = 1;
@@ -610,25 +636,26 @@ static int add_entry(Device *d, Interned *t, PyObject *entry) {
                 flags |= TIME_FLOAT;
             }
         }
-        if (!ok)
-            return entry_error(d->device, index, "time_us", "must be a finite number, got {}", time);
+        if (!ok) {
+            entry_error(d->device, index, "time_us", "must be a finite number, got {}", time);
+            goto done;
+        }
         flags |= HAS_TIME;
     }
     uint32_t stack = 0, extra;
-    PyObject *frames = PyDict_GetItemWithError(entry, interned_keys[K_FRAMES]);
-    if (!frames && PyErr_Occurred())
-        return -1;
+    PyObject *frames = found[K_FRAMES];
     if (frames && frames != Py_None) {
         if (intern_stack(t, frames, &stack, d->device, index) < 0)
-            return -1;
+            goto done;
         flags |= HAS_FRAMES;
+        *frames_out = frames;
     }
-    if (intern_extras(t, entry, &extra) < 0)
-        return -1;
+    if (intern_extras(t, seen, count, &extra) < 0)
+        goto done;
     void *slots[N_COLUMNS];
     for (int c = 0; c < N_COLUMNS; c++)
         if (!(slots[c] = column_slot(&d->columns[c])))
-            return -1;
+            goto done;
     *(uint8_t *)slots[C_ACTION] = (uint8_t)code;
     *(uint8_t *)slots[C_FLAGS] = flags;
     memcpy(slots[C_ADDR], &addr, 8);
@@ -638,7 +665,29 @@ static int add_entry(Device *d, Interned *t, PyObject *entry) {
     memcpy(slots[C_REQUESTED], &requested, 8);
     memcpy(slots[C_STACK], &stack, 4);
     memcpy(slots[C_EXTRA], &extra, 4);
-    return 0;
+    result = 0;
+done:
+    if (seen != few)
+        PyMem_Free(seen);
+    return result;
+}
+
+/* One row from an entry dict (a pickle's own dict, or one read from JSON). */
+static int add_entry(Device *d, Interned *t, PyObject *entry, PyObject **frames_out) {
+    if (!PyDict_Check(entry))
+        return missing_action(d, d->columns[C_ACTION].count, entry, NULL, 0);
+    Py_ssize_t n = PyDict_GET_SIZE(entry), pos = 0, i = 0;
+    PyObject *few[32], **pairs = n <= 16 ? few : PyMem_Malloc((size_t)(2 * n) * sizeof(PyObject *));
+    if (!pairs) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    while (i < n && PyDict_Next(entry, &pos, &pairs[2 * i], &pairs[2 * i + 1]))
+        i++;
+    int result = add_row(d, t, pairs, i, entry, frames_out);
+    if (pairs != few)
+        PyMem_Free(pairs);
+    return result;
 }
 
 /* ---- the devices of one read ---- */
@@ -739,9 +788,24 @@ typedef struct {
      * replaced there once they are rows (the row's marker; the interned stack) */
     Py_ssize_t *pending;
     Py_ssize_t pending_size, pending_capacity;
+    /* stands on the stack (and in the memo) for an entry read as a row, not a dict */
     PyObject *entry_marker;
+    /* the entry being read without a dict: its (key, value) pairs, owned; where its marker
+     * stands on the stack (-1: none); its device */
+    PyObject **open_pairs;
+    Py_ssize_t open_n, open_capacity, open_at;
+    int open_device;
+    /* objects the memo may hold that rows replaced since the last settle, and what stands for
+     * them there: (object, replacement) pairs, owned */
+    PyObject **settled;
+    Py_ssize_t settled_size, settled_capacity;
+    /* drop the mapped file's pages behind the read (a plain file is mapped, not read) */
+    int release_behind;
+    Py_ssize_t released;
     Reader reader;
 } Machine;
+
+static void drop_from(Machine *m, Py_ssize_t from);
 
 static int memo_put(Machine *m, Py_ssize_t index, PyObject *v) {
     if (index < 0 || index > m->memo_size + MEMO_SLACK)
@@ -773,68 +837,206 @@ static int device_of(Machine *m, PyObject *list) {
     return -1;
 }
 
-/* After rows were taken from `entries`: memo slots that held those entries now hold the
- * marker, and slots that held their frames lists the interned stack. The batch's objects are
- * found by address in a small open-addressing table (they are alive until this returns). */
-static int settle_pending(Machine *m, PyObject **entries, Py_ssize_t count, Device *d,
-                          Py_ssize_t first_row) {
-    if (m->pending_size == 0)
-        return 0;
-    Py_ssize_t size = 16;
-    while (size < 4 * count)
-        size *= 2;
-    struct { PyObject *key; PyObject *value; } *table = PyMem_Calloc(size, 2 * sizeof(PyObject *));
-    if (!table) {
-        PyErr_NoMemory();
+/* Keep (object, replacement) for the next settle: the memo slot that holds `object` will
+ * hold `replacement` instead (both borrowed here). */
+static int will_settle(Machine *m, PyObject *object, PyObject *replacement) {
+    PyObject **more = grow(m->settled, &m->settled_capacity, m->settled_size + 2,
+                           sizeof(PyObject *), 4096);
+    if (!more)
         return -1;
-    }
-    Py_ssize_t mask = size - 1;
-#define SLOT_OF(p) ((Py_ssize_t)(((uintptr_t)(p) >> 4) * 11400714819323198485ULL >> 20) & mask)
-    for (Py_ssize_t e = 0; e < count; e++) {
-        PyObject *keys[2] = {entries[e], PyDict_CheckExact(entries[e])
-                             ? PyDict_GetItem(entries[e], interned_keys[K_FRAMES]) : NULL};
-        uint32_t stack;
-        memcpy(&stack, PyByteArray_AS_STRING(d->columns[C_STACK].array) + 4 * (first_row + e), 4);
-        PyObject *values[2] = {m->entry_marker, NULL};
-        if (keys[1] && PyList_GET_SIZE(m->reader.interned.stacks) > (Py_ssize_t)stack)
-            values[1] = PyList_GET_ITEM(m->reader.interned.stacks, stack);
-        else
-            keys[1] = NULL;
-        for (int k = 0; k < 2; k++) {
-            if (!keys[k])
-                continue;
-            Py_ssize_t i = SLOT_OF(keys[k]);
-            while (table[i].key && table[i].key != keys[k])
-                i = (i + 1) & mask;
-            table[i].key = keys[k];
-            table[i].value = values[k];
-        }
-    }
-    for (Py_ssize_t p = 0; p < m->pending_size; p++) {
-        Py_ssize_t slot = m->pending[p];
-        PyObject *v = m->memo[slot];
-        if (!v)
-            continue;
-        Py_ssize_t i = SLOT_OF(v);
-        while (table[i].key && table[i].key != v)
-            i = (i + 1) & mask;
-        if (table[i].key)
-            Py_SETREF(m->memo[slot], Py_NewRef(table[i].value));
-    }
-#undef SLOT_OF
-    PyMem_Free(table);
-    m->pending_size = 0;
+    m->settled = more;
+    m->settled[m->settled_size++] = Py_NewRef(object);
+    m->settled[m->settled_size++] = Py_NewRef(replacement);
     return 0;
 }
 
-/* Rows from entries appended to device list `device`. */
+/* The row just added to `d` interned the list `frames` (borrowed; may be NULL): its memo slot
+ * will hold the interned stack, so the memo keeps no list per entry alive. */
+static int settle_frames(Machine *m, Device *d, PyObject *frames) {
+    if (!frames || !PyList_CheckExact(frames))
+        return 0;
+    uint32_t stack;
+    memcpy(&stack, PyByteArray_AS_STRING(d->columns[C_STACK].array) +
+           4 * (d->columns[C_STACK].count - 1), 4);
+    return will_settle(m, frames, PyList_GET_ITEM(m->reader.interned.stacks, stack));
+}
+
+/* After rows were taken: memo slots filled since the last settle that hold an object a row
+ * replaced (an entry dict, a frames list) now hold its replacement. The objects are found by
+ * address in a small open-addressing table (`settled` keeps them alive until this returns). */
+static int settle_pending(Machine *m) {
+    Py_ssize_t count = m->settled_size / 2;
+    if (m->pending_size && count) {
+        Py_ssize_t size = 16;
+        while (size < 4 * count)
+            size *= 2;
+        PyObject **table = PyMem_Calloc(size, 2 * sizeof(PyObject *));  /* key, value */
+        if (!table) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        Py_ssize_t mask = size - 1;
+#define SLOT_OF(p) ((Py_ssize_t)(((uintptr_t)(p) >> 4) * 11400714819323198485ULL >> 20) & mask)
+        for (Py_ssize_t e = 0; e < count; e++) {
+            PyObject *key = m->settled[2 * e];
+            Py_ssize_t i = SLOT_OF(key);
+            while (table[2 * i] && table[2 * i] != key)
+                i = (i + 1) & mask;
+            table[2 * i] = key;
+            table[2 * i + 1] = m->settled[2 * e + 1];
+        }
+        for (Py_ssize_t p = 0; p < m->pending_size; p++) {
+            Py_ssize_t slot = m->pending[p];
+            PyObject *v = m->memo[slot];
+            if (!v)
+                continue;
+            Py_ssize_t i = SLOT_OF(v);
+            while (table[2 * i] && table[2 * i] != v)
+                i = (i + 1) & mask;
+            if (table[2 * i])
+                Py_SETREF(m->memo[slot], Py_NewRef(table[2 * i + 1]));
+        }
+#undef SLOT_OF
+        PyMem_Free(table);
+    }
+    m->pending_size = 0;
+    while (m->settled_size)
+        Py_DECREF(m->settled[--m->settled_size]);
+    return 0;
+}
+
+/* Rows from entry dicts appended to device list `device`. */
 static int take_entries(Machine *m, int device, PyObject **entries, Py_ssize_t count) {
     Device *d = &m->reader.devices[device];
-    Py_ssize_t first = d->columns[C_ACTION].count;
-    for (Py_ssize_t e = 0; e < count; e++)
-        if (add_entry(d, &m->reader.interned, entries[e]) < 0)
+    for (Py_ssize_t e = 0; e < count; e++) {
+        PyObject *frames;
+        if (add_entry(d, &m->reader.interned, entries[e], &frames) < 0 ||
+            will_settle(m, entries[e], m->entry_marker) < 0 || settle_frames(m, d, frames) < 0)
             return -1;
-    return settle_pending(m, entries, count, d, first);
+    }
+    return 0;
+}
+
+/* ---- entries read as rows, without a dict ----
+ * An empty dict pushed where the next item of a device's list goes (what pickle.dump writes
+ * for each entry) is not made: the marker stands for it, its fields are collected as the
+ * pickle sets them, and it becomes a row when the next entry begins or the list takes it.
+ * The marker is never copied (DUP and GET of it are refused), so each marker a device's list
+ * takes is one row; a marker that never reaches its list leaves a row staged, and the read is
+ * refused at its end. */
+
+/* The device whose list the next pushed item goes to, or -1. */
+static int entry_position(Machine *m) {
+    Stack *s = &m->stack;
+    Py_ssize_t floor = m->marks.size ? m->marks.at[m->marks.size - 1] : 0;
+    int device = -1;
+    if (!m->device_count)
+        return -1;
+    if (s->size > floor && PyList_CheckExact(s->items[s->size - 1]))       /* for APPEND */
+        device = device_of(m, s->items[s->size - 1]);
+    if (device < 0 && floor >= 1 && PyList_CheckExact(s->items[floor - 1]))  /* for APPENDS */
+        device = device_of(m, s->items[floor - 1]);
+    return device;
+}
+
+static void drop_open(Machine *m) {
+    for (Py_ssize_t i = 0; i < 2 * m->open_n; i++)
+        Py_DECREF(m->open_pairs[i]);
+    m->open_n = 0;
+    m->open_at = -1;
+}
+
+/* The open entry becomes a row of its device (staged until its list takes its marker). */
+static int close_open(Machine *m) {
+    if (m->open_at < 0)
+        return 0;
+    Device *d = &m->reader.devices[m->open_device];
+    PyObject *frames;
+    int result = add_row(d, &m->reader.interned, m->open_pairs, m->open_n, NULL, &frames);
+    if (result == 0) {
+        d->staged++;
+        result = settle_frames(m, d, frames);
+    }
+    drop_open(m);
+    return result;
+}
+
+static int open_entry(Machine *m, int device) {
+    if (close_open(m) < 0 || stack_push(&m->stack, Py_NewRef(m->entry_marker)) < 0)
+        return -1;
+    m->open_at = m->stack.size - 1;
+    m->open_device = device;
+    return 0;
+}
+
+/* SETITEMS into the open entry: the pairs above `from`, a key set twice keeping its last value
+ * as a dict would. */
+static int fill_open(Machine *m, Py_ssize_t from) {
+    if (from - 1 != m->open_at)
+        return unsafe("a trace entry is filled after the next one began (byte %zd): not laid "
+                      "out as pickle.dump writes a snapshot", m->pos);
+    for (Py_ssize_t i = from; i < m->stack.size; i += 2) {
+        PyObject *key = m->stack.items[i], *value = m->stack.items[i + 1];
+        if (!PyUnicode_CheckExact(key) && PyObject_Hash(key) == -1) {
+            PyErr_Clear();
+            return unsafe("a damaged pickle: an unhashable dict key at byte %zd", m->pos);
+        }
+        /* a known name is always the reader's object (known_string), so identity finds it
+         * set before; another key may be an equal object that is not the same one */
+        int known = field_key(key, 1) >= 0;
+        Py_ssize_t at = 0;
+        for (; at < m->open_n; at++) {
+            PyObject *other = m->open_pairs[2 * at];
+            if (other == key)
+                break;
+            if (known || field_key(other, 1) >= 0)
+                continue;
+            int equal = PyObject_RichCompareBool(other, key, Py_EQ);    /* plain data only */
+            if (equal < 0)
+                return -1;
+            if (equal)
+                break;
+        }
+        if (at == m->open_n) {
+            PyObject **more = grow(m->open_pairs, &m->open_capacity, 2 * (m->open_n + 1),
+                                   sizeof(PyObject *), 32);
+            if (!more)
+                return -1;
+            m->open_pairs = more;
+            m->open_pairs[2 * at] = Py_NewRef(key);
+            m->open_pairs[2 * at + 1] = Py_NewRef(value);
+            m->open_n++;
+        } else
+            Py_SETREF(m->open_pairs[2 * at + 1], Py_NewRef(value));
+    }
+    drop_from(m, from);
+    return 0;
+}
+
+/* A device's list takes `count` items: markers (rows staged, in order) or entry dicts. A
+ * dict among markers would need its row between staged ones: refused, as no pickler writes
+ * that (an item that is no dict at all is named as the entry error it is). */
+static int device_takes(Machine *m, int device, PyObject **items, Py_ssize_t count) {
+    if (close_open(m) < 0)
+        return -1;
+    Device *d = &m->reader.devices[device];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (items[i] == m->entry_marker) {
+            if (d->staged == 0)
+                return unsafe("device_traces[%d] takes a trace entry twice (byte %zd)", device,
+                              m->pos);
+            d->staged--;
+            continue;
+        }
+        if (d->staged && PyDict_Check(items[i]))
+            return unsafe("device_traces[%d] mixes entries written two ways (byte %zd): not "
+                          "laid out as pickle.dump writes a snapshot", device, m->pos);
+        if (d->staged)
+            return missing_action(d, d->columns[C_ACTION].count - d->staged, items[i], NULL, 0);
+        if (take_entries(m, device, items + i, 1) < 0)
+            return -1;
+    }
+    return settle_pending(m);
 }
 
 /* A new list was pushed: is it device_traces's value, or a device's list in it? */
@@ -909,6 +1111,21 @@ static void drop_from(Machine *m, Py_ssize_t from) {
         Py_DECREF(m->stack.items[--m->stack.size]);
 }
 
+/* Drop the pages of a mapped file the read has passed, every 64 MiB: a 1 GB snapshot then
+ * costs no 1 GB of resident pages. The read never looks back; strings are copied. */
+static void release_behind(Machine *m) {
+#if defined(MADV_DONTNEED)
+    const Py_ssize_t step = (Py_ssize_t)64 << 20;
+    if (!m->release_behind || m->pos - m->released < step || ((uintptr_t)m->data & 4095))
+        return;
+    Py_ssize_t upto = m->pos & ~(Py_ssize_t)4095;
+    madvise((void *)(m->data + m->released), (size_t)(upto - m->released), MADV_DONTNEED);
+    m->released = upto;
+#else
+    (void)m;
+#endif
+}
+
 static int append_items(Machine *m, Py_ssize_t from) {
     if (from < 1)
         return unsafe("a damaged pickle: APPENDS with no list at byte %zd", m->pos);
@@ -918,7 +1135,7 @@ static int append_items(Machine *m, Py_ssize_t from) {
     int device = PyList_CheckExact(target) ? device_of(m, target) : -1;
     int result = 0;
     if (device >= 0)
-        result = take_entries(m, device, items, count);
+        result = device_takes(m, device, items, count);
     else if (PyList_Check(target)) {
         for (Py_ssize_t i = 0; i < count && result == 0; i++)
             result = PyList_Append(target, items[i]);
@@ -932,6 +1149,8 @@ static int append_items(Machine *m, Py_ssize_t from) {
         PyErr_Clear();
         return unsafe("a damaged pickle: an unhashable set item at byte %zd", m->pos);
     }
+    if (result == 0 && device >= 0)
+        release_behind(m);
     return result;
 }
 
@@ -939,6 +1158,8 @@ static int set_items(Machine *m, Py_ssize_t from) {
     if (from < 1 || (m->stack.size - from) % 2)
         return unsafe("a damaged pickle: SETITEMS out of step at byte %zd", m->pos);
     PyObject *target = m->stack.items[from - 1];
+    if (target == m->entry_marker)
+        return fill_open(m, from);
     if (!PyDict_Check(target))
         return unsafe("it sets items of a %s: not plain data", Py_TYPE(target)->tp_name);
     int result = 0;
@@ -991,6 +1212,13 @@ static int run(Machine *m, PyObject **result) {
             m->pos += 8;
             continue;
         case '.':                                             /* STOP */
+            if (close_open(m) < 0)
+                return -1;
+            for (Py_ssize_t i = 0; i < m->reader.count; i++)
+                if (m->reader.devices[i].staged)
+                    return unsafe("%zd trace entries of device_traces[%zd] never reach its "
+                                  "list: not laid out as pickle.dump writes a snapshot",
+                                  m->reader.devices[i].staged, i);
             if (m->stack.size != 1 || m->marks.size)
                 return unsafe("a damaged pickle: it ends with %zd objects on its stack",
                               m->stack.size);
@@ -1024,6 +1252,9 @@ static int run(Machine *m, PyObject **result) {
             if (check_stack(m, 1) < 0)
                 return -1;
             v = m->stack.items[m->stack.size - 1];
+            if (v == m->entry_marker)
+                return unsafe("it copies a trace entry (DUP at byte %zd): a snapshot pickle "
+                              "has each entry once", m->pos);
             Py_INCREF(v);
             break;
         case 'N': v = Py_NewRef(Py_None); break;
@@ -1180,7 +1411,17 @@ static int run(Machine *m, PyObject **result) {
             return unsafe("a protocol-0 byte string at byte %zd: a memory snapshot has none",
                           m->pos);
         case ']': v = PyList_New(0); break;
-        case '}': v = PyDict_New(); break;
+        case '}':                                             /* EMPTY_DICT */
+            {
+                int device = entry_position(m);
+                if (device >= 0) {
+                    if (open_entry(m, device) < 0)
+                        return -1;
+                    continue;
+                }
+            }
+            v = PyDict_New();
+            break;
         case ')': v = PyTuple_New(0); break;
         case 0x8f: v = PySet_New(NULL); break;
         case 'l':                                             /* LIST */
@@ -1362,16 +1603,27 @@ static void machine_clear(Machine *m) {
     PyMem_Free(m->memo);
     PyMem_Free(m->device_lists);
     PyMem_Free(m->pending);
+    drop_open(m);
+    PyMem_Free(m->open_pairs);
+    while (m->settled_size)
+        Py_DECREF(m->settled[--m->settled_size]);
+    PyMem_Free(m->settled);
     Py_XDECREF(m->entry_marker);
     reader_clear(&m->reader);
 }
 
-static PyObject *load(PyObject *self, PyObject *arg) {
+static PyObject *load(PyObject *self, PyObject *args) {
+    PyObject *arg;
+    int release = 0;
+    if (!PyArg_ParseTuple(args, "O|p", &arg, &release))
+        return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     Machine m;
     memset(&m, 0, sizeof m);
+    m.open_at = -1;
+    m.release_behind = release;
     PyObject *root = NULL, *result = NULL;
     m.data = view.buf;
     m.length = view.len;
@@ -1416,8 +1668,9 @@ static PyObject *from_entries(PyObject *self, PyObject *traces) {
                 break;
             }
             Py_ssize_t k, m = PyList_GET_SIZE(trace);
+            PyObject *frames;
             for (k = 0; k < m; k++)
-                if (add_entry(d, &r.interned, PyList_GET_ITEM(trace, k)) < 0)
+                if (add_entry(d, &r.interned, PyList_GET_ITEM(trace, k), &frames) < 0)
                     break;
             if (k < m)
                 break;
@@ -1429,9 +1682,94 @@ static PyObject *from_entries(PyObject *self, PyObject *traces) {
     return result;
 }
 
+/* ---- rows grouped by a key: what walks that follow each block read ---- */
+
+typedef struct { uint64_t key; uint32_t id; } KeyId;
+
+static int key_order(const void *a, const void *b) {
+    uint64_t x = ((const KeyId *)a)->key, y = ((const KeyId *)b)->key;
+    return x < y ? -1 : x > y;
+}
+
+/* The positions of `keys` (uint64) sorted by key, ties in position order: what a stable
+ * argsort gives, in one pass with a hash of the distinct keys and a counting sort, where a
+ * trace reuses few addresses among millions of entries. None when most keys differ (a sort
+ * then costs no more). The positions are int64 bytes. */
+static PyObject *order_by_key(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint64_t *keys = view.buf;
+    Py_ssize_t n = view.len / 8, limit = n / 4 + 16;
+    Py_ssize_t slots = 64;
+    while (slots < 2 * limit && slots < 2 * n + 64)
+        slots *= 2;
+    KeyId *table = PyMem_Calloc(slots, sizeof(KeyId));      /* id 0: an empty slot */
+    uint32_t *ids = PyMem_Malloc((n ? n : 1) * sizeof(uint32_t));
+    PyObject *result = NULL;
+    Py_ssize_t distinct = 0;
+    KeyId *sorted = NULL;
+    Py_ssize_t *start = NULL;
+    if (!table || !ids) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t mask = slots - 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t key = keys[i];
+        Py_ssize_t at = (Py_ssize_t)((key * 11400714819323198485ULL) >> 20) & mask;
+        while (table[at].id && table[at].key != key)
+            at = (at + 1) & mask;
+        if (!table[at].id) {
+            if (++distinct > limit) {
+                result = Py_NewRef(Py_None);
+                goto done;
+            }
+            table[at].key = key;
+            table[at].id = (uint32_t)distinct;
+        }
+        ids[i] = table[at].id;
+    }
+    /* each id's rank among the sorted keys, then each rank's first position in the output */
+    sorted = PyMem_Malloc((distinct + 1) * sizeof(KeyId));
+    start = PyMem_Calloc(distinct + 2, sizeof(Py_ssize_t));
+    if (!sorted || !start) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t at = 0; at < slots; at++)
+        if (table[at].id)
+            sorted[k++] = table[at];
+    qsort(sorted, (size_t)distinct, sizeof(KeyId), key_order);
+    uint32_t *rank = (uint32_t *)table;        /* the table is done with: id -> rank */
+    for (Py_ssize_t r = 0; r < distinct; r++)
+        rank[sorted[r].id] = (uint32_t)r;
+    for (Py_ssize_t i = 0; i < n; i++)
+        start[rank[ids[i]] + 1]++;
+    for (Py_ssize_t r = 0; r < distinct; r++)
+        start[r + 1] += start[r];
+    result = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (!result)
+        goto done;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[start[rank[ids[i]]]++] = i;
+done:
+    PyMem_Free(table);
+    PyMem_Free(ids);
+    PyMem_Free(sorted);
+    PyMem_Free(start);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
-    {"load", load, METH_O, "(root object, (devices' columns, stacks, extras, stacks cut)) of a "
-     "snapshot pickle's bytes"},
+    {"load", load, METH_VARARGS, "load(data, release_behind=False): (root object, (devices' "
+     "columns, stacks, extras, stacks cut)) of a snapshot pickle's bytes; release_behind drops "
+     "the pages read (data a mapped file)"},
+    {"order_by_key", order_by_key, METH_O, "the positions of uint64 keys in a stable sort by "
+     "key (int64 bytes), or None where most keys differ"},
     {"from_entries", from_entries, METH_O, "(devices' columns, stacks, extras, stacks cut) of "
      "lists of entry dicts"},
     {NULL, NULL, 0, NULL}};
@@ -1467,6 +1805,9 @@ PyMODINIT_FUNC PyInit__reader(void) {
     for (int k = 0; k < 4; k++) known[n_known++] = names[k];
     if (!s_filename || !s_line || !s_name || !s_pool_id)
         return NULL;
+    for (int k = 0; k < K_DEVICE_FREE + 1; k++)
+        field_keys[k] = interned_keys[k];
+    field_keys[F_POOL_ID] = s_pool_id;
     PyObject *actions = PyTuple_New(N_ACTIONS);
     if (!actions)
         return NULL;

@@ -10,6 +10,7 @@ unchanged, while code that walks millions of entries reads the numpy columns dir
 from __future__ import annotations
 
 import gc
+import mmap
 import weakref
 from collections.abc import Sequence
 
@@ -211,9 +212,10 @@ def load_pickle(data: bytes, shown) -> tuple[object, list[Entries], Tables]:
     if native is None:
         raise UnsafePickle(NOT_BUILT)
     collecting = gc.isenabled()
-    gc.disable()                # the reader makes and drops a dict per entry: no cycles to find
+    gc.disable()                # the reader makes and drops a list per entry: no cycles to find
     try:
-        root, (raw, stacks, extras, cut) = native.load(data)
+        # a mapped file's pages are dropped behind the read: they are the file's, not copies
+        root, (raw, stacks, extras, cut) = native.load(data, isinstance(data, mmap.mmap))
     except native.EntryError as exc:
         raise _entry_error(exc, shown) from None
     finally:
@@ -401,7 +403,7 @@ def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int 
     known = a.cache.get("block_order")
     if known is None:
         positions = np.flatnonzero(having(a.action, *_BLOCK_ACTIONS)).astype(index_type(len(a)))
-        order = positions[np.argsort(a.addr[positions], kind="stable")]
+        order = positions[stable_order(a.addr[positions])]
         known = a.cache["block_order"] = (order, a.action[order], a.addr[order])
     positions, codes, addr = known
     keep = None
@@ -415,6 +417,16 @@ def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int 
     first[:1] = True
     first[1:] = addr[1:] != addr[:-1]
     return positions, first, codes, addr
+
+
+def stable_order(keys: np.ndarray) -> np.ndarray:
+    """np.argsort(keys, kind="stable"), in one pass where uint64 keys repeat (a trace's
+    addresses: a few thousand among millions of entries)."""
+    if native is not None and keys.dtype == np.uint64:
+        order = native.order_by_key(np.ascontiguousarray(keys))
+        if order is not None:
+            return np.frombuffer(order, dtype=np.int64)
+    return np.argsort(keys, kind="stable")
 
 
 def index_type(length: int):

@@ -246,8 +246,8 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
         lowest[nodes.find(node)] = min(addr, lowest.get(nodes.find(node), addr))
     if not pools:
         return _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
-    noted = np.flatnonzero(entry_nodes >= 0)[::-1]
-    entry_nodes = dict(zip(noted.tolist(), entry_nodes[noted].tolist()))
+    noted = np.flatnonzero(entry_nodes >= 0)[::-1]      # the latest first
+    node_of = entry_nodes[noted]
     held, users = Counter(), Counter()   # each segment node's bytes and live blocks at the start
     for size, *_, node in ranges.values():
         held[nodes.find(node)] += size
@@ -257,14 +257,16 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
             users[nodes.find(ranges[start][4])] += 1
     # oversize frees (max_split_size) and garbage collection free some idle segments only
     complete = config.max_split_size == NO_LIMIT and not config.garbage_collection_threshold
-    _infer_pools(entries, nodes, entry_nodes, config.max_split_size,
-                 (held, users, free_action) if complete else None)
+    if not nodes.all_known():     # (a dict of every entry's node: only when pools are unknown)
+        _infer_pools(entries, nodes, dict(zip(noted.tolist(), node_of.tolist())),
+                     config.max_split_size, (held, users, free_action) if complete else None)
     state = _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
     # only the entries of private pools: a few segments' worth, where every entry is a million
-    pool_of = {node: nodes.of(node) or DEFAULT_POOL for node in set(entry_nodes.values())}
-    private = {node for node, pool in pool_of.items() if pool != DEFAULT_POOL}
-    state.pools = {index: pool_of[node] for index, node in entry_nodes.items()
-                   if node in private} if private else {}
+    pool_of = {node: nodes.of(node) or DEFAULT_POOL for node in np.unique(node_of).tolist()}
+    private = [node for node, pool in pool_of.items() if pool != DEFAULT_POOL]
+    mine = np.isin(node_of, private)
+    state.pools = {index: pool_of[node] for index, node in
+                   zip(noted[mine].tolist(), node_of[mine].tolist())} if private else {}
     for index in indices(entries, "oom"):     # a refused request: no segment to tell
         pool = read_pool_id(entries[index].get("pool_id")) or _between(entries, state.pools, index)
         if pool not in (None, DEFAULT_POOL):
@@ -370,8 +372,6 @@ def _infer_pools(entries: list[dict], nodes: _PoolNodes, entry_nodes: dict[int, 
     """Learn the pools the dump and the entries left unknown, until nothing more is learned.
     `start`: (bytes, live blocks) of each segment node at the first entry and the action that
     frees a block, when every release frees all idle segments it may."""
-    if nodes.all_known():
-        return                              # the dump and the entries said every pool
     requests: list[tuple[int, int, int]] = []   # (entry index, stream, node) of each request
     runs, run = [], []                      # each run of segment frees: its entry indices
     for index, (action, _, _, stream, *_) in enumerate(rows(entries)):
