@@ -21,6 +21,7 @@ from ...events import TraceEvent
 from ..file_checks import TraceFormatError
 from ..step_marks import hint, marks_before, step_positions
 from ..textio import open_for_writing
+from . import pickle_writer
 from .columns import _CHUNK, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays, having
 from .recording import Recording, died_at, first_oom, load_data, load_recording, recording_from_data
 from .start_state import StartState, read_pool_id
@@ -118,12 +119,15 @@ def write(events: Iterable[TraceEvent], path: str) -> int:
 
 def save(data: dict, path: str) -> int:
     """Pickle a snapshot dict (gzip for .gz); the number of its trace entries. Traces read
-    into columns are written as the lists of dicts PyTorch writes."""
+    into columns are written as the lists of dicts PyTorch writes, a chunk at a time."""
     traces = data.get("device_traces")
-    if isinstance(traces, list) and any(not isinstance(t, list) for t in traces):
+    streamed = pickle_writer.streams(data)
+    if not streamed and isinstance(traces, list) and any(not isinstance(t, list) for t in traces):
         data = {**data, "device_traces": [list(trace) for trace in traces]}
     try:
         with open_for_writing(path, binary=True) as out:
+            if streamed:
+                return pickle_writer.dump(data, out)
             pickle.dump(data, out)
     except RecursionError:
         raise TraceFormatError(path, "0", "the snapshot nests too deeply to write") from None

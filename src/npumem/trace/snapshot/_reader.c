@@ -2,9 +2,10 @@
  *
  * A snapshot of ten million trace entries unpickles, the usual way, into ten million dicts
  * (5 GiB and more). This reader runs the pickle's opcodes itself: everything but the trace
- * entries becomes the usual Python objects, and each entry of `device_traces`, as it is appended
- * to its device's list, is checked and stored as one row of fixed-size columns (about 50 bytes),
- * its stack interned. Only plain data is admitted: an opcode that would call a class or function
+ * entries becomes the usual Python objects, and each entry of `device_traces` is checked and
+ * stored as one row of fixed-size columns (about 50 bytes), its stack interned. An entry written
+ * as pickle.dump writes one is never made a dict: its fields are collected as they are set
+ * (see "entries read as rows"); one written otherwise is a dict until its list takes it. Only plain data is admitted: an opcode that would call a class or function
  * (how hostile pickles run code) ends the read with UnsafePickle, as does a memo index no
  * pickler would write, so a few bytes cannot ask for gigabytes.
  *
