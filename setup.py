@@ -6,7 +6,8 @@ places a file in: build_py puts it at the root of the wheel, and for an editable
 (`pip install -e .`) at the root of the editable wheel, which setuptools assembles in the
 folder its `install` command targets.
 
-It also builds the C extensions: the snapshot reader and the native allocator model."""
+It also builds the C extensions: the snapshot reader, the native allocator model and the
+greedy placement."""
 
 import os
 
@@ -45,4 +46,10 @@ NATIVE_MODEL = Extension("npumem.alloc.torch_model._native",
                          ["src/npumem/alloc/torch_model/_native.c"],
                          extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
-setup(cmdclass={"build_py": BuildWithProfileHook}, ext_modules=[SNAPSHOT_READER, NATIVE_MODEL])
+# Greedy placement in a given order (src/npumem/planning/_placement.c): the planner's greedy
+# stage and the predictive pool's step layouts.
+PLACEMENT = Extension("npumem.planning._placement", ["src/npumem/planning/_placement.c"],
+                      extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
+
+setup(cmdclass={"build_py": BuildWithProfileHook},
+      ext_modules=[SNAPSHOT_READER, NATIVE_MODEL, PLACEMENT])

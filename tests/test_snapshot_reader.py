@@ -314,40 +314,60 @@ def test_entries_written_unusually_read_as_pickle_reads_them(device_list):
     assert [list(device) for device in devices] == pickle.loads(data)["device_traces"]
 
 
-def test_a_mapped_file_reads_as_its_bytes_and_its_pages_are_dropped_behind(tmp_path):
-    """A plain file is mapped, and the reader drops the pages it has passed every 64 MiB:
-    past that point the rows must still be the file's."""
-    trace = [{"action": "alloc", "addr": i, "size": 512, "user_metadata": f"{i:01000d}"}
-             for i in range(70_000)]                               # about 70 MB
-    path = tmp_path / "big.pickle"
-    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4))
-    assert path.stat().st_size > 64 << 20
-    from npumem.trace.textio import bounded_bytes
-    import mmap
-    with bounded_bytes(str(path), 1 << 40) as data:
-        assert isinstance(data, mmap.mmap)
-        _, mapped, _ = load_pickle(data, shown)
-    _, read, _ = load_pickle(path.read_bytes(), shown)
-    for name in ("action", "flags", "addr", "size", "stream", "time_raw", "requested", "stack",
-                 "extra"):
-        assert getattr(mapped[0].columns, name).tobytes() == getattr(read[0].columns, name).tobytes()
-    assert mapped[0][69_999]["user_metadata"] == f"{69_999:01000d}"
+def _same_read(a, b) -> None:
+    (root_a, (devices_a, *tables_a)), (root_b, (devices_b, *tables_b)) = a, b
+    assert root_a == root_b and tables_a == tables_b
+    assert [{k: bytes(v) for k, v in d.items()} for d in devices_a] == \
+        [{k: bytes(v) for k, v in d.items()} for d in devices_b]
 
 
-def test_bounded_bytes_maps_plain_files_reads_gzip_and_refuses_past_the_limit(tmp_path):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("window", [1, 7, 64])
+def test_a_file_read_a_window_at_a_time_reads_as_its_bytes(protocol, window):
+    """Every op crosses a window's end somewhere: lines (protocol 0), strings longer than the
+    window (it grows), and entries read as rows."""
+    import io
+    from npumem.trace.snapshot import _reader as native
+    path = sorted((DATA / "cuda_snapshots").glob("*.pickle.gz"))[0]
+    data = pickle.dumps(pickle.loads(gzip.decompress(path.read_bytes())), protocol=protocol)
+    _same_read(native.load(io.BytesIO(data), window), native.load(data))
+
+
+def test_a_failing_file_and_a_bad_window_are_passed_on():
+    import io
+    from npumem.trace.snapshot import _reader as native
+
+    class Broken(io.RawIOBase):
+        def readinto(self, buffer):
+            raise OSError("the disk went away")
+
+    with pytest.raises(OSError, match="the disk went away"):
+        native.load(Broken())
+    with pytest.raises(ValueError, match="window"):
+        native.load(io.BytesIO(b"N."), 0)
+    with pytest.raises(UnsafePickle, match="truncated"):
+        load_pickle(io.BytesIO(pickle.dumps({"device_traces": [[]]})[:-3]), shown)
+
+
+def test_bounded_reader_reads_plain_and_gzip_files_and_refuses_past_the_limit(tmp_path):
     from npumem.trace.file_checks import TraceFormatError
-    from npumem.trace.textio import bounded_bytes
-    plain, packed, empty = tmp_path / "a.pickle", tmp_path / "a.pickle.gz", tmp_path / "e.pickle"
-    plain.write_bytes(b"x" * 100)
-    packed.write_bytes(gzip.compress(b"y" * 100))
-    empty.write_bytes(b"")
-    for path, expected in [(plain, b"x" * 100), (packed, b"y" * 100), (empty, b"")]:
-        with bounded_bytes(str(path), 100) as data:
-            assert bytes(data) == expected
-        if expected:
-            with pytest.raises(TraceFormatError, match="more than 99 bytes"):
-                with bounded_bytes(str(path), 99):
-                    pass
+    from npumem.trace.textio import bounded_reader
+    data = pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1,
+                                                             "size": 2}]]})
+    plain, packed, broken = tmp_path / "a.pickle", tmp_path / "b.pickle.gz", tmp_path / "c.gz"
+    plain.write_bytes(data)
+    packed.write_bytes(gzip.compress(data))
+    broken.write_bytes(gzip.compress(data)[:-12])
+    for path in (plain, packed):
+        with bounded_reader(str(path), len(data)) as reader:
+            _, devices, _ = load_pickle(reader, shown)
+        assert list(devices[0]) == [{"action": "alloc", "addr": 1, "size": 2}]
+        with pytest.raises(TraceFormatError, match=f"more than {len(data) - 1} bytes"):
+            with bounded_reader(str(path), len(data) - 1) as reader:
+                load_pickle(reader, shown)
+    with pytest.raises(TraceFormatError, match="truncated or corrupt"):
+        with bounded_reader(str(broken), 1 << 20) as reader:
+            load_pickle(reader, shown)
 
 
 @settings(max_examples=200, deadline=None)

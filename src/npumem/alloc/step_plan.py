@@ -24,7 +24,7 @@ import numpy as np
 
 from ..planning import plan, problem_from_arrays
 from ..planning.greedy import orders
-from ..planning.placement import lowest_gap, validate
+from ..planning.placement import place, validate
 from ..planning.planner import GREEDY_VARIANTS
 from .step_learner import Template
 
@@ -167,29 +167,11 @@ def _pages(offsets, sizes, held) -> tuple[int, int]:
 
 
 def _place(pieces, sizes, order, best_fit: bool, held, deadline: float):
-    """Place blocks in `order`, each at the lowest (or tightest) gap left by the placed pieces
-    and `held` rows (start, end, from, until) live at the same time as any of its pieces; None
-    past `deadline`. planning.place_in_order with lifetimes in pieces."""
-    capacity = len(held) + 2 * len(sizes)
-    p_from, p_until = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
-    p_start, p_end = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
-    k = len(held)
-    if k:
-        p_start[:k], p_end[:k], p_from[:k], p_until[:k] = held.T
-    offsets = np.zeros(len(sizes), np.int64)
-    for count, i in enumerate(order):
-        if count & 63 == 0 and time.perf_counter() > deadline:
-            return None
-        mask = np.zeros(k, bool)
-        for lo, hi in pieces[i]:
-            mask |= (p_from[:k] < hi) & (lo < p_until[:k])
-        live = np.nonzero(mask)[0]
-        need = sizes[i]
-        offset = offsets[i] = lowest_gap(p_start[live], p_end[live], need, best_fit)
-        for lo, hi in pieces[i]:
-            p_from[k], p_until[k], p_start[k], p_end[k] = lo, hi, offset, offset + need
-            k += 1
-    return offsets
+    """`planning.place` with each block's lifetime in `pieces`: one or two (lo, hi)."""
+    first = np.zeros(len(pieces) + 1, np.int64)
+    first[1:] = np.cumsum([len(p) for p in pieces])
+    bounds = np.array([bound for piece in pieces for bound in piece], np.int64).reshape(-1, 2)
+    return place(bounds[:, 0], bounds[:, 1], first, sizes, order, best_fit, held, deadline)
 
 
 def _live_at_allocations(starts, ends, sizes, length: int) -> np.ndarray:

@@ -11,6 +11,11 @@ import numpy as np
 
 from .problem import PlanningProblem
 
+try:
+    from . import _placement as _native
+except ImportError:                 # a checkout not installed with `pip install -e .`
+    _native = None
+
 
 class PlanError(ValueError):
     """A placement that puts two buffers live at the same time on the same bytes."""
@@ -87,10 +92,11 @@ def validate(problem: PlanningProblem, offsets: np.ndarray) -> None:
 
 def lowest_gap(starts: np.ndarray, ends: np.ndarray, need: int, best_fit: bool = False) -> int:
     """Where a buffer of `need` bytes goes among buffers at [starts, ends) (live at the same
-    time, any order): the lowest gap that fits, or with `best_fit` the tightest; else on top."""
+    time; ties in start keep their order): the lowest gap that fits, or with `best_fit` the
+    tightest; else on top."""
     if not len(starts):
         return 0
-    by_start = np.argsort(starts)
+    by_start = np.argsort(starts, kind="stable")
     starts = starts[by_start]
     ends = np.maximum.accumulate(ends[by_start])
     floors = np.concatenate(([0], ends[:-1]))      # top of everything below each start
@@ -103,25 +109,45 @@ def lowest_gap(starts: np.ndarray, ends: np.ndarray, need: int, best_fit: bool =
     return int(floors[fits[0]])
 
 
+def place(lo, hi, first, sizes, order, best_fit: bool = False, held=None,
+          deadline: float = math.inf, native: bool | None = None) -> np.ndarray | None:
+    """Place buffers one by one in `order`, each in the lowest gap (or, with `best_fit`, the
+    tightest) among the rows live at the same time: the rows `held` (start, end, from, until)
+    and the buffers placed before it. Buffer i lives in the pieces lo/hi[first[i]:first[i+1]]
+    (a step layout cuts a block crossing the step's end in two). O(n^2): None if the
+    `deadline` (perf_counter) passes first. The native placement (_placement.c) where built,
+    unless `native` is False; this loop is its statement and oracle."""
+    lo, hi, first, sizes, order = (np.ascontiguousarray(a, dtype=np.int64)
+                                   for a in (lo, hi, first, sizes, order))
+    held = np.zeros((0, 4), np.int64) if held is None else np.ascontiguousarray(held, np.int64)
+    if native is not False and _native is not None:
+        left = deadline - time.perf_counter()
+        offsets = _native.place(lo, hi, first, sizes, order, best_fit, held.reshape(-1), left)
+        return None if offsets is None else np.frombuffer(offsets, np.int64).copy()
+    capacity = len(held) + len(lo)
+    p_from, p_until = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
+    p_start, p_end = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
+    k = len(held)
+    if k:
+        p_start[:k], p_end[:k], p_from[:k], p_until[:k] = held.T
+    offsets = np.zeros(len(sizes), np.int64)
+    for count, i in enumerate(order.tolist()):
+        if count & 63 == 0 and time.perf_counter() > deadline:
+            return None
+        mask = np.zeros(k, bool)
+        for p in range(first[i], first[i + 1]):
+            mask |= (p_from[:k] < hi[p]) & (lo[p] < p_until[:k])
+        live = np.nonzero(mask)[0]
+        need = sizes[i]
+        offset = offsets[i] = lowest_gap(p_start[live], p_end[live], need, best_fit)
+        for p in range(first[i], first[i + 1]):
+            p_from[k], p_until[k], p_start[k], p_end[k] = lo[p], hi[p], offset, offset + need
+            k += 1
+    return offsets
+
+
 def place_in_order(problem: PlanningProblem, order: np.ndarray, best_fit: bool = False,
                    deadline: float = math.inf) -> np.ndarray | None:
-    """Place buffers one by one in `order`, each in the lowest gap (or, with `best_fit`, the
-    tightest gap) left by the already placed buffers that are live at the same time. O(n^2):
-    None if the `deadline` (perf_counter) passes first."""
-    lower, upper, size = problem.lower, problem.upper, problem.size
-    n = len(order)
-    offsets = np.zeros(len(problem), np.int64)
-    # Placed buffers in placement order, so each step scans only the placed prefix.
-    p_lower = np.empty(n, np.int64)
-    p_upper = np.empty(n, np.int64)
-    p_start = np.empty(n, np.int64)
-    p_end = np.empty(n, np.int64)
-    for k, i in enumerate(order):
-        if k & 63 == 0 and time.perf_counter() > deadline:
-            return None
-        need = size[i]
-        live = np.nonzero((p_lower[:k] < upper[i]) & (lower[i] < p_upper[:k]))[0]
-        offset = lowest_gap(p_start[live], p_end[live], need, best_fit)
-        offsets[i] = offset
-        p_lower[k], p_upper[k], p_start[k], p_end[k] = lower[i], upper[i], offset, offset + need
-    return offsets
+    """`place` for a problem: each buffer one piece, [lower, upper)."""
+    return place(problem.lower, problem.upper, np.arange(len(problem) + 1), problem.size, order,
+                 best_fit, None, deadline)

@@ -6,7 +6,6 @@ import csv
 import gzip
 import io
 import json
-import mmap
 import os
 import zlib
 from contextlib import contextmanager
@@ -62,34 +61,35 @@ def max_snapshot_bytes() -> int:
                                "(write it as 4GiB or 4294967296)") from None
 
 
+class BoundedReader:
+    """A binary file that refuses to give more than `limit` bytes (decompressed), and turns a
+    read's failure into a TraceFormatError: what a reader reads a window at a time."""
+
+    def __init__(self, handle, path: str, limit: int):
+        self.handle, self.path, self.limit, self.total = handle, path, limit, 0
+
+    def readinto(self, buffer) -> int:
+        try:
+            count = self.handle.readinto(buffer)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceFormatError(self.path, str(self.total),
+                                   f"the file is truncated or corrupt: {exc}") from None
+        self.total += count
+        _check_size(self.path, self.total, self.limit)
+        return count
+
+
 @contextmanager
-def bounded_bytes(path: str, limit: int):
-    """The whole (decompressed) file as a buffer, or a TraceFormatError past `limit` bytes.
-    A plain file is mapped, not copied: a 1 GB snapshot then costs no 1 GB read, and the
-    reader can drop the pages behind it. The buffer is valid inside the block."""
+def bounded_reader(path: str, limit: int):
+    """The (decompressed) file as a BoundedReader: read in windows, never whole in memory."""
     try:
-        with open_binary(path) as handle:
-            if isinstance(handle, gzip.GzipFile):
-                data = _read_all(handle, path, limit)
-            else:
-                size = os.fstat(handle.fileno()).st_size
-                _check_size(path, size, limit)
-                data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-    except (OSError, EOFError, zlib.error) as exc:
-        raise TraceFormatError(path, "0", f"the file is truncated or corrupt: {exc}") from None
-    try:
-        yield data
-    finally:
-        if isinstance(data, mmap.mmap):
-            data.close()
-
-
-def _read_all(handle, path: str, limit: int) -> bytearray:
-    data = bytearray()          # grown in place (realloc), not pieces joined at twice the size
-    while piece := handle.read(1 << 24):
-        _check_size(path, len(data) + len(piece), limit)
-        data += piece
-    return data
+        handle = open_binary(path)
+    except OSError as exc:
+        raise TraceFormatError(path, "0", f"the file cannot be read: {exc}") from None
+    with handle:
+        if not isinstance(handle, gzip.GzipFile):       # a plain file: refused before reading
+            _check_size(path, os.fstat(handle.fileno()).st_size, limit)
+        yield BoundedReader(handle, path, limit)
 
 
 def _check_size(path: str, size: int, limit: int) -> None:

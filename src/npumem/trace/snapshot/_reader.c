@@ -17,9 +17,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifndef _WIN32
-#include <sys/mman.h>
-#endif
 
 #define MAX_FRAMES 256          /* frames kept (and checked) per stack: snapshot_schema.MAX_FRAMES */
 #define MEMO_SLACK 1024         /* a PUT may run this far past the memo's end, no further */
@@ -800,9 +797,12 @@ typedef struct {
      * them there: (object, replacement) pairs, owned */
     PyObject **settled;
     Py_ssize_t settled_size, settled_capacity;
-    /* drop the mapped file's pages behind the read (a plain file is mapped, not read) */
-    int release_behind;
-    Py_ssize_t released;
+    /* a file read a window at a time (else `data` is the whole pickle): the window holds the
+     * bytes from `base` on; `data` is addressed by position in the file, `data + pos` */
+    PyObject *source;
+    unsigned char *window;
+    Py_ssize_t base, capacity;
+    int exhausted;
     Reader reader;
 } Machine;
 
@@ -1068,7 +1068,49 @@ static int note_new_list(Machine *m, PyObject *list) {
     return reader_device(&m->reader) ? 0 : -1;
 }
 
+#define WINDOW ((Py_ssize_t)16 << 20)
+
+/* The window moved to the unread bytes and filled from the file: at least `n` bytes past
+ * `pos` unless the file ends first. It grows only for an item larger than itself. */
+static int refill(Machine *m, Py_ssize_t n) {
+    Py_ssize_t unread = m->length - m->pos;
+    memmove(m->window, m->data + m->pos, (size_t)unread);
+    m->base = m->pos;
+    while (!m->exhausted && (unread < n || unread < m->capacity)) {
+        if (unread == m->capacity) {
+            unsigned char *more = PyMem_Realloc(m->window, (size_t)(2 * m->capacity));
+            if (!more) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            m->window = more;
+            m->capacity *= 2;
+        }
+        PyObject *room = PyMemoryView_FromMemory((char *)m->window + unread,
+                                                 m->capacity - unread, PyBUF_WRITE);
+        PyObject *got = room ? PyObject_CallMethod(m->source, "readinto", "O", room) : NULL;
+        Py_XDECREF(room);
+        if (!got)
+            return -1;                    /* the file's own error (a limit, a damaged gzip) */
+        Py_ssize_t count = PyLong_Check(got) ? PyLong_AsSsize_t(got) : -1;
+        Py_DECREF(got);
+        if (count < 0 || count > m->capacity - unread) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_OSError, "the file gave no bytes to read");
+            return -1;
+        }
+        m->exhausted = count == 0;
+        unread += count;
+    }
+    /* positions stay the file's: data + pos is the window's byte for position pos */
+    m->data = (const unsigned char *)((uintptr_t)m->window - (uintptr_t)m->base);
+    m->length = m->base + unread;
+    return 0;
+}
+
 static int need(Machine *m, Py_ssize_t n) {
+    if (n >= 0 && m->length - m->pos < n && m->source && !m->exhausted && refill(m, n) < 0)
+        return -1;
     if (n < 0 || m->length - m->pos < n)
         return unsafe("a truncated pickle: it needs %zd more bytes at byte %zd", n, m->pos);
     return 0;
@@ -1083,8 +1125,13 @@ static uint64_t read_le(const unsigned char *p, int n) {
 
 /* a newline-ended argument (protocol 0): its length, without the newline */
 static Py_ssize_t line_length(Machine *m) {
+    const unsigned char *end = memchr(m->data + m->pos, '\n', m->length - m->pos);
+    while (!end && m->source && !m->exhausted) {
+        if (refill(m, m->length - m->pos + 1) < 0)
+            return -1;
+        end = memchr(m->data + m->pos, '\n', m->length - m->pos);
+    }
     const unsigned char *start = m->data + m->pos;
-    const unsigned char *end = memchr(start, '\n', m->length - m->pos);
     if (!end) {
         unsafe("a truncated pickle: a line at byte %zd has no end", m->pos);
         return -1;
@@ -1112,21 +1159,6 @@ static void drop_from(Machine *m, Py_ssize_t from) {
         Py_DECREF(m->stack.items[--m->stack.size]);
 }
 
-/* Drop the pages of a mapped file the read has passed, every 64 MiB: a 1 GB snapshot then
- * costs no 1 GB of resident pages. The read never looks back; strings are copied. */
-static void release_behind(Machine *m) {
-#if defined(MADV_DONTNEED)
-    const Py_ssize_t step = (Py_ssize_t)64 << 20;
-    if (!m->release_behind || m->pos - m->released < step || ((uintptr_t)m->data & 4095))
-        return;
-    Py_ssize_t upto = m->pos & ~(Py_ssize_t)4095;
-    madvise((void *)(m->data + m->released), (size_t)(upto - m->released), MADV_DONTNEED);
-    m->released = upto;
-#else
-    (void)m;
-#endif
-}
-
 static int append_items(Machine *m, Py_ssize_t from) {
     if (from < 1)
         return unsafe("a damaged pickle: APPENDS with no list at byte %zd", m->pos);
@@ -1150,8 +1182,6 @@ static int append_items(Machine *m, Py_ssize_t from) {
         PyErr_Clear();
         return unsafe("a damaged pickle: an unhashable set item at byte %zd", m->pos);
     }
-    if (result == 0 && device >= 0)
-        release_behind(m);
     return result;
 }
 
@@ -1191,8 +1221,8 @@ static PyObject *refused(const char *what) {
     return NULL;
 }
 
+#define d (m->data)                 /* (a window moves as it refills) */
 static int run(Machine *m, PyObject **result) {
-    const unsigned char *d = m->data;
     for (;;) {
         if (need(m, 1) < 0)
             return -1;
@@ -1364,8 +1394,10 @@ static int run(Machine *m, PyObject **result) {
                 m->pos += n;
                 if (op == 'T' && (int32_t)size < 0)
                     return unsafe("a damaged pickle: a negative length at byte %zd", m->pos);
-                if (size > (uint64_t)(m->length - m->pos))
-                    return need(m, m->length - m->pos + 1);
+                if (size > (uint64_t)PY_SSIZE_T_MAX - 1)
+                    return need(m, -1);
+                if (need(m, (Py_ssize_t)size) < 0)
+                    return -1;
                 const char *p = (const char *)d + m->pos;
                 m->pos += (Py_ssize_t)size;
                 int text = op == 0x8c || op == 'X' || op == 0x8d || op == 'U' || op == 'T';
@@ -1595,6 +1627,8 @@ static int run(Machine *m, PyObject **result) {
     }
 }
 
+#undef d
+
 static void machine_clear(Machine *m) {
     drop_from(m, 0);
     PyMem_Free(m->stack.items);
@@ -1610,24 +1644,38 @@ static void machine_clear(Machine *m) {
         Py_DECREF(m->settled[--m->settled_size]);
     PyMem_Free(m->settled);
     Py_XDECREF(m->entry_marker);
+    PyMem_Free(m->window);
     reader_clear(&m->reader);
 }
 
+/* load(data, window=16 MiB): bytes or another buffer holding the whole pickle; or a binary
+ * file, read `window` bytes at a time with its readinto (its errors are passed on). */
 static PyObject *load(PyObject *self, PyObject *args) {
     PyObject *arg;
-    int release = 0;
-    if (!PyArg_ParseTuple(args, "O|p", &arg, &release))
+    Py_ssize_t window = WINDOW;
+    if (!PyArg_ParseTuple(args, "O|n", &arg, &window))
         return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+    if (window < 1) {
+        PyErr_SetString(PyExc_ValueError, "window: at least 1 byte");
         return NULL;
+    }
+    Py_buffer view = {0};
     Machine m;
     memset(&m, 0, sizeof m);
     m.open_at = -1;
-    m.release_behind = release;
+    if (PyObject_CheckBuffer(arg)) {
+        if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+            return NULL;
+        m.data = view.buf;
+        m.length = view.len;
+    } else {
+        m.source = arg;
+        m.capacity = window;
+        if (!(m.window = PyMem_Malloc((size_t)m.capacity)))
+            return PyErr_NoMemory();
+        m.data = m.window;
+    }
     PyObject *root = NULL, *result = NULL;
-    m.data = view.buf;
-    m.length = view.len;
     m.entry_marker = PyCapsule_New(&m, "npumem.trace_entry", NULL);
     if (m.entry_marker && interned_init(&m.reader.interned) == 0
         && (m.reader.interned.own_strings = 1) && run(&m, &root) == 0) {
@@ -1639,7 +1687,8 @@ static PyObject *load(PyObject *self, PyObject *args) {
     }
     Py_XDECREF(root);
     machine_clear(&m);
-    PyBuffer_Release(&view);
+    if (view.obj)
+        PyBuffer_Release(&view);
     if (!result && PyErr_ExceptionMatches(PyExc_RecursionError)) {
         PyErr_Clear();
         unsafe("it nests too deeply");
@@ -1766,9 +1815,9 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"load", load, METH_VARARGS, "load(data, release_behind=False): (root object, (devices' "
-     "columns, stacks, extras, stacks cut)) of a snapshot pickle's bytes; release_behind drops "
-     "the pages read (data a mapped file)"},
+    {"load", load, METH_VARARGS, "load(data, window=16 MiB): (root object, (devices' columns, "
+     "stacks, extras, stacks cut)) of a snapshot pickle: its bytes, or a binary file read a "
+     "window at a time"},
     {"order_by_key", order_by_key, METH_O, "the positions of uint64 keys in a stable sort by "
      "key (int64 bytes), or None where most keys differ"},
     {"from_entries", from_entries, METH_O, "(devices' columns, stacks, extras, stacks cut) of "

@@ -10,7 +10,6 @@ unchanged, while code that walks millions of entries reads the numpy columns dir
 from __future__ import annotations
 
 import gc
-import mmap
 import weakref
 from collections.abc import Sequence
 
@@ -206,16 +205,16 @@ def from_entry_lists(traces: list, shown) -> tuple[list[Entries], Tables]:
     return [Entries(Columns(columns, tables)) for columns in raw], tables
 
 
-def load_pickle(data: bytes, shown) -> tuple[object, list[Entries], Tables]:
-    """(the snapshot's other data, each device's entries, their tables); UnsafePickle for a
+def load_pickle(data, shown) -> tuple[object, list[Entries], Tables]:
+    """(the snapshot's other data, each device's entries, their tables) of a pickle's bytes, or
+    of a binary file read a window at a time (textio.bounded_reader); UnsafePickle for a
     pickle that is not plain data or is damaged, EntryError for an entry that breaks the rule."""
     if native is None:
         raise UnsafePickle(NOT_BUILT)
     collecting = gc.isenabled()
     gc.disable()                # the reader makes and drops a list per entry: no cycles to find
     try:
-        # a mapped file's pages are dropped behind the read: they are the file's, not copies
-        root, (raw, stacks, extras, cut) = native.load(data, isinstance(data, mmap.mmap))
+        root, (raw, stacks, extras, cut) = native.load(data)
     except native.EntryError as exc:
         raise _entry_error(exc, shown) from None
     finally:

@@ -10,7 +10,7 @@ from functools import cached_property
 from ...alloc.torch_model.config import TorchAllocatorConfig, from_snapshot
 from .. import jsonl
 from ..file_checks import TraceFormatError, shown
-from ..textio import bounded_bytes, max_snapshot_bytes, read_head
+from ..textio import bounded_reader, max_snapshot_bytes, read_head
 from . import columns as entry_columns
 from .columns import SEGMENT_ADD, SEGMENT_REMOVE, indices
 from .json_form import read_snapshot
@@ -99,8 +99,8 @@ def load_data(path: str) -> dict:
     if entry_columns.native is None:
         raise TraceFormatError(path, "0", entry_columns.NOT_BUILT)
     try:
-        with bounded_bytes(path, max_snapshot_bytes()) as raw:
-            data, devices, _ = entry_columns.load_pickle(raw, shown)
+        with bounded_reader(path, max_snapshot_bytes()) as reader:
+            data, devices, _ = entry_columns.load_pickle(reader, shown)
     except entry_columns.UnsafePickle as exc:
         raise TraceFormatError(path, "0", f"not a readable snapshot pickle: {exc}") from None
     except entry_columns.EntryError as exc:

@@ -1,0 +1,71 @@
+"""The native greedy placement (planning/_placement.c) against its statement in Python
+(planning.placement.place, native=False): the same offsets for any buffers, pieces, held rows,
+order and fit, and both valid placements."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npumem.planning import placement
+from npumem.planning.problem import problem_from_arrays
+
+pytestmark = pytest.mark.skipif(placement._native is None, reason="the extension is not built")
+
+
+@st.composite
+def layouts(draw):
+    n = draw(st.integers(0, 30))
+    pieces = [draw(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 25)), min_size=1,
+                            max_size=2)) for _ in range(n)]
+    lo = np.array([a for p in pieces for a, _ in p], np.int64)
+    hi = lo + np.array([b for p in pieces for _, b in p], np.int64)
+    first = np.r_[0, np.cumsum([len(p) for p in pieces])].astype(np.int64)
+    sizes = np.array(draw(st.lists(st.just(0) | st.integers(1, 5000), min_size=n, max_size=n)),
+                     np.int64)                 # (empty buffers: where ties in start matter)
+    order = np.array(draw(st.permutations(list(range(n)))), np.int64)
+    held = np.array(draw(st.lists(st.tuples(st.integers(0, 9000), st.integers(0, 3000),
+                                            st.integers(-1, 40), st.integers(0, 90)),
+                                  max_size=6)), np.int64).reshape(-1, 4)
+    held[:, 1] += held[:, 0]
+    return lo, hi, first, sizes, order, held
+
+
+@settings(max_examples=400, deadline=None)
+@given(layouts(), st.booleans())
+def test_native_placement_is_the_python_statement(layout, best_fit):
+    lo, hi, first, sizes, order, held = layout
+    expected = placement.place(lo, hi, first, sizes, order, best_fit, held, native=False)
+    got = placement.place(lo, hi, first, sizes, order, best_fit, held, native=True)
+    assert got.tolist() == expected.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(1, 20), st.integers(1, 4096)),
+                max_size=40), st.booleans())
+def test_native_placement_is_valid(buffers, best_fit):
+    lower = np.array([b[0] for b in buffers], np.int64)
+    problem = problem_from_arrays(lower, lower + [b[1] for b in buffers],
+                                  np.array([b[2] for b in buffers], np.int64))
+    offsets = placement.place_in_order(problem, np.arange(len(problem))[::-1], best_fit)
+    placement.validate(problem, offsets)
+
+
+def test_past_its_time_the_native_placement_gives_up_and_bad_arrays_are_refused():
+    one = np.zeros(1, np.int64)
+    assert placement.place(one, one + 1, [0, 1], one, one, deadline=0.0) is None
+    with pytest.raises(ValueError, match="order names buffer 5"):
+        placement._native.place(one, one + 1, np.array([0, 1]), one, np.array([5]), False,
+                                np.zeros(0, np.int64), 1.0)
+    with pytest.raises(ValueError, match="inconsistent lengths"):
+        placement._native.place(one, one, np.array([0, 2]), one, one, False,
+                                np.zeros(0, np.int64), 1.0)
+
+
+def test_rows_that_start_together_keep_their_order():
+    """An empty row at the start of a full one: in row order, no gap opens between them."""
+    held = np.array([[10, 20, 0, 10], [10, 10, 0, 10]], np.int64)
+    args = (np.array([0]), np.array([10]), np.array([0, 1]), np.array([0]), np.array([0]), True,
+            held)
+    assert placement.place(*args, native=False).tolist() == [0]
+    assert placement.place(*args, native=True).tolist() == [0]
