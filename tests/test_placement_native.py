@@ -18,8 +18,9 @@ def layouts(draw):
     n = draw(st.integers(0, 30))
     pieces = [draw(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 25)), min_size=1,
                             max_size=2)) for _ in range(n)]
-    lo = np.array([a for p in pieces for a, _ in p], np.int64)
-    hi = lo + np.array([b for p in pieces for _, b in p], np.int64)
+    scale = draw(st.sampled_from([1, 97]))    # time in few buckets, or across many
+    lo = scale * np.array([a for p in pieces for a, _ in p], np.int64)
+    hi = lo + scale * np.array([b for p in pieces for _, b in p], np.int64)
     first = np.r_[0, np.cumsum([len(p) for p in pieces])].astype(np.int64)
     sizes = np.array(draw(st.lists(st.just(0) | st.integers(1, 5000), min_size=n, max_size=n)),
                      np.int64)                 # (empty buffers: where ties in start matter)
