@@ -165,9 +165,11 @@ class PoolRangeArena(StepArena):
         """Carve the parts of the unclaimed ranges that are free now. The rest is held by the
         pinned blocks of the step before the plan took over; planned blocks there are misses
         until those are freed (on_free)."""
-        left = []
-        for low, high in self.unclaimed:
-            for block in list(self._blocks_in(low, high)):
+        left, after = [], None
+        for low, high in self.unclaimed:         # in address order: one walk along the blocks
+            blocks = list(self._blocks_in(low, high, after))
+            after = blocks[0] if blocks else after   # (carving keeps a block's start)
+            for block in blocks:
                 piece = (max(block.start, low), min(block.end, high))
                 if block.allocated:
                     left.append(piece)
@@ -175,9 +177,10 @@ class PoolRangeArena(StepArena):
                     self._carve(block, *piece)
         self.unclaimed = left
 
-    def _blocks_in(self, low: int, high: int):
-        """The pool's blocks of the range that overlap [low, high), in address order."""
-        return _blocks_from(self.range.first, low, high)
+    def _blocks_in(self, low: int, high: int, after: Block | None = None):
+        """The pool's blocks of the range that overlap [low, high), in address order; `after`,
+        a block of the range below `low`, is where the walk may begin."""
+        return _blocks_from(after or self.range.first, low, high)
 
     def on_free(self, pointer: int) -> None:
         """A pinned pool block was freed: claim what it held."""
@@ -464,9 +467,10 @@ class SegmentsArena(PoolRangeArena):
         addresses = line.addresses(layout, None if extension is None else extension.start)
         self._init_carving(pool, layout, stream, owner, addresses, pinned)
 
-    def _blocks_in(self, low: int, high: int):
+    def _blocks_in(self, low: int, high: int, after: Block | None = None):
         """The blocks of the segments that overlap [low, high), in address order (segments
-        may touch, so a merged range can run from one into the next)."""
+        may touch, so a merged range can run from one into the next; each is walked from its
+        first block)."""
         for segment in self.containers:
             if segment.start < high and low < segment.start + segment.size:
                 yield from _blocks_from(segment.first, low, high)
