@@ -70,3 +70,14 @@ def test_rows_that_start_together_keep_their_order():
             held)
     assert placement.place(*args, native=False).tolist() == [0]
     assert placement.place(*args, native=True).tolist() == [0]
+
+
+@pytest.mark.parametrize("order", [[0, 0], [0, 1, 0], [2], [-1]])
+def test_an_order_naming_a_buffer_twice_or_none_is_refused(order):
+    one = np.zeros(2, np.int64)
+    for native in (False, True):
+        with pytest.raises(ValueError, match="at most once"):
+            placement.place(one, one + 1, [0, 1, 2], one + 8, order, native=native)
+    with pytest.raises(ValueError, match="twice|not one|an order of"):
+        placement._native.place(one, one + 1, np.array([0, 1, 2]), one + 8,
+                                np.array(order, np.int64), False, np.zeros(0, np.int64), 1.0)

@@ -385,3 +385,42 @@ def test_order_by_key_is_a_stable_argsort(values, distinct):
         assert np.frombuffer(order, dtype=np.int64).tolist() == expected
     elif len(keys):
         assert len(np.unique(keys)) > len(keys) // 4
+
+
+def test_an_entry_of_many_fields_reads_as_pickle_reads_it():
+    """Past 16 fields an entry's keys are found in a dict: same fields, same last values."""
+    entry = {"action": "alloc", "addr": 1, "size": 2, **{k: k for k in range(40_000)},
+             "tag": "x"}
+    data = pickle.dumps({"segments": [], "device_traces": [[entry, dict(entry)]]}, protocol=2)
+    _, devices, _ = load_pickle(data, shown)
+    assert list(devices[0]) == pickle.loads(data)["device_traces"][0]
+    many = (b"(" + _entry(_GOOD, *[_text(f"k{i % 20}") + b"K" + bytes([i]) for i in range(60)])
+            + b"e")                                   # 20 keys, each set three times
+    assert [list(d) for d in load_pickle(_snapshot(many), shown)[1]] == \
+        pickle.loads(_snapshot(many))["device_traces"]
+
+
+def test_an_entry_caught_in_something_else_is_named_plainly():
+    data = _snapshot(b"(" + _entry(_GOOD) + b"\x85e")       # the entry inside a tuple
+    with pytest.raises(EntryError) as caught:
+        load_pickle(data, shown)
+    assert "a trace entry" in str(caught.value) and "capsule" not in str(caught.value)
+
+
+def test_a_huge_integer_is_refused_before_the_file_is_read_for_it():
+    import io
+    from npumem.trace.snapshot import _reader as native
+    with pytest.raises(UnsafePickle, match="an integer of 2147483647 bytes"):
+        native.load(io.BytesIO(b"\x80\x02\x8b\xff\xff\xff\x7f" + b"x" * 100), 16)
+
+
+def test_the_files_own_error_is_not_taken_for_a_global(tmp_path):
+    """A size limit met while a GLOBAL's line is read is the limit, not "it asks for"."""
+    from npumem.trace.file_checks import TraceFormatError
+    from npumem.trace.snapshot import _reader as native
+    from npumem.trace.textio import bounded_reader
+    path = tmp_path / "global.pickle.gz"              # (gzip: the limit is met while reading)
+    path.write_bytes(gzip.compress(b"\x80\x02cos\nsystem\n" + b"N" * 64 + b"."))
+    with bounded_reader(str(path), 10) as reader:
+        with pytest.raises(TraceFormatError, match="more than 10 bytes"):
+            native.load(reader, 4)

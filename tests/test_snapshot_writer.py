@@ -82,3 +82,11 @@ def test_traces_held_as_dicts_are_pickled_as_they_are(tmp_path):
     assert not pickle_writer.streams(expected)
     save(expected, str(tmp_path / "out.pickle"))
     assert _read_back(tmp_path / "out.pickle") == expected
+
+
+def test_entries_that_share_a_stack_share_it_in_the_file(tmp_path):
+    """The chunks find the stacks in the memo (fast mode still looks there): one list."""
+    _, devices, _ = load_pickle(pickle.dumps(_two_devices()), shown)
+    save({**_two_devices(), "device_traces": devices}, str(tmp_path / "out.pickle"))
+    trace = _read_back(tmp_path / "out.pickle")["device_traces"][0]
+    assert trace[1]["frames"] is trace[3]["frames"] is trace[5]["frames"]

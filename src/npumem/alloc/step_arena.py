@@ -168,7 +168,7 @@ class PoolRangeArena(StepArena):
         left, after = [], None
         for low, high in self.unclaimed:         # in address order: one walk along the blocks
             blocks = list(self._blocks_in(low, high, after))
-            after = blocks[0] if blocks else after   # (carving keeps a block's start)
+            after = blocks[-1] if blocks else after  # (carving keeps a block's start)
             for block in blocks:
                 piece = (max(block.start, low), min(block.end, high))
                 if block.allocated:

@@ -80,7 +80,7 @@ static int list_add(List *list, Py_ssize_t item) {
 static Py_ssize_t bucket_of(const Rows *r, int64_t t) {
     if (t <= r->t0)
         return 0;
-    uint64_t b = (uint64_t)(t - r->t0) / (uint64_t)r->width;
+    uint64_t b = ((uint64_t)t - (uint64_t)r->t0) / (uint64_t)r->width;
     return b >= BUCKETS ? BUCKETS - 1 : (Py_ssize_t)b;
 }
 
@@ -242,6 +242,7 @@ static PyObject *place(PyObject *self, PyObject *args) {
             break;
     PyObject *result = NULL;
     int64_t *offsets = NULL;
+    char *seen = NULL;
     if (got < 6)
         goto done;
     Py_ssize_t n = sizes.n, pieces = lo.n, k = held.n / 4;
@@ -254,12 +255,25 @@ static PyObject *place(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "place: pieces out of order");
             goto done;
         }
-    for (Py_ssize_t o = 0; o < order.n; o++)
-        if (order.items[o] < 0 || order.items[o] >= n) {
-            PyErr_Format(PyExc_ValueError, "place: order names buffer %lld of %zd",
-                         (long long)order.items[o], n);
+    if (order.n > n) {
+        PyErr_Format(PyExc_ValueError, "place: an order of %zd for %zd buffers", order.n, n);
+        goto done;
+    }
+    /* each buffer at most once: the rows are counted for that */
+    seen = PyMem_Calloc((size_t)(n ? n : 1), 1);
+    if (!seen) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t o = 0; o < order.n; o++) {
+        int64_t i = order.items[o];
+        if (i < 0 || i >= n || seen[i]) {
+            PyErr_Format(PyExc_ValueError, "place: order names buffer %lld %s", (long long)i,
+                         i < 0 || i >= n ? "that is not one" : "twice");
             goto done;
         }
+        seen[i] = 1;
+    }
     Py_ssize_t capacity = (k + pieces) ? k + pieces : 1;
     Rows r;
     memset(&r, 0, sizeof r);
@@ -321,6 +335,7 @@ done:
     for (int g = 0; g < got; g++)
         PyBuffer_Release(&all[g]->view);
     PyMem_Free(offsets);
+    PyMem_Free(seen);
     return result;
 }
 

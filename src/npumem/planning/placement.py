@@ -120,6 +120,9 @@ def place(lo, hi, first, sizes, order, best_fit: bool = False, held=None,
     lo, hi, first, sizes, order = (np.ascontiguousarray(a, dtype=np.int64)
                                    for a in (lo, hi, first, sizes, order))
     held = np.zeros((0, 4), np.int64) if held is None else np.ascontiguousarray(held, np.int64)
+    if len(np.unique(order)) != len(order) or len(order) and not 0 <= order.min() <= \
+            order.max() < len(sizes):
+        raise ValueError(f"place: the order must name each of {len(sizes)} buffers at most once")
     if native is not False and _native is not None:
         left = deadline - time.perf_counter()
         offsets = _native.place(lo, hi, first, sizes, order, best_fit, held.reshape(-1), left)

@@ -5,12 +5,13 @@
  * entries becomes the usual Python objects, and each entry of `device_traces` is checked and
  * stored as one row of fixed-size columns (about 50 bytes), its stack interned. An entry written
  * as pickle.dump writes one is never made a dict: its fields are collected as they are set
- * (see "entries read as rows"); one written otherwise is a dict until its list takes it. Only plain data is admitted: an opcode that would call a class or function
- * (how hostile pickles run code) ends the read with UnsafePickle, as does a memo index no
- * pickler would write, so a few bytes cannot ask for gigabytes.
+ * (see "entries read as rows"); one written otherwise is a dict until its list takes it.
+ * Only plain data is admitted: an opcode that would call a class or function (how hostile
+ * pickles run code) ends the read with UnsafePickle, as does a memo index no pickler would
+ * write, so a few bytes cannot ask for gigabytes.
  *
  * The entry rule (types and ranges of each field) is stated here once; the Python side
- * (snapshot_columns.py) turns the errors into messages naming the field.
+ * (columns.py) turns the errors into messages naming the field.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -18,14 +19,14 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_FRAMES 256          /* frames kept (and checked) per stack: snapshot_schema.MAX_FRAMES */
+#define MAX_FRAMES 256          /* frames kept (and checked) per stack: schema.MAX_FRAMES */
 #define MEMO_SLACK 1024         /* a PUT may run this far past the memo's end, no further */
 #define BATCH_HINT 1024
 
 static PyObject *UnsafePickle;  /* the pickle is not plain data, or is damaged */
 static PyObject *EntryError;    /* (where, reason with {} for the value, value) */
 
-/* action codes: the order of snapshot_schema.ACTIONS */
+/* action codes: the order of schema.ACTIONS */
 static const char *ACTIONS[] = {"alloc", "free_requested", "free_completed", "segment_alloc",
                                 "segment_free", "segment_map", "segment_unmap", "oom",
                                 "snapshot", "annotate", "workspace_snapshot"};
@@ -792,6 +793,7 @@ typedef struct {
      * stands on the stack (-1: none); its device */
     PyObject **open_pairs;
     Py_ssize_t open_n, open_capacity, open_at;
+    PyObject *open_index;       /* key -> its pair's number, once an entry has many fields */
     int open_device;
     /* objects the memo may hold that rows replaced since the last settle, and what stands for
      * them there: (object, replacement) pairs, owned */
@@ -941,6 +943,7 @@ static int entry_position(Machine *m) {
 }
 
 static void drop_open(Machine *m) {
+    Py_CLEAR(m->open_index);
     for (Py_ssize_t i = 0; i < 2 * m->open_n; i++)
         Py_DECREF(m->open_pairs[i]);
     m->open_n = 0;
@@ -970,6 +973,44 @@ static int open_entry(Machine *m, int device) {
     return 0;
 }
 
+/* Which pair of the open entry has `key` (open_n: none yet). A known name is always the
+ * reader's object (known_string), so identity finds it; another key may equal one that is not
+ * the same object, so it is compared with the other unknown ones, and past 16 fields found in
+ * a dict, as a dict would find it (a hostile entry of many fields costs no n^2 compares). */
+static Py_ssize_t open_slot(Machine *m, PyObject *key) {
+    if (!m->open_index && m->open_n >= 16) {
+        if (!(m->open_index = PyDict_New()))
+            return -1;
+        for (Py_ssize_t i = 0; i < m->open_n; i++) {
+            PyObject *number = PyLong_FromSsize_t(i);
+            int failed = !number || PyDict_SetItem(m->open_index, m->open_pairs[2 * i], number) < 0;
+            Py_XDECREF(number);
+            if (failed)
+                return -1;
+        }
+    }
+    if (m->open_index) {
+        PyObject *number = PyDict_GetItemWithError(m->open_index, key);
+        if (!number)
+            return PyErr_Occurred() ? -1 : m->open_n;
+        return PyLong_AsSsize_t(number);
+    }
+    int known = field_key(key, 1) >= 0;
+    for (Py_ssize_t at = 0; at < m->open_n; at++) {
+        PyObject *other = m->open_pairs[2 * at];
+        if (other == key)
+            return at;
+        if (known || field_key(other, 1) >= 0)
+            continue;
+        int equal = PyObject_RichCompareBool(other, key, Py_EQ);    /* plain data only */
+        if (equal < 0)
+            return -1;
+        if (equal)
+            return at;
+    }
+    return m->open_n;
+}
+
 /* SETITEMS into the open entry: the pairs above `from`, a key set twice keeping its last value
  * as a dict would. */
 static int fill_open(Machine *m, Py_ssize_t from) {
@@ -982,22 +1023,9 @@ static int fill_open(Machine *m, Py_ssize_t from) {
             PyErr_Clear();
             return unsafe("a damaged pickle: an unhashable dict key at byte %zd", m->pos);
         }
-        /* a known name is always the reader's object (known_string), so identity finds it
-         * set before; another key may be an equal object that is not the same one */
-        int known = field_key(key, 1) >= 0;
-        Py_ssize_t at = 0;
-        for (; at < m->open_n; at++) {
-            PyObject *other = m->open_pairs[2 * at];
-            if (other == key)
-                break;
-            if (known || field_key(other, 1) >= 0)
-                continue;
-            int equal = PyObject_RichCompareBool(other, key, Py_EQ);    /* plain data only */
-            if (equal < 0)
-                return -1;
-            if (equal)
-                break;
-        }
+        Py_ssize_t at = open_slot(m, key);
+        if (at < 0)
+            return -1;
         if (at == m->open_n) {
             PyObject **more = grow(m->open_pairs, &m->open_capacity, 2 * (m->open_n + 1),
                                    sizeof(PyObject *), 32);
@@ -1007,6 +1035,13 @@ static int fill_open(Machine *m, Py_ssize_t from) {
             m->open_pairs[2 * at] = Py_NewRef(key);
             m->open_pairs[2 * at + 1] = Py_NewRef(value);
             m->open_n++;
+            if (m->open_index) {
+                PyObject *number = PyLong_FromSsize_t(at);
+                int failed = !number || PyDict_SetItem(m->open_index, key, number) < 0;
+                Py_XDECREF(number);
+                if (failed)
+                    return -1;
+            }
         } else
             Py_SETREF(m->open_pairs[2 * at + 1], Py_NewRef(value));
     }
@@ -1089,7 +1124,18 @@ static int refill(Machine *m, Py_ssize_t n) {
         PyObject *room = PyMemoryView_FromMemory((char *)m->window + unread,
                                                  m->capacity - unread, PyBUF_WRITE);
         PyObject *got = room ? PyObject_CallMethod(m->source, "readinto", "O", room) : NULL;
+        /* released, so that no view the file kept outlives the window (BufferError if one
+         * still holds it); the file's own error, if any, is the one that stands */
+        PyObject *type, *error, *trace;
+        PyErr_Fetch(&type, &error, &trace);
+        PyObject *released = room ? PyObject_CallMethod(room, "release", NULL) : NULL;
         Py_XDECREF(room);
+        if (released || type) {
+            Py_XDECREF(released);
+            PyErr_Clear();
+            PyErr_Restore(type, error, trace);
+        } else
+            Py_CLEAR(got);
         if (!got)
             return -1;                    /* the file's own error (a limit, a damaged gzip) */
         Py_ssize_t count = PyLong_Check(got) ? PyLong_AsSsize_t(got) : -1;
@@ -1319,10 +1365,10 @@ static int run(Machine *m, PyObject **result) {
                 m->pos += n;
                 if (size < 0)
                     return unsafe("a damaged pickle: a negative length at byte %zd", m->pos);
-                if (need(m, size) < 0)
-                    return -1;
                 if (size > 4000)              /* past Python's 4,300-digit int limit anyway */
                     return unsafe("an integer of %lld bytes at byte %zd", (long long)size, m->pos);
+                if (need(m, size) < 0)
+                    return -1;
                 v = size == 0 ? PyLong_FromLong(0)
                     : _PyLong_FromByteArray(d + m->pos, (size_t)size, 1, 1);
                 m->pos += size;
@@ -1597,6 +1643,8 @@ static int run(Machine *m, PyObject **result) {
                         Py_XDECREF(name);
                     }
                     Py_XDECREF(module);
+                    if (PyErr_Occurred() && !PyErr_ExceptionMatches(UnsafePickle))
+                        return -1;            /* the file's own error (a limit, a damaged gzip) */
                     PyErr_Clear();
                 } else if (m->stack.size >= 2 && PyUnicode_Check(m->stack.items[m->stack.size - 2])
                            && PyUnicode_Check(m->stack.items[m->stack.size - 1]))
@@ -1676,7 +1724,9 @@ static PyObject *load(PyObject *self, PyObject *args) {
         m.data = m.window;
     }
     PyObject *root = NULL, *result = NULL;
-    m.entry_marker = PyCapsule_New(&m, "npumem.trace_entry", NULL);
+    /* its own object, found by identity; a str, so that it reads well where an error shows
+     * something it ended up in */
+    m.entry_marker = PyUnicode_FromString("<a trace entry>");
     if (m.entry_marker && interned_init(&m.reader.interned) == 0
         && (m.reader.interned.own_strings = 1) && run(&m, &root) == 0) {
         PyObject *tables = reader_result(&m.reader);
@@ -1713,8 +1763,12 @@ static PyObject *from_entries(PyObject *self, PyObject *traces) {
             if (!d)
                 break;
             if (!PyList_Check(trace)) {
-                PyErr_SetObject(EntryError, Py_BuildValue("(NsO)", PyUnicode_FromFormat(
-                    "device_traces[%zd]", i), "must be a list, got {}", trace));
+                PyObject *args = Py_BuildValue("(NsO)", PyUnicode_FromFormat(
+                    "device_traces[%zd]", i), "must be a list, got {}", trace);
+                if (args) {
+                    PyErr_SetObject(EntryError, args);
+                    Py_DECREF(args);
+                }
                 break;
             }
             Py_ssize_t k, m = PyList_GET_SIZE(trace);
@@ -1743,8 +1797,8 @@ static int key_order(const void *a, const void *b) {
 
 /* The positions of `keys` (uint64) sorted by key, ties in position order: what a stable
  * argsort gives, in one pass with a hash of the distinct keys and a counting sort, where a
- * trace reuses few addresses among millions of entries. None when most keys differ (a sort
- * then costs no more). The positions are int64 bytes. */
+ * trace reuses few addresses among millions of entries. None when more than a quarter of the
+ * keys are distinct (a sort then costs about as much). The positions are int64 bytes. */
 static PyObject *order_by_key(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
