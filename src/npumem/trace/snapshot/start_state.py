@@ -28,8 +28,8 @@ import numpy as np
 from ...alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
                                            round_size)
 from ...alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
-from .columns import (ACTIONS, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays, block_order,
-                      having, indices, natural, rows)
+from .columns import (_CHUNK, ACTIONS, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays,
+                      block_order, having, index_type, indices, natural, rows)
 
 
 @dataclass
@@ -187,8 +187,9 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     a = arrays(entries)
     inconsistent = _undo_blocks(a, live, free_action)
     # alloc and segment entries -> the segment's node (-1: none); with `pools` only
-    entry_nodes = np.full(len(a), -1) if pools else None
-    blocks = np.flatnonzero(having(a.action, "alloc", free_action)) if pools else None
+    entry_nodes = np.full(len(a), -1, dtype=np.int32) if pools else None    # (few nodes)
+    blocks = np.flatnonzero(having(a.action, "alloc", free_action)).astype(
+        index_type(len(a))) if pools else None
     mapped: list[tuple[int, int]] = []   # (node, address) of each page range (un)mapped
     above = len(a)
     # the trace backwards: segment entries one by one, the blocks between them at once
@@ -313,23 +314,30 @@ def _block_nodes(a, blocks: np.ndarray, low: int, high: int, ranges: _Segments,
         return
     starts = natural(ranges.starts)
     sizes = natural([ranges[start][0] for start in ranges.starts])
-    addrs = a.addr[run]
-    index = np.searchsorted(starts, addrs, side="right") - 1
-    inside = index >= 0
-    inside[inside] = addrs[inside] - starts[index[inside]] < sizes[index[inside]]
-    run, index = run[inside], index[inside]
-    held = np.array([ranges[start][4] for start in ranges.starts])[index]
+    node_at = np.array([ranges[start][4] for start in ranges.starts], dtype=np.int32)
+    kept, held = [], []
+    for begin in range(0, len(run), _CHUNK):     # (a chunk at a time: bounded temporaries)
+        part = run[begin:begin + _CHUNK]
+        addrs = a.addr[part]
+        index = np.searchsorted(starts, addrs, side="right") - 1
+        inside = index >= 0
+        inside[inside] = addrs[inside] - starts[index[inside]] < sizes[index[inside]]
+        kept.append(part[inside])
+        held.append(node_at[index[inside]])
+    run, held = np.concatenate(kept), np.concatenate(held)
     entry_nodes[run] = held
     told = a.cache.get("pool_ids")
     if told is None:
         told = a.cache["pool_ids"] = np.array(
             [extra.get("pool_id") is not None for extra in a.extras], dtype=bool)
-    said = told[a.extra[run]] if len(told) else np.zeros(len(run), dtype=bool)
+    if not told.any():
+        return                                  # no entry names its pool (before PyTorch 2.12)
+    said = told[a.extra[run]]
     run, held = run[said][::-1], held[said][::-1]
     if not len(run):
         return
     # learning is idempotent per (node, fields): the first of each pair decides
-    _, first = np.unique(held * len(a.extras) + a.extra[run], return_index=True)
+    _, first = np.unique(held.astype(np.int64) * len(a.extras) + a.extra[run], return_index=True)
     for position, node in zip(run[np.sort(first)].tolist(), held[np.sort(first)].tolist()):
         nodes.learn(node, read_pool_id(a.extras[a.extra[position]].get("pool_id")))
 
