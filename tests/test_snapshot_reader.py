@@ -74,12 +74,17 @@ def _shared_frames(traces: list) -> list:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(entries, max_size=30), min_size=1, max_size=3),
-       st.sampled_from(PROTOCOLS), st.booleans())
-def test_entries_read_into_columns_are_the_entries_pickle_reads(traces, protocol, share):
+       st.sampled_from(PROTOCOLS), st.booleans(), st.sampled_from([None, 1, 3, 64]))
+def test_entries_read_into_columns_are_the_entries_pickle_reads(traces, protocol, share, window):
+    """From bytes, and from a file read `window` bytes at a time."""
+    import io
     if share:
         traces = _shared_frames(traces)
     snapshot = {"segments": [], "device_traces": traces, "allocator_settings": {"x": 1}}
     data = pickle.dumps(snapshot, protocol=protocol)
+    if window is not None:
+        from npumem.trace.snapshot import _reader as native
+        _same_read(native.load(io.BytesIO(data), window), native.load(data))
     root, devices, _ = load_pickle(data, shown)
     expected = pickle.loads(data)
     assert root["allocator_settings"] == {"x": 1}
