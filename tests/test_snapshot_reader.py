@@ -322,8 +322,8 @@ def test_entries_written_unusually_read_as_pickle_reads_them(device_list):
 def _same_read(a, b) -> None:
     (root_a, (devices_a, *tables_a)), (root_b, (devices_b, *tables_b)) = a, b
     assert root_a == root_b and tables_a == tables_b
-    assert [{k: bytes(v) for k, v in d.items()} for d in devices_a] == \
-        [{k: bytes(v) for k, v in d.items()} for d in devices_b]
+    assert [{k: v and bytes(v) for k, v in d.items()} for d in devices_a] == \
+        [{k: v and bytes(v) for k, v in d.items()} for d in devices_b]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -429,3 +429,20 @@ def test_the_files_own_error_is_not_taken_for_a_global(tmp_path):
     with bounded_reader(str(path), 10) as reader:
         with pytest.raises(TraceFormatError, match="more than 10 bytes"):
             native.load(reader, 4)
+
+
+def test_a_column_of_zeros_takes_no_bytes_until_a_value_is_not():
+    """One stream and no requested_size (most traces): those columns hold nothing; a stream
+    named late writes the zeros before it."""
+    from npumem.trace.snapshot import _reader as native
+    quiet = [{"action": "alloc", "addr": 512 * i, "size": 512} for i in range(3000)]
+    late = [dict(entry) for entry in quiet]
+    late[2500]["stream"] = 7
+    for trace, stream in ((quiet, None), (late, 7)):
+        data = pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4)
+        raw = native.load(data)[1][0][0]
+        assert raw["requested"] is None and (raw["stream"] is None) == (stream is None)
+        assert raw["action"] is None                    # every action is alloc, code 0
+        _, devices, _ = load_pickle(data, shown)
+        assert list(devices[0]) == trace
+        assert devices[0].columns.stream.tolist() == [e.get("stream", 0) for e in trace]

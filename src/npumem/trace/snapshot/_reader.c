@@ -82,11 +82,13 @@ static void *grow(void *items, Py_ssize_t *capacity, Py_ssize_t need, size_t wid
 typedef struct {
     PyObject *array;            /* bytearray */
     Py_ssize_t width, count, capacity;
+    int zeros;                  /* every value so far is 0: the column holds no bytes yet */
 } Column;
 
 static int column_init(Column *c, Py_ssize_t width) {
     c->width = width;
     c->count = 0;
+    c->zeros = 1;
     c->capacity = BATCH_HINT;
     c->array = PyByteArray_FromStringAndSize(NULL, width * c->capacity);
     return c->array ? 0 : -1;
@@ -100,6 +102,42 @@ static void *column_slot(Column *c) {
         c->capacity = grown;
     }
     return PyByteArray_AS_STRING(c->array) + c->width * c->count++;
+}
+
+/* One more value. A column of zeros so far only counts them: most traces name one stream and
+ * no requested_size, and ten million zeros are 80 MB. The first other value writes them. */
+static int column_put(Column *c, const void *value) {
+    if (c->zeros) {
+        const unsigned char *bytes = value;
+        int zero = 1;
+        for (Py_ssize_t i = 0; i < c->width; i++)
+            zero &= bytes[i] == 0;
+        if (zero) {
+            c->count++;
+            return 0;
+        }
+        Py_ssize_t capacity = c->capacity;
+        while (capacity < c->count + 1)
+            capacity *= 2;
+        if (PyByteArray_Resize(c->array, capacity * c->width) < 0)
+            return -1;
+        c->capacity = capacity;
+        memset(PyByteArray_AS_STRING(c->array), 0, (size_t)(c->count * c->width));
+        c->zeros = 0;
+    }
+    void *slot = column_slot(c);
+    if (!slot)
+        return -1;
+    memcpy(slot, value, (size_t)c->width);
+    return 0;
+}
+
+/* the last value of a 4-byte column */
+static uint32_t column_last_u32(const Column *c) {
+    uint32_t value = 0;
+    if (!c->zeros && c->count)
+        memcpy(&value, PyByteArray_AS_STRING(c->array) + 4 * (c->count - 1), 4);
+    return value;
 }
 
 enum { C_ACTION, C_FLAGS, C_ADDR, C_SIZE, C_STREAM, C_TIME, C_REQUESTED, C_STACK, C_EXTRA, N_COLUMNS };
@@ -651,19 +689,12 @@ static int add_row(Device *d, Interned *t, PyObject **pairs, Py_ssize_t n, PyObj
     }
     if (intern_extras(t, seen, count, &extra) < 0)
         goto done;
-    void *slots[N_COLUMNS];
+    uint8_t action_code = (uint8_t)code;
+    const void *values[N_COLUMNS] = {&action_code, &flags, &addr, &size, &stream, &when,
+                                     &requested, &stack, &extra};
     for (int c = 0; c < N_COLUMNS; c++)
-        if (!(slots[c] = column_slot(&d->columns[c])))
+        if (column_put(&d->columns[c], values[c]) < 0)
             goto done;
-    *(uint8_t *)slots[C_ACTION] = (uint8_t)code;
-    *(uint8_t *)slots[C_FLAGS] = flags;
-    memcpy(slots[C_ADDR], &addr, 8);
-    memcpy(slots[C_SIZE], &size, 8);
-    memcpy(slots[C_STREAM], &stream, 8);
-    memcpy(slots[C_TIME], &when, 8);
-    memcpy(slots[C_REQUESTED], &requested, 8);
-    memcpy(slots[C_STACK], &stack, 4);
-    memcpy(slots[C_EXTRA], &extra, 4);
     result = 0;
 done:
     if (seen != few)
@@ -736,8 +767,12 @@ static PyObject *reader_result(Reader *r) {
         PyList_SET_ITEM(devices, i, columns);
         for (int c = 0; c < N_COLUMNS; c++) {
             Column *col = &r->devices[i].columns[c];
-            if (PyByteArray_Resize(col->array, col->count * col->width) < 0 ||
-                PyDict_SetItemString(columns, COLUMN_NAMES[c], col->array) < 0) {
+            /* a column of zeros is None: the Python side makes zeros that take no memory
+             * (an empty one is its empty bytearray) */
+            int zeros = col->zeros && col->count;
+            if (PyByteArray_Resize(col->array, zeros ? 0 : col->count * col->width) < 0 ||
+                PyDict_SetItemString(columns, COLUMN_NAMES[c], zeros ? Py_None
+                                                                     : col->array) < 0) {
                 Py_DECREF(devices);
                 return NULL;
             }
@@ -858,9 +893,7 @@ static int will_settle(Machine *m, PyObject *object, PyObject *replacement) {
 static int settle_frames(Machine *m, Device *d, PyObject *frames) {
     if (!frames || !PyList_CheckExact(frames))
         return 0;
-    uint32_t stack;
-    memcpy(&stack, PyByteArray_AS_STRING(d->columns[C_STACK].array) +
-           4 * (d->columns[C_STACK].count - 1), 4);
+    uint32_t stack = column_last_u32(&d->columns[C_STACK]);
     return will_settle(m, frames, PyList_GET_ITEM(m->reader.interned.stacks, stack));
 }
 

@@ -58,15 +58,23 @@ class Columns:
 
     def __init__(self, raw: dict, tables: Tables):
         self.tables = tables
-        self.action = np.frombuffer(raw["action"], np.uint8)
-        self.flags = np.frombuffer(raw["flags"], np.uint8)
-        self.addr = np.frombuffer(raw["addr"], np.uint64)
-        self.size = np.frombuffer(raw["size"], np.uint64)
-        self.stream = np.frombuffer(raw["stream"], np.uint64)
-        self.time_raw = np.frombuffer(raw["time"], np.int64)
-        self.requested = np.frombuffer(raw["requested"], np.uint64)
-        self.stack = np.frombuffer(raw["stack"], np.uint32)
-        self.extra = np.frombuffer(raw["extra"], np.uint32)
+        self.flags = np.frombuffer(raw["flags"], np.uint8)     # (never all zeros: HAS_SIZE)
+        rows = len(self.flags)
+
+        def column(name: str, dtype) -> np.ndarray:
+            """The reader gives None for a column of zeros: np.zeros takes no memory until
+            written (its pages are the kernel's zero page)."""
+            data = raw[name]
+            return np.zeros(rows, dtype) if data is None else np.frombuffer(data, dtype)
+
+        self.action = column("action", np.uint8)
+        self.addr = column("addr", np.uint64)
+        self.size = column("size", np.uint64)
+        self.stream = column("stream", np.uint64)
+        self.time_raw = column("time", np.int64)
+        self.requested = column("requested", np.uint64)
+        self.stack = column("stack", np.uint32)
+        self.extra = column("extra", np.uint32)
 
     def times(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """time_us as float64 (0 where absent), as the readers treat it."""
