@@ -236,3 +236,66 @@ def test_ctrl_c_stops_the_cli_search_with_a_plan(tmp_path):
     assert child.returncode == 0, err
     summary = json.loads(out)
     assert summary["interrupted"] and summary["height_bytes"] >= summary["load_bytes"]
+
+
+def test_an_interrupt_as_the_search_starts_stops_it_before_the_limit_is_restored(monkeypatch):
+    """Ctrl-C landing in Thread.start: the search must be stopped and waited for while the deep
+    recursion limit still holds (left running, it recursed past the restored limit: a fatal
+    error, seen once the greedy stage got fast enough for the search to be under way)."""
+    import sys
+    import threading
+    import time
+    from npumem.planning import planner
+
+    class Search:
+        cancelled, deadline = False, float("inf")
+
+    search, seen, limit = Search(), [], sys.getrecursionlimit()
+    started = threading.Event()
+
+    def work():
+        started.set()
+        give_up = time.perf_counter() + 5
+        while not search.cancelled and time.perf_counter() < give_up:
+            time.sleep(0.005)
+        seen.append((search.cancelled, sys.getrecursionlimit()))
+
+    launch = threading.Thread.start
+
+    def start_then_interrupt(self):
+        launch(self)
+        started.wait()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        planner._run_deep(work, search)
+    assert seen == [(True, max(limit, 1_000_000))]
+    assert sys.getrecursionlimit() == limit and search.deadline == float("-inf")
+
+
+def test_an_interrupted_wait_for_the_search_waits_for_it_to_stop():
+    """Ctrl-C while the caller waits: Python 3.11 then takes the running thread for stopped
+    (an interrupted join marks it so), which let the limit be restored under a live search."""
+    import subprocess
+    import sys
+    script = (
+        "import os, signal, sys, threading, time\n"
+        "from npumem.planning import planner\n"
+        "class Search:\n"
+        "    cancelled, deadline = False, float('inf')\n"
+        "search, seen = Search(), []\n"
+        "def work():\n"
+        "    give_up = time.perf_counter() + 10\n"
+        "    while not search.cancelled and time.perf_counter() < give_up:\n"
+        "        time.sleep(0.005)\n"
+        "    time.sleep(0.2)                     # still unwinding when the caller looks\n"
+        "    seen.append((search.cancelled, sys.getrecursionlimit()))\n"
+        "threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "try:\n"
+        "    planner._run_deep(work, search)\n"
+        "except KeyboardInterrupt:\n"
+        "    print(seen, sys.getrecursionlimit())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.split() == ["[(True,", "1000000)]", "1000"], done.stdout + done.stderr

@@ -164,30 +164,45 @@ def _attempt(search: SkylineSearch, rng: np.random.Generator, capacity: int,
 
 def _run_deep(work, search: SkylineSearch):
     """Run `work()` in a thread with a large stack: the search recurses once per buffer. On
-    Ctrl-C the search is told to stop, and the interrupt goes on once it has."""
+    Ctrl-C the search is told to stop, and the interrupt goes on once it has: never before, as
+    a search left running recurses past the recursion limit restored here (a fatal error, not
+    an exception). Wherever the interrupt lands (Thread.start included), the thread's own
+    events say whether it runs: after an interrupted join, Python 3.11 takes a running thread
+    for stopped."""
     result, failure = [], []
+    began, done = threading.Event(), threading.Event()
 
     def target():
+        began.set()
         try:
             result.append(work())
         except BaseException as exc:        # re-raised in the caller's thread
             failure.append(exc)
+        finally:
+            done.set()
 
+    worker = threading.Thread(target=target, name="npumem-planner")
     previous_stack = threading.stack_size(256 * 1024 * 1024)
     previous_limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(previous_limit, 1_000_000))
+    interrupt = None
     try:
-        worker = threading.Thread(target=target, name="npumem-planner")
         worker.start()
-        try:
-            worker.join()
-        except KeyboardInterrupt:
-            search.cancelled, search.deadline = True, float("-inf")
-            worker.join()
-            raise
+        done.wait()
+    except KeyboardInterrupt as exc:
+        interrupt = exc
     finally:
+        # (a thread that was never launched never begins: a second is long enough to know)
+        while not done.is_set() and (began.is_set() or began.wait(1.0)):
+            search.cancelled, search.deadline = True, float("-inf")
+            try:
+                done.wait()
+            except KeyboardInterrupt as exc:
+                interrupt = exc
         threading.stack_size(previous_stack)
         sys.setrecursionlimit(previous_limit)
+    if interrupt is not None:
+        raise interrupt
     if failure:
         raise failure[0]
     return result[0]
