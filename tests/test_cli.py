@@ -160,3 +160,21 @@ def test_only_the_job_that_says_a_recorded_oom_replays_for_it(monkeypatch):
     assert ReplayJob(died, "pool").run().recorded_oom is None and not replays
     assert ReplayJob(died, "pool", says_oom=True).run().recorded_oom["index"] >= 0
     assert len(replays) == 1
+
+
+@pytest.mark.parametrize("allocators", ["pool,torch", "torch,pool"])
+def test_a_died_run_is_replayed_once_under_the_defaults_whatever_the_allocator_order(
+        monkeypatch, allocators):
+    """The trace's torch job says its OOM (its replay is the one the OOM is told with): with
+    the pool job first, the OOM was replayed again for the pool job."""
+    from npumem.whatif import torch_replay
+    path = sorted((pathlib.Path(__file__).parent / "data" / "cuda_oom_h200" / "snapshots"
+                   / "gpt_train").glob("*default*.pickle.gz"))[0]
+    made = []
+    replay = torch_replay.replay_recording
+    monkeypatch.setattr(torch_replay, "replay_recording",
+                        lambda *a, **k: made.append(1) or replay(*a, **k))
+    result = CliRunner().invoke(main, ["replay", "--allocator", allocators, "--scheduler",
+                                       "serial", str(path)])
+    assert result.exit_code == 0, result.output
+    assert len(made) == 1 and "out of memory at trace entry" in result.output

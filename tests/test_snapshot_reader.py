@@ -338,6 +338,19 @@ def test_a_file_read_a_window_at_a_time_reads_as_its_bytes(protocol, window):
     _same_read(native.load(io.BytesIO(data), window), native.load(data))
 
 
+@pytest.mark.parametrize("folder", ["cuda_snapshots", "cuda_snapshots_h200", "cuda_oom_h200"])
+def test_the_bytes_pytorch_wrote_read_the_same_a_window_at_a_time(folder):
+    """Not re-pickled: the recordings' own bytes, as torch.cuda.memory._dump_snapshot wrote
+    them, through windows that split nearly every op."""
+    import io
+    from npumem.trace.snapshot import _reader as native
+    paths = sorted((DATA / folder).rglob("*.pickle*"))[:4]
+    assert paths
+    for path in paths:
+        data = _as_recorded(path)
+        _same_read(native.load(io.BytesIO(data), 5), native.load(data))
+
+
 def test_a_failing_file_and_a_bad_window_are_passed_on():
     import io
     from npumem.trace.snapshot import _reader as native

@@ -4,6 +4,7 @@ SVG chart), or with --check the torch model against what PyTorch's allocator rec
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import click
 
@@ -101,9 +102,8 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
             for chosen in combos.get(name, [""]):
                 jobs.append(ReplayJob(
                     path, name, ",".join(filter(None, [environment.get((path, name)), chosen])),
-                    capacity, planner_lag, steps, pad if name in ("torch", "torch_npu") else None,
-                    says_oom=not any(job.trace == path for job in jobs)))   # one job of each
-                                                                            # trace says its OOM
+                    capacity, planner_lag, steps, pad if name in ("torch", "torch_npu") else None))
+    jobs = _one_says_the_oom(jobs)
     results = run_replays("replay", as_json, lambda update: run_jobs(jobs, scheduler, workers, update))
     if plot_path:
         from ..output_files import written_whole
@@ -143,6 +143,18 @@ def _check_paths(traces, plot_path) -> None:
             check_output(plot_path)
         except OutputPathError as exc:
             raise click.BadParameter(str(exc), param_hint="--plot") from None
+
+
+def _one_says_the_oom(jobs: list) -> list:
+    """The jobs, one of each trace saying the recording's own OOM: a torch job with no settings
+    of its own if there is one (the OOM is told with the replay under PyTorch's defaults, so
+    that one is not made twice), else the trace's first job."""
+    speakers = set()
+    for path in dict.fromkeys(job.trace for job in jobs):
+        mine = [job for job in jobs if job.trace == path]
+        speakers.add(id(next((job for job in mine if job.allocator == "torch" and not job.settings),
+                             mine[0])))
+    return [replace(job, says_oom=True) if id(job) in speakers else job for job in jobs]
 
 
 def _print_replay_table(results) -> None:
