@@ -110,10 +110,11 @@ def test_replay_of_a_run_that_died_says_its_oom_from_one_read_and_one_replay(mon
     assert f"{died}: " + "\n".join(expected) in result.output
 
 
-def test_convert_of_a_run_that_died_reads_it_once(monkeypatch, tmp_path):
+@pytest.mark.parametrize("target", ["copy.pickle", "events.csv", "events.json", "copy.jsonl"])
+def test_convert_of_a_run_that_died_reads_it_once(monkeypatch, tmp_path, target):
     died = str(sorted(pathlib.Path("tests/data/cuda_oom_h200/snapshots").rglob("*.pickle*"))[0])
     reads = _count_snapshot_reads(monkeypatch)
-    result = CliRunner().invoke(main, ["convert", died, str(tmp_path / "copy.pickle")])
+    result = CliRunner().invoke(main, ["convert", died, str(tmp_path / target)])
     assert result.exit_code == 0, result.output
     assert reads == [died] and "out of memory" in result.output.lower()
 

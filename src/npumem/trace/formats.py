@@ -65,13 +65,17 @@ def convert(source: str, target: str, fmt: str, notes: list[str] | None = None,
     either becomes a snapshot whose allocations carry their operator as a frame. Other
     conversions carry each allocation and free (time, address, size, stream), which is what the
     other formats hold. `notes` gathers what reading the source passed over or reinterpreted;
-    `loaded` gets the snapshot read whole, by path (for its OOM lines, without a second read)."""
+    `loaded` gets a snapshot source read whole, by path (for its OOM lines, without a second
+    read)."""
     notes = [] if notes is None else notes
-    if fmt in ("snapshot", "jsonl") and holds_snapshot(source):
+    if holds_snapshot(source):                    # read once, whatever it becomes
         data = snapshot.load_data(source)
         if loaded is not None:
             loaded[source] = data
-        return _write_snapshot(fmt, data, target)
+        if fmt in ("snapshot", "jsonl"):
+            return _write_snapshot(fmt, data, target)
+        return write_trace(snapshot.events(snapshot.recording_from_data(data, source)), target,
+                           fmt)
     if detect_format(source) == "msprof":
         if fmt in ("snapshot", "jsonl"):
             data, found = msprof.to_snapshot(source)
