@@ -206,6 +206,10 @@ def test_replays_of_real_recordings_say_the_same(path, text):
     config = parse_config(text, base=recording.base_config()) if text else recording.base_config()
     for check in (False, True):
         python = replay_recording(recording, config, check=check, native=False).as_dict()
-        native = replay_recording(recording, config, check=check).as_dict()
+        try:                           # native: the native model, or the test says it is not
+            native = replay_recording(recording, config, check=check, native=True).as_dict()
+        except ValueError as exc:
+            assert "private pools" in str(exc)      # the one thing it leaves to Python
+            pytest.skip(f"{Path(path).name}: {exc}")
         python.pop("seconds"), native.pop("seconds")
         assert native == python
