@@ -108,10 +108,11 @@ def test_the_lean_route_gives_the_full_routes_result_bit_for_bit(lean_any, op, d
         return
     with np.errstate(all="ignore"):
         full, fast, served, (full_streams, fast_streams) = _both(op, a, b)
-        again = OPS[op](b, b)               # one tensor twice: its own plan
+        OPS[op](b, b)                       # one tensor twice: its own plan, then its lean run
+        again_served, again = _served(lambda: OPS[op](b, b))
         with full_route():
             again_full = OPS[op](b, b)
-    assert served
+    assert served and again_served
     assert fast.numpy().tobytes() == full.numpy().tobytes()
     assert again.numpy().tobytes() == again_full.numpy().tobytes()
     assert _attributes(fast) == _attributes(full)
@@ -217,8 +218,8 @@ def test_the_pool_sanitizer_takes_the_full_route(lean, level):
         np.testing.assert_array_equal(value.numpy(), np.full(16, 2, np.float32))
     finally:
         sanitizer.disable()
-    b = npumem.from_numpy(np.ones(16, np.float32))      # made while it was on: a record
     if level == "free":
+        b = npumem.from_numpy(np.ones(16, np.float32))
         b + b
         sanitizer.enable(level)
         b2 = npumem.from_numpy(np.ones(16, np.float32))
@@ -393,6 +394,8 @@ def _error(expression) -> tuple[type, str]:
 
 
 def test_errors_are_the_full_routes(lean):
+    """Calls that look like a remembered plan but are not one: the lean route hands each back
+    before it does anything (no lean run), and the full route's error is what comes out."""
     a = npumem.from_numpy(np.ones(4, np.float32))
     b = npumem.from_numpy(np.ones(3, np.float32))
     ints = npumem.from_numpy(np.ones(4, np.int32))
@@ -401,7 +404,9 @@ def test_errors_are_the_full_routes(lean):
     for expression in cases:
         with full_route():
             expected = _error(expression)
+        runs = FAST.runs
         assert _error(expression) == expected
+        assert FAST.runs == runs
     assert _error(lambda: a + b) == (OpParamError, "add: shapes (4,) and (3,) do not broadcast "
                                                    "[ACLNN_ERR_PARAM_INVALID 161002]")
 
