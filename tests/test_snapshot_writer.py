@@ -51,8 +51,10 @@ def test_a_snapshot_read_as_columns_is_written_back_whole(tmp_path, monkeypatch,
     assert [list(trace) for trace in again["device_traces"]] == expected["device_traces"]
 
 
-def test_the_projects_recordings_are_written_back_as_pickle_reads_them(tmp_path):
-    paths = sorted((DATA / "cuda_snapshots").glob("*.pickle.gz"))[:4]
+@pytest.mark.parametrize("folder", ["cuda_snapshots", "cuda_snapshots_h200", "cuda_oom_h200"])
+def test_the_projects_recordings_are_written_back_as_pickle_reads_them(tmp_path, folder):
+    """PyTorch's own files (the H200 ones carry user_metadata, device_free, segment_map...)."""
+    paths = sorted((DATA / folder).rglob("*.pickle.gz"))[:4]
     assert paths
     for path in paths:
         expected = pickle.loads(gzip.decompress(path.read_bytes()))

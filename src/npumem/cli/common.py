@@ -11,10 +11,12 @@ import click
 
 
 def _scheduler(ctx, param, value: str) -> str:
-    if value in ("processes", "serial", "dask") or value.startswith(("tcp://", "tls://")):
-        return value
-    raise click.BadParameter(f"unknown scheduler {value!r}: use processes, serial, dask or "
-                             "tcp://host:port")
+    from ..whatif.sweep import check_scheduler
+    try:
+        check_scheduler(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
 
 
 def scheduler_options(command):

@@ -25,7 +25,7 @@ from ..alloc.torch_model import DEFAULT_POOL, ModelOutOfMemory, TorchAllocatorMo
 from ..alloc.torch_model.allocator import (SegmentEvent, address_space, out_of_memory_error,
                                            restored_range)
 from ..alloc.torch_model.config import NO_LIMIT
-from ..trace.snapshot.columns import ACTION_CODE
+from ..trace.snapshot.columns import ACTION_CODE, SEGMENT_ADD, SEGMENT_REMOVE
 
 try:
     from ..alloc.torch_model import _native
@@ -34,7 +34,7 @@ except ImportError:                 # a checkout not installed with `pip install
 
 SKIP, ALLOC, FREE, IRREGULAR = 0, 1, 2, 3
 DONE, AT_IRREGULAR, EVENTS, OUT_OF_MEMORY = 0, 1, 2, 3
-_IRREGULAR = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom")
+_IRREGULAR = (*SEGMENT_ADD, *SEGMENT_REMOVE, "oom")
 NATIVE_LIMIT = 1 << 62              # sizes, addresses and limits the native model takes
 
 

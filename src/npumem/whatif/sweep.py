@@ -202,6 +202,7 @@ def run_jobs(jobs: Sequence[ReplayJob], scheduler: str = "processes", workers: i
              progress: Callable[..., None] | None = None) -> list[ReplayResult]:
     """Results in the order of `jobs`; `progress(done, total)` after each finished job, and in
     this process also `progress(done, total, events)` while a long replay runs."""
+    check_scheduler(scheduler)
     total = len(jobs)
     report = progress or (lambda done, total, events=0: None)
     if scheduler == "serial" or total <= 1:
@@ -212,9 +213,15 @@ def run_jobs(jobs: Sequence[ReplayJob], scheduler: str = "processes", workers: i
         return results
     if scheduler == "processes":
         return _run_processes(jobs, workers or os.cpu_count() or 1, report)
-    if scheduler == "dask" or scheduler.startswith(("tcp://", "tls://")):
-        return _run_dask(jobs, scheduler, workers, report)
-    raise ValueError(f"unknown scheduler {scheduler!r}: use processes, serial, dask or tcp://host:port")
+    return _run_dask(jobs, scheduler, workers, report)
+
+
+def check_scheduler(scheduler: str) -> None:
+    """ValueError for a scheduler run_jobs does not know."""
+    if scheduler not in ("processes", "serial", "dask") and \
+            not scheduler.startswith(("tcp://", "tls://")):
+        raise ValueError(f"unknown scheduler {scheduler!r}: use processes, serial, dask or "
+                         "tcp://host:port")
 
 
 def _run_processes(jobs, workers, report) -> list[ReplayResult]:

@@ -258,8 +258,7 @@ def from_events(events) -> "Entries | list[dict]":
         columns = {"action": np.array(action, np.uint8), "flags": flags,
                    "addr": np.array(addr, np.uint64), "size": np.array(size, np.uint64),
                    "stream": np.array(stream, np.uint64), "time": raw,
-                   "requested": np.zeros(len(action), np.uint64),
-                   "stack": np.zeros(len(action), np.uint32), "extra": np.zeros(len(action), np.uint32)}
+                   "requested": None, "stack": None, "extra": None}    # (None: all zero)
     except (OverflowError, ValueError, TypeError):
         return _entry_dicts(action, addr, size, stream, times)
     return Entries(Columns(columns, Tables([], [()], 0)))
