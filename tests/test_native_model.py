@@ -213,3 +213,16 @@ def test_replays_of_real_recordings_say_the_same(path, text):
             pytest.skip(f"{Path(path).name}: {exc}")
         python.pop("seconds"), native.pop("seconds")
         assert native == python
+
+
+def test_progress_is_said_however_often_the_replay_stops_at_segment_events(monkeypatch):
+    """It was said only after a whole stretch with no segment event: a trace with them more
+    often than that (or --check, which stops at each alloc that makes one) said nothing."""
+    from npumem.whatif import torch_replay
+    monkeypatch.setattr(torch_replay, "CHUNK", 64)
+    path = sorted(DATA.glob("cuda_snapshots/*.pickle.gz"))[0]
+    recording = load_for_model(str(path))
+    said = []
+    replay_recording(recording, check=True, progress=said.append)
+    assert len(recording.entries) > 128 and len(said) >= len(recording.entries) // 128
+    assert said == sorted(said) and said[-1] < len(recording.entries)

@@ -46,7 +46,7 @@ class ReplayJob:
                                    # one job of each trace says it for the command
 
     def run(self, progress: Callable[[int], None] | None = None) -> ReplayResult:
-        """`progress(events)` every 10,000 events replayed."""
+        """`progress(events)` now and then while it replays (the events replayed so far)."""
         if self.allocator in TORCH_ALLOCATORS:
             result = replay_torch(self.trace, self.allocator, self.settings, self.memory,
                                   progress=progress, pad=self.pad, says_oom=self.says_oom)

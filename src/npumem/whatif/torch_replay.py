@@ -293,13 +293,15 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
     compared = 0
     index, length = 0, len(a)
     stopped = None                        # the call a replay stopped at (an OOM, a divergence)
-    while index < length and stopped is None:
+    said = 0                              # where progress was last said: every CHUNK entries,
+    while index < length and stopped is None:   # whatever stops each run
+        if progress is not None and index >= said + CHUNK:
+            progress(index)
+            said = index
         at, why = core.run(kinds, a.action, a.addr, a.size, a.stream, index,
                            min(length, index + CHUNK), check)
         if why == replay_cores.DONE:
             index = at
-            if progress is not None:
-                progress(index)
         elif why == replay_cores.OUT_OF_MEMORY:
             oom = _oom_record(at, core.oom_error())
             model_events += [(at, e) for e in core.new_events()]
