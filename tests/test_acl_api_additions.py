@@ -144,7 +144,10 @@ def test_host_register_argument_checks(session):
     assert acl.rt.host_register(host, 64, 4) == (0, E.ACL_ERROR_RT_FEATURE_NOT_SUPPORT)   # IOMEMORY
     assert acl.rt.host_register(host, 64, 8) == (0, E.ACL_ERROR_RT_FEATURE_NOT_SUPPORT)   # READONLY
     assert acl.rt.host_register(host, 64, 99) == (0, E.ACL_ERROR_INVALID_PARAM)
-    assert acl.rt.host_register(host + 64, 64, 0) == (0, E.ACL_ERROR_RT_ADDR_UNALIGNED)
+    # inside the buffer, not its start, not on a page (malloc_host aligns to 64 bytes only, so
+    # host + 64 is a page's start when host lies 64 bytes below one)
+    unaligned = host + 64 if (host + 64) % 4096 else host + 128
+    assert acl.rt.host_register(unaligned, 64, 0) == (0, E.ACL_ERROR_RT_ADDR_UNALIGNED)
     assert acl.rt.host_register(host, 8193, 0) == (0, E.ACL_ERROR_RT_PARAM_INVALID)
     assert acl.rt.host_register(host, "64", 0)[1] == E.ACL_ERROR_INVALID_PARAM
     assert acl.rt.host_unregister("host") == E.ACL_ERROR_INVALID_PARAM
