@@ -6,8 +6,8 @@ places a file in: build_py puts it at the root of the wheel, and for an editable
 (`pip install -e .`) at the root of the editable wheel, which setuptools assembles in the
 folder its `install` command targets.
 
-It also builds the C extensions: the snapshot reader, the native allocator model and the
-greedy placement."""
+It also builds the C extensions: the snapshot reader, the JSONL trace reader, the native
+allocator model and the greedy placement."""
 
 import os
 
@@ -34,11 +34,17 @@ class BuildWithProfileHook(build_py):
             [*outputs, os.path.join(self.build_lib, PTH)]
 
 
+COMMON = "src/npumem/trace/reader_common.h"   # what the readers share
+
 # Snapshot pickles read into columns (src/npumem/trace/snapshot/_reader.c): plain C, no numpy
 # headers, so building it needs only a compiler and Python's own headers.
 SNAPSHOT_READER = Extension("npumem.trace.snapshot._reader",
-                            ["src/npumem/trace/snapshot/_reader.c"],
+                            ["src/npumem/trace/snapshot/_reader.c"], depends=[COMMON],
                             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
+
+# npumem's JSONL traces read into the same columns (src/npumem/trace/_jsonl.c).
+JSONL_READER = Extension("npumem.trace._jsonl", ["src/npumem/trace/_jsonl.c"], depends=[COMMON],
+                         extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
 # The model of PyTorch's caching allocator, native, for replays
 # (src/npumem/alloc/torch_model/_native.c): plain C as well.
@@ -52,4 +58,4 @@ PLACEMENT = Extension("npumem.planning._placement", ["src/npumem/planning/_place
                       extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
 setup(cmdclass={"build_py": BuildWithProfileHook},
-      ext_modules=[SNAPSHOT_READER, NATIVE_MODEL, PLACEMENT])
+      ext_modules=[SNAPSHOT_READER, JSONL_READER, NATIVE_MODEL, PLACEMENT])

@@ -235,6 +235,7 @@ def _pickled(data: dict, protocol: int = 4) -> bytes:
 # name -> (seed bytes, reading path, structure: "json", "jsonl", "csv", "pickle")
 TARGETS: dict[str, tuple[Callable[[], bytes], Callable[[str], None], str]] = {
     "jsonl": (jsonl_seed, read_for_report, "jsonl"),
+    "jsonl-replay": (jsonl_seed, read_for_replay, "jsonl"),
     "jsonl-snapshot": (jsonl_snapshot_seed, read_for_report, "jsonl"),
     "chrome": (chrome_seed, read_for_report, "json"),
     "pickle": (lambda: _pickled(snapshot_seed()), read_for_report, "pickle"),

@@ -1,6 +1,7 @@
 """Every trace format npumem reads and writes, detected from the file's first bytes.
 
     read_trace(path)            -> iterator of TraceEvent, in time order
+    read_entries(path)          -> those events as a snapshot trace's entries (columns)
     read_with_steps(path, name) -> those events, where steps begin, a note (step_marks)
     write_trace(events, path)   -> number of events written (format from the name or `fmt`)
 """
@@ -100,6 +101,16 @@ def read_trace(path: str | os.PathLike, fmt: str | None = None) -> Iterator[Trac
     if fmt == "jsonl" and jsonl.holds_snapshot(read_head(path, 64)):
         fmt = "snapshot"
     return FORMATS[fmt].read(path)
+
+
+def read_entries(path: str | os.PathLike):
+    """A trace that is not a whole snapshot, as a snapshot trace's entries (columns, not a
+    dict or an event per line where the format's reader makes them: JSONL)."""
+    path = _existing(path)
+    fmt = detect_format(path)
+    if fmt == "jsonl":
+        return jsonl.read_entries(path)
+    return snapshot.columns.from_events(read_trace(path, fmt))
 
 
 def _existing(path: str | os.PathLike) -> str:

@@ -11,16 +11,27 @@ A stack that several entries share is written once, on a line `{"npumem_stack": 
 size follows what it holds, not how often it refers to it.
 That form is the snapshot package's (trace/snapshot/json_form.py), which reads it like the
 pickle, so every command that takes a snapshot takes it.
+
+Lines are parsed into columns by `_jsonl` (C) where it is built; a line not in the form npumem
+writes goes to `_event`, the rule of what a line may hold.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Iterable, Iterator
+
+import numpy as np
 
 from ..events import TraceEvent
 from .file_checks import TraceFormatError, checked_event
-from .textio import decode_json, open_for_writing, reading
+from .textio import bounded_reader, decode_json, open_for_writing, reading
+
+try:
+    from . import _jsonl
+except ImportError:               # a checkout not installed with `pip install -e .`
+    _jsonl = None
 
 
 SNAPSHOT_KEY = "npumem_snapshot"
@@ -37,13 +48,57 @@ def holds_snapshot(head: bytes) -> bool:
     return head.lstrip().startswith(b'{"' + SNAPSHOT_KEY.encode() + b'"')
 
 
+CHUNK = 1 << 16                 # lines parsed at a time while events are streamed
+WINDOW = 1 << 22                # bytes of the file read at a time
+_ALLOC, _FREE = 1, 0            # action codes in the columns `read` streams from
+_ACTIONS = ("free", "alloc")
+
+
 def read(path: str) -> Iterator[TraceEvent]:
     """The events of a JSONL trace (a file holding a whole snapshot is the snapshot reader's:
-    formats.read_trace sends it there)."""
-    with reading(path) as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                yield _event(path, number, line)
+    formats.read_trace sends it there), a chunk of lines at a time."""
+    if _jsonl is None:
+        with reading(path) as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    yield _event(path, number, line)
+        return
+    for raw in _column_chunks(path, CHUNK, _ALLOC, _FREE):
+        rows = raw["rows"]
+
+        def column(name: str, dtype) -> list:          # (None: all zeros)
+            data = raw[name]
+            return (np.zeros(rows, dtype) if data is None else np.frombuffer(data, dtype)).tolist()
+
+        for action, t_us, addr, size, on in zip(
+                column("action", np.uint8), column("time", np.float64),
+                column("addr", np.uint64), column("size", np.uint64), column("stream", np.uint64)):
+            yield TraceEvent(t_us, _ACTIONS[action], addr, size, on)
+
+
+def read_entries(path: str):
+    """The whole trace as a snapshot trace's entries (columns: about 33 bytes an event), what
+    the model of PyTorch's allocator replays."""
+    from .snapshot import columns
+
+    if _jsonl is None or columns.native is None:
+        return columns.from_events(read(path))
+    raw = next(_column_chunks(path, sys.maxsize, columns.ALLOC, columns.FREE_COMPLETED), None)
+    return columns.from_event_columns(raw)
+
+
+def _column_chunks(path: str, limit: int, alloc_code: int, free_code: int):
+    def line_event(number: int, line: bytes) -> TraceEvent | None:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(path, str(number), f"not UTF-8 text: {exc}") from None
+        return _event(path, number, text) if text.strip() else None
+
+    with bounded_reader(path, sys.maxsize) as reader:
+        parser = _jsonl.Parser(reader, line_event, alloc_code, free_code, WINDOW)
+        while (raw := parser.chunk(limit)) is not None:
+            yield raw
 
 
 def _event(path: str, number: int, line: str) -> TraceEvent:

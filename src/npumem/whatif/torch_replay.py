@@ -564,7 +564,7 @@ def _divergence(recording, recorded, model_events, index) -> Divergence:
 def load_for_model(path: str, flavour: str | None = None, pad: int | None = None) -> Recording:
     """A snapshot pickle as a recording with its start state; any other trace format as a
     recording that starts empty. `pad`: the target NPU's padding (config.npu_pad)."""
-    from ..trace.formats import holds_snapshot, read_trace
+    from ..trace.formats import holds_snapshot, read_entries
     from ..trace.snapshot import load_recording
 
     if holds_snapshot(path):
@@ -576,7 +576,7 @@ def load_for_model(path: str, flavour: str | None = None, pad: int | None = None
                                    "torch.cuda.memory._record_memory_history()); npumem report "
                                    "reads its segments")
     else:
-        recording = Recording.from_events(path, read_trace(path), flavour or "cuda")
+        recording = Recording.from_entries(path, read_entries(path), flavour or "cuda")
     recording.pad = pad
     return recording
 

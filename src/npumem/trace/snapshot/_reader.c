@@ -21,7 +21,6 @@
 
 #define MAX_FRAMES 256          /* frames kept (and checked) per stack: schema.MAX_FRAMES */
 #define MEMO_SLACK 1024         /* a PUT may run this far past the memo's end, no further */
-#define BATCH_HINT 1024
 
 static PyObject *UnsafePickle;  /* the pickle is not plain data, or is damaged */
 static PyObject *EntryError;    /* (where, reason with {} for the value, value) */
@@ -77,68 +76,7 @@ static void *grow(void *items, Py_ssize_t *capacity, Py_ssize_t need, size_t wid
     return more;
 }
 
-/* ---- growable columns: bytearrays the Python side views with numpy ---- */
-
-typedef struct {
-    PyObject *array;            /* bytearray */
-    Py_ssize_t width, count, capacity;
-    int zeros;                  /* every value so far is 0: the column holds no bytes yet */
-} Column;
-
-static int column_init(Column *c, Py_ssize_t width) {
-    c->width = width;
-    c->count = 0;
-    c->zeros = 1;
-    c->capacity = BATCH_HINT;
-    c->array = PyByteArray_FromStringAndSize(NULL, width * c->capacity);
-    return c->array ? 0 : -1;
-}
-
-static void *column_slot(Column *c) {
-    if (c->count == c->capacity) {
-        Py_ssize_t grown = c->capacity * 2;
-        if (PyByteArray_Resize(c->array, grown * c->width) < 0)
-            return NULL;
-        c->capacity = grown;
-    }
-    return PyByteArray_AS_STRING(c->array) + c->width * c->count++;
-}
-
-/* One more value. A column of zeros so far only counts them: most traces name one stream and
- * no requested_size, and ten million zeros are 80 MB. The first other value writes them. */
-static int column_put(Column *c, const void *value) {
-    if (c->zeros) {
-        const unsigned char *bytes = value;
-        int zero = 1;
-        for (Py_ssize_t i = 0; i < c->width; i++)
-            zero &= bytes[i] == 0;
-        if (zero) {
-            c->count++;
-            return 0;
-        }
-        Py_ssize_t capacity = c->capacity;
-        while (capacity < c->count + 1)
-            capacity *= 2;
-        if (PyByteArray_Resize(c->array, capacity * c->width) < 0)
-            return -1;
-        c->capacity = capacity;
-        memset(PyByteArray_AS_STRING(c->array), 0, (size_t)(c->count * c->width));
-        c->zeros = 0;
-    }
-    void *slot = column_slot(c);
-    if (!slot)
-        return -1;
-    memcpy(slot, value, (size_t)c->width);
-    return 0;
-}
-
-/* the last value of a 4-byte column */
-static uint32_t column_last_u32(const Column *c) {
-    uint32_t value = 0;
-    if (!c->zeros && c->count)
-        memcpy(&value, PyByteArray_AS_STRING(c->array) + 4 * (c->count - 1), 4);
-    return value;
-}
+#include "../reader_common.h"
 
 enum { C_ACTION, C_FLAGS, C_ADDR, C_SIZE, C_STREAM, C_TIME, C_REQUESTED, C_STACK, C_EXTRA, N_COLUMNS };
 static const char *COLUMN_NAMES[] = {"action", "flags", "addr", "size", "stream", "time",
@@ -766,13 +704,8 @@ static PyObject *reader_result(Reader *r) {
         }
         PyList_SET_ITEM(devices, i, columns);
         for (int c = 0; c < N_COLUMNS; c++) {
-            Column *col = &r->devices[i].columns[c];
-            /* a column of zeros is None: the Python side makes zeros that take no memory
-             * (an empty one is its empty bytearray) */
-            int zeros = col->zeros && col->count;
-            if (PyByteArray_Resize(col->array, zeros ? 0 : col->count * col->width) < 0 ||
-                PyDict_SetItemString(columns, COLUMN_NAMES[c], zeros ? Py_None
-                                                                     : col->array) < 0) {
+            PyObject *data = column_finish(&r->devices[i].columns[c]);
+            if (!data || PyDict_SetItemString(columns, COLUMN_NAMES[c], data) < 0) {
                 Py_DECREF(devices);
                 return NULL;
             }
@@ -1154,30 +1087,10 @@ static int refill(Machine *m, Py_ssize_t n) {
             m->window = more;
             m->capacity *= 2;
         }
-        PyObject *room = PyMemoryView_FromMemory((char *)m->window + unread,
-                                                 m->capacity - unread, PyBUF_WRITE);
-        PyObject *got = room ? PyObject_CallMethod(m->source, "readinto", "O", room) : NULL;
-        /* released, so that no view the file kept outlives the window (BufferError if one
-         * still holds it); the file's own error, if any, is the one that stands */
-        PyObject *type, *error, *trace;
-        PyErr_Fetch(&type, &error, &trace);
-        PyObject *released = room ? PyObject_CallMethod(room, "release", NULL) : NULL;
-        Py_XDECREF(room);
-        if (released || type) {
-            Py_XDECREF(released);
-            PyErr_Clear();
-            PyErr_Restore(type, error, trace);
-        } else
-            Py_CLEAR(got);
-        if (!got)
-            return -1;                    /* the file's own error (a limit, a damaged gzip) */
-        Py_ssize_t count = PyLong_Check(got) ? PyLong_AsSsize_t(got) : -1;
-        Py_DECREF(got);
-        if (count < 0 || count > m->capacity - unread) {
-            PyErr_Clear();
-            PyErr_SetString(PyExc_OSError, "the file gave no bytes to read");
+        Py_ssize_t count = read_into(m->source, (char *)m->window + unread,
+                                     m->capacity - unread);
+        if (count < 0)
             return -1;
-        }
         m->exhausted = count == 0;
         unread += count;
     }

@@ -253,15 +253,27 @@ def from_events(events) -> "Entries | list[dict]":
         raw = np.where(floats, np.array(times, dtype=np.float64).view(np.int64),
                        np.array([0 if f else t for f, t in zip(floats.tolist(), times)],
                                 dtype=np.int64))
-        flags = np.full(len(action), native.HAS_ADDR | native.HAS_SIZE | native.HAS_STREAM
-                        | native.HAS_TIME, dtype=np.uint8) | (floats * native.TIME_FLOAT).astype(np.uint8)
-        columns = {"action": np.array(action, np.uint8), "flags": flags,
-                   "addr": np.array(addr, np.uint64), "size": np.array(size, np.uint64),
-                   "stream": np.array(stream, np.uint64), "time": raw,
-                   "requested": None, "stack": None, "extra": None}    # (None: all zero)
+        columns = {"rows": len(action), "action": np.array(action, np.uint8),
+                   "addr": np.array(addr, np.uint64),
+                   "size": np.array(size, np.uint64), "stream": np.array(stream, np.uint64),
+                   "time": raw}
     except (OverflowError, ValueError, TypeError):
         return _entry_dicts(action, addr, size, stream, times)
-    return Entries(Columns(columns, Tables([], [()], 0)))
+    return from_event_columns(columns, floats)
+
+
+def from_event_columns(raw: dict | None, floats: np.ndarray | bool = True) -> "Entries":
+    """Events as columns ("rows": their number; action codes, addr, size, stream and the time's
+    bits as int64, a column None where all zeros; `raw` None: no events) as a snapshot trace's
+    entries; `floats` says which times are floats' bits (the others are ints)."""
+    if raw is None:
+        raw = {"rows": 0, "action": b"", "addr": b"", "size": b"", "stream": b"", "time": b""}
+    rows = raw["rows"]
+    flags = np.full(rows, native.HAS_ADDR | native.HAS_SIZE | native.HAS_STREAM
+                    | native.HAS_TIME, dtype=np.uint8) | (np.asarray(floats, bool)
+                                                          * native.TIME_FLOAT).astype(np.uint8)
+    return Entries(Columns({**raw, "flags": flags, "requested": None, "stack": None,
+                            "extra": None}, Tables([], [()], 0)))
 
 
 def _entry_dicts(action, addr, size, stream, times) -> list[dict]:

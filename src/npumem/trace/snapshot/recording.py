@@ -72,7 +72,12 @@ class Recording:
     @classmethod
     def from_events(cls, path: str, events, flavour: str = "cuda") -> "Recording":
         """A trace without a snapshot's segments (JSONL, RMM, msprof, ...): it starts empty."""
-        return cls(path, 0, flavour, None, [], entry_columns.from_events(events))
+        return cls.from_entries(path, entry_columns.from_events(events), flavour)
+
+    @classmethod
+    def from_entries(cls, path: str, entries, flavour: str = "cuda") -> "Recording":
+        """As from_events, of the events read as entries already (formats.read_entries)."""
+        return cls(path, 0, flavour, None, [], entries)
 
 
 def first_oom(entries) -> int | None:
