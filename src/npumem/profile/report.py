@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..trace.snapshot.columns import SEGMENT_ADD, SEGMENT_REMOVE, indices
+from ..trace.snapshot.columns import SEGMENT_ADD, SEGMENT_REMOVE, holds
 from ..units import format_size
 from .analysis import DeviceAnalysis, SiteUsage, analyze_snapshot, group_by_site, live_after
 from .fragmentation import PoolFragmentation, analyze, format_fragmentation, maps_over_time
@@ -166,7 +166,7 @@ def _snapshot_leaks(snapshot: dict, starts: dict) -> tuple[list[SiteUsage], str,
 
 
 def _has_segment_events(trace) -> bool:
-    return bool(indices(trace, *SEGMENT_ADD, *SEGMENT_REMOVE))
+    return holds(trace, *SEGMENT_ADD, *SEGMENT_REMOVE)
 
 
 def _sites(title: str, sites: list[SiteUsage], limit: int) -> list[str]:

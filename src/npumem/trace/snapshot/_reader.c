@@ -745,8 +745,13 @@ typedef struct {
     Py_ssize_t length, pos;
     Stack stack;
     Marks marks;
-    PyObject **memo;
-    Py_ssize_t memo_size, memo_capacity;
+    /* the memo, in pages of MEMO_PAGE slots made when first needed; a slot that holds an
+     * entry's marker (most slots: one per entry) is a bit in `memo_entries` instead, so ten
+     * million entries cost 1.2 MB of memo, not 80 */
+    PyObject ***memo_pages;
+    Py_ssize_t memo_size, memo_page_count;
+    unsigned char *memo_entries;
+    Py_ssize_t memo_entries_capacity;
     /* the trace's lists: "device_traces"'s value, and each device's list in it */
     PyObject *traces;
     PyObject **device_lists;
@@ -778,18 +783,72 @@ typedef struct {
 
 static void drop_from(Machine *m, Py_ssize_t from);
 
+#define MEMO_PAGE_BITS 12
+#define MEMO_PAGE ((Py_ssize_t)1 << MEMO_PAGE_BITS)
+
+/* The slot of memo index `index` (in range): NULL where its page was never made (and `make`
+ * is 0), or with MemoryError set. */
+static PyObject **memo_slot(Machine *m, Py_ssize_t index, int make) {
+    Py_ssize_t page = index >> MEMO_PAGE_BITS;
+    if (page >= m->memo_page_count || !m->memo_pages[page]) {
+        if (!make)
+            return NULL;
+        PyObject ***pages = grow(m->memo_pages, &m->memo_page_count, page + 1,
+                                 sizeof(PyObject **), 64);
+        if (!pages)
+            return NULL;
+        m->memo_pages = pages;
+        if (!(pages[page] = PyMem_Calloc(MEMO_PAGE, sizeof(PyObject *)))) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+    }
+    return &m->memo_pages[page][index & (MEMO_PAGE - 1)];
+}
+
+static int memo_holds_entry(Machine *m, Py_ssize_t index) {
+    return index / 8 < m->memo_entries_capacity &&
+           (m->memo_entries[index / 8] >> (index % 8) & 1);
+}
+
+/* What memo index `index` holds (borrowed): NULL where it was never set. */
+static PyObject *memo_get(Machine *m, Py_ssize_t index) {
+    if (index < 0 || index >= m->memo_size)
+        return NULL;
+    if (memo_holds_entry(m, index))
+        return m->entry_marker;
+    PyObject **slot = memo_slot(m, index, 0);
+    return slot ? *slot : NULL;
+}
+
+/* Memo index `index` (< memo_size + MEMO_SLACK) holds `v` (borrowed) from now on. */
+static int memo_set(Machine *m, Py_ssize_t index, PyObject *v) {
+    int entry = v == m->entry_marker;
+    if (entry || memo_holds_entry(m, index)) {
+        unsigned char *bits = grow(m->memo_entries, &m->memo_entries_capacity, index / 8 + 1,
+                                   1, 4096);
+        if (!bits)
+            return -1;
+        m->memo_entries = bits;
+        bits[index / 8] = (unsigned char)((bits[index / 8] & ~(1 << index % 8)) |
+                                          entry << index % 8);
+    }
+    PyObject **slot = memo_slot(m, index, !entry);
+    if (!slot && PyErr_Occurred())
+        return -1;
+    if (slot)
+        Py_XSETREF(*slot, entry ? NULL : Py_NewRef(v));
+    if (index >= m->memo_size)
+        m->memo_size = index + 1;
+    return 0;
+}
+
 static int memo_put(Machine *m, Py_ssize_t index, PyObject *v) {
     if (index < 0 || index > m->memo_size + MEMO_SLACK)
         return unsafe("memo index %zd at byte %zd, with %zd memo entries: not a pickle a "
                       "pickler wrote", index, m->pos, m->memo_size);
-    PyObject **memo = grow(m->memo, &m->memo_capacity, index + 1, sizeof(PyObject *), 1024);
-    if (!memo)
+    if (memo_set(m, index, v) < 0)
         return -1;
-    m->memo = memo;
-    Py_INCREF(v);
-    Py_XSETREF(m->memo[index], v);
-    if (index >= m->memo_size)
-        m->memo_size = index + 1;
     if (m->device_count && (PyDict_CheckExact(v) || PyList_CheckExact(v))) {
         Py_ssize_t *pending = grow(m->pending, &m->pending_capacity, m->pending_size + 1,
                                    sizeof(Py_ssize_t), 4096);
@@ -856,14 +915,16 @@ static int settle_pending(Machine *m) {
         }
         for (Py_ssize_t p = 0; p < m->pending_size; p++) {
             Py_ssize_t slot = m->pending[p];
-            PyObject *v = m->memo[slot];
-            if (!v)
+            PyObject *v = memo_get(m, slot);
+            if (!v || v == m->entry_marker)
                 continue;
             Py_ssize_t i = SLOT_OF(v);
             while (table[2 * i] && table[2 * i] != v)
                 i = (i + 1) & mask;
-            if (table[2 * i])
-                Py_SETREF(m->memo[slot], Py_NewRef(table[2 * i + 1]));
+            if (table[2 * i] && memo_set(m, slot, table[2 * i + 1]) < 0) {
+                PyMem_Free(table);
+                return -1;
+            }
         }
 #undef SLOT_OF
         PyMem_Free(table);
@@ -1556,13 +1617,14 @@ static int run(Machine *m, PyObject **result) {
                     m->pos += n;
                 }
                 if (op == 'g' || op == 'h' || op == 'j') {
-                    if (index >= m->memo_size || !m->memo[index])
+                    PyObject *held = memo_get(m, index);
+                    if (!held)
                         return unsafe("a damaged pickle: memo index %zd was never set (byte %zd)",
                                       index, m->pos);
-                    if (m->memo[index] == m->entry_marker)
+                    if (held == m->entry_marker)
                         return unsafe("it refers back to a trace entry (memo index %zd): a "
                                       "snapshot pickle has each entry once", index);
-                    v = Py_NewRef(m->memo[index]);
+                    v = Py_NewRef(held);
                     break;
                 }
                 if (check_stack(m, 1) < 0)
@@ -1627,9 +1689,13 @@ static void machine_clear(Machine *m) {
     drop_from(m, 0);
     PyMem_Free(m->stack.items);
     PyMem_Free(m->marks.at);
-    for (Py_ssize_t i = 0; i < m->memo_capacity; i++)
-        Py_XDECREF(m->memo[i]);
-    PyMem_Free(m->memo);
+    for (Py_ssize_t page = 0; page < m->memo_page_count; page++) {
+        for (Py_ssize_t i = 0; m->memo_pages[page] && i < MEMO_PAGE; i++)
+            Py_XDECREF(m->memo_pages[page][i]);
+        PyMem_Free(m->memo_pages[page]);
+    }
+    PyMem_Free(m->memo_pages);
+    PyMem_Free(m->memo_entries);
     PyMem_Free(m->device_lists);
     PyMem_Free(m->pending);
     drop_open(m);

@@ -12,7 +12,7 @@ from .. import jsonl
 from ..file_checks import TraceFormatError, shown
 from ..textio import bounded_reader, max_snapshot_bytes, read_head
 from . import columns as entry_columns
-from .columns import SEGMENT_ADD, SEGMENT_REMOVE, indices
+from .columns import SEGMENT_ADD, SEGMENT_REMOVE, holds, indices
 from .json_form import read_snapshot
 from .schema import OOM_KEY, check_snapshot
 from .start_state import StartState, rebuild_start
@@ -56,7 +56,7 @@ class Recording:
     @cached_property
     def free_action(self) -> str:
         """Blocks become reusable at free_completed; old traces only have free_requested."""
-        return "free_completed" if indices(self.entries, "free_completed") else "free_requested"
+        return "free_completed" if holds(self.entries, "free_completed") else "free_requested"
 
     def recorded_segment_events(self) -> list[dict]:
         return [self.entries[i] for i in indices(self.entries, *SEGMENT_ADD, *SEGMENT_REMOVE)]
@@ -90,7 +90,7 @@ def died_at(entries) -> int | None:
     """The first `oom` entry, where the run ended on it: no allocation follows it (the frees of
     the exception's unwinding may). None when it never ran out, or caught it and went on."""
     index = first_oom(entries)
-    if index is None or len(indices(entries[index + 1:], "alloc")):
+    if index is None or holds(entries[index + 1:], "alloc"):
         return None
     return index
 
@@ -181,7 +181,7 @@ def _without_workspaces(entries: list, segments: list) -> tuple[list, list, bool
     block of its workspace allocator (a separate allocator) at the front of the trace, as
     `workspace_snapshot`, `segment_alloc` and `alloc` of one address, and its segment among
     the segments."""
-    if not len(indices(entries, "workspace_snapshot")):
+    if not holds(entries, "workspace_snapshot"):
         return entries, segments, False
     pending: dict[int, set] = {}
     kept = []
