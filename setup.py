@@ -7,7 +7,7 @@ places a file in: build_py puts it at the root of the wheel, and for an editable
 folder its `install` command targets.
 
 It also builds the C extensions: the snapshot reader, the JSONL trace reader, the native
-allocator model and the greedy placement."""
+allocator model, the greedy placement and the planner's search."""
 
 import os
 
@@ -57,5 +57,9 @@ NATIVE_MODEL = Extension("npumem.alloc.torch_model._native",
 PLACEMENT = Extension("npumem.planning._placement", ["src/npumem/planning/_placement.c"],
                       extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
+# The planner's search for a placement within a capacity (src/npumem/planning/_search.c).
+SEARCH = Extension("npumem.planning._search", ["src/npumem/planning/_search.c"],
+                   extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
+
 setup(cmdclass={"build_py": BuildWithProfileHook},
-      ext_modules=[SNAPSHOT_READER, JSONL_READER, NATIVE_MODEL, PLACEMENT])
+      ext_modules=[SNAPSHOT_READER, JSONL_READER, NATIVE_MODEL, PLACEMENT, SEARCH])

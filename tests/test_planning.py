@@ -86,7 +86,7 @@ def test_compact_undo_log_searches_exactly_as_the_full_one(problem, extra):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(search_module, "SHORT_SPAN", short_span)
             patch.setattr(search_module, "LOG_BUDGET", budget)
-            search = SkylineSearch(problem)
+            search = SkylineSearch(problem, use_native=False)
             offsets = search.solve(capacity, rank, 100_000, float("inf"))
         if offsets is None:
             assert search.unplaced.all() and not search.floor.any() and not search.min_offset.any()

@@ -12,7 +12,7 @@ import numpy as np
 from .greedy import orders
 from .placement import Plan, place_in_order, validate
 from .problem import PlanningProblem
-from .search import PREORDERS, SearchAborted, SkylineSearch
+from .search import FIRST_ORDERS, PREORDERS, SearchAborted, SkylineSearch
 from .sweep import place_by_time
 
 
@@ -100,7 +100,7 @@ class _Interrupted(Exception):
 def _improve(problem: PlanningProblem, best: Plan, deadline: float, say: Progress) -> Plan:
     """Lower the best height found so far towards LOAD with short randomized searches.
 
-    Each attempt asks for a placement within `best height - step`, for a short time budget. The
+    The first attempt asks for LOAD itself, for a quarter of the time. Each later one asks for a placement within `best height - step`, for a short time budget. The
     search's running time is heavy-tailed (a solution within a few thousand nodes, or none in a
     million), so a failure proves nothing: it halves the step, and once the step is down to the
     tolerance the budget doubles and the step starts wide again, so every capacity gets another,
@@ -113,14 +113,18 @@ def _improve(problem: PlanningProblem, best: Plan, deadline: float, say: Progres
     search = SkylineSearch(problem)
     rng = np.random.default_rng(0)
     tolerance = max(1, floor // 10_000)
-    budget = max(0.5, (deadline - time.perf_counter()) / 10)
+    left = deadline - time.perf_counter()
+    budget = max(0.5, left / 10)
     step = max(tolerance, (best.height - floor) // 4)
+    first = True        # LOAD itself first, for a quarter of the time: optimal where it is found
     try:
         while best.height - floor > tolerance and time.perf_counter() < deadline:
-            capacity = max(floor, best.height - step)
-            stop = min(time.perf_counter() + budget, deadline)
+            capacity = floor if first else max(floor, best.height - step)
+            stop = min(time.perf_counter() + (left / 4 if first else budget), deadline)
+            rounds, first = first, False
             try:
-                offsets = _run_deep(lambda: _attempt(search, rng, capacity, stop), search)
+                offsets = _run_deep(lambda: _attempt(search, rng, capacity, stop, rounds),
+                                    search)
             except CapacityInfeasible:
                 floor = capacity + 1
                 say(f"search: no placement within {capacity} (proven)")
@@ -143,22 +147,35 @@ class CapacityInfeasible(Exception):
 
 
 def _attempt(search: SkylineSearch, rng: np.random.Generator, capacity: int,
-             deadline: float) -> np.ndarray | None:
-    """Randomized restarts until a placement within `capacity` turns up (its offsets) or time
-    runs out (None); raises CapacityInfeasible if a search proves there is none."""
-    node_limit = 5 * len(search.problem)
+             deadline: float, rounds: bool = False) -> np.ndarray | None:
+    """Restarts until a placement within `capacity` turns up (its offsets) or time runs out
+    (None); raises CapacityInfeasible if a search proves there is none. The search's time is
+    heavy-tailed (an order finds a placement within a few thousand nodes, or none in a
+    million). Restarts take an order at random, its keys jittered, under a node limit that
+    doubles every 100 restarts; with `rounds`, each round tries MiniMalloc's three orders as
+    they are and one other at random, the limit doubling every round (better for one long
+    attempt at a single capacity)."""
+    node_limit = (2 if rounds else 5) * len(search.problem)
     restarts = 0
     while time.perf_counter() < deadline and not search.cancelled:
-        rank = search.rank(PREORDERS[rng.integers(len(PREORDERS))], rng)
-        try:
-            offsets = search.solve(capacity, rank, node_limit, deadline)
+        if rounds:
+            ranks = [search.rank(order) for order in PREORDERS[:FIRST_ORDERS]]
+            ranks.append(search.rank(PREORDERS[rng.integers(FIRST_ORDERS, len(PREORDERS))], rng))
+        else:
+            ranks = [search.rank(PREORDERS[rng.integers(len(PREORDERS))], rng)]
+        for rank in ranks:
+            try:
+                offsets = search.solve(capacity, rank, node_limit, deadline)
+            except SearchAborted:
+                if time.perf_counter() >= deadline or search.cancelled:
+                    return None
+                continue
             if offsets is None:
                 raise CapacityInfeasible(capacity)
             return offsets
-        except SearchAborted:
-            restarts += 1
-            if restarts % 100 == 0:
-                node_limit *= 2
+        restarts += 1
+        if rounds or restarts % 100 == 0:
+            node_limit *= 2
     return None
 
 

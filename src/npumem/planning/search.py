@@ -7,6 +7,14 @@ the search space. Time is cut into sections where the set of live buffers is con
 section keeps its floor (nothing unplaced can go below it) and the total size of its unplaced
 buffers. A partial placement is abandoned as soon as some section's floor plus that total
 exceeds the capacity, because those buffers are all live together and must stack.
+
+A buffer with nothing unplaced beside it in time ("hatless", MiniMalloc's term) ends its level
+when the search under it fails: no other candidate can do better. Its lowest offset never
+changes, and any other candidate comes after it in the order (offset, then rank), so in every
+branch that places another first it could only be placed against the canonical order.
+
+`_search` (C) runs the same search, node for node, where it is built; this one is its oracle
+(tests/test_search_native.py).
 """
 
 from __future__ import annotations
@@ -18,10 +26,17 @@ import numpy as np
 
 from .problem import PlanningProblem
 
+try:
+    from . import _search as native
+except ImportError:                 # a checkout not installed with `pip install -e .`
+    native = None
+
 # Orders that break ties among buffers at the same lowest offset, larger first, letter by letter:
-# T = the largest section total the buffer spans, A = area (size x lifetime), W = sections
-# spanned, Z = size. Restarts pick one at random and jitter the keys.
-PREORDERS = ("TWA", "WAT", "TAW", "ATW", "AWT", "WTA", "TZA", "ZTW")
+# T = the largest section total the buffer spans, A = area (size x lifetime), W = lifetime
+# (width in time), C = sections spanned, Z = size. The first three are MiniMalloc's; restarts
+# take each in turn, then the others at random with their keys jittered.
+PREORDERS = ("WAT", "TAW", "TWA", "TCA", "CAT", "ATC", "ACT", "CTA", "TZA", "ZTC")
+FIRST_ORDERS = 3
 DENSE_LIMIT = 4_000_000      # sections x buffers up to which the stronger floor inference is used
 CANDIDATES = 32              # next candidates a level keeps; more are found again when needed
 SHORT_SPAN = 64              # sections of floor the undo log copies as they are; longer: as runs
@@ -37,24 +52,41 @@ class SearchAborted(Exception):
 class SkylineSearch:
     """A reusable search over one problem; `solve(capacity, ...)` may be called many times."""
 
-    def __init__(self, problem: PlanningProblem):
+    def __init__(self, problem: PlanningProblem, use_native: bool | None = None):
+        """`use_native` None: the C search where it is built; False: this one."""
         self.problem = problem
-        self.cancelled = False              # set from another thread (Ctrl-C): stop at once
-        self.lower, self.upper, self.size = problem.lower, problem.upper, problem.size
+        self.use_native = native is not None if use_native is None else use_native
+        self._cancel = np.zeros(1, np.uint8)    # read by the C search while it runs
+        self.lower, self.upper, self.size = (np.ascontiguousarray(a, np.int64) for a in (
+            problem.lower, problem.upper, problem.size))
         n = len(problem)
         self.first, self.last, self.total0 = problem.sections
+        self.first, self.last = (np.ascontiguousarray(a, np.int64) for a in (self.first, self.last))
         sections = len(self.total0)
+        self.dense = sections * n <= DENSE_LIMIT
         self.members = None
-        if sections * n <= DENSE_LIMIT:
+        if self.dense and not self.use_native:
             self.members = np.zeros((n, sections), bool)      # a row per buffer
             for i in range(n):
                 self.members[i, self.first[i]:self.last[i]] = True
-        self.by_first = np.argsort(self.first, kind="stable")
+        self.by_first = np.argsort(self.first, kind="stable").astype(np.int64)
         # where buffers starting at each section begin in by_first
-        self.starting = np.searchsorted(self.first[self.by_first], np.arange(sections + 1)).tolist()
-        self.keys = {"T": problem.breadth, "A": self.size * (self.upper - self.lower),
-                     "W": self.last - self.first, "Z": self.size}
+        self.starting_array = np.searchsorted(self.first[self.by_first],
+                                              np.arange(sections + 1)).astype(np.int64)
+        self.starting = self.starting_array.tolist()
+        width = self.upper - self.lower
+        self.keys = {"T": problem.breadth, "A": self.size * width, "W": width,
+                     "C": self.last - self.first, "Z": self.size}
         self.nodes = 0
+
+    @property
+    def cancelled(self) -> bool:
+        """Set from another thread (Ctrl-C): the search stops at once."""
+        return bool(self._cancel[0])
+
+    @cancelled.setter
+    def cancelled(self, value: bool) -> None:
+        self._cancel[0] = bool(value)
 
     def rank(self, preorder: str, rng: np.random.Generator | None = None,
              jitter: float = 0.1) -> np.ndarray:
@@ -77,6 +109,15 @@ class SkylineSearch:
         Raises SearchAborted when `node_limit` nodes or the `deadline` (perf_counter) is reached.
         Recursion goes one level per buffer: call it from a thread with a large stack.
         """
+        if self.use_native:
+            status, offsets, self.nodes = native.solve(
+                self.first, self.last, self.size, self.lower, self.upper,
+                np.ascontiguousarray(rank, np.int64), self.by_first, self.starting_array,
+                self.dense, capacity, node_limit, -math.inf if self.cancelled else deadline,
+                self._cancel)
+            if status < 0:
+                raise SearchAborted
+            return np.frombuffer(offsets, np.int64).copy() if status else None
         n, sections = len(self.problem), len(self.total0)
         self.capacity, self.order_rank = capacity, rank
         self.node_limit, self.deadline = node_limit, -math.inf if self.cancelled else deadline
@@ -132,14 +173,18 @@ class SkylineSearch:
                 return True
             offsets = min_offset[group]
             keys = offsets * n + rank[group]
-            tops = offsets + self.size[group]
+            sizes = self.size[group]
+            tops = offsets + sizes
             # Skipping a buffer that could sit below the lowest top would leave a useless gap.
-            usable = (keys > tried) & (offsets < tops.min()) & (tops <= self.capacity)
+            # (A buffer of no bytes sits below nothing: one that is the lowest top is placed.)
+            held = tops[sizes > 0]
+            lowest_top = held.min() if len(held) else _NEVER
+            usable = (keys > tried) & (offsets < lowest_top) & (tops <= self.capacity)
             keys = keys[usable]
             nearest = np.argsort(keys)[:CANDIDATES]
             candidates, keys = group[usable][nearest], keys[nearest]          # copies
             sections = slice(int(self.first[group[0]]), int(self.last[group].max()))
-            del group, offsets, tops, usable, nearest      # nearest: a view of all of them
+            del group, offsets, sizes, tops, held, usable, nearest    # (views of all of them)
             if not len(candidates):
                 return False
             for i, key in zip(candidates, keys):
@@ -148,7 +193,7 @@ class SkylineSearch:
                                                     and time.perf_counter() > self.deadline):
                     raise SearchAborted
                 offset = int(min_offset[i])
-                self._place(i, offset)
+                hatless = not self._place(i, offset)
                 rest = self._group(*part)
                 parts = self._split(part, rest) if self._feasible(offset, sections, rest) else ()
                 del rest
@@ -158,6 +203,8 @@ class SkylineSearch:
                 elif parts and all(self._solve_part(piece, -1) for piece in parts):
                     return True
                 self._rollback(mark)
+                if hatless:     # nothing unplaced lives beside it: see the module's doc
+                    return False
                 tried = key
 
     def _overlapping(self, i: int) -> np.ndarray:
@@ -165,7 +212,8 @@ class SkylineSearch:
         return np.nonzero(self.unplaced & (self.lower < self.upper[i])
                           & (self.lower[i] < self.upper))[0]
 
-    def _place(self, i: int, offset: int) -> None:
+    def _place(self, i: int, offset: int) -> int:
+        """Place buffer `i`; how many unplaced buffers live beside it."""
         top = offset + self.size[i]
         a, b = self.first[i], self.last[i]
         self.unplaced[i] = False
@@ -187,6 +235,7 @@ class SkylineSearch:
         self.min_offset[neighbours] = np.maximum(self.min_offset[neighbours], top)
         self.floor[a:b] = top
         self.total[a:b] -= self.size[i]
+        return len(neighbours)
 
     def _rollback(self, mark: int) -> None:
         """Undo placements back to `mark`. Without their old offsets, a neighbour's lowest
