@@ -196,7 +196,8 @@ typedef struct {
 /* Bytes after the unread ones, from readinto (a window's worth); at_end when it gives none. */
 static int refill(Parser *s) {
     Py_ssize_t left = s->length - s->position;
-    memmove(s->buffer, s->buffer + s->position, (size_t)left);
+    if (left)
+        memmove(s->buffer, s->buffer + s->position, (size_t)left);
     s->length = left;
     s->position = 0;
     if (s->length + s->window > s->capacity) {       /* a line longer than a window */
@@ -223,9 +224,9 @@ static int refill(Parser *s) {
 static int next_line(Parser *s, const char **start, const char **stop) {
     for (;;) {
         const char *p = s->buffer + s->position, *end = s->buffer + s->length;
-        const char *newline = memchr(p, '\n', (size_t)(end - p));
+        const char *newline = p < end ? memchr(p, '\n', (size_t)(end - p)) : NULL;
         const char *limit = newline ? newline : end;
-        const char *ret = memchr(p, '\r', (size_t)(limit - p));
+        const char *ret = p < limit ? memchr(p, '\r', (size_t)(limit - p)) : NULL;
         const char *cut = ret ? ret : newline;
         /* a "\r" last in the window may be the first half of "\r\n" */
         int whole = cut && (cut != ret || ret + 1 < end || s->at_end);
