@@ -30,7 +30,18 @@ typedef struct {
 
 typedef struct {
     Py_ssize_t n, sections;
-    const int64_t *first, *last, *size, *lower, *upper, *rank, *by_first, *starting;
+    const int64_t *first, *last, *size, *lower, *upper, *by_first, *starting;
+    int64_t *rank;              /* a copy: re-ranked within each independent part */
+    /* the tie-break order's keys, larger first, a letter at a time: NULL for T (the busiest
+     * section a buffer spans, taken again from the current totals when a part splits off);
+     * no letters: ranks stay as given */
+    const int64_t *order_keys[8];
+    int order_letters;
+    Py_ssize_t *scratch;        /* a part's buffers while it is ranked */
+    int64_t *busiest;           /* their T */
+    Py_ssize_t *merge;          /* room for the merge sort */
+    int64_t *saved_ranks;       /* (buffer, rank) pairs to restore, a stack */
+    Py_ssize_t saved_size, saved_capacity;
     int dense;                  /* the stronger floor test (search.DENSE_LIMIT) */
     int64_t capacity, node_limit, nodes;
     double deadline;
@@ -167,6 +178,71 @@ static int feasible(Search *s, int64_t offset, Py_ssize_t low, Py_ssize_t high,
 static int solve_part(Search *s, Py_ssize_t start, Py_ssize_t stop, int64_t last_key,
                       Py_ssize_t depth);
 
+/* Whether buffer scratch[a] comes before scratch[b] in the tie-break order (busiest[] holds
+ * each one's T): larger keys first, letter by letter, then the lower index. */
+static int ranked_before(const Search *s, Py_ssize_t a, Py_ssize_t b) {
+    Py_ssize_t i = s->scratch[a], j = s->scratch[b];
+    for (int l = 0; l < s->order_letters; l++) {
+        int64_t x = s->order_keys[l] ? s->order_keys[l][i] : s->busiest[a];
+        int64_t y = s->order_keys[l] ? s->order_keys[l][j] : s->busiest[b];
+        if (x != y)
+            return x > y;
+    }
+    return i < j;
+}
+
+/* A stable merge sort of positions [0, m) of scratch (by ranked_before), into `order`. */
+static void sort_part(Search *s, Py_ssize_t *order, Py_ssize_t m) {
+    for (Py_ssize_t k = 0; k < m; k++)
+        order[k] = k;
+    for (Py_ssize_t width = 1; width < m; width *= 2) {
+        for (Py_ssize_t lo = 0; lo < m; lo += 2 * width) {
+            Py_ssize_t mid = lo + width < m ? lo + width : m;
+            Py_ssize_t hi = lo + 2 * width < m ? lo + 2 * width : m;
+            Py_ssize_t a = lo, b = mid, out = lo;
+            while (a < mid || b < hi)
+                s->merge[out++] = b >= hi || (a < mid && !ranked_before(s, order[b], order[a]))
+                                  ? order[a++] : order[b++];
+            memcpy(order + lo, s->merge + lo, (size_t)(hi - lo) * sizeof(Py_ssize_t));
+        }
+    }
+}
+
+/* MiniMalloc's order within a part that split off: its unplaced buffers ranked again, T from
+ * the current totals. The old ranks go on a stack; restore_ranks(mark) puts them back. */
+static int rank_part(Search *s, Py_ssize_t start, Py_ssize_t stop) {
+    Py_ssize_t m = 0;
+    for (Py_ssize_t g = s->starting[start]; g < s->starting[stop]; g++) {
+        Py_ssize_t j = s->by_first[g];
+        if (!s->unplaced[j])
+            continue;
+        int64_t busiest = 0;
+        for (Py_ssize_t k = s->first[j]; k < s->last[j]; k++)
+            busiest = s->total[k] > busiest ? s->total[k] : busiest;
+        s->scratch[m] = j;
+        s->busiest[m++] = busiest;
+    }
+    Py_ssize_t *order = s->merge + s->n;          /* the second half of the merge room */
+    sort_part(s, order, m);
+    if (reserve((void **)&s->saved_ranks, &s->saved_capacity, s->saved_size + 2 * m,
+                sizeof(int64_t)) < 0)
+        return -1;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t j = s->scratch[order[k]];
+        s->saved_ranks[s->saved_size++] = j;
+        s->saved_ranks[s->saved_size++] = s->rank[j];
+        s->rank[j] = k;
+    }
+    return 0;
+}
+
+static void restore_ranks(Search *s, Py_ssize_t mark) {
+    while (s->saved_size > mark) {
+        int64_t rank = s->saved_ranks[--s->saved_size];
+        s->rank[s->saved_ranks[--s->saved_size]] = rank;
+    }
+}
+
 /* After a placement: the part's unplaced buffers cut where none spans the boundary, as
  * independent pieces, each solved in turn (a failure in one never sends the search back into
  * another); one piece is the part itself, solved on from `key`. */
@@ -194,7 +270,11 @@ static int solve_rest(Search *s, Py_ssize_t start, Py_ssize_t stop, int64_t key,
     for (Py_ssize_t e = 0; e <= bounds && result == PLACED; e++) {
         Py_ssize_t low = e == 0 ? start : s->edges[base + e - 1];
         Py_ssize_t high = e == bounds ? stop : s->edges[base + e];
+        Py_ssize_t mark = s->saved_size;
+        if (s->order_letters && rank_part(s, low, high) < 0)
+            return NO_MEMORY;
         result = solve_part(s, low, high, -1, depth);
+        restore_ranks(s, mark);
     }
     s->edges_size = base;
     return result;
@@ -291,21 +371,24 @@ static int column(PyObject *object, Py_buffer *view, Py_ssize_t length, const ch
 }
 
 /* solve(first, last, size, lower, upper, rank, by_first, starting, dense, capacity,
- *       node_limit, deadline, cancel) -> (status, offsets, nodes): status 1 placed (offsets:
- * int64 bytes), 0 none within the capacity (proven), -1 the node limit, the deadline or
- * `cancel` (a writable byte) stopped it. Arrays as SkylineSearch holds them, int64. */
+ *       node_limit, deadline, cancel, order=None) -> (status, offsets, nodes): status 1
+ * placed (offsets: int64 bytes), 0 none within the capacity (proven), -1 the node limit, the
+ * deadline or `cancel` (a writable byte) stopped it. Arrays as SkylineSearch holds them,
+ * int64. `order`: the tie-break order's key arrays (None for T), to rank each part that
+ * splits off again; None: `rank` throughout. */
 static PyObject *solve(PyObject *module, PyObject *args) {
-    PyObject *objects[8], *cancel_object;
+    PyObject *objects[8], *cancel_object, *order = Py_None;
     int dense;
     Search s;
     memset(&s, 0, sizeof s);
-    if (!PyArg_ParseTuple(args, "OOOOOOOOpLLdO", &objects[0], &objects[1], &objects[2],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOpLLdO|O", &objects[0], &objects[1], &objects[2],
                           &objects[3], &objects[4], &objects[5], &objects[6], &objects[7],
-                          &dense, &s.capacity, &s.node_limit, &s.deadline, &cancel_object))
+                          &dense, &s.capacity, &s.node_limit, &s.deadline, &cancel_object,
+                          &order))
         return NULL;
     static const char *names[8] = {"first", "last", "size", "lower", "upper", "rank",
                                    "by_first", "starting"};
-    Py_buffer views[9];
+    Py_buffer views[9 + 8];
     int held = 0;
     PyObject *result = NULL;
     s.n = PyObject_Length(objects[0]);
@@ -327,12 +410,27 @@ static PyObject *solve(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "cancel: a writable byte expected");
         goto release;
     }
+    if (order != Py_None) {                   /* a tuple of key arrays, None for T */
+        if (!PyTuple_Check(order) || PyTuple_GET_SIZE(order) > 8) {
+            PyErr_SetString(PyExc_ValueError, "order: a tuple of at most 8 key arrays");
+            goto release;
+        }
+        s.order_letters = (int)PyTuple_GET_SIZE(order);
+        for (int l = 0; l < s.order_letters; l++) {
+            PyObject *keys = PyTuple_GET_ITEM(order, l);
+            if (keys == Py_None)
+                continue;
+            if (column(keys, &views[held], s.n, "order") < 0)
+                goto release;
+            s.order_keys[l] = views[held++].buf;
+        }
+    }
     s.first = views[0].buf;
     s.last = views[1].buf;
     s.size = views[2].buf;
     s.lower = views[3].buf;
     s.upper = views[4].buf;
-    s.rank = views[5].buf;
+    const int64_t *given_rank = views[5].buf;
     s.by_first = views[6].buf;
     s.starting = views[7].buf;
     s.sections = views[7].len / 8 - 1;
@@ -340,7 +438,8 @@ static PyObject *solve(PyObject *module, PyObject *args) {
     s.dense = dense;
     for (Py_ssize_t i = 0; i < s.n; i++)
         if (s.first[i] < 0 || s.last[i] > s.sections || s.first[i] >= s.last[i] ||
-            s.by_first[i] < 0 || s.by_first[i] >= s.n || s.rank[i] < 0 || s.rank[i] >= s.n) {
+            s.by_first[i] < 0 || s.by_first[i] >= s.n || given_rank[i] < 0 ||
+            given_rank[i] >= s.n) {
             PyErr_Format(PyExc_ValueError, "buffer %zd: sections or order out of range", i);
             goto release;
         }
@@ -358,8 +457,14 @@ static PyObject *solve(PyObject *module, PyObject *args) {
     s.bottom = calloc((size_t)s.sections + 1, 8);
     s.min_offset = calloc((size_t)s.n + 1, 8);
     s.unplaced = malloc((size_t)s.n + 1);
+    s.rank = malloc(8 * ((size_t)s.n + 1));
+    s.scratch = malloc(sizeof(Py_ssize_t) * ((size_t)s.n + 1));
+    s.busiest = malloc(8 * ((size_t)s.n + 1));
+    s.merge = malloc(sizeof(Py_ssize_t) * (2 * (size_t)s.n + 1));
     int status = NO_MEMORY;
-    if (s.floor && s.total && s.bottom && s.min_offset && s.unplaced) {
+    if (s.floor && s.total && s.bottom && s.min_offset && s.unplaced && s.rank && s.scratch &&
+        s.busiest && s.merge) {
+        memcpy(s.rank, given_rank, 8 * (size_t)s.n);
         memset(s.offsets, 0, 8 * (size_t)s.n);
         memset(s.unplaced, 1, (size_t)s.n);
         for (Py_ssize_t i = 0; i < s.n; i++)
@@ -379,6 +484,11 @@ static PyObject *solve(PyObject *module, PyObject *args) {
     free(s.edges);
     free(s.candidates);
     free(s.keys);
+    free(s.rank);
+    free(s.scratch);
+    free(s.busiest);
+    free(s.merge);
+    free(s.saved_ranks);
     if (status == NO_MEMORY) {
         Py_DECREF(offsets);
         PyErr_NoMemory();
@@ -394,7 +504,7 @@ release:
 static PyMethodDef methods[] = {
     {"solve", solve, METH_VARARGS,
      "solve(first, last, size, lower, upper, rank, by_first, starting, dense, capacity, "
-     "node_limit, deadline, cancel) -> (status, offsets, nodes); see _search.c"},
+     "node_limit, deadline, cancel, order=None) -> (status, offsets, nodes); see _search.c"},
     {NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_search",

@@ -153,19 +153,20 @@ def _attempt(search: SkylineSearch, rng: np.random.Generator, capacity: int,
     heavy-tailed (an order finds a placement within a few thousand nodes, or none in a
     million). Restarts take an order at random, its keys jittered, under a node limit that
     doubles every 100 restarts; with `rounds`, each round tries MiniMalloc's three orders as
-    they are and one other at random, the limit doubling every round (better for one long
-    attempt at a single capacity)."""
+    they are (each part that splits off ranked again, as MiniMalloc does) and one other at
+    random, the limit doubling every round (better for one long attempt at a capacity)."""
     node_limit = (2 if rounds else 5) * len(search.problem)
     restarts = 0
     while time.perf_counter() < deadline and not search.cancelled:
-        if rounds:
-            ranks = [search.rank(order) for order in PREORDERS[:FIRST_ORDERS]]
-            ranks.append(search.rank(PREORDERS[rng.integers(FIRST_ORDERS, len(PREORDERS))], rng))
+        if rounds:      # (MiniMalloc's orders rank each part that splits off again)
+            tries = [(search.rank(order), order) for order in PREORDERS[:FIRST_ORDERS]]
+            tries.append((search.rank(PREORDERS[rng.integers(FIRST_ORDERS, len(PREORDERS))],
+                                      rng), None))
         else:
-            ranks = [search.rank(PREORDERS[rng.integers(len(PREORDERS))], rng)]
-        for rank in ranks:
+            tries = [(search.rank(PREORDERS[rng.integers(len(PREORDERS))], rng), None)]
+        for rank, preorder in tries:
             try:
-                offsets = search.solve(capacity, rank, node_limit, deadline)
+                offsets = search.solve(capacity, rank, node_limit, deadline, preorder)
             except SearchAborted:
                 if time.perf_counter() >= deadline or search.cancelled:
                     return None

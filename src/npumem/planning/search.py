@@ -103,23 +103,30 @@ class SkylineSearch:
         rank[order] = np.arange(len(order))
         return rank
 
-    def solve(self, capacity: int, rank: np.ndarray, node_limit: int, deadline: float):
+    def solve(self, capacity: int, rank: np.ndarray, node_limit: int, deadline: float,
+              preorder: str | None = None):
         """Offsets of a placement within `capacity`, or None if there is none (proven).
 
-        Raises SearchAborted when `node_limit` nodes or the `deadline` (perf_counter) is reached.
-        Recursion goes one level per buffer: call it from a thread with a large stack.
+        With `preorder` (what `rank` was made from, without jitter), each independent part
+        that splits off is ranked again by it, its T from the current section totals, as
+        MiniMalloc does. Raises SearchAborted when `node_limit` nodes or the `deadline`
+        (perf_counter) is reached. Recursion goes one level per buffer: call it from a thread
+        with a large stack.
         """
+        order = None if preorder is None else tuple(
+            None if letter == "T" else np.ascontiguousarray(self.keys[letter], np.int64)
+            for letter in preorder)
         if self.use_native:
             status, offsets, self.nodes = native.solve(
                 self.first, self.last, self.size, self.lower, self.upper,
                 np.ascontiguousarray(rank, np.int64), self.by_first, self.starting_array,
                 self.dense, capacity, node_limit, -math.inf if self.cancelled else deadline,
-                self._cancel)
+                self._cancel, order)
             if status < 0:
                 raise SearchAborted
             return np.frombuffer(offsets, np.int64).copy() if status else None
         n, sections = len(self.problem), len(self.total0)
-        self.capacity, self.order_rank = capacity, rank
+        self.capacity, self.order_rank, self.order = capacity, np.array(rank, np.int64), order
         self.node_limit, self.deadline = node_limit, -math.inf if self.cancelled else deadline
         self.floor = np.zeros(sections + 1, np.int64)    # one spare: reduceat takes index `last`
         self.total = self.total0.copy()
@@ -131,8 +138,8 @@ class SkylineSearch:
         self.ready = None                   # a part and its group, from _split
         self.nodes = 0
         everything = (0, sections)
-        if all(self._solve_part(part, -1)
-               for part in self._split(everything, self._group(*everything))):
+        parts = self._split(everything, self._group(*everything))
+        if self._solve_part(everything, -1) if len(parts) == 1 else self._solve_pieces(parts):
             return self.offsets.copy()
         return None
 
@@ -200,12 +207,33 @@ class SkylineSearch:
                 if len(parts) == 1:
                     if self._solve_part(part, key):
                         return True
-                elif parts and all(self._solve_part(piece, -1) for piece in parts):
+                elif parts and self._solve_pieces(parts):
                     return True
                 self._rollback(mark)
                 if hatless:     # nothing unplaced lives beside it: see the module's doc
                     return False
                 tried = key
+
+    def _solve_pieces(self, parts: list[tuple[int, int]]) -> bool:
+        """Independent parts one after the other, each ranked again first with an order."""
+        for piece in parts:
+            group = ranks = None
+            if self.order is not None:
+                group = self._group(*piece)
+                ranks = self.order_rank[group]
+                busiest = np.array([self.total[self.first[j]:self.last[j]].max(initial=0)
+                                    for j in group.tolist()], np.int64)
+                keys = [busiest if k is None else k[group] for k in self.order]
+                ordered = np.lexsort([group, *(-k for k in reversed(keys))])
+                self.order_rank[group[ordered]] = np.arange(len(group))
+            try:
+                solved = self._solve_part(piece, -1)
+            finally:
+                if group is not None:
+                    self.order_rank[group] = ranks
+            if not solved:
+                return False
+        return True
 
     def _overlapping(self, i: int) -> np.ndarray:
         """The unplaced buffers live at the same time as buffer `i`."""
