@@ -401,3 +401,6 @@ def test_a_setting_past_a_memory_fraction_by_its_pages_is_not_said_to_spare_nega
     assert tuning.worth_trying is not None and tuning.worth_trying.headroom < 0
     answer = tuning.answer()
     assert "over the limit in whole pages mapped" in answer and "-7.00 MiB" not in answer
+    table = CliRunner().invoke(main, ["tune", died]).output      # its column says why, once
+    assert "-7.00 MiB" in table and table.count("a negative headroom is a fit under a memory "
+                                                "fraction") == 1

@@ -83,10 +83,15 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
     for line in oom_lines(recording, result.recorded.result):
         click.echo(line)
     click.echo(f"{'settings':<52} {'peak reserved':>13} {'headroom':>10}  verdict")
+    over = False
     for c in result.in_order():
         headroom = format_size(c.headroom) if c.headroom is not None else "-"
+        over |= c.headroom is not None and c.headroom < 0
         click.echo(f"{c.config.describe() or '(as recorded)':<52} "
                    f"{format_size(c.decisive.peak_reserved_bytes):>13} {headroom:>10}  {c.verdict()}")
+    if over:            # (a fit above the limit: see torch_tune._spare)
+        click.echo("(a negative headroom is a fit under a memory fraction: the fraction counts "
+                   "the bytes asked for, while expandable segments map whole pages)")
     click.echo("")
     if result.best is not None:
         ran = {"cuda": "the CUDA run", "npu": "the NPU run"}.get(recording.recorded_flavour,
