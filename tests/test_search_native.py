@@ -103,3 +103,31 @@ def test_ranking_each_part_again_changes_the_search_and_keeps_it_equal():
         assert again == outcome(problem, False, capacity, "TWA", 0, 100_000, reranked=True)
         differs += fixed != again
     assert differs
+
+
+def test_a_search_deeper_than_its_thread_stack_holds_is_aborted_not_a_crash():
+    """A level of recursion per buffer: on a small stack, a long chain of buffers stops the
+    search (SearchAborted, as a node limit would) instead of overflowing it."""
+    import threading
+
+    n = 5_000                           # each buffer overlaps the next: one part, 5,000 deep
+    problem = problem_from_arrays(list(range(n)), [i + 2 for i in range(n)], [1] * n)
+    outcome_of = {}
+
+    def run():
+        search = SkylineSearch(problem)
+        try:
+            outcome_of["offsets"] = search.solve(2, search.rank("TWA"), 10**9, float("inf"))
+        except SearchAborted:
+            outcome_of["aborted"] = True
+
+    previous = threading.stack_size(512 * 1024)
+    try:
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join()
+    finally:
+        threading.stack_size(previous)
+    assert outcome_of == {"aborted": True}
+    search = SkylineSearch(problem)         # on a stack with room (the main thread's 8 MiB)
+    assert search.solve(2, search.rank("TWA"), 10**9, float("inf")) is not None

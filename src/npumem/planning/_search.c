@@ -11,11 +11,13 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
 
 #define CANDIDATES 32           /* next candidates a level keeps: search.CANDIDATES */
+#define LEVEL_BYTES 1024        /* C stack a level of recursion may take (about 500 today) */
 #define NEVER INT64_MAX
 
 enum { FAILED = 0, PLACED = 1, ABORTED = -1, NO_MEMORY = -2 };
@@ -59,6 +61,7 @@ typedef struct {
     Py_ssize_t *candidates;
     int64_t *keys;
     Py_ssize_t levels;
+    Py_ssize_t deepest;         /* the levels this thread's stack holds: deeper is aborted */
 } Search;
 
 static int reserve(void **items, Py_ssize_t *capacity, Py_ssize_t need, size_t width) {
@@ -286,6 +289,8 @@ static int solve_part(Search *s, Py_ssize_t start, Py_ssize_t stop, int64_t last
                       Py_ssize_t depth) {
     Py_ssize_t mark = s->log_size, from = s->starting[start], to = s->starting[stop];
     int64_t tried = last_key - 1, n = s->n;
+    if (depth >= s->deepest)
+        return ABORTED;         /* (a search a million buffers deep, on a small stack) */
     if (depth >= s->levels) {
         Py_ssize_t levels = s->levels;
         if (reserve((void **)&s->candidates, &levels, depth + 1,
@@ -356,6 +361,22 @@ static int solve_part(Search *s, Py_ssize_t start, Py_ssize_t stop, int64_t last
             tried = key;
         }
     }
+}
+
+/* How many levels of recursion the calling thread's stack has room for (from here down). */
+static Py_ssize_t stack_levels(void) {
+    pthread_attr_t attributes;
+    void *low;
+    size_t size;
+    char here;
+    if (pthread_getattr_np(pthread_self(), &attributes) != 0)
+        return 10000;
+    int failed = pthread_attr_getstack(&attributes, &low, &size);
+    pthread_attr_destroy(&attributes);
+    if (failed || (char *)&here <= (char *)low)
+        return 10000;
+    size_t room = (size_t)((char *)&here - (char *)low);
+    return room > (256 << 10) ? (Py_ssize_t)((room - (256 << 10)) / LEVEL_BYTES) : 0;
 }
 
 static int column(PyObject *object, Py_buffer *view, Py_ssize_t length, const char *name) {
@@ -436,6 +457,7 @@ static PyObject *solve(PyObject *module, PyObject *args) {
     s.sections = views[7].len / 8 - 1;
     s.cancel = views[8].buf;
     s.dense = dense;
+    s.deepest = stack_levels();
     for (Py_ssize_t i = 0; i < s.n; i++)
         if (s.first[i] < 0 || s.last[i] > s.sections || s.first[i] >= s.last[i] ||
             s.by_first[i] < 0 || s.by_first[i] >= s.n || given_rank[i] < 0 ||
