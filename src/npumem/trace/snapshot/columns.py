@@ -434,18 +434,22 @@ def having(codes: np.ndarray, *actions: str) -> np.ndarray:
     return table[codes]
 
 
-def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int | None = None
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int | None = None,
+                cache: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each block's story, for walks that follow blocks: the positions of the entries before
     `stop` with one of these actions (alloc and the frees), sorted by address and then
     position; True where one is the first of its address; their action codes and addresses.
-    The sort is made once per trace; only its order is kept (the rest is gathered again:
-    130 MB fewer kept at ten million entries, for a few tenths of a second a walk)."""
-    positions = a.cache.get("block_order")
-    if positions is None:
+    The sort is made once per trace and kept for the next walk (about 13 bytes an entry),
+    unless `cache` is False: a walk made once (the start state of a replay, which walks no
+    more) leaves nothing kept."""
+    known = a.cache.get("block_order")
+    if known is None:
         positions = np.flatnonzero(having(a.action, *_BLOCK_ACTIONS)).astype(index_type(len(a)))
-        positions = a.cache["block_order"] = positions[stable_order(a.addr[positions])]
-    codes, addr = a.action[positions], a.addr[positions]
+        order = positions[stable_order(a.addr[positions])]
+        known = (order, a.action[order], a.addr[order])
+        if cache:
+            a.cache["block_order"] = known
+    positions, codes, addr = known
     keep = None
     if set(actions) != set(_BLOCK_ACTIONS):
         keep = having(codes, *actions)

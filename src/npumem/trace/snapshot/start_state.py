@@ -283,7 +283,7 @@ def _undo_blocks(a, live: dict[int, StartBlock], free_action: str) -> int:
     by address, last first: each address is left as its first move found it (before an alloc
     not live; before a free live, the block that free names). Returns how many moves contradict
     the state they undo: an alloc of a block not live after it, a free of one live after it."""
-    positions, first, actions, addrs = block_order(a, ("alloc", free_action))
+    positions, first, actions, addrs = block_order(a, ("alloc", free_action), cache=False)
     if not len(positions):
         return 0
     allocating = actions == ALLOC
