@@ -439,17 +439,19 @@ def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int 
     """Each block's story, for walks that follow blocks: the positions of the entries before
     `stop` with one of these actions (alloc and the frees), sorted by address and then
     position; True where one is the first of its address; their action codes and addresses.
-    The sort is made once per trace and kept for the next walk (about 13 bytes an entry),
-    unless `cache` is False: a walk made once (the start state of a replay, which walks no
-    more) leaves nothing kept."""
-    known = a.cache.get("block_order")
-    if known is None:
+    The sort is made once per trace and kept (4 bytes an entry), and so are the codes and
+    addresses in its order (9 more) unless `cache` is False: a walk made once (the start
+    state of a replay, which walks no more; tune makes one per setting) gathers them again."""
+    order = a.cache.get("block_order")
+    if order is None:
         positions = np.flatnonzero(having(a.action, *_BLOCK_ACTIONS)).astype(index_type(len(a)))
-        order = positions[stable_order(a.addr[positions])]
-        known = (order, a.action[order], a.addr[order])
+        order = a.cache["block_order"] = positions[stable_order(a.addr[positions])]
+    gathered = a.cache.get("block_order_gathered")
+    if gathered is None:
+        gathered = a.action[order], a.addr[order]
         if cache:
-            a.cache["block_order"] = known
-    positions, codes, addr = known
+            a.cache["block_order_gathered"] = gathered
+    positions, (codes, addr) = order, gathered
     keep = None
     if set(actions) != set(_BLOCK_ACTIONS):
         keep = having(codes, *actions)
