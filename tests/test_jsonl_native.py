@@ -140,3 +140,14 @@ def test_a_damaged_gzip_is_a_format_error(tmp_path):
     path = write(tmp_path, data[:len(data) // 2], "t.jsonl.gz")
     with pytest.raises(TraceFormatError, match="truncated or corrupt"):
         read_entries(path)
+
+
+def test_a_byte_order_mark_before_the_first_line_is_read_past(tmp_path):
+    # Windows editors write one; the trace read as "unknown format" before.
+    from npumem.trace import read_trace
+
+    text = '{"action": "alloc", "addr": 1, "size": 2}\n{"action": "free", "addr": 1, "size": 2}\n'
+    plain = write(tmp_path, text.encode(), "plain.jsonl")
+    marked = write(tmp_path, b"\xef\xbb\xbf" + text.encode(), "marked.jsonl")
+    assert list(read_trace(marked)) == list(read_trace(plain)) and len(list(read_trace(plain))) == 2
+    assert len(read_entries(marked)) == 2

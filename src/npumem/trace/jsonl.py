@@ -38,8 +38,12 @@ SNAPSHOT_KEY = "npumem_snapshot"
 STACK_KEY = "npumem_stack"
 
 
+BOM = b"\xef\xbb\xbf"            # what some editors put before a UTF-8 file's first line
+
+
 def sniff(head: bytes) -> bool:
-    first = head.lstrip().split(b"\n", 1)[0]
+    """(A trace of events may begin with a BOM; a whole snapshot, which npumem writes, not.)"""
+    first = head.removeprefix(BOM).lstrip().split(b"\n", 1)[0]
     return first.startswith(b"{") and (b'"action"' in first or holds_snapshot(head))
 
 
@@ -103,6 +107,8 @@ def _column_chunks(path: str, limit: int, alloc_code: int, free_code: int):
 
 def _event(path: str, number: int, line: str) -> TraceEvent:
     where = str(number)
+    if number == 1:
+        line = line.removeprefix("\ufeff")     # a byte-order mark, not part of the object
     record = decode_json(path, where, line)
     if not isinstance(record, dict):
         raise TraceFormatError(path, where, "expected a JSON object per line")
