@@ -299,3 +299,14 @@ def test_an_interrupted_wait_for_the_search_waits_for_it_to_stop():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)
     assert done.stdout.split() == ["[(True,", "1000000)]", "1000"], done.stdout + done.stderr
+
+
+def test_a_nan_time_limit_is_refused_and_a_bom_csv_is_read(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbfid,lower,upper,size\na,0,2,8\nb,1,3,8\n")
+    result = CliRunner().invoke(main, ["plan", str(path), "--time-limit", "nan"])
+    assert result.exit_code == 2 and "positive" in result.output
+    with pytest.raises(ValueError, match="positive"):
+        plan(read_problem(str(path)), "search", float("nan"))
+    result = CliRunner().invoke(main, ["plan", str(path), "--time-limit", "1", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["height_bytes"] == 16

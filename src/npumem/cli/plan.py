@@ -30,8 +30,9 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
 
     if algorithm not in ALGORITHMS:
         raise click.BadParameter(f"choose from {', '.join(ALGORITHMS)}", param_hint="--algorithm")
-    if time_limit <= 0:
-        raise click.BadParameter("must be positive", param_hint="--time-limit")
+    if not time_limit > 0:                     # (nan too)
+        raise click.BadParameter(f"must be a positive number of seconds, got {time_limit}",
+                                 param_hint="--time-limit")
     try:
         if out_path:
             check_output(out_path, problem_file)

@@ -37,7 +37,7 @@ def plan(problem: PlanningProblem, algorithm: str = "search", time_limit: float 
     returns the best plan so far, with `interrupted` set."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
-    if time_limit <= 0:
+    if not time_limit > 0:                     # (nan too)
         raise ValueError(f"time limit must be positive, got {time_limit}")
     start = time.perf_counter()
     deadline = start + time_limit

@@ -108,7 +108,8 @@ def read_problem(path: str | os.PathLike) -> PlanningProblem:
     if not os.path.isfile(path):
         raise ProblemFormatError(path, "", not_a_file(path))
     try:
-        handle = open(path, newline="", encoding="utf-8", errors="strict")
+        # (utf-8-sig: a byte-order mark, as Excel writes one, is read past)
+        handle = open(path, newline="", encoding="utf-8-sig", errors="strict")
     except OSError as exc:
         raise ProblemFormatError(path, 0, f"cannot open: {exc.strerror}") from None
     try:

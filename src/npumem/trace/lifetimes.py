@@ -18,7 +18,7 @@ def load_problem(path: str | os.PathLike) -> PlanningProblem:
         raise ProblemFormatError(path, "", not_a_file(path))
     with open(path, "rb") as probe:
         head = probe.read(64)
-    if head.lstrip().lower().startswith(b"id,lower,upper,size"):
+    if head.removeprefix(b"\xef\xbb\xbf").lstrip().lower().startswith(b"id,lower,upper,size"):
         return read_problem(path)
     try:
         fmt = detect_format(path)
