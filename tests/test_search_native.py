@@ -71,12 +71,12 @@ def test_arrays_that_do_not_fit_are_refused():
     with pytest.raises(ValueError, match="rank"):
         search_module.native.solve(search.first, search.last, search.size, search.lower,
                                    search.upper, np.zeros(3, np.int64), search.by_first,
-                                   search.starting_array, True, 10, 100, float("inf"),
+                                   search.starting, True, 10, 100, float("inf"),
                                    search._cancel)
     with pytest.raises(ValueError, match="out of range"):
         search_module.native.solve(search.first, search.last, search.size, search.lower,
                                    search.upper, np.array([0, 7]), search.by_first,
-                                   search.starting_array, True, 10, 100, float("inf"),
+                                   search.starting, True, 10, 100, float("inf"),
                                    search._cancel)
 
 

@@ -100,7 +100,8 @@ class _Interrupted(Exception):
 def _improve(problem: PlanningProblem, best: Plan, deadline: float, say: Progress) -> Plan:
     """Lower the best height found so far towards LOAD with short randomized searches.
 
-    The first attempt asks for LOAD itself, for a quarter of the time. Each later one asks for a placement within `best height - step`, for a short time budget. The
+    The first attempt asks for LOAD itself, for a quarter of the time (optimal where it is
+    found). Each later one asks for `best height - step`, for a short time budget. The
     search's running time is heavy-tailed (a solution within a few thousand nodes, or none in a
     million), so a failure proves nothing: it halves the step, and once the step is down to the
     tolerance the budget doubles and the step starts wide again, so every capacity gets another,
@@ -116,7 +117,7 @@ def _improve(problem: PlanningProblem, best: Plan, deadline: float, say: Progres
     left = deadline - time.perf_counter()
     budget = max(0.5, left / 10)
     step = max(tolerance, (best.height - floor) // 4)
-    first = True        # LOAD itself first, for a quarter of the time: optimal where it is found
+    first = True
     try:
         while best.height - floor > tolerance and time.perf_counter() < deadline:
             capacity = floor if first else max(floor, best.height - step)

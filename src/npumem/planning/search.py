@@ -71,9 +71,8 @@ class SkylineSearch:
                 self.members[i, self.first[i]:self.last[i]] = True
         self.by_first = np.argsort(self.first, kind="stable").astype(np.int64)
         # where buffers starting at each section begin in by_first
-        self.starting_array = np.searchsorted(self.first[self.by_first],
-                                              np.arange(sections + 1)).astype(np.int64)
-        self.starting = self.starting_array.tolist()
+        self.starting = np.searchsorted(self.first[self.by_first],
+                                        np.arange(sections + 1)).astype(np.int64)
         width = self.upper - self.lower
         self.keys = {"T": problem.breadth, "A": self.size * width, "W": width,
                      "C": self.last - self.first, "Z": self.size}
@@ -119,7 +118,7 @@ class SkylineSearch:
         if self.use_native:
             status, offsets, self.nodes = native.solve(
                 self.first, self.last, self.size, self.lower, self.upper,
-                np.ascontiguousarray(rank, np.int64), self.by_first, self.starting_array,
+                np.ascontiguousarray(rank, np.int64), self.by_first, self.starting,
                 self.dense, capacity, node_limit, -math.inf if self.cancelled else deadline,
                 self._cancel, order)
             if status < 0:

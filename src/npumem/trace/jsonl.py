@@ -22,8 +22,6 @@ import json
 import sys
 from typing import Iterable, Iterator
 
-import numpy as np
-
 from ..events import TraceEvent
 from .file_checks import TraceFormatError, checked_event
 from .textio import bounded_reader, decode_json, open_for_writing, reading
@@ -54,30 +52,25 @@ def holds_snapshot(head: bytes) -> bool:
 
 CHUNK = 1 << 16                 # lines parsed at a time while events are streamed
 WINDOW = 1 << 22                # bytes of the file read at a time
-_ALLOC, _FREE = 1, 0            # action codes in the columns `read` streams from
-_ACTIONS = ("free", "alloc")
 
 
 def read(path: str) -> Iterator[TraceEvent]:
     """The events of a JSONL trace (a file holding a whole snapshot is the snapshot reader's:
     formats.read_trace sends it there), a chunk of lines at a time."""
-    if _jsonl is None:
+    from .snapshot import columns
+
+    if _jsonl is None or columns.native is None:
         with reading(path) as handle:
             for number, line in enumerate(handle, 1):
                 if line.strip():
                     yield _event(path, number, line)
         return
-    for raw in _column_chunks(path, CHUNK, _ALLOC, _FREE):
-        rows = raw["rows"]
-
-        def column(name: str, dtype) -> list:          # (None: all zeros)
-            data = raw[name]
-            return (np.zeros(rows, dtype) if data is None else np.frombuffer(data, dtype)).tolist()
-
-        for action, t_us, addr, size, on in zip(
-                column("action", np.uint8), column("time", np.float64),
-                column("addr", np.uint64), column("size", np.uint64), column("stream", np.uint64)):
-            yield TraceEvent(t_us, _ACTIONS[action], addr, size, on)
+    for raw in _column_chunks(path, CHUNK, columns.ALLOC, columns.FREE_COMPLETED):
+        c = columns.from_event_columns(raw).columns
+        for code, t_us, addr, size, on in zip(c.action.tolist(), c.times().tolist(),
+                                              c.addr.tolist(), c.size.tolist(),
+                                              c.stream.tolist()):
+            yield TraceEvent(t_us, "alloc" if code == columns.ALLOC else "free", addr, size, on)
 
 
 def read_entries(path: str):
