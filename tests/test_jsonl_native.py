@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npumem.trace import TraceFormatError, jsonl
-from npumem.trace.formats import read_entries
+from npumem.trace.jsonl import read_entries
 from npumem.trace.snapshot.columns import ALLOC, FREE_COMPLETED
 from npumem.trace.textio import reading
 

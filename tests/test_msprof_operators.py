@@ -145,9 +145,11 @@ def test_a_release_with_a_time_holds_memory_from_the_start_and_an_untimed_one_is
         ("alloc", 256 * 1024, entries[0]["time_us"])]
     freed = [e for e in entries if e["addr"] == before[0]["addr"] and e["action"] != "alloc"]
     assert [e["time_us"] - entries[0]["time_us"] for e in freed] == [600.0, 600.0]
-    # replays keep their reading: the untimed release is a free of a block never allocated
+    # replays read it alike: the timed release's block is live from the start, the untimed
+    # one is left out
     events = list(read_trace(OUTPUT / "operator_memory.csv"))
-    assert (events[0].action, events[0].size) == ("free", 512 * 1024)
+    assert (events[0].action, events[0].size) == ("alloc", 256 * 1024)
+    assert len(events) == len([e for e in entries if e["action"] != "free_requested"])
 
 
 def test_msprof_own_output_folder_in_kilobytes():

@@ -16,7 +16,7 @@ from npumem.cli import main
 from npumem.trace import TraceFormatError
 from npumem.events import TraceEvent
 from npumem.trace.snapshot import recording_from_data
-from npumem.trace.snapshot import from_events, read_with_steps
+from npumem.trace.snapshot import from_events, read_with_steps, save
 from npumem.trace.formats import read_with_steps as read_any_with_steps
 from npumem.trace.step_marks import step_positions
 from npumem.whatif.sweep import ReplayJob
@@ -156,7 +156,7 @@ def test_a_chrome_traces_profiler_steps_mark_the_event_after_their_start(tmp_pat
 
 def test_npumem_replay_steps_option(tmp_path):
     path = tmp_path / "profiled.pickle"
-    path.write_bytes(pickle.dumps(profiler_snapshot(steps=6)))
+    save(profiler_snapshot(steps=6), str(path))
     runner = CliRunner()
     base = ["replay", str(path), "--allocator", "pool", "--set", "predictive=True",
             "--scheduler", "serial"]

@@ -116,8 +116,8 @@ def load_as_snapshot(path: str):
     """A snapshot dict from a snapshot pickle, or from any trace format npumem reads (its
     allocations and frees, without segments)."""
     from ..profile import SnapshotError, load_snapshot
-    from ..trace import TraceFormatError, read_trace
-    from ..trace.formats import holds_snapshot
+    from ..trace import TraceFormatError
+    from ..trace.formats import holds_snapshot, read_mended
     from ..trace.snapshot import from_events
 
     try:
@@ -130,7 +130,10 @@ def load_as_snapshot(path: str):
             for note in notes:
                 click.echo(f"note: {path}: {note}")
             return data
-        return from_events(read_trace(path))
+        mended = read_mended(path)
+        data = from_events(mended.entries)
+        data["npumem_notes"] = mended.notes              # what reading the trace changed
+        return data
     except (SnapshotError, TraceFormatError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -46,6 +46,9 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
         click.echo(f"error: cannot read {problem_file}: {exc.strerror}", err=True)
         sys.exit(2)
     verbose = not as_json                   # a few lines: each better height
+    if verbose:
+        for note in problem.notes:
+            click.echo(f"note: {note}", err=True)
 
     def say(message: str) -> None:          # each better height, as the search finds it
         if verbose:

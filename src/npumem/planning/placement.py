@@ -48,7 +48,8 @@ class Plan:
                 "load_bytes": self.problem.load(), "height_bytes": self.height,
                 "height_over_load": round(self.height_over_load, 6),
                 "seconds": round(self.seconds, 3), "algorithm": self.algorithm,
-                "interrupted": self.interrupted}
+                "interrupted": self.interrupted, "valid": True,   # (plan() validates each)
+                "notes": list(self.problem.notes)}
 
 
 def validate(problem: PlanningProblem, offsets: np.ndarray) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Iterable
 
@@ -39,6 +39,7 @@ class PlanningProblem:
     upper: np.ndarray
     size: np.ndarray
     name: str = ""
+    notes: list[str] = field(default_factory=list)    # what reading its trace changed
 
     def __post_init__(self):
         n = len(self.ids)

@@ -167,8 +167,11 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
     the state the trace began in. The running totals are cumulative sums over the trace's
     columns; dicts are made only for what the report shows (live at the peak, the largest
     requests)."""
-    result = DeviceAnalysis(device, events=len(entries))
     a = arrays(entries)
+    # events: a free once, though PyTorch records its request and its completion
+    completions = np.count_nonzero(a.action == FREE_COMPLETED)
+    requests = np.count_nonzero(a.action == FREE_REQUESTED) if completions else 0
+    result = DeviceAnalysis(device, events=len(a) - int(requests))
     start = {entry["addr"]: entry["size"] for entry in start_live}
     base = sum(entry["size"] for entry in start_live)
     action, size = a.action, sizes(a)

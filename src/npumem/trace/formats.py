@@ -1,7 +1,7 @@
 """Every trace format npumem reads and writes, detected from the file's first bytes.
 
-    read_trace(path)            -> iterator of TraceEvent, in time order
-    read_entries(path)          -> those events as a snapshot trace's entries (columns)
+    read_trace(path)            -> iterator of TraceEvent, in time order (and its notes)
+    read_mended(path)           -> those events as a snapshot trace's entries (columns)
     read_with_steps(path, name) -> those events, where steps begin, a note (step_marks)
     write_trace(events, path)   -> number of events written (format from the name or `fmt`)
 """
@@ -16,6 +16,7 @@ from .snapshot import json_form
 from ..events import TraceEvent
 from ..file_paths import not_a_file
 from .file_checks import TraceFormatError
+from .mending import Mended, mend
 from .textio import read_head
 
 # name -> module with sniff(head), read(path) and write(events, path); sniffed in this order.
@@ -86,31 +87,48 @@ def convert(source: str, target: str, fmt: str, notes: list[str] | None = None,
         written = write_trace(msprof.read(source, counts), target, fmt)
         notes += msprof.describe(counts)
         return written
-    return write_trace(read_trace(source), target, fmt)
+    events = read_trace(source)
+    written = write_trace(events, target, fmt)
+    notes += events.notes
+    return written
 
 
 def _write_snapshot(fmt: str, data: dict, target: str) -> int:
     return (json_form.write_snapshot if fmt == "jsonl" else snapshot.save)(data, target)
 
 
-def read_trace(path: str | os.PathLike, fmt: str | None = None) -> Iterator[TraceEvent]:
-    """The events of a trace file in time order, streamed where the format allows; a JSONL
-    file holding a whole snapshot, as the snapshot's."""
+class TraceEvents(Iterator[TraceEvent]):
+    """A trace's events (an iterator) and `notes`: what reading it changed (`mending`)."""
+
+    def __init__(self, events: Iterable[TraceEvent], notes: Iterable[str] = ()):
+        self._events = iter(events)
+        self.notes = list(notes)
+
+    def __next__(self) -> TraceEvent:
+        return next(self._events)
+
+
+def read_trace(path: str | os.PathLike, fmt: str | None = None) -> TraceEvents:
+    """The events of a trace file in time order, as `mending` reads a trace with holes in an
+    address's story; a JSONL file holding a whole snapshot, as the snapshot's."""
     path = _existing(path)
     fmt = fmt or detect_format(path)
     if fmt == "jsonl" and jsonl.holds_snapshot(read_head(path, 64)):
         fmt = "snapshot"
-    return FORMATS[fmt].read(path)
+    if fmt == "snapshot":
+        return TraceEvents(snapshot.read(path))
+    mended = read_mended(path, fmt)
+    return TraceEvents(snapshot.columns.to_events(mended.entries), mended.notes)
 
 
-def read_entries(path: str | os.PathLike):
+def read_mended(path: str | os.PathLike, fmt: str | None = None) -> Mended:
     """A trace that is not a whole snapshot, as a snapshot trace's entries (columns, not a
-    dict or an event per line where the format's reader makes them: JSONL)."""
+    dict or an event per line where the format's reader makes them: JSONL), mended."""
     path = _existing(path)
-    fmt = detect_format(path)
+    fmt = fmt or detect_format(path)
     if fmt == "jsonl":
-        return jsonl.read_entries(path)
-    return snapshot.columns.from_events(read_trace(path, fmt))
+        return mend(jsonl.read_entries(path))
+    return mend(snapshot.columns.from_events(FORMATS[fmt].read(path)))
 
 
 def _existing(path: str | os.PathLike) -> str:
@@ -135,10 +153,14 @@ def read_with_steps(path: str | os.PathLike, name: str | None = None,
     `recording`: the snapshot's, if loaded already."""
     path = _existing(path)
     if recording is not None or holds_snapshot(path):
-        return snapshot.read_with_steps(path, name, recording)
+        found, marks, note = snapshot.read_with_steps(path, name, recording)
+        return TraceEvents(found), marks, note
     fmt = detect_format(path)
     if fmt == "chrome":
-        return chrome.read_with_steps(path, name)
+        events, marks, note = chrome.read_with_steps(path, name)
+        mended = mend(snapshot.columns.from_events(events))
+        return (TraceEvents(snapshot.columns.to_events(mended.entries), mended.notes),
+                [mended.position(mark) for mark in marks], note)
     if name:
         raise TraceFormatError(path, "", f"a {fmt} trace has no annotations to mark steps by "
                                "(memory snapshots and profiler Chrome traces do)")

@@ -66,11 +66,7 @@ def read(path: str) -> Iterator[TraceEvent]:
                     yield _event(path, number, line)
         return
     for raw in _column_chunks(path, CHUNK, columns.ALLOC, columns.FREE_COMPLETED):
-        c = columns.from_event_columns(raw).columns
-        for code, t_us, addr, size, on in zip(c.action.tolist(), c.times().tolist(),
-                                              c.addr.tolist(), c.size.tolist(),
-                                              c.stream.tolist()):
-            yield TraceEvent(t_us, "alloc" if code == columns.ALLOC else "free", addr, size, on)
+        yield from columns.to_events(columns.from_event_columns(raw))
 
 
 def read_entries(path: str):

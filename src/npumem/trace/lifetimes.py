@@ -25,4 +25,7 @@ def load_problem(path: str | os.PathLike) -> PlanningProblem:
     except TraceFormatError as exc:
         raise ProblemFormatError(path, 1, "neither a problem CSV (a header id,lower,upper,size) "
                                  "nor an allocation trace: " + exc.reason) from None
-    return problem_from_trace(read_trace(path, fmt), os.path.basename(path))
+    events = read_trace(path, fmt)
+    problem = problem_from_trace(events, os.path.basename(path))
+    problem.notes.extend(events.notes)        # (a frozen problem; its list of notes is not)
+    return problem

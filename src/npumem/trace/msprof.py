@@ -167,30 +167,29 @@ def read_rows(path: str, counts: dict[str, int] | None = None) -> Iterator[Opera
 
 
 def read(path: str, counts: dict[str, int] | None = None) -> Iterator[TraceEvent]:
-    """Allocations and frees in time order. A negative size is a free of a block the trace never
-    saw allocated (replays count it as such), at its time or, without one, at the start; a row
+    """Allocations and frees in time order. A negative size is a free, at its time, of a block
+    the trace never saw allocated (read as allocated before the trace began: trace/mending.py);
+    one without any time cannot be placed and is left out, as `to_snapshot` leaves it. A row
     without an allocation time is allocated at the start."""
     rows = []                     # (time, 0 for free / 1 for alloc, row number, size, stream)
-    unknown_time = []             # rows without an allocation time: placed at the start
+    unknown_time = []             # allocations without a time: placed at the start
     for row in read_rows(path, counts):
         number, size, stream = row.number, row.size, row.stream
         if size < 0:                                 # a release of memory allocated earlier
             when = row.start if row.start is not None else row.end
-            if when is None:
-                unknown_time.append((0, number, -size, stream))
-            else:
+            if when is not None:
                 rows.append((when, 0, number, -size, stream))
             continue
         if row.start is None:
-            unknown_time.append((1, number, size, stream))
+            unknown_time.append((number, size, stream))
         else:
             rows.append((row.start, 1, number, size, stream))
         if row.end is not None:
             rows.append((row.end, 0, number, size, stream))
     rows.sort()
     first = rows[0][0] if rows else 0.0
-    for is_alloc, number, size, stream in sorted(unknown_time):
-        yield TraceEvent(first, "alloc" if is_alloc else "free", number, size, stream)
+    for number, size, stream in sorted(unknown_time):
+        yield TraceEvent(first, "alloc", number, size, stream)
     for when, is_alloc, number, size, stream in rows:
         yield TraceEvent(when, "alloc" if is_alloc else "free", number, size, stream)
 

@@ -25,7 +25,7 @@ from ..alloc.torch_model.config import KEYS as TORCH_KEYS
 from ..errors import InvalidParamError
 from ..units import GiB
 from ..trace import snapshot
-from ..trace.formats import holds_snapshot, read_trace, read_with_steps
+from ..trace.formats import TraceEvents, holds_snapshot, read_trace, read_with_steps
 from ..trace.snapshot import load_recording
 from .replay import ReplayResult, replay
 
@@ -57,7 +57,8 @@ class ReplayJob:
         if settings.predictive:      # the program's step marks, where the trace has them
             events, marks, note = read_with_steps(self.trace, self.steps, recording)
         else:
-            events = read_trace(self.trace) if recording is None else snapshot.events(recording)
+            events = (read_trace(self.trace) if recording is None else
+                      TraceEvents(snapshot.events(recording)))
             marks, note = (), None
         result = replay(events, self.allocator, settings, trace_name=self.trace,
                         memory=self.memory or 64 * GiB, progress=progress,
@@ -65,6 +66,7 @@ class ReplayJob:
         if recording is not None and self.says_oom:
             from .torch_replay import oom_facts
             result.recorded_oom = oom_facts(recording) or {}
+        result.notes[:0] = events.notes         # what reading the trace changed
         if marks:
             how = f"{self.steps!r} annotations" if self.steps else "npumem.memory.step() marks"
             result.notes.insert(0, f"{len(marks)} steps marked by the trace's {how}")

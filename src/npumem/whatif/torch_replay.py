@@ -268,7 +268,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
     config = config or TorchAllocatorConfig(recording.flavour)
     started = time.perf_counter()
     start = recording.start_state(config)
-    notes = []
+    notes = list(recording.read_notes)
     if capacity == UNLIMITED:
         capacity = None
     elif capacity is None and allowed is None:
@@ -564,7 +564,7 @@ def _divergence(recording, recorded, model_events, index) -> Divergence:
 def load_for_model(path: str, flavour: str | None = None, pad: int | None = None) -> Recording:
     """A snapshot pickle as a recording with its start state; any other trace format as a
     recording that starts empty. `pad`: the target NPU's padding (config.npu_pad)."""
-    from ..trace.formats import holds_snapshot, read_entries
+    from ..trace.formats import holds_snapshot, read_mended
     from ..trace.snapshot import load_recording
 
     if holds_snapshot(path):
@@ -576,7 +576,9 @@ def load_for_model(path: str, flavour: str | None = None, pad: int | None = None
                                    "torch.cuda.memory._record_memory_history()); npumem report "
                                    "reads its segments")
     else:
-        recording = Recording.from_entries(path, read_entries(path), flavour or "cuda")
+        mended = read_mended(path)
+        recording = Recording.from_entries(path, mended.entries, flavour or "cuda")
+        recording.read_notes = mended.notes
     recording.pad = pad
     return recording
 

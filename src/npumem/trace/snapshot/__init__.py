@@ -21,8 +21,9 @@ from ...events import TraceEvent
 from ..file_checks import TraceFormatError
 from ..step_marks import hint, marks_before, step_positions
 from ..textio import open_for_writing
-from . import pickle_writer
-from .columns import _CHUNK, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays, having
+from . import columns, pickle_writer
+from .columns import (_CHUNK, ALLOC, FREE_REQUESTED, SEGMENT_ADD, SEGMENT_REMOVE, Entries, arrays,
+                      having)
 from .recording import Recording, died_at, first_oom, load_data, load_recording, recording_from_data
 from .start_state import StartState, read_pool_id
 
@@ -98,23 +99,40 @@ def _numbered_events(recording) -> Iterator[tuple[int, TraceEvent]]:
                                     stream)
 
 
-def from_events(events: Iterable[TraceEvent]) -> dict:
+def from_events(events: Iterable[TraceEvent] | Entries) -> dict:
     """A snapshot dict with no segments and one device trace: what a trace of allocations and
-    frees says in the form torch's _memory_viz and npumem's report read."""
-    entries = []
-    for event in events:
-        actions = ("alloc",) if event.action == "alloc" else ("free_requested", "free_completed")
-        when = int(event.t_us) if event.t_us == int(event.t_us) else event.t_us   # as PyTorch's
-        for action in actions:
-            entries.append({"action": action, "addr": event.addr, "size": event.size,
-                            "stream": event.stream, "time_us": when, "frames": []})
-    return {"segments": [], "device_traces": [entries]}
+    frees (events, or `columns.from_events`' entries) says in the form torch's _memory_viz and
+    npumem's report read: each free is the free_requested and free_completed PyTorch records
+    for a block freed on its own stream, and whole times are ints, as PyTorch's."""
+    entries = events if isinstance(events, Entries) else columns.from_events(events)
+    if not isinstance(entries, Entries):          # numbers past 64 bits: a dict per entry
+        recorded = []
+        for e in entries:
+            when = e["time_us"]
+            e["time_us"] = int(when) if when == int(when) else when
+            recorded += ([e] if e["action"] == "alloc" else
+                         [{**e, "action": "free_requested"}, e])
+        return {"segments": [], "device_traces": [recorded]}
+    c = entries.columns
+    span = slice(entries.start, entries.stop)
+    counts = np.where(c.action[span] == ALLOC, 1, 2)
+    twice = np.repeat(np.arange(span.start, span.stop), counts)
+    action = c.action[twice]
+    action[(np.cumsum(counts) - counts)[counts == 2]] = FREE_REQUESTED   # a free's first entry
+    times = c.times(span.start, span.stop)[twice - span.start]
+    with np.errstate(invalid="ignore"):                # (nan and infinities stay floats)
+        whole = (times == np.floor(times)) & (np.abs(times) < 2.0 ** 63)
+        bits = np.where(whole, times.astype(np.int64), times.view(np.int64))
+    raw = {"rows": len(twice), "action": action, "addr": c.addr[twice], "size": c.size[twice],
+           "stream": c.stream[twice], "time": bits}
+    return {"segments": [], "device_traces": [columns.from_event_columns(raw, ~whole)]}
 
 
 def write(events: Iterable[TraceEvent], path: str) -> int:
     data = from_events(events)
     save(data, path)
-    return sum(1 for entry in data["device_traces"][0] if entry["action"] != "free_requested")
+    trace = data["device_traces"][0]
+    return len(trace) - len(columns.indices(trace, "free_requested"))
 
 
 def save(data: dict, path: str) -> int:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
+
+from ...events import TraceEvent
 
 try:
     from . import _reader as native
@@ -278,6 +280,23 @@ def from_event_columns(raw: dict | None, floats: np.ndarray | bool = True) -> "E
                                                           * native.TIME_FLOAT).astype(np.uint8)
     return Entries(Columns({**raw, "flags": flags, "requested": None, "stack": None,
                             "extra": None}, Tables([], [()], 0)))
+
+
+def to_events(entries) -> Iterator[TraceEvent]:
+    """The allocs and frees (free_completed) of `from_events`' entries as TraceEvents again, a
+    chunk of columns at a time."""
+    if not isinstance(entries, Entries):
+        for e in entries:
+            yield TraceEvent(e["time_us"], "alloc" if e["action"] == "alloc" else "free",
+                             e["addr"], e["size"], e["stream"])
+        return
+    c = entries.columns
+    for start in range(entries.start, entries.stop, _CHUNK):
+        at = slice(start, min(start + _CHUNK, entries.stop))
+        for code, t_us, addr, size, on in zip(c.action[at].tolist(), c.times(at.start, at.stop)
+                                              .tolist(), c.addr[at].tolist(),
+                                              c.size[at].tolist(), c.stream[at].tolist()):
+            yield TraceEvent(t_us, "alloc" if code == ALLOC else "free", addr, size, on)
 
 
 def _entry_dicts(action, addr, size, stream, times) -> list[dict]:

@@ -33,6 +33,7 @@ class Recording:
     pad: int | None = None               # the target NPU's request padding (npu_pad); None: 32
     recorded_flavour: str | None = None  # the allocator it was recorded on, where not `flavour`
     predicted: bool = False              # written by npumem estimate, not recorded on a device
+    read_notes: list[str] = field(default_factory=list)   # what reading it changed (mending)
 
     def base_config(self) -> TorchAllocatorConfig:
         """The allocator settings this recording ran with, on the chip it is replayed for."""
@@ -76,7 +77,7 @@ class Recording:
 
     @classmethod
     def from_entries(cls, path: str, entries, flavour: str = "cuda") -> "Recording":
-        """As from_events, of the events read as entries already (formats.read_entries)."""
+        """As from_events, of the events read as entries already (formats.read_mended)."""
         return cls(path, 0, flavour, None, [], entries)
 
 
