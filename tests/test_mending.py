@@ -178,3 +178,15 @@ def test_step_marks_of_a_chrome_trace_follow_the_events(tmp_path):
     assert events[0] == TraceEvent(1.0, "alloc", 0x10, 64, 0)
     assert [events[m].t_us for m in marks] == [11.0, 21.0]
     assert np.all(np.diff([e.t_us for e in events]) >= 0)
+
+
+def test_jsonl_named_json_is_read_as_the_trace_it_is(tmp_path):
+    # report took any .json that is not a Chrome trace for a memory_stats() dump
+    path = write(tmp_path, "trace.json", [(1, "alloc", 4096, 1000), (2, "free", 4096, 1000)])
+    report = CliRunner().invoke(main, ["report", path])
+    assert report.exit_code == 0, report.output
+    assert "device 0: 2 events, peak allocated 1000 B" in report.output
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"allocated_bytes.all.current": 1}))
+    refused = CliRunner().invoke(main, ["report", str(stats)])
+    assert refused.exit_code != 0 and "memory_stats()" in refused.output

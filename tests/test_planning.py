@@ -12,6 +12,7 @@ from npumem.cli import main
 from npumem.planning import (PlanError, ProblemFormatError, plan, problem_from_arrays,
                              problem_from_trace, read_problem, validate)
 from npumem.planning import search as search_module
+from npumem.planning.placement import place_in_order
 from npumem.planning.search import SkylineSearch
 from npumem.trace import TraceEvent
 
@@ -123,6 +124,8 @@ def test_problem_from_trace_uses_event_order():
     ("id,lower,upper,size\n0,1,5,10\n1,x,5,10\n", 3, "must be integers"),
     ("id,lower,upper,size\n0,5,5,10\n", 2, "lower < upper"),
     ("id,lower,upper,size\n0,1,5\n", 2, "expected 4 fields"),
+    ("id,lower,upper,size\n0,1,5,10,99\n", 2, "expected 4 fields, as the header names, got 5"),
+    ("id,lower,upper,size\n7,1,5,10\nx,1,5,10\n7,2,6,10\n", 4, "id '7' again (first on line 2)"),
 ])
 def test_bad_problem_files_name_line_and_reason(tmp_path, text, line, reason):
     path = tmp_path / "bad.csv"
@@ -130,6 +133,13 @@ def test_bad_problem_files_name_line_and_reason(tmp_path, text, line, reason):
     with pytest.raises(ProblemFormatError) as info:
         read_problem(path)
     assert f"{path}:{line}:" in str(info.value) and reason in str(info.value)
+
+
+def test_a_written_plan_reads_back_as_a_problem(tmp_path):
+    # --out writes id,lower,upper,size,offset: a header longer than four names is kept
+    path = tmp_path / "plan.csv"
+    path.write_text("id,lower,upper,size,offset\na,0,2,8,0\nb,1,3,8,8\n")
+    assert read_problem(path).load() == 16
 
 
 def test_bad_arguments():
@@ -214,6 +224,43 @@ def test_ctrl_c_returns_the_best_plan_so_far():
     result = plan(problem, "search", time_limit=60, progress=interrupt_after_the_first_plan)
     assert result.interrupted and result.algorithm == "time sweep" and len(messages) == 1
     validate(problem, result.offsets)
+
+
+def test_ctrl_c_ends_a_greedy_pass_while_it_runs():
+    # the native pass ran to its end (1.6-3.3 s on iopddl S) before the interrupt was seen. Two
+    # signals 0.25 s apart, the second one raising: seen while the pass runs, both are handled
+    # in it; seen only once it ends, the two are one and the pass returns its offsets.
+    import os
+    import signal
+    import threading
+    import time
+
+    rng = np.random.default_rng(0)
+    lower = rng.integers(0, 100_000, 60_000)
+    problem = problem_from_arrays(lower, lower + rng.integers(1, 5000, 60_000),
+                                  rng.integers(1, 1 << 20, 60_000))     # about 6 s to place
+    handled = []
+
+    def second_one_interrupts(number, frame):
+        handled.append(number)
+        if len(handled) == 2:
+            raise KeyboardInterrupt
+
+    timers = [threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+              for delay in (0.05, 0.3)]
+    previous = signal.signal(signal.SIGINT, second_one_interrupts)
+    placed = None
+    try:
+        for timer in timers:
+            timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            placed = place_in_order(problem, np.argsort(-problem.size), True)
+            time.sleep(1)
+    finally:
+        for timer in timers:
+            timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert placed is None and len(handled) == 2
 
 
 def test_ctrl_c_stops_the_cli_search_with_a_plan(tmp_path):

@@ -43,7 +43,7 @@ def report(path, html_out, top, snapshot_path, device, window_text):
             check_output(html_out, None if os.path.isdir(path) else path)
         except OutputPathError as exc:
             raise click.BadParameter(str(exc), param_hint="--html") from None
-    if path.endswith(".json") and os.path.isfile(path) and not _is_chrome_trace(path):
+    if path.endswith(".json") and os.path.isfile(path) and not _is_trace(path):
         _no_window(window, "a memory_stats file")
         _report_torch_stats(path, snapshot_path)
         return
@@ -174,11 +174,14 @@ def _write_page(path: str, page: str) -> None:
     click.echo(f"wrote {path}")
 
 
-def _is_chrome_trace(path: str) -> bool:
+def _is_trace(path: str) -> bool:
+    """A file in a trace format npumem reads (a .json one: a Chrome trace, or JSONL so named),
+    not a memory_stats() dump."""
     from ..trace import TraceFormatError, detect_format
 
     try:
-        return detect_format(path) == "chrome"
+        detect_format(path)
+        return True
     except TraceFormatError:
         return False
 

@@ -306,12 +306,19 @@ static PyObject *place(PyObject *self, PyObject *args) {
         goto done;
     }
     double deadline = now() + seconds;
-    int late = 0;
+    int late = 0, interrupted = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t o = 0; o < order.n && !failed; o++) {
         if ((o & 63) == 0 && now() > deadline) {
             late = 1;
             break;
+        }
+        if ((o & 4095) == 4095) {     /* Ctrl-C ends a long pass now, not when it is done */
+            Py_BLOCK_THREADS
+            interrupted = PyErr_CheckSignals() < 0;
+            Py_UNBLOCK_THREADS
+            if (interrupted)
+                break;
         }
         Py_ssize_t i = (Py_ssize_t)order.items[o];
         Py_ssize_t p0 = (Py_ssize_t)first.items[i], p1 = (Py_ssize_t)first.items[i + 1];
@@ -325,6 +332,8 @@ static PyObject *place(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     rows_clear(&r);
+    if (interrupted)                  /* (the signal handler's exception is set) */
+        goto done;
     if (failed) {
         PyErr_NoMemory();
         goto done;

@@ -122,6 +122,7 @@ def read_problem(path: str | os.PathLike) -> PlanningProblem:
 
 def _read_rows(path: str, handle) -> PlanningProblem:
     ids, lower, upper, size = [], [], [], []
+    first_line: dict[str, int] = {}          # each id's line
     with handle:
         reader = csv.reader(handle)
         header = [cell.strip().lower() for cell in next(reader, [])]
@@ -132,8 +133,9 @@ def _read_rows(path: str, handle) -> PlanningProblem:
             line = reader.line_num
             if not row or not "".join(row).strip():
                 continue
-            if len(row) < 4:
-                raise ProblemFormatError(path, line, f"expected 4 fields, got {len(row)}")
+            if len(row) != len(header):
+                raise ProblemFormatError(path, line, f"expected {len(header)} fields, as the "
+                                         f"header names, got {len(row)}")
             try:
                 lo, up, sz = int(row[1]), int(row[2]), int(row[3])
             except ValueError:
@@ -145,7 +147,12 @@ def _read_rows(path: str, handle) -> PlanningProblem:
             if max(abs(lo), abs(up), sz) > MAX_VALUE:
                 raise ProblemFormatError(path, line, f"buffer {row[0]}: lower, upper and size "
                                          f"must be at most 2**48 ({MAX_VALUE}), got {row[1:4]}")
-            ids.append(row[0].strip())
+            name = row[0].strip()
+            if name in first_line:
+                raise ProblemFormatError(path, line, f"buffer id {name!r} again (first on line "
+                                         f"{first_line[name]}): each buffer needs its own id")
+            first_line[name] = line
+            ids.append(name)
             lower.append(lo)
             upper.append(up)
             size.append(sz)
