@@ -162,3 +162,18 @@ def test_real_traces_pool_beats_torch_emulation():
         pool, torch = replay(events, "pool"), replay(events, "torch")
         assert pool.peak_reserved_bytes < torch.peak_reserved_bytes
         assert pool.unmatched_frees == 0 and pool.events == len(events)
+
+
+def test_a_null_time_or_stream_is_one_not_given(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"t_us": null, "action": "alloc", "addr": 1, "size": 2, "stream": null}\n'
+                    '{"action": "free", "addr": 1, "size": 2}\n')
+    assert [tuple(e) for e in read_trace(path)] == [(0.0, "alloc", 1, 2, 0), (0.0, "free", 1, 2, 0)]
+
+
+def test_a_damaged_gzip_names_no_position_it_does_not_know(tmp_path):
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(b"\x1f\x8b" + b"garbage" * 10)
+    with pytest.raises(TraceFormatError) as info:
+        list(read_trace(path))
+    assert str(info.value).startswith(f"{path}: the file is truncated or corrupt")

@@ -104,8 +104,9 @@ def _event(path: str, number: int, line: str) -> TraceEvent:
     action = record.get("action")
     if action not in ("alloc", "free"):
         raise TraceFormatError(path, where, f"action must be 'alloc' or 'free', got {action!r:.40}")
-    return checked_event(path, where, record.get("t_us", 0.0), action, record.get("addr"),
-                         record.get("size"), record.get("stream", 0))
+    when, stream = record.get("t_us"), record.get("stream")     # (null: not given, as absent)
+    return checked_event(path, where, 0.0 if when is None else when, action, record.get("addr"),
+                         record.get("size"), 0 if stream is None else stream)
 
 
 def write(events: Iterable[TraceEvent], path: str) -> int:

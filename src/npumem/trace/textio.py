@@ -44,7 +44,7 @@ def read_head(path: str, nbytes: int = 65536) -> bytes:
                 head += piece
     except (OSError, EOFError, zlib.error) as exc:
         if not head:      # a damaged tail is reported by the reader, with its position
-            raise TraceFormatError(path, "0", f"the file is truncated or corrupt: {exc}") from None
+            raise TraceFormatError(path, "", f"the file is truncated or corrupt: {exc}") from None
     return head
 
 
@@ -57,7 +57,7 @@ def max_snapshot_bytes() -> int:
     try:
         return parse_size(text)
     except ValueError:
-        raise TraceFormatError("NPUMEM_MAX_SNAPSHOT_BYTES", "0", f"not a size: {text!r} "
+        raise TraceFormatError("NPUMEM_MAX_SNAPSHOT_BYTES", "", f"not a size: {text!r} "
                                "(write it as 4GiB or 4294967296)") from None
 
 
@@ -72,8 +72,9 @@ class BoundedReader:
         try:
             count = self.handle.readinto(buffer)
         except (OSError, EOFError, zlib.error) as exc:
-            raise TraceFormatError(self.path, str(self.total),
-                                   f"the file is truncated or corrupt: {exc}") from None
+            after = f" after {self.total:,} bytes" if self.total else ""
+            raise TraceFormatError(self.path, "", f"the file is truncated or corrupt{after}: "
+                                   f"{exc}") from None
         self.total += count
         _check_size(self.path, self.total, self.limit)
         return count
@@ -85,7 +86,7 @@ def bounded_reader(path: str, limit: int):
     try:
         handle = open_binary(path)
     except OSError as exc:
-        raise TraceFormatError(path, "0", f"the file cannot be read: {exc}") from None
+        raise TraceFormatError(path, "", f"the file cannot be read: {exc}") from None
     with handle:
         if not isinstance(handle, gzip.GzipFile):       # a plain file: refused before reading
             _check_size(path, os.fstat(handle.fileno()).st_size, limit)
@@ -94,7 +95,7 @@ def bounded_reader(path: str, limit: int):
 
 def _check_size(path: str, size: int, limit: int) -> None:
     if size > limit:
-        raise TraceFormatError(path, "0", f"more than {limit} bytes once decompressed; set "
+        raise TraceFormatError(path, "", f"more than {limit} bytes once decompressed; set "
                                "NPUMEM_MAX_SNAPSHOT_BYTES to read a larger snapshot")
 
 

@@ -148,5 +148,5 @@ def save(data: dict, path: str) -> int:
                 return pickle_writer.dump(data, out)
             pickle.dump(data, out)
     except RecursionError:
-        raise TraceFormatError(path, "0", "the snapshot nests too deeply to write") from None
+        raise TraceFormatError(path, "", "the snapshot nests too deeply to write") from None
     return sum(len(entries) for entries in data.get("device_traces") or [])

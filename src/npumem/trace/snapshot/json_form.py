@@ -56,9 +56,9 @@ def write_snapshot(data: dict, path: str) -> int:
                                          separators=(",", ":")) + "\n")
                     count += 1
     except RecursionError:
-        raise TraceFormatError(path, "0", "the snapshot nests too deeply to write") from None
+        raise TraceFormatError(path, "", "the snapshot nests too deeply to write") from None
     except (TypeError, ValueError) as exc:
-        raise TraceFormatError(path, "0", f"the snapshot holds something JSON cannot: {exc}") from None
+        raise TraceFormatError(path, "", f"the snapshot holds something JSON cannot: {exc}") from None
     return count
 
 

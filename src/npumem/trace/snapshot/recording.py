@@ -103,12 +103,12 @@ def load_data(path: str) -> dict:
     if jsonl.holds_snapshot(read_head(path, 64)):
         return check_snapshot(read_snapshot(path), path)
     if entry_columns.native is None:
-        raise TraceFormatError(path, "0", entry_columns.NOT_BUILT)
+        raise TraceFormatError(path, "", entry_columns.NOT_BUILT)
     try:
         with bounded_reader(path, max_snapshot_bytes()) as reader:
             data, devices, _ = entry_columns.load_pickle(reader, shown)
     except entry_columns.UnsafePickle as exc:
-        raise TraceFormatError(path, "0", f"not a readable snapshot pickle: {exc}") from None
+        raise TraceFormatError(path, "", f"not a readable snapshot pickle: {exc}") from None
     except entry_columns.EntryError as exc:
         raise TraceFormatError(path, exc.where, exc.reason) from None
     if devices:
