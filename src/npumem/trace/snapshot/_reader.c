@@ -1798,6 +1798,44 @@ static PyObject *from_entries(PyObject *self, PyObject *traces) {
     return result;
 }
 
+/* As from_entries, of (device, entry dict) pairs an iterator gives: a JSONL snapshot's
+ * entries, each dict dropped once its row is added (a list of them all was a gigabyte at a
+ * million entries). */
+static PyObject *from_entry_stream(PyObject *self, PyObject *pairs) {
+    PyObject *it = PyObject_GetIter(pairs);
+    if (!it)
+        return NULL;
+    Reader r;
+    memset(&r, 0, sizeof r);
+    PyObject *result = NULL, *item = NULL;
+    if (interned_init(&r.interned) < 0)
+        goto done;
+    while ((item = PyIter_Next(it))) {
+        Py_ssize_t device = -1;
+        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2)
+            device = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0));
+        if (device < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "from_entry_stream: (device, entry) pairs");
+            goto done;
+        }
+        while (r.count <= device)
+            if (!reader_device(&r))
+                goto done;
+        PyObject *frames;
+        if (add_entry(&r.devices[device], &r.interned, PyTuple_GET_ITEM(item, 1), &frames) < 0)
+            goto done;
+        Py_CLEAR(item);
+    }
+    if (!PyErr_Occurred())
+        result = reader_result(&r);
+done:
+    Py_XDECREF(item);
+    reader_clear(&r);
+    Py_DECREF(it);
+    return result;
+}
+
 /* ---- rows grouped by a key: what walks that follow each block read ---- */
 
 typedef struct { uint64_t key; uint32_t id; } KeyId;
@@ -2000,6 +2038,8 @@ static PyMethodDef methods[] = {
     {"story_holes", story_holes, METH_VARARGS, "story_holes(action, addr, size, alloc_code): "
      "the positions (int64 bytes) of frees before the trace, double frees, allocs over a live "
      "block and that block, frees of another size and their block (trace/mending.py)"},
+    {"from_entry_stream", from_entry_stream, METH_O, "as from_entries, of an iterator of "
+     "(device, entry dict) pairs"},
     {"from_entries", from_entries, METH_O, "(devices' columns, stacks, extras, stacks cut) of "
      "lists of entry dicts"},
     {NULL, NULL, 0, NULL}};

@@ -219,6 +219,18 @@ def from_entry_lists(traces: list, shown) -> tuple[list[Entries], Tables]:
     return [Entries(Columns(columns, tables)) for columns in raw], tables
 
 
+def from_entry_stream(pairs, shown) -> list[Entries]:
+    """As from_entry_lists, of (device, entry dict) pairs an iterator gives, one at a time."""
+    if native is None:
+        raise EntryError("device_traces", NOT_BUILT)
+    try:
+        raw, stacks, extras, cut = native.from_entry_stream(pairs)
+    except native.EntryError as exc:
+        raise _entry_error(exc, shown) from None
+    tables = Tables(stacks, extras, cut)
+    return [Entries(Columns(columns, tables)) for columns in raw]
+
+
 def load_pickle(data, shown) -> tuple[object, list[Entries], Tables]:
     """(the snapshot's other data, each device's entries, their tables) of a pickle's bytes, or
     of a binary file read a window at a time (textio.bounded_reader); UnsafePickle for a

@@ -9,6 +9,7 @@ import json
 from ..file_checks import TraceFormatError, shown
 from ..jsonl import SNAPSHOT_KEY, STACK_KEY
 from ..textio import decode_json, open_for_writing, reading
+from . import columns
 
 _TUPLE = "__tuple__"          # JSON has only lists: tuples (segment_pool_id) are marked
 
@@ -70,7 +71,8 @@ def _decoded(path: str, where: str, line: str):
 
 
 def read_snapshot(path: str) -> dict:
-    """The snapshot dict a JSONL file written by `write_snapshot` holds."""
+    """The snapshot dict a JSONL file written by `write_snapshot` holds, its device traces read
+    into columns a line at a time."""
     with reading(path) as handle:
         lines = (line for line in handle if line.strip())
         first = next(lines, None)
@@ -79,24 +81,30 @@ def read_snapshot(path: str) -> dict:
         header = _decoded(path, "1", first)
         if not isinstance(header, dict) or header.pop(SNAPSHOT_KEY, None) != 1:
             raise TraceFormatError(path, "1", f"the first line must be {{\"{SNAPSHOT_KEY}\": 1, ...}}")
-        traces: list[list] = []
-        stacks: dict[int, list] = {}
-        for number, line in enumerate(lines, 2):
-            entry = _decoded(path, str(number), line)
-            if isinstance(entry, dict) and STACK_KEY in entry:
-                stacks[entry[STACK_KEY]] = entry.get("frames")
-                continue
-            frames = entry.get("frames") if isinstance(entry, dict) else None
-            if isinstance(frames, dict) and STACK_KEY in frames:
-                if frames[STACK_KEY] not in stacks:
-                    raise TraceFormatError(path, str(number), f"frames refer to stack "
-                                           f"{shown(frames[STACK_KEY])}, which no line before "
-                                           "defines")
-                entry["frames"] = stacks[frames[STACK_KEY]]
-            device = entry.pop("device", 0) if isinstance(entry, dict) else None
-            if not isinstance(device, int) or not 0 <= device < 1024:
-                raise TraceFormatError(path, str(number), "a trace entry is not an object with "
-                                       "a device number")
-            traces += [[] for _ in range(device + 1 - len(traces))]
-            traces[device].append(entry)
+        try:
+            traces = columns.from_entry_stream(_entries(path, lines), shown)
+        except columns.EntryError as exc:
+            raise TraceFormatError(path, exc.where, exc.reason) from None
     return {**header, "device_traces": traces}
+
+
+def _entries(path: str, lines):
+    """(device, entry) of each line after the header, its stack reference resolved."""
+    stacks: dict[int, list] = {}
+    for number, line in enumerate(lines, 2):
+        entry = _decoded(path, str(number), line)
+        if isinstance(entry, dict) and STACK_KEY in entry:
+            stacks[entry[STACK_KEY]] = entry.get("frames")
+            continue
+        frames = entry.get("frames") if isinstance(entry, dict) else None
+        if isinstance(frames, dict) and STACK_KEY in frames:
+            if frames[STACK_KEY] not in stacks:
+                raise TraceFormatError(path, str(number), f"frames refer to stack "
+                                       f"{shown(frames[STACK_KEY])}, which no line before "
+                                       "defines")
+            entry["frames"] = stacks[frames[STACK_KEY]]
+        device = entry.pop("device", 0) if isinstance(entry, dict) else None
+        if not isinstance(device, int) or not 0 <= device < 1024:
+            raise TraceFormatError(path, str(number), "a trace entry is not an object with "
+                                   "a device number")
+        yield device, entry
