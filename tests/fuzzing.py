@@ -189,11 +189,10 @@ def read_for_report(path: str) -> None:
     """`npumem report FILE`: load (any trace format, or a whole snapshot) and build the report."""
     from npumem.profile import load_snapshot
     from npumem.profile.report import build_report, format_report
-    from npumem.trace import read_trace
-    from npumem.trace.formats import holds_snapshot
+    from npumem.trace.formats import holds_snapshot, read_mended
     from npumem.trace.snapshot import from_events
 
-    data = load_snapshot(path) if holds_snapshot(path) else from_events(read_trace(path))
+    data = load_snapshot(path) if holds_snapshot(path) else from_events(read_mended(path).entries)
     format_report(build_report(data, path), 5)
 
 

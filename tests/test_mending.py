@@ -190,3 +190,33 @@ def test_jsonl_named_json_is_read_as_the_trace_it_is(tmp_path):
     stats.write_text(json.dumps({"allocated_bytes.all.current": 1}))
     refused = CliRunner().invoke(main, ["report", str(stats)])
     assert refused.exit_code != 0 and "memory_stats()" in refused.output
+
+
+@settings(max_examples=100, deadline=None)
+@given(events_strategy, st.integers(1, 7))
+def test_a_trace_read_in_parts_has_the_holes_it_has_whole(events, part):
+    entries = columns.from_events(events)
+    c = entries.columns
+    *expected, _ = columns.native.story_holes(c.action, c.addr, c.size, columns.ALLOC)
+    found, stories = [b""] * 6, None
+    for start in range(0, len(events), part):
+        at = slice(start, start + part)
+        *holes, stories = columns.native.story_holes(c.action[at], c.addr[at], c.size[at],
+                                                     columns.ALLOC, stories, start)
+        found = [so_far + more for so_far, more in zip(found, holes)]
+    assert found == expected
+
+
+def test_a_whole_jsonl_trace_streams_and_a_broken_one_is_mended(tmp_path, monkeypatch):
+    from npumem.trace import jsonl
+    monkeypatch.setattr(jsonl, "CHUNK", 2)          # parts of two lines
+    whole = write(tmp_path, "whole.jsonl", [(1, "alloc", 16, 8), (2, "alloc", 32, 8),
+                                            (3, "free", 16, 8), (4, "free", 32, 8)])
+    events = read_trace(whole)
+    assert events.notes == [] and [e.t_us for e in events] == [1.0, 2.0, 3.0, 4.0]
+    broken = write(tmp_path, "broken.jsonl", [(1, "alloc", 16, 8), (2, "alloc", 32, 8),
+                                              (3, "free", 16, 8), (4, "free", 48, 8)])
+    events = read_trace(broken)
+    assert "before the trace began" in events.notes[0]
+    assert [(e.t_us, e.action, e.addr) for e in events][:2] == [(1.0, "alloc", 48),
+                                                                (1.0, "alloc", 16)]

@@ -391,20 +391,28 @@ def test_bounded_reader_reads_plain_and_gzip_files_and_refuses_past_the_limit(tm
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.integers(1, 400))
-def test_order_by_key_is_a_stable_argsort(values, distinct):
-    """Keys with few distinct values (the one-pass order), and with many (None: a sort)."""
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.integers(1, 400), st.data())
+def test_order_by_key_is_a_stable_argsort(values, distinct, data):
+    """Keys with few distinct values (the one-pass order), and with many (None: a sort); all
+    of them, or some rows of them in either width."""
     import numpy as np
     from npumem.trace.snapshot import _reader as native
     from npumem.trace.snapshot.columns import stable_order
     keys = np.array([v % distinct * (2**64 // distinct) for v in values], dtype=np.uint64)
     expected = np.argsort(keys, kind="stable").tolist()
-    assert stable_order(keys).tolist() == expected
     order = native.order_by_key(keys)
     if order is not None:
         assert np.frombuffer(order, dtype=np.int64).tolist() == expected
     elif len(keys):
         assert len(np.unique(keys)) > len(keys) // 4
+    chosen = sorted(data.draw(st.sets(st.integers(0, max(0, len(keys) - 1)))) if len(keys) else [])
+    for dtype in (np.int32, np.int64):
+        rows = np.array(chosen, dtype=dtype)
+        got = stable_order(keys, rows)
+        assert got.dtype == dtype
+        assert got.tolist() == rows[np.argsort(keys[rows], kind="stable")].tolist()
+    with pytest.raises(IndexError):
+        native.order_by_key(keys, np.array([len(keys)], dtype=np.int64), 8)
 
 
 def test_an_entry_of_many_fields_reads_as_pickle_reads_it():

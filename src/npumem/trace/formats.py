@@ -16,6 +16,7 @@ from .snapshot import json_form
 from ..events import TraceEvent
 from ..file_paths import not_a_file
 from .file_checks import TraceFormatError
+from . import mending
 from .mending import Mended, mend
 from .textio import read_head
 
@@ -117,6 +118,8 @@ def read_trace(path: str | os.PathLike, fmt: str | None = None) -> TraceEvents:
         fmt = "snapshot"
     if fmt == "snapshot":
         return TraceEvents(snapshot.read(path))
+    if fmt == "jsonl" and jsonl.in_columns() and mending.whole(jsonl.column_chunks(path)):
+        return TraceEvents(jsonl.read(path))      # read twice, a chunk at a time: memory flat
     mended = read_mended(path, fmt)
     return TraceEvents(snapshot.columns.to_events(mended.entries), mended.notes)
 

@@ -59,14 +59,28 @@ def read(path: str) -> Iterator[TraceEvent]:
     formats.read_trace sends it there), a chunk of lines at a time."""
     from .snapshot import columns
 
-    if _jsonl is None or columns.native is None:
+    if not in_columns():
         with reading(path) as handle:
             for number, line in enumerate(handle, 1):
                 if line.strip():
                     yield _event(path, number, line)
         return
-    for raw in _column_chunks(path, CHUNK, columns.ALLOC, columns.FREE_COMPLETED):
+    for raw in column_chunks(path):
         yield from columns.to_events(columns.from_event_columns(raw))
+
+
+def in_columns() -> bool:
+    """Whether lines are read into columns here (both C extensions are built)."""
+    from .snapshot import columns
+
+    return _jsonl is not None and columns.native is not None
+
+
+def column_chunks(path: str):
+    """The trace's columns (`_jsonl.Parser.chunk`'s), CHUNK lines at a time (`in_columns`)."""
+    from .snapshot import columns
+
+    return _column_chunks(path, CHUNK, columns.ALLOC, columns.FREE_COMPLETED)
 
 
 def read_entries(path: str):
@@ -74,7 +88,7 @@ def read_entries(path: str):
     the model of PyTorch's allocator replays."""
     from .snapshot import columns
 
-    if _jsonl is None or columns.native is None:
+    if not in_columns():
         return columns.from_events(read(path))
     raw = next(_column_chunks(path, sys.maxsize, columns.ALLOC, columns.FREE_COMPLETED), None)
     return columns.from_event_columns(raw)

@@ -50,8 +50,8 @@ def mend(entries) -> Mended:
     c = entries.columns
     span = slice(entries.start, entries.stop)
     addr, size = c.addr[span], c.size[span]
-    found = native.story_holes(np.ascontiguousarray(c.action[span]), np.ascontiguousarray(addr),
-                               np.ascontiguousarray(size), ALLOC)
+    *found, _ = native.story_holes(np.ascontiguousarray(c.action[span]),
+                                   np.ascontiguousarray(addr), np.ascontiguousarray(size), ALLOC)
     (before_trace, double_free, missed_at, missed_block, freed_at,
      freed_block) = (np.frombuffer(positions, dtype=np.int64) for positions in found)
     if not any(len(positions) for positions in found):
@@ -62,6 +62,19 @@ def mend(entries) -> Mended:
     mended, offsets = _rebuilt(c, span, before_trace, double_free, missed_at, missed_block,
                                freed_at, freed_block)
     return Mended(mended, notes, offsets)
+
+
+def whole(parts) -> bool:
+    """Whether a trace given as parts (columns of `columns.from_event_columns`, in order) tells
+    every address's story whole: what a replay that streams the trace asks before it does."""
+    stories, offset = None, 0
+    for raw in parts:
+        c = from_event_columns(raw).columns
+        *found, stories = native.story_holes(c.action, c.addr, c.size, ALLOC, stories, offset)
+        if any(found):
+            return False
+        offset += raw["rows"]
+    return True
 
 
 def _rebuilt(c, span, before_trace, double_free, missed_at, missed_block, freed_at,

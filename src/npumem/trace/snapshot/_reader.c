@@ -1848,29 +1848,54 @@ static int key_order(const void *a, const void *b) {
 /* The positions of `keys` (uint64) sorted by key, ties in position order: what a stable
  * argsort gives, in one pass with a hash of the distinct keys and a counting sort, where a
  * trace reuses few addresses among millions of entries. None when more than a quarter of the
- * keys are distinct (a sort then costs about as much). The positions are int64 bytes. */
-static PyObject *order_by_key(PyObject *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+ * keys are distinct (a sort then costs about as much). The positions are int64 bytes.
+ * With `rows` (int32 or int64 positions into `keys`, `width` bytes each), those rows sorted
+ * by their keys instead, in their own width: no gathered copy of the keys is made. */
+static PyObject *order_by_key(PyObject *self, PyObject *args) {
+    PyObject *keys_o, *rows_o = NULL;
+    int width = 8;
+    if (!PyArg_ParseTuple(args, "O|Oi", &keys_o, &rows_o, &width))
         return NULL;
+    Py_buffer view, rows_view;
+    if (PyObject_GetBuffer(keys_o, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (rows_o && PyObject_GetBuffer(rows_o, &rows_view, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     const uint64_t *keys = view.buf;
-    Py_ssize_t n = view.len / 8, limit = n / 4 + 16;
+    Py_ssize_t count = view.len / 8;
+    const int32_t *rows32 = rows_o && width == 4 ? rows_view.buf : NULL;
+    const int64_t *rows64 = rows_o && width == 8 ? rows_view.buf : NULL;
+    Py_ssize_t n = rows_o ? rows_view.len / width : count, limit = n / 4 + 16;
     Py_ssize_t slots = 64;
-    while (slots < 2 * limit && slots < 2 * n + 64)
-        slots *= 2;
-    KeyId *table = PyMem_Calloc(slots, sizeof(KeyId));      /* id 0: an empty slot */
-    uint32_t *ids = PyMem_Malloc((n ? n : 1) * sizeof(uint32_t));
+    KeyId *table = NULL;
+    uint32_t *ids = NULL;
     PyObject *result = NULL;
     Py_ssize_t distinct = 0;
     KeyId *sorted = NULL;
     Py_ssize_t *start = NULL;
+    if (rows_o && ((width != 4 && width != 8) || rows_view.len % width)) {
+        PyErr_SetString(PyExc_ValueError, "order_by_key: rows of 4 or 8 bytes each");
+        goto done;
+    }
+#define ROW(i) (rows32 ? (int64_t)rows32[i] : rows64 ? rows64[i] : (int64_t)(i))
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (ROW(i) < 0 || ROW(i) >= count) {
+            PyErr_SetString(PyExc_IndexError, "order_by_key: a row past the keys");
+            goto done;
+        }
+    while (slots < 2 * limit && slots < 2 * n + 64)
+        slots *= 2;
+    table = PyMem_Calloc(slots, sizeof(KeyId));      /* id 0: an empty slot */
+    ids = PyMem_Malloc((n ? n : 1) * sizeof(uint32_t));
     if (!table || !ids) {
         PyErr_NoMemory();
         goto done;
     }
     Py_ssize_t mask = slots - 1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t key = keys[i];
+        uint64_t key = keys[ROW(i)];
         Py_ssize_t at = (Py_ssize_t)((key * 11400714819323198485ULL) >> 20) & mask;
         while (table[at].id && table[at].key != key)
             at = (at + 1) & mask;
@@ -1903,18 +1928,27 @@ static PyObject *order_by_key(PyObject *self, PyObject *arg) {
         start[rank[ids[i]] + 1]++;
     for (Py_ssize_t r = 0; r < distinct; r++)
         start[r + 1] += start[r];
-    result = PyBytes_FromStringAndSize(NULL, n * 8);
+    result = PyBytes_FromStringAndSize(NULL, n * width);
     if (!result)
         goto done;
-    int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
-    for (Py_ssize_t i = 0; i < n; i++)
-        out[start[rank[ids[i]]]++] = i;
+    if (width == 4) {
+        int32_t *out = (int32_t *)PyBytes_AS_STRING(result);
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[start[rank[ids[i]]]++] = (int32_t)ROW(i);
+    } else {
+        int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[start[rank[ids[i]]]++] = ROW(i);
+    }
+#undef ROW
 done:
     PyMem_Free(table);
     PyMem_Free(ids);
     PyMem_Free(sorted);
     PyMem_Free(start);
     PyBuffer_Release(&view);
+    if (rows_o)
+        PyBuffer_Release(&rows_view);
     return result;
 }
 
@@ -1939,8 +1973,8 @@ static int positions_add(Positions *p, int64_t value) {
 }
 
 /* an address: `state` 0 for an empty slot, FREED once seen and freed, else LIVE + the position
- * of its live block's alloc (16 bytes a slot, zeros when made) */
-typedef struct { uint64_t key; int64_t state; } Story;
+ * of its live block's alloc, whose size is `size` (24 bytes a slot, zeros when made) */
+typedef struct { uint64_t key; int64_t state; uint64_t size; } Story;
 enum { FREED = 1, LIVE = 2 };
 
 static Story *story_of(Story *table, Py_ssize_t mask, uint64_t key) {
@@ -1950,67 +1984,98 @@ static Story *story_of(Story *table, Py_ssize_t mask, uint64_t key) {
     return &table[at];
 }
 
+/* what story_holes keeps between the parts of one trace (a capsule) */
+typedef struct { Story *table; Py_ssize_t slots, used; } Stories;
+
+static const char *STORIES = "npumem.stories";
+
+static void stories_free(PyObject *capsule) {
+    Stories *stories = PyCapsule_GetPointer(capsule, STORIES);
+    if (stories) {
+        PyMem_Free(stories->table);
+        PyMem_Free(stories);
+    }
+}
+
 enum { BEFORE_TRACE, DOUBLE_FREE, MISSED_AT, MISSED_BLOCK, FREED_AT, FREED_BLOCK, N_HOLES };
 
 static PyObject *story_holes(PyObject *self, PyObject *args) {
     Py_buffer action, addr, size;
     int alloc_code;
-    if (!PyArg_ParseTuple(args, "y*y*y*i", &action, &addr, &size, &alloc_code))
+    PyObject *capsule = Py_None;
+    long long offset = 0;
+    if (!PyArg_ParseTuple(args, "y*y*y*i|OL", &action, &addr, &size, &alloc_code, &capsule,
+                          &offset))
         return NULL;
     const uint8_t *codes = action.buf;
     const uint64_t *addrs = addr.buf, *sizes = size.buf;
     Py_ssize_t n = action.len;
     Positions found[N_HOLES] = {{0}};
     PyObject *result = NULL;
-    Py_ssize_t slots = 1024, used = 0;
-    Story *table = NULL;
+    Stories *stories = NULL;
     if (addr.len != 8 * n || size.len != 8 * n) {
         PyErr_SetString(PyExc_ValueError, "story_holes: columns of different lengths");
         goto done;
     }
-    table = PyMem_Calloc((size_t)slots, sizeof(Story));
-    if (!table) {
-        PyErr_NoMemory();
+    if (capsule == Py_None) {             /* a new trace: a table of its own */
+        stories = PyMem_Calloc(1, sizeof(Stories));
+        if (!stories || !(stories->table = PyMem_Calloc(1024, sizeof(Story)))) {
+            PyMem_Free(stories);
+            PyErr_NoMemory();
+            goto done;
+        }
+        stories->slots = 1024;
+        capsule = PyCapsule_New(stories, STORIES, stories_free);
+        if (!capsule) {
+            PyMem_Free(stories->table);
+            PyMem_Free(stories);
+            goto done;
+        }
+    } else if (!(stories = PyCapsule_GetPointer(capsule, STORIES))) {
         goto done;
+    } else {
+        Py_INCREF(capsule);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (2 * (used + 1) > slots) {           /* at most half full: grow and place again */
+        if (2 * (stories->used + 1) > stories->slots) {   /* at most half full: grow */
+            Py_ssize_t slots = stories->slots;
             Story *grown = PyMem_Calloc((size_t)slots * 2, sizeof(Story));
             if (!grown) {
                 PyErr_NoMemory();
-                goto done;
+                goto failed;
             }
             for (Py_ssize_t k = 0; k < slots; k++)
-                if (table[k].state)
-                    *story_of(grown, 2 * slots - 1, table[k].key) = table[k];
-            PyMem_Free(table);
-            table = grown;
-            slots *= 2;
+                if (stories->table[k].state)
+                    *story_of(grown, 2 * slots - 1, stories->table[k].key) = stories->table[k];
+            PyMem_Free(stories->table);
+            stories->table = grown;
+            stories->slots = 2 * slots;
         }
-        Story *story = story_of(table, slots - 1, addrs[i]);
-        int64_t block = story->state - LIVE;     /* its live block's alloc, if >= 0 */
-        int failed = 0;
+        Story *story = story_of(stories->table, stories->slots - 1, addrs[i]);
+        int64_t at = offset + i, block = story->state - LIVE;   /* its live block, if >= 0 */
+        int bad = 0;
         if (!story->state) {
             story->key = addrs[i];
-            used++;
+            stories->used++;
         }
         if (codes[i] == alloc_code) {
             if (block >= 0)
-                failed = positions_add(&found[MISSED_AT], i) < 0
-                         || positions_add(&found[MISSED_BLOCK], block) < 0;
-            story->state = LIVE + i;
+                bad = positions_add(&found[MISSED_AT], at) < 0
+                      || positions_add(&found[MISSED_BLOCK], block) < 0;
+            story->state = LIVE + at;
+            story->size = sizes[i];
         } else {
-            if (block >= 0 && sizes[i] != sizes[block])
-                failed = positions_add(&found[FREED_AT], i) < 0
-                         || positions_add(&found[FREED_BLOCK], block) < 0;
+            if (block >= 0 && sizes[i] != story->size)
+                bad = positions_add(&found[FREED_AT], at) < 0
+                      || positions_add(&found[FREED_BLOCK], block) < 0;
             else if (block < 0)
-                failed = positions_add(&found[story->state ? DOUBLE_FREE : BEFORE_TRACE], i) < 0;
+                bad = positions_add(&found[story->state ? DOUBLE_FREE : BEFORE_TRACE], at) < 0;
             story->state = FREED;
         }
-        if (failed)
-            goto done;
+        if (bad)
+            goto failed;
     }
-    result = PyTuple_New(N_HOLES);
+    result = PyTuple_New(N_HOLES + 1);
     for (int k = 0; result && k < N_HOLES; k++) {
         PyObject *bytes = PyBytes_FromStringAndSize((const char *)found[k].at,
                                                     found[k].count * 8);
@@ -2019,10 +2084,15 @@ static PyObject *story_holes(PyObject *self, PyObject *args) {
         else
             PyTuple_SET_ITEM(result, k, bytes);
     }
+    if (result) {
+        PyTuple_SET_ITEM(result, N_HOLES, capsule);       /* (the reference is the tuple's) */
+        capsule = NULL;
+    }
+failed:
+    Py_XDECREF(capsule);
 done:
     for (int k = 0; k < N_HOLES; k++)
         PyMem_Free(found[k].at);
-    PyMem_Free(table);
     PyBuffer_Release(&action);
     PyBuffer_Release(&addr);
     PyBuffer_Release(&size);
@@ -2033,11 +2103,14 @@ static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, "load(data, window=16 MiB): (root object, (devices' columns, "
      "stacks, extras, stacks cut)) of a snapshot pickle: its bytes, or a binary file read a "
      "window at a time"},
-    {"order_by_key", order_by_key, METH_O, "the positions of uint64 keys in a stable sort by "
-     "key (int64 bytes), or None where most keys differ"},
-    {"story_holes", story_holes, METH_VARARGS, "story_holes(action, addr, size, alloc_code): "
-     "the positions (int64 bytes) of frees before the trace, double frees, allocs over a live "
-     "block and that block, frees of another size and their block (trace/mending.py)"},
+    {"order_by_key", order_by_key, METH_VARARGS, "order_by_key(keys, rows=None, width=8): the "
+     "positions of uint64 keys (or those rows of them, width bytes each) in a stable sort by "
+     "key, as bytes, or None where most keys differ"},
+    {"story_holes", story_holes, METH_VARARGS, "story_holes(action, addr, size, alloc_code, "
+     "stories=None, offset=0): the positions (int64 bytes) of frees before the trace, double "
+     "frees, allocs over a live block and that block, frees of another size and their block "
+     "(trace/mending.py), and the stories to pass with the trace's next part, whose first row "
+     "is at `offset`"},
     {"from_entry_stream", from_entry_stream, METH_O, "as from_entries, of an iterator of "
      "(device, entry dict) pairs"},
     {"from_entries", from_entries, METH_O, "(devices' columns, stacks, extras, stacks cut) of "

@@ -375,7 +375,7 @@ class Arrays:
                  extras):
         self.action, self.addr, self.size, self.stream = action, addr, size, stream
         self.requested, self._time = requested, time
-        self.stack, self.stacks, self.extra, self.extras = stack, stacks, extra, extras
+        self._stack, self.stacks, self.extra, self.extras = stack, stacks, extra, extras
         self.cache: dict = {}
 
     @property
@@ -385,6 +385,17 @@ class Arrays:
         if callable(self._time):
             self._time = self._time()
         return self._time
+
+    @property
+    def stack(self) -> np.ndarray:
+        """As `time` (a replay reads a few: 40 MB at ten million entries with frames)."""
+        if callable(self._stack):
+            self._stack = self._stack()
+        return self._stack
+
+    def stack_at(self, rows: np.ndarray) -> np.ndarray:
+        """stack[rows], without making the whole column where it is not made yet."""
+        return self._stack(rows) if callable(self._stack) else self._stack[rows]
 
     def __len__(self) -> int:
         return len(self.action)
@@ -405,10 +416,11 @@ def arrays(entries) -> Arrays:
     if key not in known:
         c, start, stop = entries.columns, entries.start, entries.stop
         tables = c.tables
-        framed = c.flags[start:stop] & native.HAS_FRAMES
-        none = np.uint32(len(tables.stacks))          # the index of "no frames"
-        stack = np.where(framed, c.stack[start:stop], none) if framed.any() else \
-            np.broadcast_to(none, (stop - start,))    # (no entry has frames: no bytes)
+        def stack(rows=slice(None)) -> np.ndarray:
+            framed = c.flags[start:stop][rows] & native.HAS_FRAMES
+            none = np.uint32(len(tables.stacks))          # the index of "no frames"
+            return np.where(framed, c.stack[start:stop][rows], none) if framed.any() else \
+                np.broadcast_to(none, (len(framed),))     # (no entry has frames: no bytes)
         known[key] = Arrays(c.action[start:stop], c.addr[start:stop], c.size[start:stop],
                             c.stream[start:stop], c.requested[start:stop],
                             lambda: c.times(start, stop), stack, [*tables.stacks, None],
@@ -475,35 +487,61 @@ def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int 
     state of a replay, which walks no more; tune makes one per setting) gathers them again."""
     order = a.cache.get("block_order")
     if order is None:
-        positions = np.flatnonzero(having(a.action, *_BLOCK_ACTIONS)).astype(index_type(len(a)))
-        order = a.cache["block_order"] = positions[stable_order(a.addr[positions])]
+        positions = where(having(a.action, *_BLOCK_ACTIONS), index_type(len(a)))
+        order = a.cache["block_order"] = stable_order(a.addr, positions)
+        del positions
     gathered = a.cache.get("block_order_gathered")
-    if gathered is None:
-        gathered = a.action[order], a.addr[order]
-        if cache:
-            a.cache["block_order_gathered"] = gathered
-    positions, (codes, addr) = order, gathered
     keep = None
-    if set(actions) != set(_BLOCK_ACTIONS):
-        keep = having(codes, *actions)
-    if stop is not None and stop < len(a):
-        keep = positions < stop if keep is None else keep & (positions < stop)
-    if keep is not None:
-        positions, codes, addr = positions[keep], codes[keep], addr[keep]
+    if gathered is None:              # what is kept is gathered after, not gathered and cut
+        codes = a.action[order]
+        if set(actions) != set(_BLOCK_ACTIONS):
+            keep = having(codes, *actions)
+        if stop is not None and stop < len(a):
+            keep = order < stop if keep is None else keep & (order < stop)
+        positions = order if keep is None else order[keep]
+        codes = codes if keep is None else codes[keep]
+        addr = a.addr[positions]
+        if cache and keep is None:
+            a.cache["block_order_gathered"] = codes, addr
+        elif cache:
+            a.cache["block_order_gathered"] = a.action[order], a.addr[order]
+    else:
+        positions, (codes, addr) = order, gathered
+        if set(actions) != set(_BLOCK_ACTIONS):
+            keep = having(codes, *actions)
+        if stop is not None and stop < len(a):
+            keep = positions < stop if keep is None else keep & (positions < stop)
+        if keep is not None:
+            positions, codes, addr = positions[keep], codes[keep], addr[keep]
     first = np.empty(len(positions), dtype=bool)
     first[:1] = True
     first[1:] = addr[1:] != addr[:-1]
     return positions, first, codes, addr
 
 
-def stable_order(keys: np.ndarray) -> np.ndarray:
-    """np.argsort(keys, kind="stable"), in one pass where uint64 keys repeat (a trace's
-    addresses: a few thousand among millions of entries)."""
-    if native is not None and keys.dtype == np.uint64:
-        order = native.order_by_key(np.ascontiguousarray(keys))
+def where(mask: np.ndarray, dtype) -> np.ndarray:
+    """np.flatnonzero(mask) as `dtype` (int32 for a trace under 2**31 entries), made a million
+    at a time: no int64 array of them all on the way."""
+    out = np.empty(int(np.count_nonzero(mask)), dtype=dtype)
+    filled = 0
+    for start in range(0, len(mask), 1 << 20):
+        found = np.flatnonzero(mask[start:start + (1 << 20)])
+        found += start
+        out[filled:filled + len(found)] = found
+        filled += len(found)
+    return out
+
+
+def stable_order(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`rows` (int32 or int64) sorted by their keys, ties in row order: rows[np.argsort(
+    keys[rows], kind="stable")], in one pass and with no gathered copy of the keys where
+    uint64 keys repeat (a trace's addresses: a few thousand among millions of entries)."""
+    if native is not None and keys.dtype == np.uint64 and rows.dtype in (np.int32, np.int64):
+        rows = np.ascontiguousarray(rows)
+        order = native.order_by_key(np.ascontiguousarray(keys), rows, rows.itemsize)
         if order is not None:
-            return np.frombuffer(order, dtype=np.int64)
-    return np.argsort(keys, kind="stable")
+            return np.frombuffer(order, dtype=rows.dtype)
+    return rows[np.argsort(keys[rows], kind="stable")]
 
 
 def index_type(length: int):

@@ -29,7 +29,7 @@ from ...alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFE
                                            round_size)
 from ...alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
 from .columns import (_CHUNK, ACTIONS, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays,
-                      block_order, having, index_type, indices, natural, rows)
+                      block_order, having, index_type, indices, natural, rows, where)
 
 
 @dataclass
@@ -188,8 +188,7 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     inconsistent = _undo_blocks(a, live, free_action)
     # alloc and segment entries -> the segment's node (-1: none); with `pools` only
     entry_nodes = np.full(len(a), -1, dtype=np.int32) if pools else None    # (few nodes)
-    blocks = np.flatnonzero(having(a.action, "alloc", free_action)).astype(
-        index_type(len(a))) if pools else None
+    blocks = where(having(a.action, "alloc", free_action), index_type(len(a))) if pools else None
     mapped: list[tuple[int, int]] = []   # (node, address) of each page range (un)mapped
     above = len(a)
     # the trace backwards: segment entries one by one, the blocks between them at once
@@ -247,8 +246,9 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
         lowest[nodes.find(node)] = min(addr, lowest.get(nodes.find(node), addr))
     if not pools:
         return _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
-    noted = np.flatnonzero(entry_nodes >= 0)[::-1]      # the latest first
+    noted = where(entry_nodes >= 0, index_type(len(a)))[::-1]      # the latest first
     node_of = entry_nodes[noted]
+    del entry_nodes
     held, users = Counter(), Counter()   # each segment node's bytes and live blocks at the start
     for size, *_, node in ranges.values():
         held[nodes.find(node)] += size
@@ -263,7 +263,9 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
                      config.max_split_size, (held, users, free_action) if complete else None)
     state = _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
     # only the entries of private pools: a few segments' worth, where every entry is a million
-    pool_of = {node: nodes.of(node) or DEFAULT_POOL for node in np.unique(node_of).tolist()}
+    seen = np.zeros(int(node_of.max()) + 1 if len(node_of) else 0, dtype=bool)
+    seen[node_of] = True                                    # (nodes are few: no sort of them)
+    pool_of = {node: nodes.of(node) or DEFAULT_POOL for node in np.flatnonzero(seen).tolist()}
     private = [node for node, pool in pool_of.items() if pool != DEFAULT_POOL]
     mine = np.isin(node_of, private)
     state.pools = {index: pool_of[node] for index, node in
@@ -299,7 +301,7 @@ def _undo_blocks(a, live: dict[int, StartBlock], free_action: str) -> int:
         del live[addr]
     freed = positions[begins[~allocating[begins]]]
     for addr, size, stack in zip(a.addr[freed].tolist(), a.size[freed].tolist(),
-                                 a.stack[freed].tolist()):
+                                 a.stack_at(freed).tolist()):
         live[addr] = StartBlock(addr, 0, size, True, a.stacks[stack] or [])
     return inconsistent
 
@@ -315,25 +317,27 @@ def _block_nodes(a, blocks: np.ndarray, low: int, high: int, ranges: _Segments,
     starts = natural(ranges.starts)
     sizes = natural([ranges[start][0] for start in ranges.starts])
     node_at = np.array([ranges[start][4] for start in ranges.starts], dtype=np.int32)
-    kept, held = [], []
-    for begin in range(0, len(run), _CHUNK):     # (a chunk at a time: bounded temporaries)
+    told = a.cache.get("pool_ids")
+    if told is None:
+        told = a.cache["pool_ids"] = np.array(
+            [extra.get("pool_id") is not None for extra in a.extras], dtype=bool)
+    telling = told.any()                       # (no entry names its pool before PyTorch 2.12)
+    kept, held = [], []                        # the entries that name their pool, and nodes
+    for begin in range(0, len(run), _CHUNK):   # (a chunk at a time: bounded temporaries)
         part = run[begin:begin + _CHUNK]
         addrs = a.addr[part]
         index = np.searchsorted(starts, addrs, side="right") - 1
         inside = index >= 0
         inside[inside] = addrs[inside] - starts[index[inside]] < sizes[index[inside]]
-        kept.append(part[inside])
-        held.append(node_at[index[inside]])
-    run, held = np.concatenate(kept), np.concatenate(held)
-    entry_nodes[run] = held
-    told = a.cache.get("pool_ids")
-    if told is None:
-        told = a.cache["pool_ids"] = np.array(
-            [extra.get("pool_id") is not None for extra in a.extras], dtype=bool)
-    if not told.any():
-        return                                  # no entry names its pool (before PyTorch 2.12)
-    said = told[a.extra[run]]
-    run, held = run[said][::-1], held[said][::-1]
+        part, node = part[inside], node_at[index[inside]]
+        entry_nodes[part] = node
+        if telling:
+            said = told[a.extra[part]]
+            kept.append(part[said])
+            held.append(node[said])
+    if not telling:
+        return
+    run, held = np.concatenate(kept)[::-1], np.concatenate(held)[::-1]
     if not len(run):
         return
     # learning is idempotent per (node, fields): the first of each pair decides
