@@ -153,6 +153,10 @@ def test_every_command_reads_a_broken_story_alike(tmp_path, events, peak, said):
     summary = json.loads(plan.output)
     assert summary["load_bytes"] == peak and summary["valid"]
     assert any(said in note for note in summary["notes"])
+    for allocator in ("pool", "torch"):
+        tune = runner.invoke(main, ["tune", path, "--allocator", allocator, "--scheduler",
+                                    "serial"])
+        assert tune.exit_code == 0 and said in tune.output, tune.output
     converted = str(tmp_path / "out.jsonl")
     convert = runner.invoke(main, ["convert", path, converted])
     assert convert.exit_code == 0 and said in convert.output

@@ -82,6 +82,8 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
         return
     for line in oom_lines(recording, result.recorded.result):
         click.echo(line)
+    for note in recording.read_notes:                  # how the trace was read
+        click.echo(f"note: {note}")
     click.echo(f"{'settings':<52} {'peak reserved':>13} {'headroom':>10}  verdict")
     over = False
     for c in result.in_order():
@@ -126,6 +128,10 @@ def _tune_pool(trace, as_json, scheduler, workers) -> None:
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
+    shared = [set(candidate.notes) for candidate in result.candidates]
+    for note in result.candidates[0].notes if result.candidates else []:
+        if all(note in notes for notes in shared):     # the trace's own (how it was read)
+            click.echo(f"note: {note}")
     click.echo(f"{'settings':<62} {'peak reserved':>13} {'ratio':>6} {'dev allocs':>10}")
     for candidate in sorted(result.candidates, key=lambda r: r.peak_reserved_bytes):
         click.echo(f"{candidate.settings:<62} {format_size(candidate.peak_reserved_bytes):>13} "
