@@ -12,7 +12,9 @@ Traffic:
   chance;
 - kept_every_step: a 60-request step repeated, one block of each step kept for good (a list of
   losses): live bytes grow every step, so no plan is made;
-- step: a 60-request step repeated (the plan serves it: the hit path).
+- step: a 60-request step repeated (the plan serves it: the hit path);
+- served_then_random: that step for 30,000 requests, then random traffic (the ratio is of the
+  random stretch alone: what a plan that stopped serving costs).
 """
 
 from __future__ import annotations
@@ -72,6 +74,23 @@ def run_step(pool, state: dict, requests) -> None:
     state["number"] = number
 
 
+SERVED = 30_000          # served_then_random: requests of the served step before the switch
+
+
+def run_mixed(pool, state: dict, requests) -> None:
+    """The step's requests, then the random ones (the step's live blocks are freed first)."""
+    for kind, request in requests:
+        if kind == "step":
+            run_step(pool, state, [request])
+            continue
+        if not state.get("switched"):
+            for pointers in state.pop("due", {}).values():
+                for pointer in pointers:
+                    pool.deallocate(pointer)
+            state["switched"], state["live"] = True, []
+        run_random(pool, state["live"], [request])
+
+
 def measure(kind: str, count: int) -> dict:
     backend = SimBackend(SimConfig(memory=64 << 30))
     pools = {"pool": CachingAllocator(backend, 0),
@@ -81,6 +100,11 @@ def measure(kind: str, count: int) -> dict:
         requests = random_traffic(count, 8 if kind == "random_sizes_few" else 0)
         states = {label: [] for label in pools}
         run = run_random
+    elif kind == "served_then_random":
+        requests = [("step", r) for r in step_traffic(SERVED, keep=False)] + \
+            [("random", r) for r in random_traffic(count - SERVED)]
+        states = {label: {} for label in pools}
+        run = run_mixed
     else:
         requests = step_traffic(count, keep=kind == "kept_every_step")
         states = {label: {} for label in pools}
@@ -93,11 +117,13 @@ def measure(kind: str, count: int) -> dict:
         for label in order:
             start = clock()
             run(pools[label], states[label], chunk)
-            seconds[label] += clock() - start
+            if kind != "served_then_random" or begin >= SERVED:   # (the random stretch)
+                seconds[label] += clock() - start
     predictor = pools["predictive"].predictor
+    timed = count - SERVED if kind == "served_then_random" else count
     row = {"traffic": kind, "requests": count,
-           "pool_us": seconds["pool"] / count * 1e6,
-           "predictive_us": seconds["predictive"] / count * 1e6,
+           "pool_us": seconds["pool"] / timed * 1e6,
+           "predictive_us": seconds["predictive"] / timed * 1e6,
            "ratio": seconds["predictive"] / seconds["pool"],
            "hits": predictor.hits, "note": predictor.note}
     return row
@@ -107,7 +133,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300_000)
     parser.add_argument("--traffic", nargs="*",
-                        default=["random", "random_sizes_few", "kept_every_step", "step"])
+                        default=["random", "random_sizes_few", "kept_every_step", "step",
+                                 "served_then_random"])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = [measure(kind, args.requests) for kind in args.traffic]
