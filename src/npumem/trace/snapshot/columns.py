@@ -209,26 +209,23 @@ def _entry_error(exc: Exception, shown) -> EntryError:
 
 def from_entry_lists(traces: list, shown) -> tuple[list[Entries], Tables]:
     """Entries of lists of entry dicts, one per device; EntryError at the first wrong field."""
-    if native is None:
-        raise EntryError("device_traces", NOT_BUILT)
-    try:
-        raw, stacks, extras, cut = native.from_entries(traces)
-    except native.EntryError as exc:
-        raise _entry_error(exc, shown) from None
-    tables = Tables(stacks, extras, cut)
-    return [Entries(Columns(columns, tables)) for columns in raw], tables
+    return _read_entries("from_entries", traces, shown)
 
 
 def from_entry_stream(pairs, shown) -> list[Entries]:
     """As from_entry_lists, of (device, entry dict) pairs an iterator gives, one at a time."""
+    return _read_entries("from_entry_stream", pairs, shown)[0]
+
+
+def _read_entries(reader: str, source, shown) -> tuple[list[Entries], Tables]:
     if native is None:
         raise EntryError("device_traces", NOT_BUILT)
     try:
-        raw, stacks, extras, cut = native.from_entry_stream(pairs)
+        raw, stacks, extras, cut = getattr(native, reader)(source)
     except native.EntryError as exc:
         raise _entry_error(exc, shown) from None
     tables = Tables(stacks, extras, cut)
-    return [Entries(Columns(columns, tables)) for columns in raw]
+    return [Entries(Columns(columns, tables)) for columns in raw], tables
 
 
 def load_pickle(data, shown) -> tuple[object, list[Entries], Tables]:
