@@ -17,7 +17,6 @@ from ..events import TraceEvent
 from ..file_paths import not_a_file
 from .file_checks import TraceFormatError
 from . import mending
-from .mending import Mended, mend
 from .textio import read_head
 
 # name -> module with sniff(head), read(path) and write(events, path); sniffed in this order.
@@ -124,14 +123,14 @@ def read_trace(path: str | os.PathLike, fmt: str | None = None) -> TraceEvents:
     return TraceEvents(snapshot.columns.to_events(mended.entries), mended.notes)
 
 
-def read_mended(path: str | os.PathLike, fmt: str | None = None) -> Mended:
+def read_mended(path: str | os.PathLike, fmt: str | None = None) -> mending.Mended:
     """A trace that is not a whole snapshot, as a snapshot trace's entries (columns, not a
     dict or an event per line where the format's reader makes them: JSONL), mended."""
     path = _existing(path)
     fmt = fmt or detect_format(path)
     if fmt == "jsonl":
-        return mend(jsonl.read_entries(path))
-    return mend(snapshot.columns.from_events(FORMATS[fmt].read(path)))
+        return mending.mend(jsonl.read_entries(path))
+    return mending.mend(snapshot.columns.from_events(FORMATS[fmt].read(path)))
 
 
 def _existing(path: str | os.PathLike) -> str:
@@ -161,7 +160,7 @@ def read_with_steps(path: str | os.PathLike, name: str | None = None,
     fmt = detect_format(path)
     if fmt == "chrome":
         events, marks, note = chrome.read_with_steps(path, name)
-        mended = mend(snapshot.columns.from_events(events))
+        mended = mending.mend(snapshot.columns.from_events(events))
         return (TraceEvents(snapshot.columns.to_events(mended.entries), mended.notes),
                 [mended.position(mark) for mark in marks], note)
     if name:

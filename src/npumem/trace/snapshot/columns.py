@@ -488,28 +488,20 @@ def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int 
         order = a.cache["block_order"] = stable_order(a.addr, positions)
         del positions
     gathered = a.cache.get("block_order_gathered")
+    if gathered is None and cache:
+        gathered = a.cache["block_order_gathered"] = a.action[order], a.addr[order]
+    codes = a.action[order] if gathered is None else gathered[0]
     keep = None
-    if gathered is None:              # what is kept is gathered after, not gathered and cut
-        codes = a.action[order]
-        if set(actions) != set(_BLOCK_ACTIONS):
-            keep = having(codes, *actions)
-        if stop is not None and stop < len(a):
-            keep = order < stop if keep is None else keep & (order < stop)
-        positions = order if keep is None else order[keep]
-        codes = codes if keep is None else codes[keep]
+    if set(actions) != set(_BLOCK_ACTIONS):
+        keep = having(codes, *actions)
+    if stop is not None and stop < len(a):
+        keep = order < stop if keep is None else keep & (order < stop)
+    positions = order if keep is None else order[keep]
+    codes = codes if keep is None else codes[keep]
+    if gathered is None:              # a walk made once: the addresses it keeps, gathered once
         addr = a.addr[positions]
-        if cache and keep is None:
-            a.cache["block_order_gathered"] = codes, addr
-        elif cache:
-            a.cache["block_order_gathered"] = a.action[order], a.addr[order]
     else:
-        positions, (codes, addr) = order, gathered
-        if set(actions) != set(_BLOCK_ACTIONS):
-            keep = having(codes, *actions)
-        if stop is not None and stop < len(a):
-            keep = positions < stop if keep is None else keep & (positions < stop)
-        if keep is not None:
-            positions, codes, addr = positions[keep], codes[keep], addr[keep]
+        addr = gathered[1] if keep is None else gathered[1][keep]
     first = np.empty(len(positions), dtype=bool)
     first[:1] = True
     first[1:] = addr[1:] != addr[:-1]
