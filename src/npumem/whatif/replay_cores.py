@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..alloc.torch_model import DEFAULT_POOL, ModelOutOfMemory, TorchAllocatorModel
-from ..alloc.torch_model.allocator import (SegmentEvent, address_space, out_of_memory_error,
-                                           restored_range)
+from ..alloc.torch_model.allocator import (SegmentEvent, address_space, expandable_groups,
+                                           out_of_memory_error, restored_range)
 from ..alloc.torch_model.config import NO_LIMIT
 from ..trace.snapshot.columns import ACTION_CODE, SEGMENT_ADD, SEGMENT_REMOVE
 
@@ -185,12 +185,7 @@ class NativeCore:
 
         self.model.restore([(s.addr, s.size, s.stream, s.small, blocks(s))
                             for s in segments if not s.expandable])
-        groups: dict[tuple, list] = {}
-        for s in segments:
-            if s.expandable:
-                groups.setdefault((s.stream, s.small), []).append(s)
-        for (stream, small), ranges in groups.items():
-            ranges.sort(key=lambda r: r.addr)
+        for (stream, _, small), ranges in expandable_groups(segments).items():   # (one pool)
             base, space = restored_range(ranges, capacity)
             self.model.restore_expandable(stream, small, base, space,
                                           [(r.addr, r.size, blocks(r)) for r in ranges])

@@ -154,6 +154,16 @@ def allowed_bytes(config: TorchAllocatorConfig, capacity: int | None,
     return allowed
 
 
+def expandable_groups(segments) -> dict[tuple, list]:
+    """The expandable ranges of a recorded state (StartSegment-shaped) by (stream, pool, small),
+    each group in address order: what one expandable segment becomes when it is restored."""
+    groups: dict[tuple, list] = {}
+    for segment in segments:
+        if segment.expandable:
+            groups.setdefault((segment.stream, segment.pool, segment.small), []).append(segment)
+    return {key: sorted(ranges, key=lambda r: r.addr) for key, ranges in groups.items()}
+
+
 def restored_range(ranges, capacity: int | None) -> tuple[int, int]:
     """(base, bytes of addresses) of an expandable segment rebuilt from its mapped `ranges`
     (address order, StartSegment-shaped): from the lowest address the trace maps (it may map
@@ -708,17 +718,14 @@ class TorchAllocatorModel:
         blocks by address. Expandable ranges of one stream and pool become one expandable
         segment, from the lowest address the trace maps; a private pool met here is in use."""
         live: dict[int, Block] = {}
-        groups: dict[tuple, list] = {}
         for segment in segments:
-            pool = self._pool_for(segment.pool, segment.small)
-            if segment.expandable:
-                groups.setdefault((segment.stream, id(pool)), (pool, []))[1].append(segment)
-                continue
-            self.device.claim(segment.addr, segment.size)
-            self._restore_blocks(segment.blocks, segment.stream, pool, None, live)
-            self._hold(pool, segment.size)
-        for (stream, _), (pool, ranges) in groups.items():
-            self._restore_expandable(stream, pool, sorted(ranges, key=lambda s: s.addr), live)
+            if not segment.expandable:
+                pool = self._pool_for(segment.pool, segment.small)
+                self.device.claim(segment.addr, segment.size)
+                self._restore_blocks(segment.blocks, segment.stream, pool, None, live)
+                self._hold(pool, segment.size)
+        for (stream, pool_id, small), ranges in expandable_groups(segments).items():
+            self._restore_expandable(stream, self._pool_for(pool_id, small), ranges, live)
         stats = self.stats
         stats.reserved = stats.peak_reserved = self.total_allocated
         stats.peak_allocated, stats.peak_requested = stats.allocated, stats.requested
