@@ -224,3 +224,58 @@ def test_a_whole_jsonl_trace_streams_and_a_broken_one_is_mended(tmp_path, monkey
     assert "before the trace began" in events.notes[0]
     assert [(e.t_us, e.action, e.addr) for e in events][:2] == [(1.0, "alloc", 48),
                                                                 (1.0, "alloc", 16)]
+
+
+OPERATOR_HEADER = ("Name,Size(KB),Allocation Time(us),Release Time(us),Active Release Time(us),"
+                   "Duration(us),Active Duration(us),Allocation Total Allocated(MB),"
+                   "Allocation Total Reserved(MB),Allocation Total Active(MB),Release Total "
+                   "Allocated(MB),Release Total Reserved(MB),Release Total Active(MB),Stream Ptr,"
+                   "Device Type\n")
+
+
+def test_an_operator_buffer_of_zero_duration_is_freed_after_it_is_made(tmp_path):
+    # its release sorted before its allocation: a free of a block "from before the trace",
+    # live from the start (1.5 MiB where 1 MiB is right), in replay, report and plan
+    path = tmp_path / "operator_memory.csv"
+    path.write_text(OPERATOR_HEADER + "aten::a,1024.0,100.0,100.0,,0.0,,,,,,,,1,NPU:0\n"
+                    "aten::b,512.0,200.0,300.0,,100.0,,,,,,,,1,NPU:0\n")
+    runner = CliRunner()
+    replayed = json.loads(runner.invoke(main, ["replay", str(path), "--allocator", "pool",
+                                               "--json"]).output)[0]
+    assert replayed["peak_allocated_bytes"] == 1 << 20 and replayed["notes"] == []
+    report = runner.invoke(main, ["report", str(path)]).output
+    assert "peak allocated 1.00 MiB" in report and "before the trace began" not in report
+    assert json.loads(runner.invoke(main, ["plan", str(path), "--json"]).output)[
+        "load_bytes"] == 1 << 20
+
+
+def test_a_snapshot_line_names_its_line_and_a_device_must_be_a_number(tmp_path):
+    from npumem.trace.snapshot import load_data
+    from npumem.trace import TraceFormatError
+
+    def snapshot(*entries):
+        path = tmp_path / "s.jsonl"
+        path.write_text('{"npumem_snapshot": 1, "segments": []}\n'
+                        + "".join(json.dumps(e) + "\n" for e in entries))
+        return str(path)
+
+    alloc = {"device": 0, "action": "alloc", "addr": 16, "size": 8, "time_us": 1}
+    with pytest.raises(TraceFormatError, match=r"s\.jsonl:3: a trace entry's device must be a "
+                                               r"whole number from 0 to 1023, got True"):
+        load_data(snapshot(alloc, {**alloc, "device": True}))
+    with pytest.raises(TraceFormatError, match=r"s\.jsonl:4: device_traces\[0\]\[2\]\.addr: "
+                                               r"must be an integer"):
+        load_data(snapshot(alloc, alloc, {**alloc, "addr": -5}))
+    with pytest.raises(TraceFormatError, match=r"s\.jsonl:2: a trace entry must be an object"):
+        load_data(snapshot([1, 2]))
+
+
+def test_the_state_before_each_trace_is_said_for_each(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    source = Path(__file__).parent / "data" / "cuda_snapshots" / "encoder.pickle.gz"
+    copy = tmp_path / "copy.pickle.gz"
+    shutil.copy(source, copy)
+    out = CliRunner().invoke(main, ["replay", str(source), str(copy)]).output
+    assert out.count("was reserved before the trace began") == 2

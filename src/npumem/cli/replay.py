@@ -169,11 +169,12 @@ def _print_replay_table(results) -> None:
                    f"{format_size(r.peak_allocated_bytes):>11} {format_size(r.peak_reserved_bytes):>13} "
                    f"{r.reserved_over_allocated:>6.3f} {r.device_allocs:>10} {r.cache_hit_rate:>8.1%} "
                    f"{f'{r.mean_alloc_us:.2f}' if r.mean_alloc_us else '-':>8}  {r.settings}")
+    said = set()                      # once per trace
     for r in results:
-        if r.start_reserved_bytes:
+        if r.start_reserved_bytes and r.trace not in said:
+            said.add(r.trace)
             click.echo(f"{r.trace}: {format_size(r.start_reserved_bytes)} was reserved before the "
                        f"trace began (counted in peak reserved)")
-            break
     shown = set()
     for r in results:
         if r.recorded_peak_reserved_bytes is not None and r.allocator.startswith("torch") and \

@@ -130,6 +130,11 @@ def read_mended(path: str | os.PathLike, fmt: str | None = None) -> mending.Mend
     fmt = fmt or detect_format(path)
     if fmt == "jsonl":
         return mending.mend(jsonl.read_entries(path))
+    if fmt == "msprof":                   # its odd rows, said as report and convert say them
+        counts: dict[str, int] = {}
+        mended = mending.mend(snapshot.columns.from_events(msprof.read(path, counts)))
+        mended.notes[:0] = msprof.describe(counts)
+        return mended
     return mending.mend(snapshot.columns.from_events(FORMATS[fmt].read(path)))
 
 

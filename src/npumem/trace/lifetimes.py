@@ -18,13 +18,15 @@ def load_problem(path: str | os.PathLike) -> PlanningProblem:
         raise ProblemFormatError(path, "", not_a_file(path))
     with open(path, "rb") as probe:
         head = probe.read(64)
-    if head.removeprefix(b"\xef\xbb\xbf").lstrip().lower().startswith(b"id,lower,upper,size"):
+    first = head.removeprefix(b"\xef\xbb\xbf").lstrip().split(b"\n", 1)[0]
+    if b"".join(first.lower().split()).startswith(b"id,lower,upper,size"):   # (any spacing)
         return read_problem(path)
     try:
         fmt = detect_format(path)
     except TraceFormatError as exc:
-        raise ProblemFormatError(path, 1, "neither a problem CSV (a header id,lower,upper,size) "
-                                 "nor an allocation trace: " + exc.reason) from None
+        raise ProblemFormatError(path, exc.position, "neither a problem CSV (a header "
+                                 "id,lower,upper,size) nor an allocation trace: "
+                                 + exc.reason) from None
     events = read_trace(path, fmt)
     problem = problem_from_trace(events, os.path.basename(path))
     problem.notes.extend(events.notes)        # (a frozen problem; its list of notes is not)

@@ -171,7 +171,9 @@ def read(path: str, counts: dict[str, int] | None = None) -> Iterator[TraceEvent
     the trace never saw allocated (read as allocated before the trace began: trace/mending.py);
     one without any time cannot be placed and is left out, as `to_snapshot` leaves it. A row
     without an allocation time is allocated at the start."""
-    rows = []                     # (time, 0 for free / 1 for alloc, row number, size, stream)
+    # (time, order, row number, size, stream): at one time frees (0) come before allocs (1),
+    # but a block released when it is made (a zero duration) after its alloc (2)
+    rows = []
     unknown_time = []             # allocations without a time: placed at the start
     for row in read_rows(path, counts):
         number, size, stream = row.number, row.size, row.stream
@@ -185,13 +187,13 @@ def read(path: str, counts: dict[str, int] | None = None) -> Iterator[TraceEvent
         else:
             rows.append((row.start, 1, number, size, stream))
         if row.end is not None:
-            rows.append((row.end, 0, number, size, stream))
+            rows.append((row.end, 2 if row.end == row.start else 0, number, size, stream))
     rows.sort()
     first = rows[0][0] if rows else 0.0
     for number, size, stream in sorted(unknown_time):
         yield TraceEvent(first, "alloc", number, size, stream)
-    for when, is_alloc, number, size, stream in rows:
-        yield TraceEvent(when, "alloc" if is_alloc else "free", number, size, stream)
+    for when, order, number, size, stream in rows:
+        yield TraceEvent(when, "alloc" if order == 1 else "free", number, size, stream)
 
 
 OPERATOR_FILE = "<operator>"     # the filename of a frame that names an operator, not code
@@ -235,13 +237,14 @@ def to_snapshot(path: str) -> tuple[dict, list[str]]:
             frames = frames_of[row.name] = [operator_frame(row.name)]
         entries.append((start, 1, row.number, {"action": "alloc", **common, "time_us": start,
                                                "frames": frames}))
-        if row.end is not None:
-            entries += [(row.end, 0, row.number, {"action": action, **common,
-                                                  "time_us": row.end, "frames": frames})
+        if row.end is not None:       # (as `read`: a zero duration's release after its alloc)
+            order = 2 if row.end == start else 0
+            entries += [(row.end, order, row.number, {"action": action, **common,
+                                                      "time_us": row.end, "frames": frames})
                         for action in ("free_requested", "free_completed")]
     traces: list[list[dict]] = [[] for _ in range(max(by_device, default=0) + 1)]
     for device, entries in by_device.items():
-        entries.sort(key=lambda item: item[:3])      # a free before an alloc at the same time
+        entries.sort(key=lambda item: item[:3])      # at one time frees, allocs, then releases
         traces[device] = [entry for *_, entry in entries]
     return {"segments": [], "device_traces": traces}, describe(counts)
 

@@ -106,7 +106,7 @@ def reading(path: str):
         with open_text(path) as handle:
             yield handle
     except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
-        raise TraceFormatError(path, "end", f"the file is truncated or corrupt: {exc}") from None
+        raise TraceFormatError(path, "", f"the file is truncated or corrupt: {exc}") from None
 
 
 def csv_records(path: str, required: Sequence[str], what: str) -> Iterator[tuple[str, list, dict]]:

@@ -81,30 +81,36 @@ def read_snapshot(path: str) -> dict:
         header = _decoded(path, "1", first)
         if not isinstance(header, dict) or header.pop(SNAPSHOT_KEY, None) != 1:
             raise TraceFormatError(path, "1", f"the first line must be {{\"{SNAPSHOT_KEY}\": 1, ...}}")
+        at = [1]                          # the line of the entry the reader has
         try:
-            traces = columns.from_entry_stream(_entries(path, lines), shown)
-        except columns.EntryError as exc:
-            raise TraceFormatError(path, exc.where, exc.reason) from None
+            traces = columns.from_entry_stream(_entries(path, lines, at), shown)
+        except columns.EntryError as exc:      # (that entry's: the reader takes one at a time)
+            raise TraceFormatError(path, str(at[0]), f"{exc.where}: {exc.reason}") from None
     return {**header, "device_traces": traces}
 
 
-def _entries(path: str, lines):
-    """(device, entry) of each line after the header, its stack reference resolved."""
+def _entries(path: str, lines, at: list[int]):
+    """(device, entry) of each line after the header, its stack reference resolved; at[0] is
+    the line of the last one given."""
     stacks: dict[int, list] = {}
     for number, line in enumerate(lines, 2):
+        at[0] = number
         entry = _decoded(path, str(number), line)
-        if isinstance(entry, dict) and STACK_KEY in entry:
+        if not isinstance(entry, dict):
+            raise TraceFormatError(path, str(number), f"a trace entry must be an object, got "
+                                   f"{shown(entry)}")
+        if STACK_KEY in entry:
             stacks[entry[STACK_KEY]] = entry.get("frames")
             continue
-        frames = entry.get("frames") if isinstance(entry, dict) else None
+        frames = entry.get("frames")
         if isinstance(frames, dict) and STACK_KEY in frames:
             if frames[STACK_KEY] not in stacks:
                 raise TraceFormatError(path, str(number), f"frames refer to stack "
                                        f"{shown(frames[STACK_KEY])}, which no line before "
                                        "defines")
             entry["frames"] = stacks[frames[STACK_KEY]]
-        device = entry.pop("device", 0) if isinstance(entry, dict) else None
-        if not isinstance(device, int) or not 0 <= device < 1024:
-            raise TraceFormatError(path, str(number), "a trace entry is not an object with "
-                                   "a device number")
+        device = entry.pop("device", 0)
+        if type(device) is not int or not 0 <= device < 1024:
+            raise TraceFormatError(path, str(number), f"a trace entry's device must be a whole "
+                                   f"number from 0 to 1023, got {shown(device)}")
         yield device, entry
