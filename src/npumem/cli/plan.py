@@ -66,7 +66,8 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
         click.echo(json.dumps(summary, indent=2))
         return
     stopped = " (interrupted: the best plan so far)" if result.interrupted else ""
-    click.echo(f"{summary['buffers']} buffers, load {format_size(summary['load_bytes'])}, "
+    count = summary["buffers"]
+    click.echo(f"{count} buffer{'' if count == 1 else 's'}, load {format_size(summary['load_bytes'])}, "
                f"height {format_size(summary['height_bytes'])} ({summary['height_over_load']:.4f} "
                f"x load) by {summary['algorithm']} in {summary['seconds']:.1f} s; valid{stopped}")
     if out_path:

@@ -1164,8 +1164,14 @@ static int refill(Machine *m, Py_ssize_t n) {
 static int need(Machine *m, Py_ssize_t n) {
     if (n >= 0 && m->length - m->pos < n && m->source && !m->exhausted && refill(m, n) < 0)
         return -1;
-    if (n < 0 || m->length - m->pos < n)
-        return unsafe("a truncated pickle: it needs %zd more bytes at byte %zd", n, m->pos);
+    if (n < 0)
+        return unsafe("a damaged pickle: an item of a negative length at byte %zd", m->pos);
+    if (m->pos >= m->length && m->length - m->pos < n)
+        return unsafe("a truncated pickle: it ends at byte %zd, before its end (the STOP "
+                      "opcode)", m->length);
+    if (m->length - m->pos < n)
+        return unsafe("a truncated pickle: it ends at byte %zd, inside an item of %zd bytes "
+                      "that starts at byte %zd", m->length, n, m->pos);
     return 0;
 }
 
