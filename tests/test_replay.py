@@ -177,3 +177,14 @@ def test_a_damaged_gzip_names_no_position_it_does_not_know(tmp_path):
     with pytest.raises(TraceFormatError) as info:
         list(read_trace(path))
     assert str(info.value).startswith(f"{path}: the file is truncated or corrupt")
+
+
+def test_a_missing_size_and_a_memory_stats_file_are_named(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"action": "alloc", "addr": 1, "size": 2}\n{"action": "free", "addr": 1}\n')
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: the size is missing"):
+        list(read_trace(path))
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"allocated_bytes.all.current": 5, "num_ooms": 0}))
+    result = CliRunner().invoke(main, ["replay", str(stats)])
+    assert result.exit_code == 2 and "`npumem report` reads it" in result.output

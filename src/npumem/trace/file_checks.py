@@ -55,6 +55,9 @@ def checked_event(path: str, where: str, t_us, action: str, addr, size, stream=0
     if not finite_number(t_us):
         raise TraceFormatError(path, where, f"the time must be finite, a number, got {shown(t_us)}")
     for name, value in (("address", addr), ("size", size), ("stream", stream)):
+        if value is None:
+            raise TraceFormatError(path, where, f"the {name} is missing (an integer in "
+                                   "[0, 2**64))")
         if not natural(value):
             raise TraceFormatError(path, where, f"the {name} must be an integer in [0, 2**64), "
                                    f"got {shown(value)}")

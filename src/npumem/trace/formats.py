@@ -47,6 +47,9 @@ def detect_format(path: str | os.PathLike) -> str:
         raise TraceFormatError(path, "1", "reserved memory by CANN component (msprof / torch_npu "
                                "npu_module_mem.csv: totals over time, no allocations), so there "
                                "is nothing to replay or convert; `npumem report` summarizes it")
+    if b'"allocated_bytes.all.current"' in head or b'"reserved_bytes.all.current"' in head:
+        raise TraceFormatError(path, "1", "PyTorch's memory_stats() (totals, no allocations), so "
+                               "there is nothing to replay or convert; `npumem report` reads it")
     raise TraceFormatError(path, "1", "unknown trace format; npumem reads "
                            + "; ".join(DESCRIPTIONS.values()))
 
