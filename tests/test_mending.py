@@ -2,6 +2,7 @@
 every command: replay through each allocator, report, plan and convert."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -279,3 +280,30 @@ def test_the_state_before_each_trace_is_said_for_each(tmp_path):
     shutil.copy(source, copy)
     out = CliRunner().invoke(main, ["replay", str(source), str(copy)]).output
     assert out.count("was reserved before the trace began") == 2
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+OTHERS = [SHARED / "traces" / "resnet_train.chrome.json.gz", SHARED / "traces" / "bert_train.jsonl.gz",
+          SHARED / "formats" / "operator_memory.csv", SHARED / "formats" / "operator_memory_0.csv",
+          SHARED / "formats" / "rmm_failure_midnight.csv", SHARED / "formats" / "rmm_pr341_old.csv",
+          SHARED / "formats" / "memory_log.csv.dev0"]
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data not beside the repo")
+@pytest.mark.parametrize("path", OTHERS, ids=lambda p: p.name)
+def test_files_others_write_read_alike_in_every_command(path):
+    """The profiler's Chrome trace, msprof's and torch_npu's operator_memory.csv and RMM's
+    logs: replay, report and plan see one peak and say the same notes."""
+    from npumem.units import format_size
+
+    runner = CliRunner()
+    replayed = json.loads(runner.invoke(main, ["replay", str(path), "--allocator", "pool",
+                                               "--json"]).output)[0]
+    planned = json.loads(runner.invoke(main, ["plan", str(path), "--json", "--time-limit",
+                                              "1"]).output)
+    report = runner.invoke(main, ["report", str(path)]).output
+    peak = replayed["peak_allocated_bytes"]
+    assert planned["load_bytes"] == peak > 0
+    assert f"peak allocated {format_size(peak)}" in report
+    mended = [n for n in replayed["notes"] if "trace" in n or "freed" in n]
+    assert [n for n in planned["notes"] if n in mended] == mended

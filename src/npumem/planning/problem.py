@@ -91,11 +91,12 @@ class PlanningProblem:
         return int(live.max()) if len(live) else 0
 
 
-def problem_from_arrays(lower, upper, size, ids=None, name: str = "") -> PlanningProblem:
+def problem_from_arrays(lower, upper, size, ids=None, name: str = "",
+                        notes=()) -> PlanningProblem:
     lower = np.asarray(lower, dtype=np.int64)
     ids = np.arange(len(lower)) if ids is None else np.asarray(ids)
     return PlanningProblem(ids, lower, np.asarray(upper, dtype=np.int64),
-                           np.asarray(size, dtype=np.int64), name)
+                           np.asarray(size, dtype=np.int64), name, list(notes))
 
 
 # Sizes and times up to this keep the planner's 64-bit sums exact (2**15 buffers of this size
@@ -161,11 +162,13 @@ def _read_rows(path: str, handle) -> PlanningProblem:
 
 
 def problem_from_trace(events: Iterable[TraceEvent], name: str = "",
-                       size_of: Callable[[int], int] | None = None) -> PlanningProblem:
+                       size_of: Callable[[int], int] | None = None,
+                       notes=()) -> PlanningProblem:
     """Lifetimes from an allocation trace, one buffer per allocation in allocation order; time
     is the event number. A block allocated again without a free ends there; blocks still live at
     the end live until the end; frees of blocks allocated before the recording are ignored.
-    `size_of` maps a requested size to the bytes to plan (default: as requested)."""
+    `size_of` maps a requested size to the bytes to plan (default: as requested); `notes`: how
+    the trace was read."""
     open_at: dict[int, int] = {}              # address -> index of its live buffer
     lower, upper, size = [], [], []
     clock = 0
@@ -184,4 +187,4 @@ def problem_from_trace(events: Iterable[TraceEvent], name: str = "",
             size.append(nbytes)
     for index in open_at.values():
         upper[index] = clock + 1
-    return problem_from_arrays(lower, upper, size, name=name)
+    return problem_from_arrays(lower, upper, size, name=name, notes=notes)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..trace.snapshot.columns import (ALLOC, FREE_COMPLETED, FREE_REQUESTED, SEGMENT_ADD,
                                       SEGMENT_REMOVE, arrays, block_order, exact, having,
-                                      index_type, levels, natural, sizes, take)
+                                      levels, natural, positions_where, sizes, take)
 from ..units import format_size
 from .stacks import is_internal_file
 
@@ -177,7 +177,7 @@ def analyze_trace(device: int, entries: list[dict], start_live: list[dict] = (),
     action, size = a.action, sizes(a)
     allocating = action == ALLOC
     allocs = np.flatnonzero(allocating)
-    points = np.flatnonzero(having(action, *_POINT_ACTIONS)).astype(index_type(len(a)))
+    points = positions_where(having(action, *_POINT_ACTIONS))
     every = len(points) == len(a)
     at = slice(None) if every else points
     # allocated: + each alloc, - each free_requested of a block live then (by the free's size)

@@ -28,6 +28,4 @@ def load_problem(path: str | os.PathLike) -> PlanningProblem:
                                  "id,lower,upper,size) nor an allocation trace: "
                                  + exc.reason) from None
     events = read_trace(path, fmt)
-    problem = problem_from_trace(events, os.path.basename(path))
-    problem.notes.extend(events.notes)        # (a frozen problem; its list of notes is not)
-    return problem
+    return problem_from_trace(events, os.path.basename(path), notes=events.notes)

@@ -166,14 +166,18 @@ def read_rows(path: str, counts: dict[str, int] | None = None) -> Iterator[Opera
         yield OperatorRow(int(where), cell["Name"].strip(), size, start, end, stream, device)
 
 
+def _release_order(start: float | None, end: float) -> int:
+    """Where a release goes among the events of its time (allocs are 1): before the allocs,
+    but after them when it releases a block made at that time (a zero duration)."""
+    return 2 if end == start else 0
+
+
 def read(path: str, counts: dict[str, int] | None = None) -> Iterator[TraceEvent]:
     """Allocations and frees in time order. A negative size is a free, at its time, of a block
     the trace never saw allocated (read as allocated before the trace began: trace/mending.py);
     one without any time cannot be placed and is left out, as `to_snapshot` leaves it. A row
     without an allocation time is allocated at the start."""
-    # (time, order, row number, size, stream): at one time frees (0) come before allocs (1),
-    # but a block released when it is made (a zero duration) after its alloc (2)
-    rows = []
+    rows = []                     # (time, order (_release_order; 1: alloc), row, size, stream)
     unknown_time = []             # allocations without a time: placed at the start
     for row in read_rows(path, counts):
         number, size, stream = row.number, row.size, row.stream
@@ -187,7 +191,7 @@ def read(path: str, counts: dict[str, int] | None = None) -> Iterator[TraceEvent
         else:
             rows.append((row.start, 1, number, size, stream))
         if row.end is not None:
-            rows.append((row.end, 2 if row.end == row.start else 0, number, size, stream))
+            rows.append((row.end, _release_order(row.start, row.end), number, size, stream))
     rows.sort()
     first = rows[0][0] if rows else 0.0
     for number, size, stream in sorted(unknown_time):
@@ -237,8 +241,8 @@ def to_snapshot(path: str) -> tuple[dict, list[str]]:
             frames = frames_of[row.name] = [operator_frame(row.name)]
         entries.append((start, 1, row.number, {"action": "alloc", **common, "time_us": start,
                                                "frames": frames}))
-        if row.end is not None:       # (as `read`: a zero duration's release after its alloc)
-            order = 2 if row.end == start else 0
+        if row.end is not None:
+            order = _release_order(start, row.end)
             entries += [(row.end, order, row.number, {"action": action, **common,
                                                       "time_us": row.end, "frames": frames})
                         for action in ("free_requested", "free_completed")]

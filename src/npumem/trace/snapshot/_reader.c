@@ -1851,6 +1851,11 @@ static int key_order(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* a uint64 key's first slot in an open-addressing table of `mask` + 1 slots (a power of 2) */
+static Py_ssize_t key_slot(uint64_t key, Py_ssize_t mask) {
+    return (Py_ssize_t)((key * 11400714819323198485ULL) >> 20) & mask;
+}
+
 /* The positions of `keys` (uint64) sorted by key, ties in position order: what a stable
  * argsort gives, in one pass with a hash of the distinct keys and a counting sort, where a
  * trace reuses few addresses among millions of entries. None when more than a quarter of the
@@ -1902,7 +1907,7 @@ static PyObject *order_by_key(PyObject *self, PyObject *args) {
     Py_ssize_t mask = slots - 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t key = keys[ROW(i)];
-        Py_ssize_t at = (Py_ssize_t)((key * 11400714819323198485ULL) >> 20) & mask;
+        Py_ssize_t at = key_slot(key, mask);
         while (table[at].id && table[at].key != key)
             at = (at + 1) & mask;
         if (!table[at].id) {
@@ -1984,7 +1989,7 @@ typedef struct { uint64_t key; int64_t state; uint64_t size; } Story;
 enum { FREED = 1, LIVE = 2 };
 
 static Story *story_of(Story *table, Py_ssize_t mask, uint64_t key) {
-    Py_ssize_t at = (Py_ssize_t)((key * 11400714819323198485ULL) >> 20) & mask;
+    Py_ssize_t at = key_slot(key, mask);
     while (table[at].state && table[at].key != key)
         at = (at + 1) & mask;
     return &table[at];

@@ -484,7 +484,7 @@ def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int 
     state of a replay, which walks no more; tune makes one per setting) gathers them again."""
     order = a.cache.get("block_order")
     if order is None:
-        positions = where(having(a.action, *_BLOCK_ACTIONS), index_type(len(a)))
+        positions = positions_where(having(a.action, *_BLOCK_ACTIONS))
         order = a.cache["block_order"] = stable_order(a.addr, positions)
         del positions
     gathered = a.cache.get("block_order_gathered")
@@ -508,10 +508,10 @@ def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int 
     return positions, first, codes, addr
 
 
-def where(mask: np.ndarray, dtype) -> np.ndarray:
-    """np.flatnonzero(mask) as `dtype` (int32 for a trace under 2**31 entries), made a million
-    at a time: no int64 array of them all on the way."""
-    out = np.empty(int(np.count_nonzero(mask)), dtype=dtype)
+def positions_where(mask: np.ndarray) -> np.ndarray:
+    """np.flatnonzero(mask) as `index_type` (int32 for a trace under 2**31 entries), made a
+    million at a time: no int64 array of them all on the way."""
+    out = np.empty(int(np.count_nonzero(mask)), dtype=index_type(len(mask)))
     filled = 0
     for start in range(0, len(mask), 1 << 20):
         found = np.flatnonzero(mask[start:start + (1 << 20)])

@@ -29,7 +29,7 @@ from ...alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFE
                                            round_size)
 from ...alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
 from .columns import (_CHUNK, ACTIONS, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays,
-                      block_order, having, index_type, indices, natural, rows, where)
+                      block_order, having, indices, natural, positions_where, rows)
 
 
 @dataclass
@@ -188,7 +188,7 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     inconsistent = _undo_blocks(a, live, free_action)
     # alloc and segment entries -> the segment's node (-1: none); with `pools` only
     entry_nodes = np.full(len(a), -1, dtype=np.int32) if pools else None    # (few nodes)
-    blocks = where(having(a.action, "alloc", free_action), index_type(len(a))) if pools else None
+    blocks = positions_where(having(a.action, "alloc", free_action)) if pools else None
     mapped: list[tuple[int, int]] = []   # (node, address) of each page range (un)mapped
     above = len(a)
     # the trace backwards: segment entries one by one, the blocks between them at once
@@ -246,7 +246,7 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
         lowest[nodes.find(node)] = min(addr, lowest.get(nodes.find(node), addr))
     if not pools:
         return _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
-    noted = where(entry_nodes >= 0, index_type(len(a)))[::-1]      # the latest first
+    noted = positions_where(entry_nodes >= 0)[::-1]      # the latest first
     node_of = entry_nodes[noted]
     del entry_nodes
     held, users = Counter(), Counter()   # each segment node's bytes and live blocks at the start
