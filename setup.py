@@ -7,7 +7,7 @@ places a file in: build_py puts it at the root of the wheel, and for an editable
 folder its `install` command targets.
 
 It also builds the C extensions: the snapshot reader, the JSONL trace reader, the native
-allocator model, the greedy placement and the planner's search."""
+allocator model, the native pool for replays, the greedy placement and the planner's search."""
 
 import os
 
@@ -52,6 +52,10 @@ NATIVE_MODEL = Extension("npumem.alloc.torch_model._native",
                          ["src/npumem/alloc/torch_model/_native.c"],
                          extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
+# npumem's default pool, native, for trace replays (src/npumem/alloc/_pool_replay.c).
+POOL_REPLAY = Extension("npumem.alloc._pool_replay", ["src/npumem/alloc/_pool_replay.c"],
+                        extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
+
 # Greedy placement in a given order (src/npumem/planning/_placement.c): the planner's greedy
 # stage and the predictive pool's step layouts.
 PLACEMENT = Extension("npumem.planning._placement", ["src/npumem/planning/_placement.c"],
@@ -62,4 +66,4 @@ SEARCH = Extension("npumem.planning._search", ["src/npumem/planning/_search.c"],
                    extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
 setup(cmdclass={"build_py": BuildWithProfileHook},
-      ext_modules=[SNAPSHOT_READER, JSONL_READER, NATIVE_MODEL, PLACEMENT, SEARCH])
+      ext_modules=[SNAPSHOT_READER, JSONL_READER, NATIVE_MODEL, POOL_REPLAY, PLACEMENT, SEARCH])

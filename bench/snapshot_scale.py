@@ -1,6 +1,7 @@
 """Snapshots at scale: make a PyTorch-shaped memory snapshot of millions of trace entries, then
-time `npumem report`, `npumem replay --allocator torch` (and `--check`) and `npumem tune` on it, with
-each command's peak RSS, against PyTorch's own reader of the file (`_memory_viz trace_plot`).
+time `npumem report`, `npumem replay` through the model of PyTorch's allocator (and `--check`)
+and through npumem's pool, and `npumem tune` on it, with each command's peak RSS, against
+PyTorch's own reader of the file (`_memory_viz trace_plot`).
 
     python bench/snapshot_scale.py [--entries 1M,10M] [--frames shared|copied] [--keep DIR]
                                    [--no-peer]
@@ -207,6 +208,7 @@ def measure(path: str, entries: int, peer: bool) -> None:
     print(f"{entries:,} entries, {size:,.0f} MiB snapshot")
     commands = [("report", npumem + ["report", path]),
                 ("replay --allocator torch", npumem + ["replay", "--allocator", "torch", path]),
+                ("replay --allocator pool", npumem + ["replay", "--allocator", "pool", path]),
                 ("replay --check", npumem + ["replay", "--check", path]),
                 ("tune", npumem + ["tune", path])]
     if peer:          # PyTorch's own reader of the same file: its trace plot (no GPU needed)

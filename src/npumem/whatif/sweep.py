@@ -27,6 +27,7 @@ from ..units import GiB
 from ..trace import snapshot
 from ..trace.formats import TraceEvents, holds_snapshot, read_trace, read_with_steps
 from ..trace.snapshot import load_recording
+from . import pool_replay
 from .replay import ReplayResult, replay
 
 TORCH_ALLOCATORS = ("torch", "torch_npu")
@@ -52,27 +53,37 @@ class ReplayJob:
                                   progress=progress, pad=self.pad, says_oom=self.says_oom)
             return ReplayResult.from_torch(result, self.allocator)
         settings = parse_settings(self.settings)
+        memory = self.memory or 64 * GiB
         # a snapshot is loaded here, once: its events, its step marks and its own OOM
         recording = load_recording(self.trace) if holds_snapshot(self.trace) else None
+        result = None
+        if self.allocator == "pool":            # the default pool, natively (None: it cannot)
+            result = pool_replay.replay_file(self.trace, settings, memory, recording, progress)
+        if result is None:
+            result = self._replay_events(settings, memory, recording, progress)
+        if recording is not None and self.says_oom:
+            from .torch_replay import oom_facts
+            result.recorded_oom = oom_facts(recording) or {}
+        result.notes += settings_warnings(settings)
+        return result
+
+    def _replay_events(self, settings, memory: int, recording, progress) -> ReplayResult:
+        """The replay of the trace's events one by one (`replay.replay`), with what reading
+        them changed and where steps begin as notes."""
         if settings.predictive:      # the program's step marks, where the trace has them
             events, marks, note = read_with_steps(self.trace, self.steps, recording)
         else:
             events = (read_trace(self.trace) if recording is None else
                       TraceEvents(snapshot.events(recording)))
             marks, note = (), None
-        result = replay(events, self.allocator, settings, trace_name=self.trace,
-                        memory=self.memory or 64 * GiB, progress=progress,
-                        planner_lag=self.planner_lag, steps=marks)
-        if recording is not None and self.says_oom:
-            from .torch_replay import oom_facts
-            result.recorded_oom = oom_facts(recording) or {}
+        result = replay(events, self.allocator, settings, trace_name=self.trace, memory=memory,
+                        progress=progress, planner_lag=self.planner_lag, steps=marks)
         result.notes[:0] = events.notes         # what reading the trace changed
         if marks:
             how = f"{self.steps!r} annotations" if self.steps else "npumem.memory.step() marks"
             result.notes.insert(0, f"{len(marks)} steps marked by the trace's {how}")
         elif note:
             result.notes.append(note)
-        result.notes += settings_warnings(settings)
         return result
 
 

@@ -1,0 +1,139 @@
+"""Replay a trace file through npumem's pool in its default mode, natively.
+
+`npumem replay --allocator pool` with expandable arenas (the default) and no prediction plays
+the trace's columns through `alloc/_pool_replay.c`, which follows the pool's rules with every
+stream idle, as a replay has it: a million events a second or more, memory with the live
+blocks. The pool's own numbers (split size, budget, rounding) come from a pool made on the
+same simulated device as `replay.replay` makes, so both replays answer alike; the Python pool
+stays the oracle (tests/test_pool_replay.py). Segment mode, prediction, an out-of-memory and
+traces whose numbers do not fit 64 bits replay through the Python pool (`replay.replay`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..alloc.caching_allocator import CachingAllocator
+from ..alloc.settings import AllocatorSettings, describe_changes
+from ..alloc.sizes import round_request
+from ..constants import MemAttr
+from ..device.sim import SimBackend, SimConfig
+from ..trace import jsonl
+from ..trace.formats import detect_format, read_mended
+from ..trace.mending import StoryHole, checked
+from ..trace.snapshot.columns import ACTION_CODE, ALLOC, FREE_COMPLETED, Entries
+from .replay import ReplayResult
+
+try:
+    from ..alloc import _pool_replay
+except ImportError:                 # a checkout not installed with `pip install -e .`
+    _pool_replay = None
+
+MAX_STREAMS = 256                   # more arenas than this: the Python pool's replay
+SLICE = 1 << 20                     # events per call of the core, between progress reports
+
+Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]   # action, addr, size, stream
+
+
+def applies(settings: AllocatorSettings) -> bool:
+    """Whether the native core replays a pool with these settings."""
+    return _pool_replay is not None and settings.expandable_segments and not settings.predictive
+
+
+def make_core(settings: AllocatorSettings, memory: int):
+    """A native pool with the numbers of the pool `replay.replay` makes for `memory` bytes."""
+    backend = SimBackend(SimConfig(memory=memory))
+    pool = CachingAllocator(backend, 0, settings)
+    try:
+        page = backend.page_granularity
+        huge = backend.mem_info(0, MemAttr.HBM_MEM_HUGE)[1]    # what map() can ever give
+        arena = -(-max(pool.capacity, 1) // page) * page       # a stream's reservation
+        flavour, divisions, alignment = (pool.flavour, settings.roundup_power2_divisions,
+                                         settings.block_alignment)
+        return _pool_replay.Core(
+            page_shift=page.bit_length() - 1, arena_size=arena, split_min=pool.split_min,
+            budget=min(pool.limit, huge), max_streams=MAX_STREAMS,
+            rounding=lambda nbytes: round_request(nbytes, flavour, divisions, alignment))
+    finally:
+        pool.close()
+        backend.close()
+
+
+def replay_file(path: str, settings: AllocatorSettings, memory: int, recording=None,
+                progress: Callable[[int], None] | None = None) -> ReplayResult | None:
+    """The replay of `path` (`recording`: its snapshot, loaded) through the default pool, or
+    None where the Python pool must do it (see the module's docstring)."""
+    if not applies(settings):
+        return None
+    if recording is not None:
+        source = _snapshot_columns(recording)
+        return None if source is None else replay_columns(*source, settings, memory, path,
+                                                          progress=progress)
+    if detect_format(path) == "jsonl" and jsonl.in_columns():
+        # streamed, each part checked as it comes: memory stays with the live blocks; a hole
+        # in an address's story sends the trace to be read whole and mended
+        parts = checked(jsonl.column_chunks(path))
+        try:
+            return replay_columns(((c.action, c.addr, c.size, c.stream) for c in parts),
+                                  FREE_COMPLETED, settings, memory, path, progress=progress)
+        except StoryHole:
+            pass
+    mended = read_mended(path)
+    entries = mended.entries
+    if not isinstance(entries, Entries):
+        return None                  # numbers past 64 bits
+    c, span = entries.columns, slice(entries.start, entries.stop)
+    return replay_columns([(c.action[span], c.addr[span], c.size[span], c.stream[span])],
+                          FREE_COMPLETED, settings, memory, path, mended.notes, progress)
+
+
+def replay_columns(chunks, free_code: int, settings: AllocatorSettings, memory: int,
+                   trace_name: str = "", notes=(), progress=None) -> ReplayResult | None:
+    """The replay of `chunks` (action, addr, size and stream columns, a part at a time; frees
+    have action `free_code`), or None where the Python pool must do it."""
+    kinds = np.zeros(256, np.uint8)
+    kinds[ALLOC], kinds[free_code] = 1, 2
+    core = make_core(settings, memory)
+    for action, addr, size, stream in chunks:
+        for begin in range(0, len(action), SLICE):
+            span = slice(begin, begin + SLICE)
+            why, _ = core.run(kinds, action[span], addr[span], size[span], stream[span])
+            if why != _pool_replay.DONE:
+                return None                      # the Python pool says what went wrong
+            if progress is not None:
+                progress(core.counts()["events"])
+    counts = core.counts()
+    live, reserved, requests = counts["peak_allocated"], counts["peak_reserved"], counts["requests"]
+    return ReplayResult(
+        trace=trace_name, allocator="pool", events=counts["events"],
+        peak_allocated_bytes=live, peak_reserved_bytes=reserved,
+        reserved_over_allocated=reserved / live if live else 0.0,
+        device_allocs=counts["device_allocs"],
+        cache_hit_rate=1 - counts["cache_misses"] / requests if requests else 1.0,
+        mean_alloc_us=0.0,          # the native core's time is not the pool's: no latency shown
+        unmatched_frees=counts["unmatched"], settings=describe_changes(settings),
+        notes=list(notes))
+
+
+def _snapshot_columns(recording) -> tuple[list[Columns], int] | None:
+    """A snapshot's blocks live when its trace began (allocs on stream 0, as `snapshot.events`
+    gives them), then its trace's allocs and frees."""
+    from ..trace.snapshot.columns import arrays
+
+    entries = recording.entries
+    if not entries:
+        return None                  # the Python reader says there is nothing to replay
+    a = arrays(entries)
+    if a.addr.dtype != np.uint64 or a.size.dtype != np.uint64 or a.stream.dtype != np.uint64:
+        return None
+    live = list(recording.start_state(pools=False).live.values())
+    try:
+        start = (np.full(len(live), ALLOC, np.uint8),
+                 np.array([block.addr for block in live], np.uint64),
+                 np.array([block.requested for block in live], np.uint64),
+                 np.zeros(len(live), np.uint64))
+    except OverflowError:            # a segment's numbers past 64 bits
+        return None
+    return [start, (a.action, a.addr, a.size, a.stream)], ACTION_CODE[recording.free_action]

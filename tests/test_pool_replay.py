@@ -1,0 +1,214 @@
+"""The native replay of the default pool (alloc/_pool_replay.c) against its oracle, the pool
+itself (CachingAllocator in expandable mode, every stream idle): random request streams must
+leave the same blocks at the same places, map and unmap the same pages, and stop at the same
+request for want of memory; replays of files must say the same as the Python pool's."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from npumem.alloc.caching_allocator import CachingAllocator, OutOfMemoryError
+from npumem.alloc.settings import AllocatorSettings, parse_settings
+from npumem.device.sim import SimBackend, SimConfig
+from npumem.trace import write_trace
+from npumem.trace.snapshot.columns import ALLOC, FREE_COMPLETED
+from npumem.events import TraceEvent
+from npumem.whatif import pool_replay
+from npumem.whatif.sweep import ReplayJob
+
+pytestmark = pytest.mark.skipif(pool_replay._pool_replay is None,
+                                reason="the native pool is not built (pip install -e .)")
+MiB = 1 << 20
+DATA = Path(__file__).parent / "data"
+KINDS = np.zeros(256, np.uint8)
+KINDS[ALLOC], KINDS[FREE_COMPLETED] = 1, 2
+
+
+def _size(rng: random.Random) -> int:
+    kind = rng.random()
+    if kind < 0.5:
+        return rng.randrange(0, 4096)
+    if kind < 0.8:
+        return rng.randrange(4096, 3 * MiB)
+    return rng.randrange(3 * MiB, 40 * MiB)
+
+
+def _events(seed: int, count: int, streams: int = 3) -> list[tuple[str, int, int, int]]:
+    """(action, addr, size, stream): frees of live blocks mostly, an alloc over a live block and
+    a free of an unknown address now and then."""
+    rng = random.Random(seed)
+    live, out, next_addr = {}, [], 1
+    for _ in range(count):
+        roll = rng.random()
+        if live and roll < 0.45:
+            addr = rng.choice(list(live))
+            out.append(("free", addr, live.pop(addr), 0))
+        elif roll < 0.47:
+            out.append(("free", 10 ** 9 + rng.randrange(100), 64, 0))
+        elif live and roll < 0.49:
+            addr = rng.choice(list(live))
+            size = _size(rng)
+            live[addr] = size
+            out.append(("alloc", addr, size, rng.randrange(streams)))
+        else:
+            size = _size(rng)
+            live[next_addr] = size
+            out.append(("alloc", next_addr, size, rng.randrange(streams)))
+            next_addr += 1
+    return out
+
+
+def _columns(events):
+    action = np.array([ALLOC if e[0] == "alloc" else FREE_COMPLETED for e in events], np.uint8)
+    addr, size, stream = (np.array([e[k] for e in events], np.uint64) for k in (1, 2, 3))
+    return action, addr, size, stream
+
+
+def _python_pool(events, pool_settings: AllocatorSettings, memory: int):
+    """The events through the pool as `replay.replay` plays them; (pool, backend, the index
+    of the request it could not serve or None)."""
+    backend = SimBackend(SimConfig(memory=memory))
+    pool = CachingAllocator(backend, 0, pool_settings)
+    live = {}
+    for index, (action, addr, size, stream) in enumerate(events):
+        if action == "free":
+            if addr in live:
+                pool.deallocate(live.pop(addr))
+            continue
+        if addr in live:
+            pool.deallocate(live.pop(addr))
+        try:
+            live[addr] = pool.allocate(size, stream)
+        except OutOfMemoryError:
+            return pool, backend, index
+    return pool, backend, None
+
+
+def _python_blocks(pool, stream) -> list[tuple[int, int, bool]]:
+    arena = pool._strategy.arenas[stream]
+    return [(block.start - arena.base, block.size, block.allocated) for block in arena.blocks()]
+
+
+SETTINGS = st.sampled_from(["", "roundup_power2_divisions:4", "block_alignment:128",
+                            "per_process_memory_fraction:0.5"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 10 ** 6), st.integers(1, 400), SETTINGS,
+       st.sampled_from([64 * MiB, 200 * MiB, 1 << 30]), st.integers(1, 3))
+def test_random_streams_leave_the_same_pool(seed, count, text, memory, streams):
+    events = _events(seed, count, streams)
+    pool_settings = parse_settings(text)
+    core = pool_replay.make_core(pool_settings, memory)
+    why, stopped = core.run(KINDS, *_columns(events))
+    pool, backend, refused = _python_pool(events, pool_settings, memory)
+    try:
+        if refused is not None:
+            assert (why, stopped) == (pool_replay._pool_replay.OUT_OF_MEMORY, refused)
+            return
+        assert (why, stopped) == (pool_replay._pool_replay.DONE, len(events))
+        counts, stats = core.counts(), pool.stats
+        assert counts["reserved"] == stats.current("reserved_bytes")
+        assert counts["peak_reserved"] == stats.peak("reserved_bytes")
+        assert counts["device_allocs"] == stats.counters["num_device_alloc"]
+        assert counts["device_frees"] == stats.counters["num_device_free"]
+        assert counts["cache_misses"] == stats.counters["num_cache_misses"]
+        assert counts["requests"] == stats.stat("allocation").allocated
+        assert counts["allocated"] == stats.current("requested_bytes")
+        for stream in pool._strategy.arenas:
+            assert core.blocks(stream) == _python_blocks(pool, stream)
+    finally:
+        pool.close()
+        backend.close()
+
+
+def _file_replays(path: str, text: str = ""):
+    native = ReplayJob(path, "pool", text).run()
+    saved, pool_replay._pool_replay = pool_replay._pool_replay, None
+    try:
+        python = ReplayJob(path, "pool", text).run()
+    finally:
+        pool_replay._pool_replay = saved
+    return native, python
+
+
+FIGURES = ("events", "peak_allocated_bytes", "peak_reserved_bytes", "device_allocs",
+           "cache_hit_rate", "unmatched_frees", "notes", "settings")
+RECORDINGS = sorted([*(DATA / "cuda_snapshots").glob("*.pickle.gz"),
+                     *(DATA / "cpu_recordings").glob("*.jsonl.gz")])
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
+def test_replays_of_recordings_say_what_the_pool_says(path):
+    native, python = _file_replays(str(path), "roundup_power2_divisions:2")
+    assert {k: getattr(native, k) for k in FIGURES} == {k: getattr(python, k) for k in FIGURES}
+    assert native.mean_alloc_us == 0.0 and python.mean_alloc_us > 0     # no latency to show
+
+
+def test_a_trace_with_holes_is_replayed_mended(tmp_path):
+    path = str(tmp_path / "holes.jsonl")
+    write_trace([TraceEvent(0, "free", 0x900, 4096, 0),            # allocated before the trace
+                 TraceEvent(1, "alloc", 0x100, 3 * MiB, 0),
+                 TraceEvent(2, "alloc", 0x100, 1 * MiB, 1),        # its free was missed
+                 TraceEvent(3, "free", 0x100, 1 * MiB, 1),
+                 TraceEvent(4, "free", 0x100, 1 * MiB, 1)], path)  # a double free
+    native, python = _file_replays(path)
+    assert {k: getattr(native, k) for k in FIGURES} == {k: getattr(python, k) for k in FIGURES}
+    assert len(native.notes) == 3 and native.events == 6     # the block from before, put first
+
+
+def test_what_the_native_pool_does_not_replay_goes_to_the_python_pool(tmp_path, monkeypatch):
+    path = str(DATA / "cpu_recordings" / "lstm.jsonl.gz")
+    for text in ("expandable_segments:False", "predictive:True"):
+        assert pool_replay.replay_file(path, parse_settings(text), 64 << 30) is None
+    # more streams than the native pool takes, and a device too small: the pool's own replay
+    monkeypatch.setattr(pool_replay, "MAX_STREAMS", 1)
+    many = str(tmp_path / "streams.jsonl")
+    write_trace([TraceEvent(i, "alloc", i + 1, 512, i) for i in range(3)], many)
+    assert pool_replay.replay_file(many, AllocatorSettings(), 64 << 30) is None
+    assert ReplayJob(many, "pool").run().events == 3
+    assert pool_replay.replay_file(path, AllocatorSettings(), 4 * MiB) is None
+    with pytest.raises(OutOfMemoryError):
+        ReplayJob(path, "pool", memory=4 * MiB).run()
+
+
+def test_progress_is_said_as_the_replay_goes(monkeypatch):
+    monkeypatch.setattr(pool_replay, "SLICE", 1000)
+    seen = []
+    path = str(DATA / "cpu_recordings" / "cnn_accum.jsonl.gz")
+    result = pool_replay.replay_file(path, AllocatorSettings(), 64 << 30, progress=seen.append)
+    assert len(seen) >= result.events // 1000 and seen[-1] == result.events
+    assert seen == sorted(seen)
+
+
+def test_bad_calls_are_refused_and_a_stopped_core_is_not_reused():
+    core = pool_replay.make_core(AllocatorSettings(), 64 * MiB)
+    action, addr, size, stream = _columns([("alloc", 1, 100, 0), ("free", 1, 100, 0)])
+    with pytest.raises(ValueError, match="addr holds 8 bytes, not 16"):
+        core.run(KINDS, action, addr[:1], size, stream)
+    with pytest.raises(ValueError, match="kinds has 256 entries"):
+        core.run(KINDS[:10], action, addr, size, stream)
+    assert core.run(KINDS, action, addr, size, stream) == (0, 2)      # still usable
+    assert core.counts()["requests"] == 1
+    action, addr, size, stream = _columns([("alloc", 2, 100 * MiB, 0)])
+    assert core.run(KINDS, action, addr, size, stream) == (pool_replay._pool_replay.OUT_OF_MEMORY, 0)
+    with pytest.raises(RuntimeError, match="stopped short"):
+        core.run(KINDS, action, addr, size, stream)
+    with pytest.raises(ValueError, match="page_shift"):
+        pool_replay._pool_replay.Core(page_shift=3, arena_size=1 << 20, split_min=64,
+                                      budget=1 << 20, rounding=abs, max_streams=4)
+
+
+def test_a_rounding_rule_that_fails_stops_the_replay_with_its_error():
+    def broken(nbytes):
+        raise ArithmeticError(f"cannot round {nbytes}")
+
+    core = pool_replay._pool_replay.Core(page_shift=21, arena_size=64 * MiB, split_min=64,
+                                         budget=64 * MiB, rounding=broken, max_streams=4)
+    with pytest.raises(ArithmeticError, match="cannot round 100"):
+        core.run(KINDS, *_columns([("alloc", 1, 100, 0)]))
