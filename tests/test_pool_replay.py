@@ -89,17 +89,31 @@ def _python_pool(events, pool_settings: AllocatorSettings, memory: int):
     return pool, backend, None
 
 
-def _python_blocks(pool, stream) -> list[tuple[int, int, bool]]:
-    arena = pool._strategy.arenas[stream]
-    return [(block.start - arena.base, block.size, block.allocated) for block in arena.blocks()]
+def _python_layout(pool) -> list[tuple]:
+    """What Core.layout says, of the Python pool: its arenas or segments, oldest first."""
+    strategy = pool._strategy
+    if pool.expandable:
+        places = [(arena.stream, False, arena.reservation.size, arena.base, arena.blocks())
+                  for arena in strategy.arenas.values()]
+    else:
+        places = [(segment.stream, segment.small, segment.size, segment.start, segment.blocks())
+                  for segment in strategy.segments.values()]
+    return [(stream, small, size, [(block.start - base, block.size, block.allocated)
+                                   for block in blocks])
+            for stream, small, size, base, blocks in places]
 
 
-SETTINGS = st.sampled_from(["", "roundup_power2_divisions:4", "block_alignment:128",
-                            "per_process_memory_fraction:0.5"])
+EXPANDABLE = ["", "roundup_power2_divisions:4", "block_alignment:128",
+              "per_process_memory_fraction:0.5"]
+SEGMENTS = ["expandable_segments:False", "expandable_segments:False,max_split_size_mb:24",
+            "expandable_segments:False,segment_size_mb:4.5,roundup_power2_divisions:2",
+            "expandable_segments:False,garbage_collection_threshold:0.5",
+            "expandable_segments:False,garbage_collection_threshold:0.8,max_split_size_mb:30,"
+            "per_process_memory_fraction:0.7"]
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.integers(0, 10 ** 6), st.integers(1, 400), SETTINGS,
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10 ** 6), st.integers(1, 400), st.sampled_from(EXPANDABLE + SEGMENTS),
        st.sampled_from([64 * MiB, 200 * MiB, 1 << 30]), st.integers(1, 3))
 def test_random_streams_leave_the_same_pool(seed, count, text, memory, streams):
     events = _events(seed, count, streams)
@@ -118,10 +132,10 @@ def test_random_streams_leave_the_same_pool(seed, count, text, memory, streams):
         assert counts["device_allocs"] == stats.counters["num_device_alloc"]
         assert counts["device_frees"] == stats.counters["num_device_free"]
         assert counts["cache_misses"] == stats.counters["num_cache_misses"]
+        assert counts["alloc_retries"] == stats.counters["num_alloc_retries"]
         assert counts["requests"] == stats.stat("allocation").allocated
         assert counts["allocated"] == stats.current("requested_bytes")
-        for stream in pool._strategy.arenas:
-            assert core.blocks(stream) == _python_blocks(pool, stream)
+        assert core.layout() == _python_layout(pool)
     finally:
         pool.close()
         backend.close()
@@ -144,8 +158,10 @@ RECORDINGS = sorted([*(DATA / "cuda_snapshots").glob("*.pickle.gz"),
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
-def test_replays_of_recordings_say_what_the_pool_says(path):
-    native, python = _file_replays(str(path), "roundup_power2_divisions:2")
+@pytest.mark.parametrize("text", ["roundup_power2_divisions:2",
+                                  "expandable_segments:False,max_split_size_mb:64"])
+def test_replays_of_recordings_say_what_the_pool_says(path, text):
+    native, python = _file_replays(str(path), text)
     assert {k: getattr(native, k) for k in FIGURES} == {k: getattr(python, k) for k in FIGURES}
     assert native.mean_alloc_us == 0.0 and python.mean_alloc_us > 0     # no latency to show
 
@@ -164,8 +180,7 @@ def test_a_trace_with_holes_is_replayed_mended(tmp_path):
 
 def test_what_the_native_pool_does_not_replay_goes_to_the_python_pool(tmp_path, monkeypatch):
     path = str(DATA / "cpu_recordings" / "lstm.jsonl.gz")
-    for text in ("expandable_segments:False", "predictive:True"):
-        assert pool_replay.replay_file(path, parse_settings(text), 64 << 30) is None
+    assert pool_replay.replay_file(path, parse_settings("predictive:True"), 64 << 30) is None
     # more streams than the native pool takes, and a device too small: the pool's own replay
     monkeypatch.setattr(pool_replay, "MAX_STREAMS", 1)
     many = str(tmp_path / "streams.jsonl")
@@ -200,15 +215,23 @@ def test_bad_calls_are_refused_and_a_stopped_core_is_not_reused():
     with pytest.raises(RuntimeError, match="stopped short"):
         core.run(KINDS, action, addr, size, stream)
     with pytest.raises(ValueError, match="page_shift"):
-        pool_replay._pool_replay.Core(page_shift=3, arena_size=1 << 20, split_min=64,
-                                      budget=1 << 20, rounding=abs, max_streams=4)
+        _core(abs, page_shift=3)
+
+
+def _core(rounding, **changes):
+    numbers = dict(segments=False, page_shift=21, arena_size=64 * MiB, split_min=64,
+                   split_min_large=MiB + 1, limit=64 * MiB, device_total=64 * MiB,
+                   huge_limit=64 * MiB, gc_below=-1, rounding=rounding, max_streams=4)
+    return pool_replay._pool_replay.Core(**{**numbers, **changes})
 
 
 def test_a_rounding_rule_that_fails_stops_the_replay_with_its_error():
     def broken(nbytes):
         raise ArithmeticError(f"cannot round {nbytes}")
 
-    core = pool_replay._pool_replay.Core(page_shift=21, arena_size=64 * MiB, split_min=64,
-                                         budget=64 * MiB, rounding=broken, max_streams=4)
+    alloc = _columns([("alloc", 1, 100, 0)])
     with pytest.raises(ArithmeticError, match="cannot round 100"):
-        core.run(KINDS, *_columns([("alloc", 1, 100, 0)]))
+        _core(broken).run(KINDS, *alloc)
+    for wrong in (lambda n: n, lambda n: (n, -1, 0), lambda n: (n, 2 * MiB)):
+        with pytest.raises(ValueError, match="three whole numbers"):
+            _core(wrong, segments=True).run(KINDS, *alloc)

@@ -16,6 +16,26 @@ from .block import Block, FreeList
 from .sizes import LARGE_BUFFER, SMALL_SIZE, segment_size
 
 
+def large_split_min(split_min: int) -> int:
+    """The least rest a large block is cut for: more than a small block's worth."""
+    return max(split_min, SMALL_SIZE + 1)
+
+
+def usable_below(size: int, max_split_bytes: int | None) -> int | None:
+    """With max_split_size_mb, the cached block size from which blocks may not serve `size`:
+    blocks that large are kept for large requests, and those only take blocks at most
+    LARGE_BUFFER bigger than asked (None: any block may serve)."""
+    if max_split_bytes is None:
+        return None
+    return max_split_bytes if size < max_split_bytes else size + LARGE_BUFFER
+
+
+def garbage_limit(threshold: float | None, limit: int) -> int | None:
+    """garbage_collection_threshold in bytes of the pool's `limit`: above it, a miss first
+    gives back free segments until reserved memory is at most this (None: no collection)."""
+    return None if threshold is None else int(threshold * limit)
+
+
 class Segment:
     """One device allocation carved into blocks."""
 
@@ -60,10 +80,8 @@ class SegmentStrategy:
         small = size <= SMALL_SIZE
         free_list = self.free_lists.get((stream, small)) or self._free_list(stream, small)
         owner = self.owner
-        # large blocks split only when more than a small block's worth would remain
-        split_min = owner.split_min if small else max(owner.split_min, SMALL_SIZE + 1)
-        block = free_list.take(size, split_min,
-                               None if owner.max_split_bytes is None else self._usable_below(size))
+        split_min = owner.split_min if small else large_split_min(owner.split_min)
+        block = free_list.take(size, split_min, usable_below(size, owner.max_split_bytes))
         if block is not None:
             return block
         self._collect_garbage()
@@ -79,16 +97,8 @@ class SegmentStrategy:
     def serves_from_cache(self, size: int, stream) -> bool:
         """Whether `take(size, stream)` would find a cached block (no new segment)."""
         free_list = self.free_lists.get((stream, size <= SMALL_SIZE))
-        return free_list is not None and free_list.fit(size, self._usable_below(size)) is not None
-
-    def _usable_below(self, size: int) -> int | None:
-        """With max_split_size_mb, the cached block size from which blocks may not serve `size`:
-        blocks that large are kept for large requests, and those only take blocks at most
-        LARGE_BUFFER bigger than asked (None: any block may serve)."""
-        limit = self.owner.max_split_bytes
-        if limit is None:
-            return None
-        return limit if size < limit else size + LARGE_BUFFER
+        return free_list is not None and \
+            free_list.fit(size, usable_below(size, self.owner.max_split_bytes)) is not None
 
     def _new_segment(self, size: int, stream, small: bool, nbytes: int | None = None) -> Segment | None:
         """A new segment for a `size`-byte request (or of exactly `nbytes`); None if the
@@ -132,11 +142,9 @@ class SegmentStrategy:
         return released
 
     def _collect_garbage(self) -> None:
-        threshold = self.owner.settings.garbage_collection_threshold
-        if threshold is not None:
-            limit = int(threshold * self.owner.limit)
-            if self.owner.stats.current("reserved_bytes") > limit:
-                self.release_cached(below=limit)
+        limit = garbage_limit(self.owner.settings.garbage_collection_threshold, self.owner.limit)
+        if limit is not None and self.owner.stats.current("reserved_bytes") > limit:
+            self.release_cached(below=limit)
 
     def streams(self) -> set:
         return {segment.stream for segment in self.segments.values()}

@@ -1,12 +1,13 @@
-"""Replay a trace file through npumem's pool in its default mode, natively.
+"""Replay a trace file through npumem's pool, natively.
 
-`npumem replay --allocator pool` with expandable arenas (the default) and no prediction plays
-the trace's columns through `alloc/_pool_replay.c`, which follows the pool's rules with every
+`npumem replay --allocator pool` without prediction (expandable arenas or segments) plays the
+trace's columns through `alloc/_pool_replay.c`, which follows the pool's rules with every
 stream idle, as a replay has it: a million events a second or more, memory with the live
-blocks. The pool's own numbers (split size, budget, rounding) come from a pool made on the
-same simulated device as `replay.replay` makes, so both replays answer alike; the Python pool
-stays the oracle (tests/test_pool_replay.py). Segment mode, prediction, an out-of-memory and
-traces whose numbers do not fit 64 bits replay through the Python pool (`replay.replay`).
+blocks. The pool's own numbers (split sizes, limit, rounding, segment sizes) come from a pool
+made on the same simulated device as `replay.replay` makes, so both replays answer alike; the
+Python pool stays the oracle (tests/test_pool_replay.py). Prediction, an out-of-memory, more
+streams than MAX_STREAMS and traces whose numbers do not fit 64 bits replay through the Python
+pool (`replay.replay`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 
 from ..alloc.caching_allocator import CachingAllocator
 from ..alloc.settings import AllocatorSettings, describe_changes
-from ..alloc.sizes import round_request
+from ..alloc.segments import garbage_limit, large_split_min, usable_below
+from ..alloc.sizes import round_request, segment_size
 from ..constants import MemAttr
 from ..device.sim import SimBackend, SimConfig
 from ..trace import jsonl
@@ -39,7 +41,7 @@ Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]   # action, addr
 
 def applies(settings: AllocatorSettings) -> bool:
     """Whether the native core replays a pool with these settings."""
-    return _pool_replay is not None and settings.expandable_segments and not settings.predictive
+    return _pool_replay is not None and not settings.predictive
 
 
 def make_core(settings: AllocatorSettings, memory: int):
@@ -48,14 +50,23 @@ def make_core(settings: AllocatorSettings, memory: int):
     pool = CachingAllocator(backend, 0, settings)
     try:
         page = backend.page_granularity
-        huge = backend.mem_info(0, MemAttr.HBM_MEM_HUGE)[1]    # what map() can ever give
-        arena = -(-max(pool.capacity, 1) // page) * page       # a stream's reservation
         flavour, divisions, alignment = (pool.flavour, settings.roundup_power2_divisions,
                                          settings.block_alignment)
+        segment_mb, max_split = settings.segment_size_mb, pool.max_split_bytes
+
+        def rounding(nbytes: int) -> tuple[int, int, int]:
+            size = round_request(nbytes, flavour, divisions, alignment)
+            return size, segment_size(size, segment_mb), usable_below(size, max_split) or 0
+
+        gc_below = garbage_limit(settings.garbage_collection_threshold, pool.limit)
         return _pool_replay.Core(
-            page_shift=page.bit_length() - 1, arena_size=arena, split_min=pool.split_min,
-            budget=min(pool.limit, huge), max_streams=MAX_STREAMS,
-            rounding=lambda nbytes: round_request(nbytes, flavour, divisions, alignment))
+            segments=not pool.expandable, page_shift=page.bit_length() - 1,
+            arena_size=-(-max(pool.capacity, 1) // page) * page,     # a stream's reservation
+            split_min=pool.split_min, split_min_large=large_split_min(pool.split_min),
+            limit=pool.limit, device_total=backend.mem_info(0, MemAttr.HBM_MEM)[1],
+            huge_limit=backend.mem_info(0, MemAttr.HBM_MEM_HUGE)[1],
+            gc_below=-1 if gc_below is None else gc_below, rounding=rounding,
+            max_streams=MAX_STREAMS)
     finally:
         pool.close()
         backend.close()
