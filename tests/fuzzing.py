@@ -203,6 +203,33 @@ def read_for_replay(path: str) -> None:
     replay_file(path, check=True)
 
 
+def read_for_pool_replay(path: str) -> None:
+    """`npumem replay --allocator pool FILE`, in both modes on a small device: the native pool
+    and the Python pool must say the same (an AssertionError is a crash)."""
+    from npumem.alloc.caching_allocator import OutOfMemoryError
+    from npumem.whatif import pool_replay
+    from npumem.whatif.sweep import ReplayJob
+
+    def outcome(job):
+        try:
+            result = job.run()
+        except OutOfMemoryError as exc:     # (the command words it; both must meet it)
+            return f"out of memory: {exc}"
+        result.mean_alloc_us = 0.0          # the one figure they do not share
+        return result
+
+    for text in ("", "expandable_segments:False,max_split_size_mb:24,"
+                     "garbage_collection_threshold:0.5"):
+        job = ReplayJob(path, "pool", text, memory=256 << 20)
+        native = outcome(job)
+        built, pool_replay._pool_replay = pool_replay._pool_replay, None
+        try:
+            python = outcome(job)
+        finally:
+            pool_replay._pool_replay = built
+        assert native == python, f"{text or 'defaults'}: native {native} python {python}"
+
+
 def read_with_marked_steps(path: str) -> None:
     """`npumem replay FILE --steps ProfilerStep`: the events and where steps begin."""
     from npumem.trace.formats import read_with_steps
@@ -235,6 +262,7 @@ def _pickled(data: dict, protocol: int = 4) -> bytes:
 TARGETS: dict[str, tuple[Callable[[], bytes], Callable[[str], None], str]] = {
     "jsonl": (jsonl_seed, read_for_report, "jsonl"),
     "jsonl-replay": (jsonl_seed, read_for_replay, "jsonl"),
+    "jsonl-pool": (jsonl_seed, read_for_pool_replay, "jsonl"),
     "jsonl-snapshot": (jsonl_snapshot_seed, read_for_report, "jsonl"),
     "chrome": (chrome_seed, read_for_report, "json"),
     "pickle": (lambda: _pickled(snapshot_seed()), read_for_report, "pickle"),

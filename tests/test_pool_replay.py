@@ -19,7 +19,7 @@ from npumem.trace import write_trace
 from npumem.trace.snapshot.columns import ALLOC, FREE_COMPLETED
 from npumem.events import TraceEvent
 from npumem.whatif import pool_replay
-from npumem.whatif.sweep import ReplayJob
+from npumem.whatif.sweep import ReplayJob, batches, run_jobs
 
 pytestmark = pytest.mark.skipif(pool_replay._pool_replay is None,
                                 reason="the native pool is not built (pip install -e .)")
@@ -180,14 +180,14 @@ def test_a_trace_with_holes_is_replayed_mended(tmp_path):
 
 def test_what_the_native_pool_does_not_replay_goes_to_the_python_pool(tmp_path, monkeypatch):
     path = str(DATA / "cpu_recordings" / "lstm.jsonl.gz")
-    assert pool_replay.replay_file(path, parse_settings("predictive:True"), 64 << 30) is None
+    assert pool_replay.replay_file(path, [parse_settings("predictive:True")], 64 << 30) == [None]
     # more streams than the native pool takes, and a device too small: the pool's own replay
     monkeypatch.setattr(pool_replay, "MAX_STREAMS", 1)
     many = str(tmp_path / "streams.jsonl")
     write_trace([TraceEvent(i, "alloc", i + 1, 512, i) for i in range(3)], many)
-    assert pool_replay.replay_file(many, AllocatorSettings(), 64 << 30) is None
+    assert pool_replay.replay_file(many, [AllocatorSettings()], 64 << 30) == [None]
     assert ReplayJob(many, "pool").run().events == 3
-    assert pool_replay.replay_file(path, AllocatorSettings(), 4 * MiB) is None
+    assert pool_replay.replay_file(path, [AllocatorSettings()], 4 * MiB) == [None]
     with pytest.raises(OutOfMemoryError):
         ReplayJob(path, "pool", memory=4 * MiB).run()
 
@@ -196,9 +196,51 @@ def test_progress_is_said_as_the_replay_goes(monkeypatch):
     monkeypatch.setattr(pool_replay, "SLICE", 1000)
     seen = []
     path = str(DATA / "cpu_recordings" / "cnn_accum.jsonl.gz")
-    result = pool_replay.replay_file(path, AllocatorSettings(), 64 << 30, progress=seen.append)
+    [result] = pool_replay.replay_file(path, [AllocatorSettings()], 64 << 30,
+                                       progress=seen.append)
     assert len(seen) >= result.events // 1000 and seen[-1] == result.events
     assert seen == sorted(seen)
+
+
+SWEEP = ["", "roundup_power2_divisions:4", "expandable_segments:False",
+         "expandable_segments:False,max_split_size_mb:64", "predictive:True",
+         "per_process_memory_fraction:0.001"]
+
+
+def test_jobs_of_one_trace_share_a_read_as_the_workers_allow():
+    jobs = [ReplayJob("a", "pool", text) for text in SWEEP] + [ReplayJob("a", "torch"),
+                                                               ReplayJob("b", "pool")]
+    def shape(workers):
+        return sorted(positions for _, positions in batches(jobs, workers))
+
+    # alone: prediction, the torch model; "a"'s five native jobs and "b"'s share the rest
+    assert shape(1) == shape(4) == [[0, 1, 2, 3, 5], [4], [6], [7]]
+    assert shape(6) == [[0, 2, 5], [1, 3], [4], [6], [7]]           # two workers each
+    assert shape(8) == [[0, 3], [1, 5], [2], [4], [6], [7]]
+    assert shape(64) == [[0], [1], [2], [3], [4], [5], [6], [7]]
+
+
+@pytest.mark.parametrize("scheduler", ["serial", "processes"])
+def test_a_batch_says_what_each_job_says_alone(scheduler):
+    path = str(DATA / "cuda_snapshots" / "gpt_train.pickle.gz")
+    jobs = [ReplayJob(path, "pool", text, memory=1 << 30) for text in SWEEP[:5]]
+    jobs.append(ReplayJob(path, "torch"))
+    seen = []
+    together = run_jobs(jobs, scheduler, workers=2, progress=lambda *done: seen.append(done))
+    alone = [job.run() for job in jobs]
+    for job, mine, its in zip(jobs, together, alone):
+        for result in (mine, its):                          # (times)
+            result.mean_alloc_us = result.prediction_planning_seconds = 0.0
+        assert mine == its, job.settings
+    assert seen[-1] == (len(jobs), len(jobs))
+
+
+def test_a_job_a_batch_cannot_replay_natively_replays_alone_in_it():
+    path = str(DATA / "cpu_recordings" / "lstm.jsonl.gz")
+    small = [ReplayJob(path, "pool", text, memory=64 * MiB) for text in ("", SWEEP[-1])]
+    with pytest.raises(OutOfMemoryError):      # the Python pool's own refusal, as alone
+        run_jobs(small, "serial")
+    assert run_jobs(small[:1], "serial")[0].peak_reserved_bytes == small[0].run().peak_reserved_bytes
 
 
 def test_bad_calls_are_refused_and_a_stopped_core_is_not_reused():

@@ -105,7 +105,7 @@ def test_the_command_line(tmp_path):
     part = runner.invoke(main, ["report", SNAPSHOT, "--window", "2000:"])
     assert part.exit_code == 0, part.output
     assert "window 2000:" in part.output and "entries 2,000–4,281 of 4,282" in part.output
-    assert "2945 events" in whole.output and "1527 events" in part.output   # a free once
+    assert "2,945 events" in whole.output and "1,527 events" in part.output   # a free once
     bad = runner.invoke(main, ["report", SNAPSHOT, "--window", "5:3"])
     assert bad.exit_code == 2 and "END must be after START" in bad.output
     outside = runner.invoke(main, ["report", SNAPSHOT, "--window", "9000000:"])

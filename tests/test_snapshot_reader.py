@@ -259,7 +259,7 @@ def test_without_the_c_extensions_other_traces_replay_through_the_python_model()
                                "tests/data/cpu_recordings/mlp_12_steps.jsonl.gz"],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "Traceback" not in done.stderr, (missing, done.stderr)
-        assert "mlp_12_steps.jsonl.gz" in done.stdout and " 3016 " in done.stdout, done.stdout
+        assert "mlp_12_steps.jsonl.gz" in done.stdout and " 3,016 " in done.stdout, done.stdout
 
 
 def test_without_the_built_reader_npumem_works_and_a_snapshot_is_one_clear_line(tmp_path):

@@ -162,10 +162,10 @@ def _print_replay_table(results) -> None:
     allocator did, out-of-memories and notes (each once)."""
     from ..units import format_size
 
-    click.echo(f"{'trace':<28} {'allocator':<9} {'events':>7} {'peak live':>11} {'peak reserved':>13} "
+    click.echo(f"{'trace':<28} {'allocator':<9} {'events':>10} {'peak live':>11} {'peak reserved':>13} "
                f"{'ratio':>6} {'dev allocs':>10} {'hit rate':>8} {'alloc us':>8}  settings")
     for r in results:
-        click.echo(f"{r.trace[-28:]:<28} {r.allocator:<9} {r.events:>7} "
+        click.echo(f"{r.trace[-28:]:<28} {r.allocator:<9} {r.events:>10,} "
                    f"{format_size(r.peak_allocated_bytes):>11} {format_size(r.peak_reserved_bytes):>13} "
                    f"{r.reserved_over_allocated:>6.3f} {r.device_allocs:>10} {r.cache_hit_rate:>8.1%} "
                    f"{f'{r.mean_alloc_us:.2f}' if r.mean_alloc_us else '-':>8}  {r.settings}")

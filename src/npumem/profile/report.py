@@ -191,7 +191,7 @@ def format_report(report: Report, limit: int = 10) -> str:
         lines.append("")
     for device in report.devices:
         ratio = device.peak_reserved / device.peak_allocated if device.peak_allocated else 0.0
-        events = f"{device.events} event{'' if device.events == 1 else 's'}"
+        events = f"{device.events:,} event{'' if device.events == 1 else 's'}"
         lines.append(f"device {device.device}: {events}, peak allocated "
                      f"{format_size(device.peak_allocated)}, peak reserved "
                      f"{format_size(device.peak_reserved)} (reserved/allocated {ratio:.3f})")

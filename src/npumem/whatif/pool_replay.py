@@ -12,7 +12,7 @@ pool (`replay.replay`).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from ..device.sim import SimBackend, SimConfig
 from ..trace import jsonl
 from ..trace.formats import detect_format, read_mended
 from ..trace.mending import StoryHole, checked
-from ..trace.snapshot.columns import ACTION_CODE, ALLOC, FREE_COMPLETED, Entries
+from ..trace.snapshot.columns import ACTION_CODE, ALLOC, FREE_COMPLETED, Entries, arrays
 from .replay import ReplayResult
 
 try:
@@ -36,7 +36,7 @@ except ImportError:                 # a checkout not installed with `pip install
 MAX_STREAMS = 256                   # more arenas than this: the Python pool's replay
 SLICE = 1 << 20                     # events per call of the core, between progress reports
 
-Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]   # action, addr, size, stream
+Part = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]      # action, addr, size, stream
 
 
 def applies(settings: AllocatorSettings) -> bool:
@@ -72,16 +72,22 @@ def make_core(settings: AllocatorSettings, memory: int):
         backend.close()
 
 
-def replay_file(path: str, settings: AllocatorSettings, memory: int, recording=None,
-                progress: Callable[[int], None] | None = None) -> ReplayResult | None:
-    """The replay of `path` (`recording`: its snapshot, loaded) through the default pool, or
-    None where the Python pool must do it (see the module's docstring)."""
-    if not applies(settings):
-        return None
+def replay_file(path: str, settings: Sequence[AllocatorSettings], memory: int, recording=None,
+                progress: Callable[[int], None] | None = None) -> list[ReplayResult | None]:
+    """The replays of `path` (`recording`: its snapshot, loaded) through the pool under each of
+    `settings`, the trace read once; None for each the Python pool must do (see the module's
+    docstring)."""
+    native = [chosen for chosen in settings if applies(chosen)]
+    results = iter(_replay_file(path, native, memory, recording, progress) if native else [])
+    return [next(results) if applies(chosen) else None for chosen in settings]
+
+
+def _replay_file(path: str, settings: list[AllocatorSettings], memory: int, recording,
+                 progress) -> list[ReplayResult | None]:
     if recording is not None:
         source = _snapshot_columns(recording)
-        return None if source is None else replay_columns(*source, settings, memory, path,
-                                                          progress=progress)
+        return [None] * len(settings) if source is None else \
+            replay_columns(*source, settings, memory, path, progress=progress)
     if detect_format(path) == "jsonl" and jsonl.in_columns():
         # streamed, each part checked as it comes: memory stays with the live blocks; a hole
         # in an address's story sends the trace to be read whole and mended
@@ -94,28 +100,39 @@ def replay_file(path: str, settings: AllocatorSettings, memory: int, recording=N
     mended = read_mended(path)
     entries = mended.entries
     if not isinstance(entries, Entries):
-        return None                  # numbers past 64 bits
+        return [None] * len(settings)           # numbers past 64 bits
     c, span = entries.columns, slice(entries.start, entries.stop)
     return replay_columns([(c.action[span], c.addr[span], c.size[span], c.stream[span])],
                           FREE_COMPLETED, settings, memory, path, mended.notes, progress)
 
 
-def replay_columns(chunks, free_code: int, settings: AllocatorSettings, memory: int,
-                   trace_name: str = "", notes=(), progress=None) -> ReplayResult | None:
-    """The replay of `chunks` (action, addr, size and stream columns, a part at a time; frees
-    have action `free_code`), or None where the Python pool must do it."""
+def replay_columns(chunks, free_code: int, settings: Sequence[AllocatorSettings], memory: int,
+                   trace_name: str = "", notes=(), progress=None) -> list[ReplayResult | None]:
+    """The replays of `chunks` (action, addr, size and stream columns, a part at a time; frees
+    have action `free_code`) under each of `settings`: every part goes through each pool in
+    turn. None for each the Python pool must do (it ran out of memory, or more streams)."""
     kinds = np.zeros(256, np.uint8)
     kinds[ALLOC], kinds[free_code] = 1, 2
-    core = make_core(settings, memory)
+    cores = [make_core(chosen, memory) for chosen in settings]
+    running = list(range(len(cores)))
     for action, addr, size, stream in chunks:
         for begin in range(0, len(action), SLICE):
             span = slice(begin, begin + SLICE)
-            why, _ = core.run(kinds, action[span], addr[span], size[span], stream[span])
-            if why != _pool_replay.DONE:
-                return None                      # the Python pool says what went wrong
+            for index in list(running):
+                why, _ = cores[index].run(kinds, action[span], addr[span], size[span],
+                                          stream[span])
+                if why != _pool_replay.DONE:     # the Python pool says what went wrong
+                    running.remove(index)
+                    cores[index] = None
+            if not running:
+                return [None] * len(cores)
             if progress is not None:
-                progress(core.counts()["events"])
-    counts = core.counts()
+                progress(cores[running[0]].counts()["events"])
+    return [None if core is None else _result(core.counts(), chosen, trace_name, notes)
+            for core, chosen in zip(cores, settings)]
+
+
+def _result(counts: dict, settings: AllocatorSettings, trace_name: str, notes) -> ReplayResult:
     live, reserved, requests = counts["peak_allocated"], counts["peak_reserved"], counts["requests"]
     return ReplayResult(
         trace=trace_name, allocator="pool", events=counts["events"],
@@ -128,11 +145,9 @@ def replay_columns(chunks, free_code: int, settings: AllocatorSettings, memory: 
         notes=list(notes))
 
 
-def _snapshot_columns(recording) -> tuple[list[Columns], int] | None:
+def _snapshot_columns(recording) -> tuple[list[Part], int] | None:
     """A snapshot's blocks live when its trace began (allocs on stream 0, as `snapshot.events`
     gives them), then its trace's allocs and frees."""
-    from ..trace.snapshot.columns import arrays
-
     entries = recording.entries
     if not entries:
         return None                  # the Python reader says there is nothing to replay

@@ -52,20 +52,7 @@ class ReplayJob:
             result = replay_torch(self.trace, self.allocator, self.settings, self.memory,
                                   progress=progress, pad=self.pad, says_oom=self.says_oom)
             return ReplayResult.from_torch(result, self.allocator)
-        settings = parse_settings(self.settings)
-        memory = self.memory or 64 * GiB
-        # a snapshot is loaded here, once: its events, its step marks and its own OOM
-        recording = load_recording(self.trace) if holds_snapshot(self.trace) else None
-        result = None
-        if self.allocator == "pool":            # the default pool, natively (None: it cannot)
-            result = pool_replay.replay_file(self.trace, settings, memory, recording, progress)
-        if result is None:
-            result = self._replay_events(settings, memory, recording, progress)
-        if recording is not None and self.says_oom:
-            from .torch_replay import oom_facts
-            result.recorded_oom = oom_facts(recording) or {}
-        result.notes += settings_warnings(settings)
-        return result
+        return ReplayBatch((self,)).run(progress)[0]
 
     def _replay_events(self, settings, memory: int, recording, progress) -> ReplayResult:
         """The replay of the trace's events one by one (`replay.replay`), with what reading
@@ -85,6 +72,57 @@ class ReplayJob:
         elif note:
             result.notes.append(note)
         return result
+
+
+@dataclass(frozen=True)
+class ReplayBatch:
+    """Jobs run together: one job, or pool jobs of one trace and memory, which read the trace
+    once and give each part of it to every setting's native pool in turn (`run_jobs` makes
+    these where it pays)."""
+    jobs: tuple[ReplayJob, ...]
+
+    def run(self, progress: Callable[[int], None] | None = None) -> list[ReplayResult]:
+        first = self.jobs[0]
+        if first.allocator in TORCH_ALLOCATORS:
+            return [job.run(progress) for job in self.jobs]
+        every = [parse_settings(job.settings) for job in self.jobs]
+        memory = first.memory or 64 * GiB
+        # a snapshot is loaded here, once: its events, its step marks and its own OOM
+        recording = load_recording(first.trace) if holds_snapshot(first.trace) else None
+        native = [None] * len(every)
+        if first.allocator == "pool":            # natively, where it can (else None)
+            native = pool_replay.replay_file(first.trace, every, memory, recording, progress)
+        results = []
+        for job, settings, result in zip(self.jobs, every, native):
+            if result is None:
+                result = job._replay_events(settings, memory, recording, progress)
+            if recording is not None and job.says_oom:
+                from .torch_replay import oom_facts
+                result.recorded_oom = oom_facts(recording) or {}
+            result.notes += settings_warnings(settings)
+            results.append(result)
+        return results
+
+
+def batches(jobs: Sequence[ReplayJob], workers: int) -> list[tuple[ReplayBatch, list[int]]]:
+    """The jobs as batches, each with the jobs' positions: pool jobs the native pool replays
+    share a read of their trace, in as many batches as the workers left beside the other jobs
+    allow (a read costs more than the pool's replay of what it read)."""
+    shared: dict[tuple, list[int]] = {}
+    alone = []
+    for index, job in enumerate(jobs):
+        if job.allocator == "pool" and pool_replay.applies(parse_settings(job.settings)):
+            shared.setdefault((job.trace, job.memory), []).append(index)
+        else:
+            alone.append(index)
+    units = [(ReplayBatch((jobs[index],)), [index]) for index in alone]
+    spare = max(1, (workers - len(alone)) // max(1, len(shared)))
+    for positions in shared.values():
+        count = min(spare, len(positions))
+        for first in range(count):
+            chosen = positions[first::count]
+            units.append((ReplayBatch(tuple(jobs[index] for index in chosen)), chosen))
+    return units
 
 
 def replay_torch(path: str, allocator: str = "torch", settings: str = "",
@@ -180,9 +218,9 @@ def _nobody_takes(allocators: Sequence[str], key: str, value: str) -> str:
     return f"unknown key {key!r}{hint}{torch}; {known}"
 
 
-def run_job(job: ReplayJob) -> ReplayResult:
+def run_job(batch: ReplayBatch) -> list[ReplayResult]:
     """Module-level so process pools and Dask can pickle it."""
-    return job.run()
+    return batch.run()
 
 
 def sweep_settings(base: str, sweeps: Sequence[str], validate=parse_settings) -> list[str]:
@@ -213,20 +251,27 @@ def settings_label(settings: str) -> str:
 
 def run_jobs(jobs: Sequence[ReplayJob], scheduler: str = "processes", workers: int | None = None,
              progress: Callable[..., None] | None = None) -> list[ReplayResult]:
-    """Results in the order of `jobs`; `progress(done, total)` after each finished job, and in
-    this process also `progress(done, total, events)` while a long replay runs."""
+    """Results in the order of `jobs`; `progress(done, total)` after each finished batch of
+    jobs (`batches`), and in this process also `progress(done, total, events)` while a long
+    replay runs."""
     check_scheduler(scheduler)
     total = len(jobs)
     report = progress or (lambda done, total, events=0: None)
-    if scheduler == "serial" or total <= 1:
-        results = []
-        for job in jobs:
-            results.append(job.run(lambda events: report(len(results), total, events)))
-            report(len(results), total)
+    workers = workers or os.cpu_count() or 1
+    units = batches(jobs, 1 if scheduler == "serial" else workers)
+    if scheduler == "serial" or len(units) <= 1:
+        results: list[ReplayResult | None] = [None] * total
+        done = 0
+        for batch, positions in units:
+            for position, result in zip(positions, batch.run(
+                    lambda events: report(done, total, events))):
+                results[position] = result
+            done += len(positions)
+            report(done, total)
         return results
     if scheduler == "processes":
-        return _run_processes(jobs, workers or os.cpu_count() or 1, report)
-    return _run_dask(jobs, scheduler, workers, report)
+        return _run_processes(units, total, workers, report)
+    return _run_dask(units, total, scheduler, workers, report)
 
 
 def check_scheduler(scheduler: str) -> None:
@@ -237,14 +282,18 @@ def check_scheduler(scheduler: str) -> None:
                          "tcp://host:port")
 
 
-def _run_processes(jobs, workers, report) -> list[ReplayResult]:
-    results: list[ReplayResult | None] = [None] * len(jobs)
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)))
+def _run_processes(units, total: int, workers: int, report) -> list[ReplayResult]:
+    results: list[ReplayResult | None] = [None] * total
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(units)))
     try:
-        futures = {pool.submit(run_job, job): index for index, job in enumerate(jobs)}
-        for done, future in enumerate(as_completed(futures), 1):
-            results[futures[future]] = future.result()
-            report(done, len(jobs))
+        futures = {pool.submit(run_job, batch): positions for batch, positions in units}
+        done = 0
+        for future in as_completed(futures):
+            positions = futures[future]
+            for position, result in zip(positions, future.result()):
+                results[position] = result
+            done += len(positions)
+            report(done, total)
     except BaseException:
         # Ctrl-C or a failed job: stop now, not after the replays already running. The
         # executor has no public way to stop its workers, so they are terminated here.
@@ -256,25 +305,29 @@ def _run_processes(jobs, workers, report) -> list[ReplayResult]:
     return results
 
 
-def _run_dask(jobs, scheduler, workers, report) -> list[ReplayResult]:
+def _run_dask(units, total: int, scheduler: str, workers: int, report) -> list[ReplayResult]:
     try:
         from dask.distributed import Client, LocalCluster, as_completed as dask_completed
     except ImportError:
         raise RuntimeError('the Dask scheduler needs dask.distributed: pip install "npumem[dask]"') from None
     cluster = None
     if scheduler == "dask":
-        cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
-                               processes=True, dashboard_address=None)
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                               dashboard_address=None)
         client = Client(cluster)
     else:
         client = Client(scheduler, timeout="10s")
     try:
-        futures = client.map(run_job, list(jobs), pure=False)
-        index = {future.key: position for position, future in enumerate(futures)}
-        results: list[ReplayResult | None] = [None] * len(jobs)
-        for done, future in enumerate(dask_completed(futures), 1):
-            results[index[future.key]] = future.result()
-            report(done, len(jobs))
+        futures = client.map(run_job, [batch for batch, _ in units], pure=False)
+        where = {future.key: positions for future, (_, positions) in zip(futures, units)}
+        results: list[ReplayResult | None] = [None] * total
+        done = 0
+        for future in dask_completed(futures):
+            positions = where[future.key]
+            for position, result in zip(positions, future.result()):
+                results[position] = result
+            done += len(positions)
+            report(done, total)
         return results
     finally:
         client.close()
