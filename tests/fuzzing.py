@@ -215,7 +215,7 @@ def read_for_pool_replay(path: str) -> None:
             result = job.run()
         except OutOfMemoryError as exc:     # (the command words it; both must meet it)
             return f"out of memory: {exc}"
-        result.mean_alloc_us = 0.0          # the one figure they do not share
+        result.mean_alloc_us = None         # the one figure they do not share
         return result
 
     for text in ("", "expandable_segments:False,max_split_size_mb:24,"

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from npumem.alloc.caching_allocator import CachingAllocator, OutOfMemoryError
-from npumem.alloc.settings import AllocatorSettings, parse_settings
+from npumem.alloc.settings import AllocatorSettings, describe_changes, parse_settings
 from npumem.device.sim import SimBackend, SimConfig
 from npumem.trace import write_trace
 from npumem.trace.snapshot.columns import ALLOC, FREE_COMPLETED
@@ -163,7 +163,7 @@ RECORDINGS = sorted([*(DATA / "cuda_snapshots").glob("*.pickle.gz"),
 def test_replays_of_recordings_say_what_the_pool_says(path, text):
     native, python = _file_replays(str(path), text)
     assert {k: getattr(native, k) for k in FIGURES} == {k: getattr(python, k) for k in FIGURES}
-    assert native.mean_alloc_us == 0.0 and python.mean_alloc_us > 0     # no latency to show
+    assert native.mean_alloc_us is None and python.mean_alloc_us > 0    # no latency to show
 
 
 def test_a_trace_with_holes_is_replayed_mended(tmp_path):
@@ -185,11 +185,13 @@ def test_what_the_native_pool_does_not_replay_goes_to_the_python_pool(tmp_path, 
     monkeypatch.setattr(pool_replay, "MAX_STREAMS", 1)
     many = str(tmp_path / "streams.jsonl")
     write_trace([TraceEvent(i, "alloc", i + 1, 512, i) for i in range(3)], many)
-    assert pool_replay.replay_file(many, [AllocatorSettings()], 64 << 30) == [None]
-    assert ReplayJob(many, "pool").run().events == 3
+    assert pool_replay.replay_file(many, [AllocatorSettings()], 64 << 30) == \
+        ["more streams than its native replay takes"]
+    result = ReplayJob(many, "pool").run()
+    assert result.events == 3 and "through the pool itself (slower)" in result.notes[-1]
     assert pool_replay.replay_file(path, [AllocatorSettings()], 4 * MiB) == [None]
-    with pytest.raises(OutOfMemoryError):
-        ReplayJob(path, "pool", memory=4 * MiB).run()
+    result = ReplayJob(path, "pool", memory=4 * MiB).run()       # the Python pool's row
+    assert result.oom["index"] < result.events and "4.00 MiB device" in result.oom["message"]
 
 
 def test_progress_is_said_as_the_replay_goes(monkeypatch):
@@ -238,9 +240,24 @@ def test_a_batch_says_what_each_job_says_alone(scheduler):
 def test_a_job_a_batch_cannot_replay_natively_replays_alone_in_it():
     path = str(DATA / "cpu_recordings" / "lstm.jsonl.gz")
     small = [ReplayJob(path, "pool", text, memory=64 * MiB) for text in ("", SWEEP[-1])]
-    with pytest.raises(OutOfMemoryError):      # the Python pool's own refusal, as alone
-        run_jobs(small, "serial")
-    assert run_jobs(small[:1], "serial")[0].peak_reserved_bytes == small[0].run().peak_reserved_bytes
+    fits, refused = run_jobs(small, "serial")       # one out of memory loses no other row
+    assert fits.oom is None and fits.peak_reserved_bytes == small[0].run().peak_reserved_bytes
+    assert refused.oom == small[1].run().oom and "per_process_memory_fraction leaves the pool" \
+        in refused.oom["message"]
+
+
+@pytest.mark.parametrize("text, memory, said", [
+    ("", 1 << 30, "is more than the whole 1.00 GiB device"),
+    ("expandable_segments:False,segment_size_mb:1e9", 64 << 30,
+     "needs a segment of 953.67 TiB (segment_size_mb), more than the pool may reserve"),
+    ("", 1 << 50, "range of address space left"),        # no room for a stream's arena
+])
+def test_an_out_of_memory_row_says_why_in_the_replays_terms(tmp_path, text, memory, said):
+    path = str(tmp_path / "big.jsonl")
+    write_trace([TraceEvent(0, "alloc", 1, 1 << 20, 0), TraceEvent(1, "alloc", 2, 3 << 30, 0)],
+                path)
+    result = ReplayJob(path, "pool", text, memory=memory).run()
+    assert said in result.oom["message"] and result.oom["index"] in (0, 1)
 
 
 def test_bad_calls_are_refused_and_a_stopped_core_is_not_reused():
@@ -277,3 +294,31 @@ def test_a_rounding_rule_that_fails_stops_the_replay_with_its_error():
     for wrong in (lambda n: n, lambda n: (n, -1, 0), lambda n: (n, 2 * MiB)):
         with pytest.raises(ValueError, match="three whole numbers"):
             _core(wrong, segments=True).run(KINDS, *alloc)
+
+
+def test_the_command_keeps_every_row_and_says_which_ran_out(tmp_path):
+    from click.testing import CliRunner
+    from npumem.cli import main
+
+    path = str(DATA / "cpu_recordings" / "lstm.jsonl.gz")
+    result = CliRunner().invoke(main, ["replay", "--allocator", "pool,device", "--memory", "64M",
+                                       "--sweep", "per_process_memory_fraction=1,0.2", path])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("cpu_recordings")]
+    assert len(rows) == 3 and "Traceback" not in result.output
+    assert "[pool per_process_memory_fraction:0.2]: out of memory at entry" in result.output
+    assert "[device]: out of memory at entry" in result.output
+    assert result.output.count("(--memory sets the device") == 1
+    # nothing fits: tune says so in one line and exits 2 (its table shows each refusal)
+    huge = str(tmp_path / "huge.jsonl")
+    write_trace([TraceEvent(0, "alloc", 1, 1 << 62, 0)], huge)
+    result = CliRunner().invoke(main, ["tune", huge, "--scheduler", "serial"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "error: no candidate setting replays the trace" in result.output
+    assert "out of memory at event 0" in result.output
+
+
+def test_settings_read_as_written():
+    assert describe_changes(parse_settings("expandable_segments:False,max_split_size_mb:64,"
+                                           "garbage_collection_threshold:0.5")) == \
+        "expandable_segments:False,max_split_size_mb:64,garbage_collection_threshold:0.5"

@@ -72,9 +72,16 @@ _SEGMENT_MODE_ONLY = ("max_split_size_mb", "garbage_collection_threshold", "segm
 def describe_changes(settings: AllocatorSettings) -> str:
     """"key:value,..." for the settings that differ from the defaults ("defaults" if none)."""
     default = AllocatorSettings()
-    changed = [f"{name}:{getattr(settings, name)}" for name in _FIELDS
+    changed = [f"{name}:{_text(getattr(settings, name))}" for name in _FIELDS
                if getattr(settings, name) != getattr(default, name)]
     return ",".join(changed) or "defaults"
+
+
+def _text(value) -> str:
+    """A setting's value as a person writes it: 64, not 64.0."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
 
 
 def _convert(key: str, text: str):

@@ -176,13 +176,17 @@ def _print_replay_table(results) -> None:
             click.echo(f"{r.trace}: {format_size(r.start_reserved_bytes)} was reserved before the "
                        f"trace began (counted in peak reserved)")
     shown = set()
+    if any(r.oom and not r.allocator.startswith("torch") for r in results):
+        click.echo("(--memory sets the device the pool and device allocators replay on: 64 GiB "
+                   "when left out)")
     for r in results:
         if r.recorded_peak_reserved_bytes is not None and r.allocator.startswith("torch") and \
                 r.settings == "defaults":
             click.echo(f"{r.trace}: the real allocator reserved {format_size(r.recorded_peak_reserved_bytes)} "
                        f"at peak in {r.recorded_device_allocs} segment allocation(s)")
         if r.oom:
-            click.echo(f"{r.trace} [{r.allocator} {r.settings}]: out of memory at entry "
+            click.echo(f"{r.trace} [{' '.join(filter(None, (r.allocator, r.settings)))}]: "
+                       f"out of memory at entry "
                        f"{r.oom['index']}: {r.oom['message']}")
         for note in r.notes:
             line = f"{r.trace} [{r.allocator}]: {note}"

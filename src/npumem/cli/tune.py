@@ -127,15 +127,23 @@ def _tune_pool(trace, as_json, scheduler, workers) -> None:
         trace, scheduler=scheduler, workers=workers, progress=update))
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
-        return
+        sys.exit(2 if result.settings is None else 0)
     shared = [set(candidate.notes) for candidate in result.candidates]
     for note in result.candidates[0].notes if result.candidates else []:
         if all(note in notes for notes in shared):     # the trace's own (how it was read)
             click.echo(f"note: {note}")
     click.echo(f"{'settings':<62} {'peak reserved':>13} {'ratio':>6} {'dev allocs':>10}")
-    for candidate in sorted(result.candidates, key=lambda r: r.peak_reserved_bytes):
+    for candidate in sorted(result.candidates, key=lambda r: (r.oom is not None,
+                                                              r.peak_reserved_bytes)):
+        if candidate.oom is not None:
+            click.echo(f"{candidate.settings:<62} {'out of memory at event':>24} "
+                       f"{candidate.oom['index']:,}")
+            continue
         click.echo(f"{candidate.settings:<62} {format_size(candidate.peak_reserved_bytes):>13} "
                    f"{candidate.reserved_over_allocated:>6.3f} {candidate.device_allocs:>10}")
+    if result.settings is None:
+        click.echo(f"error: {result.reason}", err=True)
+        sys.exit(2)
     click.echo(f"\nrecommended: {settings_label(result.settings)} -> predicted peak reserved "
                f"{format_size(result.predicted_peak_reserved_bytes)}")
     click.echo(f"why: {result.reason}")

@@ -6,8 +6,8 @@ stream idle, as a replay has it: a million events a second or more, memory with 
 blocks. The pool's own numbers (split sizes, limit, rounding, segment sizes) come from a pool
 made on the same simulated device as `replay.replay` makes, so both replays answer alike; the
 Python pool stays the oracle (tests/test_pool_replay.py). Prediction, an out-of-memory, more
-streams than MAX_STREAMS and traces whose numbers do not fit 64 bits replay through the Python
-pool (`replay.replay`).
+streams than MAX_STREAMS (or than the device's address space holds arenas) and traces whose
+numbers do not fit 64 bits replay through the Python pool (`replay.replay`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ..alloc.settings import AllocatorSettings, describe_changes
 from ..alloc.segments import garbage_limit, large_split_min, usable_below
 from ..alloc.sizes import round_request, segment_size
 from ..constants import MemAttr
+from ..device.address_space import DEVICE_SPAN
 from ..device.sim import SimBackend, SimConfig
 from ..trace import jsonl
 from ..trace.formats import detect_format, read_mended
@@ -33,7 +34,7 @@ try:
 except ImportError:                 # a checkout not installed with `pip install -e .`
     _pool_replay = None
 
-MAX_STREAMS = 256                   # more arenas than this: the Python pool's replay
+MAX_STREAMS = 1024                  # more streams than this: the Python pool's replay
 SLICE = 1 << 20                     # events per call of the core, between progress reports
 
 Part = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]      # action, addr, size, stream
@@ -45,7 +46,8 @@ def applies(settings: AllocatorSettings) -> bool:
 
 
 def make_core(settings: AllocatorSettings, memory: int):
-    """A native pool with the numbers of the pool `replay.replay` makes for `memory` bytes."""
+    """A native pool with the numbers of the pool `replay.replay` makes for `memory` bytes
+    (None where the device's addresses hold no stream's arena: the Python pool says so)."""
     backend = SimBackend(SimConfig(memory=memory))
     pool = CachingAllocator(backend, 0, settings)
     try:
@@ -59,31 +61,34 @@ def make_core(settings: AllocatorSettings, memory: int):
             return size, segment_size(size, segment_mb), usable_below(size, max_split) or 0
 
         gc_below = garbage_limit(settings.garbage_collection_threshold, pool.limit)
+        arena = -(-max(pool.capacity, 1) // page) * page          # a stream's reservation
+        streams = min(MAX_STREAMS, DEVICE_SPAN // arena) if pool.expandable else MAX_STREAMS
+        if not streams:
+            return None
         return _pool_replay.Core(
-            segments=not pool.expandable, page_shift=page.bit_length() - 1,
-            arena_size=-(-max(pool.capacity, 1) // page) * page,     # a stream's reservation
+            segments=not pool.expandable, page_shift=page.bit_length() - 1, arena_size=arena,
             split_min=pool.split_min, split_min_large=large_split_min(pool.split_min),
             limit=pool.limit, device_total=backend.mem_info(0, MemAttr.HBM_MEM)[1],
             huge_limit=backend.mem_info(0, MemAttr.HBM_MEM_HUGE)[1],
             gc_below=-1 if gc_below is None else gc_below, rounding=rounding,
-            max_streams=MAX_STREAMS)
+            max_streams=streams)
     finally:
         pool.close()
         backend.close()
 
 
 def replay_file(path: str, settings: Sequence[AllocatorSettings], memory: int, recording=None,
-                progress: Callable[[int], None] | None = None) -> list[ReplayResult | None]:
+                progress: Callable[[int], None] | None = None) -> list[ReplayResult | str | None]:
     """The replays of `path` (`recording`: its snapshot, loaded) through the pool under each of
-    `settings`, the trace read once; None for each the Python pool must do (see the module's
-    docstring)."""
+    `settings`, the trace read once; for each the Python pool must do (see the module's
+    docstring), None, or why, where a note should say it."""
     native = [chosen for chosen in settings if applies(chosen)]
     results = iter(_replay_file(path, native, memory, recording, progress) if native else [])
     return [next(results) if applies(chosen) else None for chosen in settings]
 
 
 def _replay_file(path: str, settings: list[AllocatorSettings], memory: int, recording,
-                 progress) -> list[ReplayResult | None]:
+                 progress) -> list[ReplayResult | str | None]:
     if recording is not None:
         source = _snapshot_columns(recording)
         return [None] * len(settings) if source is None else \
@@ -107,14 +112,19 @@ def _replay_file(path: str, settings: list[AllocatorSettings], memory: int, reco
 
 
 def replay_columns(chunks, free_code: int, settings: Sequence[AllocatorSettings], memory: int,
-                   trace_name: str = "", notes=(), progress=None) -> list[ReplayResult | None]:
+                   trace_name: str = "", notes=(), progress=None
+                   ) -> list[ReplayResult | str | None]:
     """The replays of `chunks` (action, addr, size and stream columns, a part at a time; frees
     have action `free_code`) under each of `settings`: every part goes through each pool in
-    turn. None for each the Python pool must do (it ran out of memory, or more streams)."""
+    turn. For each the Python pool must do: None where it ran out of memory (the Python
+    replay's row says so), why where it had more streams than it takes."""
     kinds = np.zeros(256, np.uint8)
     kinds[ALLOC], kinds[free_code] = 1, 2
     cores = [make_core(chosen, memory) for chosen in settings]
-    running = list(range(len(cores)))
+    results: list[ReplayResult | str | None] = [None] * len(cores)
+    running = [index for index, core in enumerate(cores) if core is not None]
+    if not running:
+        return results
     for action, addr, size, stream in chunks:
         for begin in range(0, len(action), SLICE):
             span = slice(begin, begin + SLICE)
@@ -123,13 +133,15 @@ def replay_columns(chunks, free_code: int, settings: Sequence[AllocatorSettings]
                                           stream[span])
                 if why != _pool_replay.DONE:     # the Python pool says what went wrong
                     running.remove(index)
-                    cores[index] = None
+                    results[index] = None if why == _pool_replay.OUT_OF_MEMORY else \
+                        "more streams than its native replay takes"
             if not running:
-                return [None] * len(cores)
+                return results
             if progress is not None:
                 progress(cores[running[0]].counts()["events"])
-    return [None if core is None else _result(core.counts(), chosen, trace_name, notes)
-            for core, chosen in zip(cores, settings)]
+    for index in running:
+        results[index] = _result(cores[index].counts(), settings[index], trace_name, notes)
+    return results
 
 
 def _result(counts: dict, settings: AllocatorSettings, trace_name: str, notes) -> ReplayResult:
@@ -140,7 +152,7 @@ def _result(counts: dict, settings: AllocatorSettings, trace_name: str, notes) -
         reserved_over_allocated=reserved / live if live else 0.0,
         device_allocs=counts["device_allocs"],
         cache_hit_rate=1 - counts["cache_misses"] / requests if requests else 1.0,
-        mean_alloc_us=0.0,          # the native core's time is not the pool's: no latency shown
+        mean_alloc_us=None,         # the native core's time is not the pool's: no latency shown
         unmatched_frees=counts["unmatched"], settings=describe_changes(settings),
         notes=list(notes))
 

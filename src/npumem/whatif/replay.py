@@ -12,12 +12,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
-from ..alloc.caching_allocator import CachingAllocator
+from ..alloc.caching_allocator import CachingAllocator, OutOfMemoryError
 from ..alloc.resource import DeviceResource
 from ..alloc.settings import AllocatorSettings, describe_changes
+from ..alloc.sizes import round_request, segment_size
 from ..constants import MemAttr
 from ..device.sim import SimBackend, SimConfig
-from ..units import GiB
+from ..errors import MemoryAllocationError
+from ..units import GiB, format_size
 from ..events import TraceEvent
 
 ALLOCATORS = ("pool", "torch", "torch_npu", "device")
@@ -33,7 +35,7 @@ class ReplayResult:
     reserved_over_allocated: float
     device_allocs: int
     cache_hit_rate: float
-    mean_alloc_us: float
+    mean_alloc_us: float | None     # the pool's time per allocation (None: not measured)
     unmatched_frees: int = 0
     settings: str = ""
     start_reserved_bytes: int = 0              # reserved before the trace's first entry
@@ -64,7 +66,7 @@ class ReplayResult:
             peak_allocated_bytes=live, peak_reserved_bytes=result.peak_reserved_bytes,
             reserved_over_allocated=result.peak_reserved_bytes / live if live else 0.0,
             device_allocs=result.device_allocs, cache_hit_rate=result.cache_hit_rate,
-            mean_alloc_us=0.0,                   # a model, not an allocator: no latency to show
+            mean_alloc_us=None,                  # a model, not an allocator: no latency to show
             unmatched_frees=result.unmatched_frees,
             settings=f"{env}={result.settings}" if result.settings else "defaults",
             start_reserved_bytes=result.start_reserved_bytes,
@@ -120,6 +122,7 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
     marks = iter(steps if predictor is not None else ())
     next_mark = next(marks, -1)
     live: dict[int, tuple[int, int]] = {}      # trace addr -> (pointer, size)
+    oom = None
     allocated = peak_allocated = peak_device = 0
     steady_live = steady_reserved = 0          # peaks while a plan cut at a step boundary serves
     count = unmatched = allocs = 0
@@ -141,7 +144,11 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
                 resource.deallocate(pointer)
                 allocated -= size
             start = clock()
-            pointer = resource.allocate(event.size, event.stream)
+            try:
+                pointer = resource.allocate(event.size, event.stream)
+            except MemoryAllocationError as exc:       # the row says it; the replay ends here
+                oom = out_of_memory(exc, count - 1, event.size, resource, memory)
+                break
             alloc_seconds += clock() - start
             if hand_over is not None:
                 hand_over()
@@ -196,4 +203,32 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
         mean_alloc_us=(alloc_seconds - planning) / allocs * 1e6 if allocs else 0.0,
         unmatched_frees=unmatched,
         settings="" if allocator != "pool" else describe_changes(settings or AllocatorSettings()),
-        **prediction)
+        oom=oom, **prediction)
+
+
+def out_of_memory(exc: MemoryAllocationError, index: int, nbytes: int, resource,
+                  memory: int) -> dict:
+    """The `oom` of a replay's row: the event it stopped at, and why, in the replay's terms
+    (--memory, the pool's settings) rather than a program's."""
+    asked = f"a request of {format_size(nbytes)}"
+    if not isinstance(exc, OutOfMemoryError):            # the simulated device's own words
+        return {"index": index, "requested": nbytes,
+                "message": f"{asked}: {getattr(exc, 'message', exc)}"}
+    stats = resource.stats
+    reserved = stats.current("reserved_bytes")
+    segment = 0 if resource.expandable else segment_size(
+        round_request(nbytes, resource.flavour, resource.settings.roundup_power2_divisions,
+                      resource.settings.block_alignment), resource.settings.segment_size_mb)
+    if nbytes > memory:
+        why = f"{asked} is more than the whole {format_size(memory)} device"
+    elif segment > resource.limit:
+        why = (f"{asked} needs a segment of {format_size(segment)} (segment_size_mb), more than "
+               f"the pool may reserve ({format_size(resource.limit)})")
+    elif resource.limit < memory:
+        why = (f"{asked} found {format_size(reserved)} reserved of the "
+               f"{format_size(resource.limit)} that per_process_memory_fraction leaves the pool "
+               f"of the {format_size(memory)} device")
+    else:
+        why = (f"{asked} found {format_size(reserved)} reserved of the {format_size(memory)} "
+               f"device ({format_size(stats.current('allocated_bytes'))} live)")
+    return {"index": index, "requested": nbytes, "message": why}

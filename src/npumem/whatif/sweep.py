@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -94,8 +95,12 @@ class ReplayBatch:
             native = pool_replay.replay_file(first.trace, every, memory, recording, progress)
         results = []
         for job, settings, result in zip(self.jobs, every, native):
-            if result is None:
+            if not isinstance(result, ReplayResult):
+                why = result
                 result = job._replay_events(settings, memory, recording, progress)
+                if why:
+                    result.notes.append(f"replayed event by event through the pool itself "
+                                        f"(slower): {why}")
             if recording is not None and job.says_oom:
                 from .torch_replay import oom_facts
                 result.recorded_oom = oom_facts(recording) or {}
@@ -282,9 +287,15 @@ def check_scheduler(scheduler: str) -> None:
                          "tcp://host:port")
 
 
+def _parent_interrupts() -> None:
+    """In a worker: Ctrl-C is the parent's to handle (it stops the workers); a worker that
+    took it too would print its own traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _run_processes(units, total: int, workers: int, report) -> list[ReplayResult]:
     results: list[ReplayResult | None] = [None] * total
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(units)))
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(units)), initializer=_parent_interrupts)
     try:
         futures = {pool.submit(run_job, batch): positions for batch, positions in units}
         done = 0

@@ -30,7 +30,7 @@ CANDIDATES = (
 @dataclass
 class Recommendation:
     trace: str
-    settings: str                   # NPUMEM_ALLOC_CONF text ("" = the defaults)
+    settings: str | None            # NPUMEM_ALLOC_CONF text ("" = the defaults; None: none fits)
     predicted_peak_reserved_bytes: int
     peak_allocated_bytes: int
     default_peak_reserved_bytes: int
@@ -39,7 +39,8 @@ class Recommendation:
     candidates: list[ReplayResult]
 
     def as_dict(self) -> dict:
-        return {"trace": self.trace, "settings": self.settings or "defaults",
+        return {"trace": self.trace,
+                "settings": "defaults" if self.settings == "" else self.settings,
                 "npumem_alloc_conf": self.settings,
                 "predicted_peak_reserved_bytes": self.predicted_peak_reserved_bytes,
                 "peak_allocated_bytes": self.peak_allocated_bytes,
@@ -47,7 +48,8 @@ class Recommendation:
                 "torch_peak_reserved_bytes": self.torch_peak_reserved_bytes,
                 "reason": self.reason,
                 "candidates": [{"settings": r.settings, "peak_reserved_bytes": r.peak_reserved_bytes,
-                                "device_allocs": r.device_allocs} for r in self.candidates]}
+                                "device_allocs": r.device_allocs, "oom": r.oom}
+                               for r in self.candidates]}
 
 
 def tune(trace: str, candidates=CANDIDATES, scheduler: str = "processes", workers=None,
@@ -57,9 +59,16 @@ def tune(trace: str, candidates=CANDIDATES, scheduler: str = "processes", worker
     results = run_jobs(jobs, scheduler, workers, progress)
     torch_result, pool_results = results[-1], results[:-1]
     default = pool_results[list(candidates).index("")] if "" in candidates else pool_results[0]
-    ranked = sorted(zip(pool_results, candidates),
+    ranked = sorted(((result, text) for result, text in zip(pool_results, candidates)
+                     if result.oom is None),       # a setting that runs out fits nothing
                     key=lambda pair: (pair[0].peak_reserved_bytes, pair[0].device_allocs,
                                       len(pair[1])))
+    if not ranked:
+        oom = default.oom
+        return Recommendation(trace, None, 0, default.peak_allocated_bytes, 0,
+                              torch_result.peak_reserved_bytes,
+                              f"no candidate setting replays the trace within the pool's device: "
+                              f"{oom['message']} (event {oom['index']:,})", pool_results)
     best, settings = ranked[0]
     live = best.peak_allocated_bytes
     saved = default.peak_reserved_bytes - best.peak_reserved_bytes
