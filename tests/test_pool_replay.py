@@ -178,6 +178,29 @@ def test_a_trace_with_holes_is_replayed_mended(tmp_path):
     assert len(native.notes) == 3 and native.events == 6     # the block from before, put first
 
 
+HOLES = {"before the trace": TraceEvent(5, "free", 0x900, 4096, 0),
+         "double free": TraceEvent(5, "free", 0x200, 1 * MiB, 0),
+         "missed free": TraceEvent(5, "alloc", 0x300, 2 * MiB, 0),
+         "another size": TraceEvent(5, "free", 0x300, 12345, 0),
+         "size not said": TraceEvent(5, "free", 0x300, 0, 0)}
+
+
+@pytest.mark.parametrize("hole", sorted(HOLES))
+@pytest.mark.parametrize("at", [0, 3, 7])
+def test_each_hole_in_a_streamed_trace_is_read_as_mending_reads_it(tmp_path, hole, at):
+    """The pools see a hole as they meet it, wherever it is: the replay then reads the trace
+    whole and mended, with the notes every other command gives."""
+    story = [TraceEvent(0, "alloc", 0x200, 1 * MiB, 0), TraceEvent(1, "free", 0x200, 1 * MiB, 0),
+             TraceEvent(2, "alloc", 0x300, 3 * MiB, 1), TraceEvent(3, "alloc", 0x400, 64, 0),
+             TraceEvent(4, "free", 0x400, 64, 0), TraceEvent(6, "alloc", 0x500, 5 * MiB, 1),
+             TraceEvent(7, "free", 0x500, 5 * MiB, 1)]
+    path = str(tmp_path / "hole.jsonl")
+    events = story[:at] + [HOLES[hole]] + story[at:]
+    write_trace(events, path)
+    native, python = _file_replays(path)
+    assert {k: getattr(native, k) for k in FIGURES} == {k: getattr(python, k) for k in FIGURES}
+
+
 def test_what_the_native_pool_does_not_replay_goes_to_the_python_pool(tmp_path, monkeypatch):
     path = str(DATA / "cpu_recordings" / "lstm.jsonl.gz")
     assert pool_replay.replay_file(path, [parse_settings("predictive:True")], 64 << 30) == [None]

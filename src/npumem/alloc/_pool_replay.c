@@ -98,6 +98,7 @@ typedef struct {
     /* what the pool's statistics and the replay count */
     uint64_t allocated, peak_allocated, reserved, peak_reserved;
     int64_t events, requests, misses, device_allocs, device_frees, retries, unmatched;
+    int64_t holes;                  /* events trace/mending.py would mend (a hole in a story) */
 } Core;
 
 /* --- a hash of uint64 keys: linear probing, deletion by shifting back --------------------- */
@@ -718,11 +719,19 @@ static PyObject *Core_run(Core *c, PyObject *args) {
         c->events++;
         uint64_t slot = table_find(&c->live, addrs[i]);
         if (what == FREE) {
-            if (c->live.used[slot]) deallocate(c, slot);
-            else c->unmatched++;          /* allocated before the recording started */
+            if (!c->live.used[slot]) {    /* allocated before the recording started */
+                c->unmatched++; c->holes++;
+                continue;
+            }
+            uint64_t said = sizes[i];     /* (0: a format that does not say) */
+            if (said && said != c->blocks[c->live.slots[slot].value].requested) c->holes++;
+            deallocate(c, slot);
             continue;
         }
-        if (c->live.used[slot]) deallocate(c, slot);   /* its free was not recorded */
+        if (c->live.used[slot]) {         /* its free was not recorded */
+            c->holes++;
+            deallocate(c, slot);
+        }
         int status = allocate(c, addrs[i], sizes[i], streams[i]);
         if (status != DONE) {
             c->spent = 1;
@@ -739,7 +748,7 @@ done:
 }
 
 static PyObject *Core_counts(Core *c, PyObject *unused) {
-    return Py_BuildValue("{sLsKsKsKsKsLsLsLsLsLsL}",
+    return Py_BuildValue("{sLsKsKsKsKsLsLsLsLsLsLsL}",
                          "events", (long long)c->events,
                          "allocated", (unsigned long long)c->allocated,
                          "peak_allocated", (unsigned long long)c->peak_allocated,
@@ -750,7 +759,8 @@ static PyObject *Core_counts(Core *c, PyObject *unused) {
                          "device_allocs", (long long)c->device_allocs,
                          "device_frees", (long long)c->device_frees,
                          "alloc_retries", (long long)c->retries,
-                         "unmatched", (long long)c->unmatched);
+                         "unmatched", (long long)c->unmatched,
+                         "holes", (long long)c->holes);
 }
 
 static PyObject *block_rows(Core *c, int32_t id, uint64_t base) {

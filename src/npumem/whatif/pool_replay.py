@@ -25,8 +25,9 @@ from ..device.address_space import DEVICE_SPAN
 from ..device.sim import SimBackend, SimConfig
 from ..trace import jsonl
 from ..trace.formats import detect_format, read_mended
-from ..trace.mending import StoryHole, checked
-from ..trace.snapshot.columns import ACTION_CODE, ALLOC, FREE_COMPLETED, Entries, arrays
+from ..trace.mending import StoryHole
+from ..trace.snapshot.columns import (ACTION_CODE, ALLOC, FREE_COMPLETED, Entries, arrays,
+                                      from_event_columns)
 from .replay import ReplayResult
 
 try:
@@ -94,12 +95,13 @@ def _replay_file(path: str, settings: list[AllocatorSettings], memory: int, reco
         return [None] * len(settings) if source is None else \
             replay_columns(*source, settings, memory, path, progress=progress)
     if detect_format(path) == "jsonl" and jsonl.in_columns():
-        # streamed, each part checked as it comes: memory stays with the live blocks; a hole
-        # in an address's story sends the trace to be read whole and mended
-        parts = checked(jsonl.column_chunks(path))
+        # streamed: memory stays with the live blocks. The pools see every hole in an
+        # address's story (`holes`); at the first, the trace is read whole and mended.
+        parts = (from_event_columns(raw).columns for raw in jsonl.column_chunks(path))
         try:
             return replay_columns(((c.action, c.addr, c.size, c.stream) for c in parts),
-                                  FREE_COMPLETED, settings, memory, path, progress=progress)
+                                  FREE_COMPLETED, settings, memory, path, progress=progress,
+                                  whole=True)
         except StoryHole:
             pass
     mended = read_mended(path)
@@ -112,12 +114,14 @@ def _replay_file(path: str, settings: list[AllocatorSettings], memory: int, reco
 
 
 def replay_columns(chunks, free_code: int, settings: Sequence[AllocatorSettings], memory: int,
-                   trace_name: str = "", notes=(), progress=None
+                   trace_name: str = "", notes=(), progress=None, whole: bool = False
                    ) -> list[ReplayResult | str | None]:
     """The replays of `chunks` (action, addr, size and stream columns, a part at a time; frees
     have action `free_code`) under each of `settings`: every part goes through each pool in
     turn. For each the Python pool must do: None where it ran out of memory (the Python
-    replay's row says so), why where it had more streams than it takes."""
+    replay's row says so), why where it had more streams than it takes. With `whole`, the
+    trace must tell every address's story whole (as `mending` reads it): StoryHole as soon as
+    a pool meets a hole."""
     kinds = np.zeros(256, np.uint8)
     kinds[ALLOC], kinds[free_code] = 1, 2
     cores = [make_core(chosen, memory) for chosen in settings]
@@ -129,8 +133,10 @@ def replay_columns(chunks, free_code: int, settings: Sequence[AllocatorSettings]
         for begin in range(0, len(action), SLICE):
             span = slice(begin, begin + SLICE)
             for index in list(running):
-                why, _ = cores[index].run(kinds, action[span], addr[span], size[span],
-                                          stream[span])
+                core = cores[index]
+                why, _ = core.run(kinds, action[span], addr[span], size[span], stream[span])
+                if whole and core.counts()["holes"]:
+                    raise StoryHole
                 if why != _pool_replay.DONE:     # the Python pool says what went wrong
                     running.remove(index)
                     results[index] = None if why == _pool_replay.OUT_OF_MEMORY else \
