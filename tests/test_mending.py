@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from npumem.cli import main
 from npumem.events import TraceEvent
-from npumem.trace.formats import read_trace, read_with_steps
+from npumem.trace.formats import read_mended, read_trace, read_with_steps
 from npumem.trace.mending import mend
 from npumem.trace.snapshot import columns
 
@@ -248,6 +248,16 @@ def test_an_operator_buffer_of_zero_duration_is_freed_after_it_is_made(tmp_path)
     assert "peak allocated 1.00 MiB" in report and "before the trace began" not in report
     assert json.loads(runner.invoke(main, ["plan", str(path), "--json"]).output)[
         "load_bytes"] == 1 << 20
+
+
+def test_an_operator_buffer_is_named_by_its_line_not_an_address(tmp_path):
+    # msprof's rows carry no address: the reader numbers each by its line, and the notes say so
+    path = tmp_path / "operator_memory.csv"
+    path.write_text(OPERATOR_HEADER + "aten::a,1024.0,100.0,300.0,,200.0,,,,,,,,1,NPU:0\n"
+                    "aten::b,-2.0,200.0,,,,,,,,,,,1,NPU:0\n")
+    notes = read_mended(str(path)).notes
+    assert any("2048 B, the buffer on line 3" in note for note in notes), notes
+    assert not any(" at 0x" in note for note in notes), notes
 
 
 def test_a_snapshot_line_names_its_line_and_a_device_must_be_a_number(tmp_path):

@@ -135,7 +135,8 @@ def read_mended(path: str | os.PathLike, fmt: str | None = None) -> mending.Mend
         return mending.mend(jsonl.read_entries(path))
     if fmt == "msprof":                   # its odd rows, said as report and convert say them
         counts: dict[str, int] = {}
-        mended = mending.mend(snapshot.columns.from_events(msprof.read(path, counts)))
+        mended = mending.mend(snapshot.columns.from_events(msprof.read(path, counts)),
+                              lines_for_addresses=True)
         mended.notes[:0] = msprof.describe(counts)
         return mended
     return mending.mend(snapshot.columns.from_events(FORMATS[fmt].read(path)))

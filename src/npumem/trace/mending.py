@@ -41,10 +41,11 @@ class Mended:
         return old if self.offsets is None else int(self.offsets[old])
 
 
-def mend(entries) -> Mended:
+def mend(entries, lines_for_addresses: bool = False) -> Mended:
     """`entries`: the alloc (ALLOC) and free (FREE_COMPLETED) rows of a segmentless trace, in
     order, as columns (`columns.from_events`); a list of dicts (numbers past 64 bits) is
-    returned as it is."""
+    returned as it is. `lines_for_addresses`: the format has no addresses and its reader
+    numbers each buffer by its line (msprof), which the notes then name."""
     if not isinstance(entries, Entries) or not len(entries):
         return Mended(entries, [])
     c = entries.columns
@@ -58,7 +59,7 @@ def mend(entries) -> Mended:
         return Mended(entries, [])
     said = size[freed_at] != 0            # (a free of 0 B: a format that does not say)
     notes = _notes(addr, size, before_trace, double_free, missed_at, missed_block,
-                   freed_at[said], freed_block[said])
+                   freed_at[said], freed_block[said], _line if lines_for_addresses else _block)
     mended, offsets = _rebuilt(c, span, before_trace, double_free, missed_at, missed_block,
                                freed_at, freed_block)
     return Mended(mended, notes, offsets)
@@ -140,26 +141,26 @@ def _rebuilt(c, span, before_trace, double_free, missed_at, missed_block, freed_
 
 
 def _notes(addr, size, before_trace, double_free, missed_at, missed_block, freed_at,
-           freed_block) -> list[str]:
+           freed_block, where) -> list[str]:
     """One line per kind of change, naming its first event (counted from 1 in the order the
     trace is replayed)."""
     notes = []
     if len(before_trace):
         i = int(before_trace[0])
         notes.append(f"{_count(before_trace, 'free')} of an address the trace had not allocated "
-                     f"(first: event {i + 1}, {_block(addr, size, i)}): read as block(s) "
+                     f"(first: event {i + 1}, {where(addr, size, i)}): read as block(s) "
                      "allocated before the trace began, live from its start as PyTorch's "
                      "memory viewer shows them")
     if len(missed_at):
         i, j = int(missed_at[0]), int(missed_block[0])
         notes.append(f"{_count(missed_at, 'alloc')} at an address whose block was still live "
-                     f"(first: event {i + 1}, {_block(addr, size, i)}, while event {j + 1}'s "
+                     f"(first: event {i + 1}, {where(addr, size, i)}, while event {j + 1}'s "
                      f"{int(size[j])} B block was): the trace misses that block's free; it is "
                      "freed just before")
     if len(double_free):
         i = int(double_free[0])
         notes.append(f"{_count(double_free, 'free')} of an address already freed (first: "
-                     f"event {i + 1}, {_block(addr, size, i)}): ignored")
+                     f"event {i + 1}, {where(addr, size, i)}): ignored")
     if len(freed_at):
         i, j = int(freed_at[0]), int(freed_block[0])
         notes.append(f"{_count(freed_at, 'free')} naming another size than its block's "
@@ -174,3 +175,7 @@ def _count(found: np.ndarray, what: str) -> str:
 
 def _block(addr, size, i: int) -> str:
     return f"{int(size[i])} B at {int(addr[i]):#x}"
+
+
+def _line(addr, size, i: int) -> str:
+    return f"{int(size[i])} B, the buffer on line {int(addr[i])}"
