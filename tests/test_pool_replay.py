@@ -290,6 +290,8 @@ def test_bad_calls_are_refused_and_a_stopped_core_is_not_reused():
         core.run(KINDS, action, addr[:1], size, stream)
     with pytest.raises(ValueError, match="kinds has 256 entries"):
         core.run(KINDS[:10], action, addr, size, stream)
+    with pytest.raises(ValueError, match=r"kinds are 0 \(skip\), 1 \(alloc\) or 2 \(free\)"):
+        core.run(np.full(256, 3, np.uint8), action, addr, size, stream)
     assert core.run(KINDS, action, addr, size, stream) == (0, 2)      # still usable
     assert core.counts()["requests"] == 1
     action, addr, size, stream = _columns([("alloc", 2, 100 * MiB, 0)])

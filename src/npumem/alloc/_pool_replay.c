@@ -38,7 +38,7 @@
 
 /* what `run` does with an entry's action code, and why it stopped */
 enum { SKIP = 0, ALLOC = 1, FREE = 2 };
-enum { DONE = 0, OUT_OF_MEMORY = 1, UNMODELLED = 2 };
+enum { DONE = 0, OUT_OF_MEMORY = 1, TOO_MANY_STREAMS = 2, ADDRESSES_USED = 3 };
 
 typedef struct {
     uint64_t start, size;           /* expandable: bytes from the arena's base; else addresses */
@@ -98,7 +98,9 @@ typedef struct {
     /* what the pool's statistics and the replay count */
     uint64_t allocated, peak_allocated, reserved, peak_reserved;
     int64_t events, requests, misses, device_allocs, device_frees, retries, unmatched;
-    int64_t holes;                  /* events trace/mending.py would mend (a hole in a story) */
+    int64_t holes;                  /* events trace/mending.py mends in a way a pool sees: a
+                                       free of no live block, an alloc over a live one, a free
+                                       naming another size (not 0 B, which says nothing) */
 } Core;
 
 /* --- a hash of uint64 keys: linear probing, deletion by shifting back --------------------- */
@@ -394,9 +396,8 @@ static int32_t take_from_arena(Core *c, const Rounding *r, uint64_t stream) {
     const Block *b = &c->blocks[id];
     uint64_t first = b->start >> c->shift, end = ((b->start + b->size - 1) >> c->shift) + 1;
     if (memchr(a->mapped + first, 0, end - first)) {          /* a cache miss */
-        if (!map_pages(c, a, first, end)) {
-            return NONE;                  /* (the pool puts the block back; the replay stops) */
-        }
+        if (!map_pages(c, a, first, end))
+            return NONE;                  /* (the block stays out of its treap: the run stops) */
         c->misses++;
     }
     return id;
@@ -439,7 +440,7 @@ static int device_allocate(Core *c, uint64_t nbytes, Segment *s) {
     return 1;
 }
 
-/* A new segment of `nbytes` for the cache `cache`: its id, NONE (no room), -2 (addresses used
+/* A new segment of `nbytes` for the cache `cache`: its id, NONE (no room), -4 (addresses used
  * up), -3 error. */
 static int32_t new_segment(Core *c, uint64_t nbytes, int cache) {
     if (c->reserved + nbytes > c->limit) return NONE;
@@ -460,7 +461,7 @@ static int32_t new_segment(Core *c, uint64_t nbytes, int cache) {
     int made = device_allocate(c, nbytes, s);
     if (made <= 0) {
         s->newer = c->free_seg; c->free_seg = id;
-        return made < 0 ? -2 : NONE;
+        return made < 0 ? -4 : NONE;
     }
     int32_t first = new_block(c, s->start, nbytes, id);
     if (first == NONE) return -3;
@@ -513,7 +514,8 @@ static int release_cached(Core *c, int64_t below) {
     return 0;
 }
 
-/* segment take: a block id, NONE (no room), -2 (not modelled), -3 error */
+/* segment take: a block id, NONE (no room), -2 (too many streams), -4 (addresses used up),
+ * -3 error */
 static int32_t take_from_segments(Core *c, const Rounding *r, uint64_t stream) {
     if (r->size == TOO_LARGE) return NONE;
     int small = r->size <= SMALL_SIZE;
@@ -569,24 +571,29 @@ static const Rounding *rounding_of(Core *c, uint64_t nbytes) {   /* NULL with an
     r->size = values[0] == 0 || values[0] > c->arena_size ? TOO_LARGE : values[0];
     r->segment = values[1] >> 62 ? TOO_LARGE : values[1];
     r->below = values[2];
-    if (r->segment == TOO_LARGE) r->size = TOO_LARGE;
+    if (c->segments && r->segment == TOO_LARGE) r->size = TOO_LARGE;
     if (table_put(&c->rounded, nbytes, c->nrounds) < 0) return NULL;
     return &c->rounds[c->nrounds++];
 }
 
-/* the pool's allocate: DONE, OUT_OF_MEMORY or UNMODELLED, -1 with an exception */
+/* the pool's allocate: DONE, OUT_OF_MEMORY, TOO_MANY_STREAMS or ADDRESSES_USED, -1 with an
+ * exception */
 static int allocate(Core *c, uint64_t addr, uint64_t nbytes, uint64_t stream) {
     const Rounding *r = rounding_of(c, nbytes);
     if (!r) return -1;
     int32_t id = c->segments ? take_from_segments(c, r, stream) : take_from_arena(c, r, stream);
-    if (id == NONE) {          /* the pool's retry: every cached segment (or idle page) back */
+    if (id == NONE && !c->segments)
+        return OUT_OF_MEMORY;  /* its retry cannot help: with the block back and idle pages
+                                  unmapped, reserved plus the pages it needs stay the same */
+    if (id == NONE) {          /* the pool's retry: every cached segment back, then once more */
         c->retries++;
-        if (c->segments ? release_cached(c, -1) < 0 : (unmap_idle(c), 0)) return -1;
-        id = c->segments ? take_from_segments(c, r, stream) : NONE;
+        if (release_cached(c, -1) < 0) return -1;
+        id = take_from_segments(c, r, stream);
         if (id == NONE) return OUT_OF_MEMORY;
     }
     if (id == -3) return -1;
-    if (id == -2) return UNMODELLED;
+    if (id == -2) return TOO_MANY_STREAMS;
+    if (id == -4) return ADDRESSES_USED;
     Block *b = &c->blocks[id];
     b->allocated = 1;
     b->requested = nbytes;
@@ -705,6 +712,11 @@ static PyObject *Core_run(Core *c, PyObject *args) {
                         "start with a new Core");
         goto done;
     }
+    for (Py_ssize_t k = 0; k < kinds.len; k++)
+        if (((const uint8_t *)kinds.buf)[k] > FREE) {
+            PyErr_SetString(PyExc_ValueError, "run: kinds are 0 (skip), 1 (alloc) or 2 (free)");
+            goto done;
+        }
     if (kinds.len != 256 || column(&addr, 8, rows, "addr") < 0 ||
             column(&size, 8, rows, "size") < 0 || column(&stream, 8, rows, "stream") < 0) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "run: kinds has 256 entries");
@@ -805,7 +817,8 @@ static PyObject *Core_layout(Core *c, PyObject *unused) {
 static PyMethodDef Core_methods[] = {
     {"run", (PyCFunction)Core_run, METH_VARARGS,
      "run(kinds, action, addr, size, stream): play the entries (kinds[action]: 0 skip, 1 "
-     "alloc, 2 free); (why it stopped: 0 done, 1 out of memory, 2 not modelled, index)"},
+     "alloc, 2 free); (why it stopped: 0 done, 1 out of memory, 2 too many streams, 3 the "
+     "device's addresses used up; index)"},
     {"counts", (PyCFunction)Core_counts, METH_NOARGS, "what the replay counted"},
     {"layout", (PyCFunction)Core_layout, METH_NOARGS,
      "(stream, small, bytes, [(offset, size, allocated), ...]) of each arena or segment, "
@@ -839,8 +852,12 @@ PyMODINIT_FUNC PyInit__pool_replay(void) {
         Py_DECREF(m);
         return NULL;
     }
-    PyModule_AddIntConstant(m, "DONE", DONE);
-    PyModule_AddIntConstant(m, "OUT_OF_MEMORY", OUT_OF_MEMORY);
-    PyModule_AddIntConstant(m, "UNMODELLED", UNMODELLED);
+    if (PyModule_AddIntConstant(m, "DONE", DONE) < 0 ||
+            PyModule_AddIntConstant(m, "OUT_OF_MEMORY", OUT_OF_MEMORY) < 0 ||
+            PyModule_AddIntConstant(m, "TOO_MANY_STREAMS", TOO_MANY_STREAMS) < 0 ||
+            PyModule_AddIntConstant(m, "ADDRESSES_USED", ADDRESSES_USED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

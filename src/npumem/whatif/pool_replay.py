@@ -39,6 +39,11 @@ MAX_STREAMS = 1024                  # more streams than this: the Python pool's 
 SLICE = 1 << 20                     # events per call of the core, between progress reports
 
 Part = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]      # action, addr, size, stream
+# why the native pool stopped, where a note should say it (an out-of-memory is the row's)
+UNTAKEN = {} if _pool_replay is None else {
+    _pool_replay.TOO_MANY_STREAMS: "more streams than its native replay takes",
+    _pool_replay.ADDRESSES_USED: "more segments than the simulated device's addresses hold "
+                                 "without going round them"}
 
 
 def applies(settings: AllocatorSettings) -> bool:
@@ -139,8 +144,7 @@ def replay_columns(chunks, free_code: int, settings: Sequence[AllocatorSettings]
                     raise StoryHole
                 if why != _pool_replay.DONE:     # the Python pool says what went wrong
                     running.remove(index)
-                    results[index] = None if why == _pool_replay.OUT_OF_MEMORY else \
-                        "more streams than its native replay takes"
+                    results[index] = UNTAKEN.get(why)
             if not running:
                 return results
             if progress is not None:
