@@ -25,7 +25,6 @@ from ..device.address_space import DEVICE_SPAN
 from ..device.sim import SimBackend, SimConfig
 from ..trace import jsonl
 from ..trace.formats import detect_format, read_mended
-from ..trace.mending import StoryHole
 from ..trace.snapshot.columns import (ACTION_CODE, ALLOC, FREE_COMPLETED, Entries, arrays,
                                       from_event_columns)
 from .replay import ReplayResult
@@ -39,6 +38,10 @@ MAX_STREAMS = 1024                  # more streams than this: the Python pool's 
 SLICE = 1 << 20                     # events per call of the core, between progress reports
 
 Part = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]      # action, addr, size, stream
+class StoryHole(Exception):
+    """A streamed trace has a hole in an address's story: it is read whole and mended."""
+
+
 # why the native pool stopped, where a note should say it (an out-of-memory is the row's)
 UNTAKEN = {} if _pool_replay is None else {
     _pool_replay.TOO_MANY_STREAMS: "more streams than its native replay takes",
