@@ -38,6 +38,8 @@ MAX_STREAMS = 1024                  # more streams than this: the Python pool's 
 SLICE = 1 << 20                     # events per call of the core, between progress reports
 
 Part = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]      # action, addr, size, stream
+
+
 class StoryHole(Exception):
     """A streamed trace has a hole in an address's story: it is read whole and mended."""
 
@@ -127,7 +129,7 @@ def replay_columns(chunks, free_code: int, settings: Sequence[AllocatorSettings]
     """The replays of `chunks` (action, addr, size and stream columns, a part at a time; frees
     have action `free_code`) under each of `settings`: every part goes through each pool in
     turn. For each the Python pool must do: None where it ran out of memory (the Python
-    replay's row says so), why where it had more streams than it takes. With `whole`, the
+    replay's row says so), else why (`UNTAKEN`). With `whole`, the
     trace must tell every address's story whole (as `mending` reads it): StoryHole as soon as
     a pool meets a hole."""
     kinds = np.zeros(256, np.uint8)
