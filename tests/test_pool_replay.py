@@ -347,3 +347,14 @@ def test_settings_read_as_written():
     assert describe_changes(parse_settings("expandable_segments:False,max_split_size_mb:64,"
                                            "garbage_collection_threshold:0.5")) == \
         "expandable_segments:False,max_split_size_mb:64,garbage_collection_threshold:0.5"
+
+
+def test_progress_never_goes_back_when_a_trace_is_read_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(pool_replay, "SLICE", 2)
+    path = str(tmp_path / "hole_late.jsonl")       # the hole comes late: read again, mended
+    events = [TraceEvent(i, "alloc" if i % 2 == 0 else "free", 0x100 + i // 2, 64, 0)
+              for i in range(10)] + [TraceEvent(11, "free", 0x999, 64, 0)]
+    write_trace(events, path)
+    seen = []
+    result = ReplayJob(path, "pool").run(seen.append)
+    assert seen == sorted(set(seen)) and result.notes     # (mended: a note says what)

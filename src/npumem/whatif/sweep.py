@@ -84,6 +84,7 @@ class ReplayBatch:
 
     def run(self, progress: Callable[[int], None] | None = None) -> list[ReplayResult]:
         first = self.jobs[0]
+        progress = _onward(progress)
         if first.allocator in TORCH_ALLOCATORS:
             return [job.run(progress) for job in self.jobs]
         every = [parse_settings(job.settings) for job in self.jobs]
@@ -107,6 +108,21 @@ class ReplayBatch:
             result.notes += settings_warnings(settings)
             results.append(result)
         return results
+
+
+def _onward(progress: Callable[[int], None] | None) -> Callable[[int], None] | None:
+    """`progress` told only counts above the last: a trace read again (mended, or by the
+    Python pool after the native one stopped) does not send the count back."""
+    if progress is None:
+        return None
+    told = 0
+
+    def report(events: int) -> None:
+        nonlocal told
+        if events > told:
+            told = events
+            progress(events)
+    return report
 
 
 def batches(jobs: Sequence[ReplayJob], workers: int) -> list[tuple[ReplayBatch, list[int]]]:
