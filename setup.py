@@ -48,12 +48,14 @@ JSONL_READER = Extension("npumem.trace._jsonl", ["src/npumem/trace/_jsonl.c"], d
 
 # The model of PyTorch's caching allocator, native, for replays
 # (src/npumem/alloc/torch_model/_native.c): plain C as well.
+LIVE_TABLE = "src/npumem/alloc/live_table.h"   # what the native replays keep of live blocks
 NATIVE_MODEL = Extension("npumem.alloc.torch_model._native",
-                         ["src/npumem/alloc/torch_model/_native.c"],
+                         ["src/npumem/alloc/torch_model/_native.c"], depends=[LIVE_TABLE],
                          extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
 # npumem's default pool, native, for trace replays (src/npumem/alloc/_pool_replay.c).
 POOL_REPLAY = Extension("npumem.alloc._pool_replay", ["src/npumem/alloc/_pool_replay.c"],
+                        depends=[LIVE_TABLE],
                         extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
 # Greedy placement in a given order (src/npumem/planning/_placement.c): the planner's greedy

@@ -358,3 +358,21 @@ def test_progress_never_goes_back_when_a_trace_is_read_again(tmp_path, monkeypat
     seen = []
     result = ReplayJob(path, "pool").run(seen.append)
     assert seen == sorted(set(seen)) and result.notes     # (mended: a note says what)
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+WRITTEN_BY_OTHERS = ([*(SHARED / "snapshots").glob("*.pickle"), *(SHARED / "traces").glob("*.gz"),
+                      *(SHARED / "formats").glob("operator_memory*.csv"),
+                      *(SHARED / "formats").glob("rmm_*.csv"), SHARED / "formats" / "memory_log.csv.dev0"]
+                     if SHARED.is_dir() else [])
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data not beside the repo")
+@pytest.mark.parametrize("path", WRITTEN_BY_OTHERS, ids=lambda p: p.name)
+@pytest.mark.parametrize("text", ["", "expandable_segments:False,garbage_collection_threshold:0.6"])
+def test_files_others_wrote_replay_as_the_pool_replays_them(path, text):
+    """Users' PyTorch snapshots, the profiler's Chrome trace, msprof's and torch_npu's
+    operator_memory.csv, RMM's logs: the same figures and notes from both pools."""
+    native, python = _file_replays(str(path), text)
+    assert {k: getattr(native, k) for k in FIGURES} == {k: getattr(python, k) for k in FIGURES}
+    assert native.events > 0

@@ -28,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "live_table.h"
+
 #define NONE (-1)
 #define TOO_LARGE UINT64_MAX            /* a rounded size no arena can hold */
 #define SMALL_SIZE ((uint64_t)1 << 20)  /* requests up to this go to the small caches */
@@ -73,8 +75,6 @@ typedef struct {                    /* segments: one device allocation */
 } Segment;
 
 typedef struct { uint64_t size, segment, below; } Rounding;
-typedef struct { uint64_t key; int64_t value; } Slot;
-typedef struct { Slot *slots; uint8_t *used; uint64_t mask, count; } Table;
 
 typedef struct {
     PyObject_HEAD
@@ -89,8 +89,8 @@ typedef struct {
     Cache *caches; int ncaches, last_cache;
     Segment *segs; int32_t nsegs, capsegs, free_seg, oldest, newest;
     Rounding *rounds; int64_t nrounds, caprounds;
-    Table live;                     /* trace address -> block id */
-    Table rounded;                  /* request size -> its Rounding */
+    LiveTable live;                 /* trace address -> block id */
+    LiveTable rounded;              /* request size -> its Rounding's index */
     /* the simulated device (segments): page accounting and the next address */
     uint64_t device_total, huge_limit, used_huge, used_normal, next_address;
     uint32_t seed;
@@ -102,61 +102,6 @@ typedef struct {
                                        free of no live block, an alloc over a live one, a free
                                        naming another size (not 0 B, which says nothing) */
 } Core;
-
-/* --- a hash of uint64 keys: linear probing, deletion by shifting back --------------------- */
-
-static uint64_t mix(uint64_t key) {
-    key ^= key >> 33; key *= 0xff51afd7ed558ccdULL; key ^= key >> 33;
-    return key;
-}
-
-static int table_init(Table *t, uint64_t slots) {
-    t->slots = PyMem_Calloc(slots, sizeof(Slot));
-    t->used = PyMem_Calloc(slots, 1);
-    t->mask = slots - 1; t->count = 0;
-    if (!t->slots || !t->used) { PyErr_NoMemory(); return -1; }
-    return 0;
-}
-
-static void table_free(Table *t) { PyMem_Free(t->slots); PyMem_Free(t->used); }
-
-static uint64_t table_find(const Table *t, uint64_t key) {   /* its slot, or an empty one */
-    uint64_t i = mix(key) & t->mask;
-    while (t->used[i] && t->slots[i].key != key) i = (i + 1) & t->mask;
-    return i;
-}
-
-static int table_put(Table *t, uint64_t key, int64_t value) {
-    if ((t->count + 1) * 2 > t->mask + 1) {            /* keep it at most half full */
-        Table bigger;
-        if (table_init(&bigger, (t->mask + 1) * 2) < 0) return -1;
-        for (uint64_t i = 0; i <= t->mask; i++)
-            if (t->used[i]) {
-                uint64_t j = table_find(&bigger, t->slots[i].key);
-                bigger.used[j] = 1; bigger.slots[j] = t->slots[i]; bigger.count++;
-            }
-        table_free(t);
-        *t = bigger;
-    }
-    uint64_t i = table_find(t, key);
-    if (!t->used[i]) { t->used[i] = 1; t->count++; }
-    t->slots[i].key = key; t->slots[i].value = value;
-    return 0;
-}
-
-static void table_remove(Table *t, uint64_t i) {      /* i: a used slot */
-    t->used[i] = 0; t->count--;
-    uint64_t j = i;
-    for (;;) {          /* move back each following entry whose home is not between i and j */
-        j = (j + 1) & t->mask;
-        if (!t->used[j]) return;
-        uint64_t home = mix(t->slots[j].key) & t->mask;
-        if (((j - home) & t->mask) >= ((j - i) & t->mask)) {
-            t->slots[i] = t->slots[j]; t->used[i] = 1; t->used[j] = 0;
-            i = j;
-        }
-    }
-}
 
 /* --- blocks and the treaps of free blocks ------------------------------------------------- */
 
@@ -235,6 +180,12 @@ static int32_t join(Core *c, int32_t low, int32_t high) {
     return high;
 }
 
+/* the child of node t on the side of b's key (the treap ops never move the blocks array) */
+static int32_t *toward(Core *c, int32_t t, const Block *b) {
+    Block *node = &c->blocks[t];
+    return below_key(c, node, b->size, b->start) ? &node->right : &node->left;
+}
+
 static int32_t treap_insert(Core *c, int32_t t, int32_t id) {
     Block *b = &c->blocks[id];
     if (t == NONE) { b->left = b->right = NONE; b->largest = b->size; return id; }
@@ -244,13 +195,8 @@ static int32_t treap_insert(Core *c, int32_t t, int32_t id) {
         pull(c, id);
         return id;
     }
-    if (!below_key(c, node, b->size, b->start)) {
-        int32_t left = treap_insert(c, node->left, id);
-        c->blocks[t].left = left;
-    } else {
-        int32_t right = treap_insert(c, node->right, id);
-        c->blocks[t].right = right;
-    }
+    int32_t *child = toward(c, t, b);
+    *child = treap_insert(c, *child, id);
     pull(c, t);
     return t;
 }
@@ -258,15 +204,8 @@ static int32_t treap_insert(Core *c, int32_t t, int32_t id) {
 /* t without block id (which is in it, with the key it was inserted with) */
 static int32_t treap_remove(Core *c, int32_t t, int32_t id) {
     if (t == id) return join(c, c->blocks[t].left, c->blocks[t].right);
-    Block *node = &c->blocks[t];
-    const Block *b = &c->blocks[id];
-    if (!below_key(c, node, b->size, b->start)) {
-        int32_t left = treap_remove(c, node->left, id);
-        c->blocks[t].left = left;
-    } else {
-        int32_t right = treap_remove(c, node->right, id);
-        c->blocks[t].right = right;
-    }
+    int32_t *child = toward(c, t, &c->blocks[id]);
+    *child = treap_remove(c, *child, id);
     pull(c, t);
     return t;
 }
@@ -542,8 +481,8 @@ static int32_t take_from_segments(Core *c, const Rounding *r, uint64_t stream) {
 /* --- the pool ------------------------------------------------------------------------------ */
 
 static const Rounding *rounding_of(Core *c, uint64_t nbytes) {   /* NULL with an exception */
-    uint64_t slot = table_find(&c->rounded, nbytes);
-    if (c->rounded.used[slot]) return &c->rounds[c->rounded.slots[slot].value];
+    uint64_t slot = live_find(&c->rounded, nbytes);
+    if (c->rounded.slots[slot].value != LIVE_EMPTY) return &c->rounds[c->rounded.slots[slot].value];
     PyObject *result = PyObject_CallFunction(c->rounding, "K", (unsigned long long)nbytes);
     if (!result) return NULL;
     unsigned long long values[3];
@@ -562,6 +501,7 @@ static const Rounding *rounding_of(Core *c, uint64_t nbytes) {   /* NULL with an
         return NULL;
     }
     if (c->nrounds == c->caprounds) {
+        if (c->caprounds >= INT32_MAX / 2) { PyErr_NoMemory(); return NULL; }
         int64_t cap = c->caprounds ? c->caprounds * 2 : 64;
         Rounding *grown = PyMem_Realloc(c->rounds, (size_t)cap * sizeof(Rounding));
         if (!grown) { PyErr_NoMemory(); return NULL; }
@@ -572,7 +512,8 @@ static const Rounding *rounding_of(Core *c, uint64_t nbytes) {   /* NULL with an
     r->segment = values[1] >> 62 ? TOO_LARGE : values[1];
     r->below = values[2];
     if (c->segments && r->segment == TOO_LARGE) r->size = TOO_LARGE;
-    if (table_put(&c->rounded, nbytes, c->nrounds) < 0) return NULL;
+    int existed;
+    if (live_put(&c->rounded, nbytes, (int32_t)c->nrounds, &existed) < 0) return NULL;
     return &c->rounds[c->nrounds++];
 }
 
@@ -600,13 +541,12 @@ static int allocate(Core *c, uint64_t addr, uint64_t nbytes, uint64_t stream) {
     c->requests++;
     c->allocated += nbytes;
     if (c->allocated > c->peak_allocated) c->peak_allocated = c->allocated;
-    return table_put(&c->live, addr, id) < 0 ? -1 : DONE;
+    int existed;
+    return live_put(&c->live, addr, id, &existed) < 0 ? -1 : DONE;
 }
 
-/* the pool's deallocate of the block at live slot `slot`: merged with free neighbours */
-static void deallocate(Core *c, uint64_t slot) {
-    int32_t id = (int32_t)c->live.slots[slot].value;
-    table_remove(&c->live, slot);
+/* the pool's deallocate of the live block `id`: merged with free neighbours */
+static void deallocate(Core *c, int32_t id) {
     Block *b = &c->blocks[id];
     int32_t *root = free_set(c, b->home);
     c->allocated -= b->requested;
@@ -668,8 +608,8 @@ static PyObject *Core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     c->last_arena = c->last_cache = -1; c->seed = 0x9e3779b9u;
     c->arenas = PyMem_Calloc((size_t)max_streams, sizeof(Arena));
     c->caches = PyMem_Calloc((size_t)max_streams * 2, sizeof(Cache));
-    if (!c->arenas || !c->caches || table_init(&c->live, 1024) < 0 ||
-            table_init(&c->rounded, 64) < 0) {
+    if (!c->arenas || !c->caches || live_resize(&c->live, 1024) < 0 ||
+            live_resize(&c->rounded, 64) < 0) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         Py_DECREF(c);
         return NULL;
@@ -685,8 +625,8 @@ static void Core_dealloc(Core *c) {
     PyMem_Free(c->segs);
     PyMem_Free(c->rounds);
     PyMem_Free(c->blocks);
-    table_free(&c->live);
-    table_free(&c->rounded);
+    live_free(&c->live);
+    live_free(&c->rounded);
     Py_XDECREF(c->rounding);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -729,20 +669,20 @@ static PyObject *Core_run(Core *c, PyObject *args) {
         uint8_t what = kind[act[i]];
         if (what == SKIP) continue;
         c->events++;
-        uint64_t slot = table_find(&c->live, addrs[i]);
+        int32_t live = live_pop(&c->live, addrs[i]);
         if (what == FREE) {
-            if (!c->live.used[slot]) {    /* allocated before the recording started */
+            if (live == LIVE_EMPTY) {     /* allocated before the recording started */
                 c->unmatched++; c->holes++;
                 continue;
             }
             uint64_t said = sizes[i];     /* (0: a format that does not say) */
-            if (said && said != c->blocks[c->live.slots[slot].value].requested) c->holes++;
-            deallocate(c, slot);
+            if (said && said != c->blocks[live].requested) c->holes++;
+            deallocate(c, live);
             continue;
         }
-        if (c->live.used[slot]) {         /* its free was not recorded */
+        if (live != LIVE_EMPTY) {         /* its free was not recorded */
             c->holes++;
-            deallocate(c, slot);
+            deallocate(c, live);
         }
         int status = allocate(c, addrs[i], sizes[i], streams[i]);
         if (status != DONE) {

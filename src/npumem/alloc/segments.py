@@ -81,7 +81,9 @@ class SegmentStrategy:
         free_list = self.free_lists.get((stream, small)) or self._free_list(stream, small)
         owner = self.owner
         split_min = owner.split_min if small else large_split_min(owner.split_min)
-        block = free_list.take(size, split_min, usable_below(size, owner.max_split_bytes))
+        limit = owner.max_split_bytes         # (no call on the common path: none set)
+        block = free_list.take(size, split_min,
+                               None if limit is None else usable_below(size, limit))
         if block is not None:
             return block
         self._collect_garbage()

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../live_table.h"
+
 #define MiB ((uint64_t)1 << 20)
 #define MIN_BLOCK 512u
 #define SMALL_SIZE MiB
@@ -54,7 +56,6 @@ typedef struct {
 } Expandable;
 typedef struct { uint64_t start, end; } Range;
 typedef struct { uint64_t addr, size, stream; uint8_t action; } Event;
-typedef struct { uint64_t key; int32_t value; } Slot;      /* value NONE: empty */
 
 typedef struct {
     PyObject_HEAD
@@ -79,7 +80,7 @@ typedef struct {
     int64_t allocations, num_device_alloc, num_device_free, num_alloc_retries, num_ooms, cache_hits;
     Event *events; Py_ssize_t nevents, capevents;
     /* the replay's live blocks (trace address -> block) and its counts */
-    Slot *live; uint64_t livemask; Py_ssize_t nlive;
+    LiveTable live;
     uint64_t replay_allocated, replay_peak;
     int64_t unmatched, misplaced, requests;
     /* the last out-of-memory: orig, size, alloc_size, stream, free (-1 none), usable, largest */
@@ -240,63 +241,6 @@ static void drop_block(Model *m, int32_t id) {
     m->free_slot = id;
 }
 
-/* --- the replay's live blocks: open addressing, linear probing, backward-shift delete ------ */
-static uint64_t mix(uint64_t x) { x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; return x; }
-
-static int live_resize(Model *m, uint64_t slots) {
-    Slot *old = m->live;
-    uint64_t oldmask = m->livemask;
-    Slot *fresh = PyMem_Malloc(slots * sizeof(Slot));
-    if (!fresh) { PyErr_NoMemory(); return -1; }
-    for (uint64_t i = 0; i < slots; i++) fresh[i].value = NONE;
-    m->live = fresh;
-    m->livemask = slots - 1;
-    if (old) {
-        for (uint64_t i = 0; i <= oldmask; i++) {
-            if (old[i].value == NONE) continue;
-            uint64_t at = mix(old[i].key) & m->livemask;
-            while (fresh[at].value != NONE) at = (at + 1) & m->livemask;
-            fresh[at] = old[i];
-        }
-        PyMem_Free(old);
-    }
-    return 0;
-}
-
-static uint64_t live_find(Model *m, uint64_t key) {        /* the slot of key, or of its hole */
-    uint64_t at = mix(key) & m->livemask;
-    while (m->live[at].value != NONE && m->live[at].key != key) at = (at + 1) & m->livemask;
-    return at;
-}
-
-static int live_put(Model *m, uint64_t key, int32_t value, int *existed) {
-    if ((uint64_t)(m->nlive + 1) * 2 > m->livemask + 1 && live_resize(m, (m->livemask + 1) * 2) < 0)
-        return -1;
-    uint64_t at = live_find(m, key);
-    *existed = m->live[at].value != NONE;
-    if (!*existed) m->nlive++;
-    m->live[at] = (Slot){key, value};
-    return 0;
-}
-
-static int32_t live_pop(Model *m, uint64_t key) {
-    uint64_t hole = live_find(m, key);
-    int32_t value = m->live[hole].value;
-    if (value == NONE) return NONE;
-    m->nlive--;
-    uint64_t at = hole;
-    for (;;) {                      /* shift back the entries whose probe passed the hole */
-        m->live[hole].value = NONE;
-        for (;;) {
-            at = (at + 1) & m->livemask;
-            if (m->live[at].value == NONE) return value;
-            uint64_t home = mix(m->live[at].key) & m->livemask;
-            if (hole <= at ? (home <= hole || home > at) : (home <= hole && home > at)) break;
-        }
-        m->live[hole] = m->live[at];
-        hole = at;
-    }
-}
 
 /* --- the driver (DeviceMemory) -------------------------------------------------------- */
 static Py_ssize_t ranges_after(Model *m, uint64_t start) {    /* bisect_right((start, inf)) */
@@ -884,7 +828,7 @@ static int replay_alloc(Model *m, uint64_t addr, uint64_t size, uint64_t stream)
     if (got <= 0) return got;
     if (m->blocks[id].addr != addr) m->misplaced++;
     int existed;
-    if (live_put(m, addr, id, &existed) < 0) return -1;
+    if (live_put(&m->live, addr, id, &existed) < 0) return -1;
     if (existed) m->unmatched++;
     m->replay_allocated += size;
     if (m->replay_allocated > m->replay_peak) m->replay_peak = m->replay_allocated;
@@ -892,7 +836,7 @@ static int replay_alloc(Model *m, uint64_t addr, uint64_t size, uint64_t stream)
 }
 
 static int replay_free(Model *m, uint64_t addr) {
-    int32_t id = live_pop(m, addr);
+    int32_t id = live_pop(&m->live, addr);
     if (id == NONE || !m->blocks[id].allocated) {
         m->unmatched++;
         return 0;
@@ -962,7 +906,7 @@ static PyObject *Model_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Model *m = (Model *)type->tp_alloc(type, 0);
     if (!m) return NULL;
     m->free_slot = NONE;
-    if (live_resize(m, 1024) < 0) { Py_DECREF(m); return NULL; }
+    if (live_resize(&m->live, 1024) < 0) { Py_DECREF(m); return NULL; }
     return (PyObject *)m;
 }
 
@@ -977,7 +921,7 @@ static void Model_dealloc(Model *m) {
     for (Py_ssize_t i = 0; i < m->nsegs; i++) PyMem_Free(m->segs[i].pages);
     PyMem_Free(m->segs);
     PyMem_Free(m->events);
-    PyMem_Free(m->live);
+    live_free(&m->live);
     Py_TYPE(m)->tp_free((PyObject *)m);
 }
 
@@ -1054,7 +998,7 @@ static int32_t restore_blocks(Model *m, PyObject *blocks, uint64_t stream, int s
         if (allocated) {
             m->blocks[id].allocated = 1;
             m->blocks[id].requested = requested;
-            if (live_put(m, addr, id, &existed) < 0) goto fail;
+            if (live_put(&m->live, addr, id, &existed) < 0) goto fail;
             m->allocations++;
             m->allocated_bytes += size;
             m->requested_bytes += requested;
