@@ -35,11 +35,13 @@ class BuildWithProfileHook(build_py):
 
 
 COMMON = "src/npumem/trace/reader_common.h"   # what the readers share
+LIVE_TABLE = "src/npumem/alloc/live_table.h"    # a hash of uint64 keys: live blocks, memo objects
 
 # Snapshot pickles read into columns (src/npumem/trace/snapshot/_reader.c): plain C, no numpy
 # headers, so building it needs only a compiler and Python's own headers.
 SNAPSHOT_READER = Extension("npumem.trace.snapshot._reader",
-                            ["src/npumem/trace/snapshot/_reader.c"], depends=[COMMON],
+                            ["src/npumem/trace/snapshot/_reader.c"],
+                            depends=[COMMON, LIVE_TABLE, "src/npumem/trace/snapshot/memo.h"],
                             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
 # npumem's JSONL traces read into the same columns (src/npumem/trace/_jsonl.c).
@@ -48,7 +50,6 @@ JSONL_READER = Extension("npumem.trace._jsonl", ["src/npumem/trace/_jsonl.c"], d
 
 # The model of PyTorch's caching allocator, native, for replays
 # (src/npumem/alloc/torch_model/_native.c): plain C as well.
-LIVE_TABLE = "src/npumem/alloc/live_table.h"   # what the native replays keep of live blocks
 NATIVE_MODEL = Extension("npumem.alloc.torch_model._native",
                          ["src/npumem/alloc/torch_model/_native.c"], depends=[LIVE_TABLE],
                          extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])

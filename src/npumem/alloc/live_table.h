@@ -1,7 +1,8 @@
 /* A hash of uint64 keys (a trace's addresses) to int32 values (block ids, LIVE_EMPTY for an
  * empty slot): open addressing, linear probing, deletion by shifting back, at most half full.
  * What the native replays keep of their live blocks: the model of PyTorch's allocator
- * (torch_model/_native.c) and npumem's pool (_pool_replay.c). */
+ * (torch_model/_native.c) and npumem's pool (_pool_replay.c); the snapshot reader's memo
+ * (objects by address) and its start state (addresses' last moves) too. */
 #ifndef NPUMEM_LIVE_TABLE_H
 #define NPUMEM_LIVE_TABLE_H
 

@@ -77,6 +77,7 @@ static void *grow(void *items, Py_ssize_t *capacity, Py_ssize_t need, size_t wid
 }
 
 #include "../reader_common.h"
+#include "memo.h"
 
 enum { C_ACTION, C_FLAGS, C_ADDR, C_SIZE, C_STREAM, C_TIME, C_REQUESTED, C_STACK, C_EXTRA, N_COLUMNS };
 static const char *COLUMN_NAMES[] = {"action", "flags", "addr", "size", "stream", "time",
@@ -745,13 +746,7 @@ typedef struct {
     Py_ssize_t length, pos;
     Stack stack;
     Marks marks;
-    /* the memo, in pages of MEMO_PAGE slots made when first needed; a slot that holds an
-     * entry's marker (most slots: one per entry) is a bit in `memo_entries` instead, so ten
-     * million entries cost 1.2 MB of memo, not 80 */
-    PyObject ***memo_pages;
-    Py_ssize_t memo_size, memo_page_count;
-    unsigned char *memo_entries;
-    Py_ssize_t memo_entries_capacity;
+    Memo memo;
     /* the trace's lists: "device_traces"'s value, and each device's list in it */
     PyObject *traces;
     PyObject **device_lists;
@@ -783,71 +778,19 @@ typedef struct {
 
 static void drop_from(Machine *m, Py_ssize_t from);
 
-#define MEMO_PAGE_BITS 12
-#define MEMO_PAGE ((Py_ssize_t)1 << MEMO_PAGE_BITS)
-
-/* The slot of memo index `index` (in range): NULL where its page was never made (and `make`
- * is 0), or with MemoryError set. */
-static PyObject **memo_slot(Machine *m, Py_ssize_t index, int make) {
-    Py_ssize_t page = index >> MEMO_PAGE_BITS;
-    if (page >= m->memo_page_count || !m->memo_pages[page]) {
-        if (!make)
-            return NULL;
-        PyObject ***pages = grow(m->memo_pages, &m->memo_page_count, page + 1,
-                                 sizeof(PyObject **), 64);
-        if (!pages)
-            return NULL;
-        m->memo_pages = pages;
-        if (!(pages[page] = PyMem_Calloc(MEMO_PAGE, sizeof(PyObject *)))) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-    }
-    return &m->memo_pages[page][index & (MEMO_PAGE - 1)];
-}
-
-static int memo_holds_entry(Machine *m, Py_ssize_t index) {
-    return index / 8 < m->memo_entries_capacity &&
-           (m->memo_entries[index / 8] >> (index % 8) & 1);
-}
-
-/* What memo index `index` holds (borrowed): NULL where it was never set. */
-static PyObject *memo_get(Machine *m, Py_ssize_t index) {
-    if (index < 0 || index >= m->memo_size)
-        return NULL;
-    if (memo_holds_entry(m, index))
-        return m->entry_marker;
-    PyObject **slot = memo_slot(m, index, 0);
-    return slot ? *slot : NULL;
-}
-
-/* Memo index `index` (< memo_size + MEMO_SLACK) holds `v` (borrowed) from now on. */
-static int memo_set(Machine *m, Py_ssize_t index, PyObject *v) {
-    int entry = v == m->entry_marker;
-    if (entry || memo_holds_entry(m, index)) {
-        unsigned char *bits = grow(m->memo_entries, &m->memo_entries_capacity, index / 8 + 1,
-                                   1, 4096);
-        if (!bits)
-            return -1;
-        m->memo_entries = bits;
-        bits[index / 8] = (unsigned char)((bits[index / 8] & ~(1 << index % 8)) |
-                                          entry << index % 8);
-    }
-    PyObject **slot = memo_slot(m, index, !entry);
-    if (!slot && PyErr_Occurred())
-        return -1;
-    if (slot)
-        Py_XSETREF(*slot, entry ? NULL : Py_NewRef(v));
-    if (index >= m->memo_size)
-        m->memo_size = index + 1;
-    return 0;
-}
-
-static int memo_put(Machine *m, Py_ssize_t index, PyObject *v) {
-    if (index < 0 || index > m->memo_size + MEMO_SLACK)
+/* PUT, BINPUT, MEMOIZE: memo index `index` holds the top of the stack (a string or plain
+ * tuple: the first one of its value, which the stack then holds too). */
+static int memo_put(Machine *m, Py_ssize_t index) {
+    if (index < 0 || index > m->memo.size + MEMO_SLACK)
         return unsafe("memo index %zd at byte %zd, with %zd memo entries: not a pickle a "
-                      "pickler wrote", index, m->pos, m->memo_size);
-    if (memo_set(m, index, v) < 0)
+                      "pickler wrote", index, m->pos, m->memo.size);
+    PyObject **top = &m->stack.items[m->stack.size - 1];
+    PyObject *v = memo_canonical(&m->memo, *top);
+    if (!v)
+        return -1;
+    if (v != *top)
+        Py_SETREF(*top, Py_NewRef(v));
+    if (memo_set(&m->memo, index, v) < 0)
         return -1;
     if (m->device_count && (PyDict_CheckExact(v) || PyList_CheckExact(v))) {
         Py_ssize_t *pending = grow(m->pending, &m->pending_capacity, m->pending_size + 1,
@@ -881,12 +824,23 @@ static int will_settle(Machine *m, PyObject *object, PyObject *replacement) {
 }
 
 /* The row just added to `d` interned the list `frames` (borrowed; may be NULL): its memo slot
- * will hold the interned stack, so the memo keeps no list per entry alive. */
+ * will hold the interned stack, so the memo keeps no list per entry alive; and where the stack
+ * was known by content, each frame dict will be the kept one equal to it (a writer that copies
+ * every frame memoizes each copy). */
 static int settle_frames(Machine *m, Device *d, PyObject *frames) {
     if (!frames || !PyList_CheckExact(frames))
         return 0;
     uint32_t stack = column_last_u32(&d->columns[C_STACK]);
-    return will_settle(m, frames, PyList_GET_ITEM(m->reader.interned.stacks, stack));
+    PyObject *kept = PyList_GET_ITEM(m->reader.interned.stacks, stack);
+    if (will_settle(m, frames, kept) < 0)
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(kept);
+    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(frames); i++) {
+        PyObject *copy = PyList_GET_ITEM(frames, i), *frame = PyList_GET_ITEM(kept, i);
+        if (copy != frame && will_settle(m, copy, frame) < 0)
+            return -1;
+    }
+    return 0;
 }
 
 /* After rows were taken: memo slots filled since the last settle that hold an object a row
@@ -915,13 +869,13 @@ static int settle_pending(Machine *m) {
         }
         for (Py_ssize_t p = 0; p < m->pending_size; p++) {
             Py_ssize_t slot = m->pending[p];
-            PyObject *v = memo_get(m, slot);
+            PyObject *v = memo_get(&m->memo, slot);
             if (!v || v == m->entry_marker)
                 continue;
             Py_ssize_t i = SLOT_OF(v);
             while (table[2 * i] && table[2 * i] != v)
                 i = (i + 1) & mask;
-            if (table[2 * i] && memo_set(m, slot, table[2 * i + 1]) < 0) {
+            if (table[2 * i] && memo_set(&m->memo, slot, table[2 * i + 1]) < 0) {
                 PyMem_Free(table);
                 return -1;
             }
@@ -1614,7 +1568,7 @@ static int run(Machine *m, PyObject **result) {
                     index = (Py_ssize_t)x;
                     m->pos += n + 1;
                 } else if (op == 0x94)
-                    index = m->memo_size;
+                    index = m->memo.size;
                 else {
                     n = (op == 'h' || op == 'q') ? 1 : 4;
                     if (need(m, n) < 0)
@@ -1623,7 +1577,7 @@ static int run(Machine *m, PyObject **result) {
                     m->pos += n;
                 }
                 if (op == 'g' || op == 'h' || op == 'j') {
-                    PyObject *held = memo_get(m, index);
+                    PyObject *held = memo_get(&m->memo, index);
                     if (!held)
                         return unsafe("a damaged pickle: memo index %zd was never set (byte %zd)",
                                       index, m->pos);
@@ -1635,7 +1589,7 @@ static int run(Machine *m, PyObject **result) {
                 }
                 if (check_stack(m, 1) < 0)
                     return -1;
-                if (memo_put(m, index, m->stack.items[m->stack.size - 1]) < 0)
+                if (memo_put(m, index) < 0)
                     return -1;
                 continue;
             }
@@ -1695,13 +1649,7 @@ static void machine_clear(Machine *m) {
     drop_from(m, 0);
     PyMem_Free(m->stack.items);
     PyMem_Free(m->marks.at);
-    for (Py_ssize_t page = 0; page < m->memo_page_count; page++) {
-        for (Py_ssize_t i = 0; m->memo_pages[page] && i < MEMO_PAGE; i++)
-            Py_XDECREF(m->memo_pages[page][i]);
-        PyMem_Free(m->memo_pages[page]);
-    }
-    PyMem_Free(m->memo_pages);
-    PyMem_Free(m->memo_entries);
+    memo_clear(&m->memo);
     PyMem_Free(m->device_lists);
     PyMem_Free(m->pending);
     drop_open(m);
@@ -1745,7 +1693,8 @@ static PyObject *load(PyObject *self, PyObject *args) {
     /* its own object, found by identity; a str, so that it reads well where an error shows
      * something it ended up in */
     m.entry_marker = PyUnicode_FromString("<a trace entry>");
-    if (m.entry_marker && interned_init(&m.reader.interned) == 0
+    if (m.entry_marker && memo_init(&m.memo, m.entry_marker) == 0
+        && interned_init(&m.reader.interned) == 0
         && (m.reader.interned.own_strings = 1) && run(&m, &root) == 0) {
         PyObject *tables = reader_result(&m.reader);
         if (tables) {
@@ -2110,6 +2059,76 @@ done:
     return result;
 }
 
+/* What walking a trace's allocs and frees back from the dump leaves of each address (the
+ * start state's rule, trace/snapshot/start_state.py): an address first met by a free held that
+ * block when the trace began; one first met by an alloc held none. And how many moves
+ * contradict the state they undo: two allocs or two frees of an address in a row, and a last
+ * move that disagrees with the dump (an alloc of a block not live there, a free of one that
+ * is). One pass with a hash of the addresses, in memory that grows with them, not with the
+ * trace (a sort by address took 13 bytes an entry). */
+static int sorted_holds(const uint64_t *sorted, Py_ssize_t n, uint64_t key) {
+    Py_ssize_t low = 0, high = n;
+    while (low < high) {
+        Py_ssize_t mid = low + (high - low) / 2;
+        if (sorted[mid] < key)
+            low = mid + 1;
+        else
+            high = mid;
+    }
+    return low < n && sorted[low] == key;
+}
+
+static PyObject *first_moves(PyObject *self, PyObject *args) {
+    Py_buffer action, addr, dump;
+    int alloc_code, free_code;
+    if (!PyArg_ParseTuple(args, "y*y*iiy*", &action, &addr, &alloc_code, &free_code, &dump))
+        return NULL;
+    const uint8_t *codes = action.buf;
+    const uint64_t *addrs = addr.buf, *at_dump = dump.buf;
+    Py_ssize_t n = action.len, dumped = dump.len / 8;
+    Positions freed = {0}, allocated = {0};
+    LiveTable last = {0};                        /* address -> its last move: 1 alloc, 0 free */
+    PyObject *result = NULL;
+    long long inconsistent = 0;
+    if (addr.len != 8 * n || dump.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "first_moves: columns of different lengths");
+        goto done;
+    }
+    if (live_resize(&last, 1024) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int allocating = codes[i] == alloc_code;
+        if (!allocating && codes[i] != free_code)
+            continue;
+        uint64_t slot = live_find(&last, addrs[i]);
+        int32_t before = last.slots[slot].value;
+        if (before == LIVE_EMPTY) {
+            if (positions_add(allocating ? &allocated : &freed,
+                              allocating ? (int64_t)addrs[i] : (int64_t)i) < 0)
+                goto done;
+        } else
+            inconsistent += before == allocating;
+        int existed;
+        if (live_put(&last, addrs[i], allocating, &existed) < 0)
+            goto done;
+    }
+    for (uint64_t k = 0; k <= last.mask; k++)
+        if (last.slots[k].value != LIVE_EMPTY)
+            inconsistent += last.slots[k].value != sorted_holds(at_dump, dumped, last.slots[k].key);
+    /* (y# makes None of a NULL pointer: an empty list is "") */
+    result = Py_BuildValue("(y#y#L)", freed.at ? (const char *)freed.at : "", freed.count * 8,
+                           allocated.at ? (const char *)allocated.at : "", allocated.count * 8,
+                           inconsistent);
+done:
+    live_free(&last);
+    PyMem_Free(freed.at);
+    PyMem_Free(allocated.at);
+    PyBuffer_Release(&action);
+    PyBuffer_Release(&addr);
+    PyBuffer_Release(&dump);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, "load(data, window=16 MiB): (root object, (devices' columns, "
      "stacks, extras, stacks cut)) of a snapshot pickle: its bytes, or a binary file read a "
@@ -2122,6 +2141,10 @@ static PyMethodDef methods[] = {
      "frees, allocs over a live block and that block, frees of another size and their block "
      "(trace/mending.py), and the stories to pass with the trace's next part, whose first row "
      "is at `offset`"},
+    {"first_moves", first_moves, METH_VARARGS, "first_moves(action, addr, alloc_code, "
+     "free_code, dump): the positions (int64 bytes) of the frees that first name an address, "
+     "the addresses (uint64 bytes) an alloc names first, and how many moves contradict the "
+     "state before them, the last of each address against `dump` (sorted uint64 addresses)"},
     {"from_entry_stream", from_entry_stream, METH_O, "as from_entries, of an iterator of "
      "(device, entry dict) pairs"},
     {"from_entries", from_entries, METH_O, "(devices' columns, stacks, extras, stacks cut) of "

@@ -28,8 +28,8 @@ import numpy as np
 from ...alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
                                            round_size)
 from ...alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
-from .columns import (_CHUNK, ACTIONS, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays,
-                      block_order, having, indices, natural, positions_where, rows)
+from .columns import (_CHUNK, ACTIONS, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays, having,
+                      indices, native, natural, positions_where, rows)
 
 
 @dataclass
@@ -285,25 +285,51 @@ def _undo_blocks(a, live: dict[int, StartBlock], free_action: str) -> int:
     by address, last first: each address is left as its first move found it (before an alloc
     not live; before a free live, the block that free names). Returns how many moves contradict
     the state they undo: an alloc of a block not live after it, a free of one live after it."""
-    positions, first, actions, addrs = block_order(a, ("alloc", free_action), cache=False)
-    if not len(positions):
-        return 0
-    allocating = actions == ALLOC
-    last = np.r_[first[1:], True]
-    live_after = np.zeros(len(positions), dtype=bool)    # what undoing the next move left
-    live_after[:-1] = ~allocating[1:]
-    at_dump = natural(list(live))
-    live_after[last] = np.isin(addrs[last], at_dump)
-    inconsistent = int(np.count_nonzero(allocating != live_after))
-    begins = np.flatnonzero(first)
-    allocated = addrs[begins[allocating[begins]]]
-    for addr in allocated[np.isin(allocated, at_dump)].tolist():
-        del live[addr]
-    freed = positions[begins[~allocating[begins]]]
+    freed, allocated, inconsistent = first_moves(a, free_action, sorted(live))
+    for addr in allocated:
+        live.pop(addr, None)
     for addr, size, stack in zip(a.addr[freed].tolist(), a.size[freed].tolist(),
                                  a.stack_at(freed).tolist()):
         live[addr] = StartBlock(addr, 0, size, True, a.stacks[stack] or [])
     return inconsistent
+
+
+def first_moves(a, free_action: str, at_dump: list[int]) -> tuple[np.ndarray, list[int], int]:
+    """The positions of the frees that first name an address, the addresses an alloc names
+    first, and how many moves contradict the state they undo (two allocs or two frees of an
+    address in a row; a last move against `at_dump`, the addresses live at the dump, sorted):
+    one pass of the C reader; of Python numbers past 64 bits, `_first_moves` (its oracle)."""
+    free_code = ACTIONS.index(free_action)
+    if native is None or a.addr.dtype != np.uint64:
+        return _first_moves(a.action.tolist(), a.addr.tolist(), free_code, at_dump)
+    try:
+        dump = np.array(at_dump, dtype=np.uint64)
+    except OverflowError:
+        return _first_moves(a.action.tolist(), a.addr.tolist(), free_code, at_dump)
+    freed, allocated, inconsistent = native.first_moves(
+        np.ascontiguousarray(a.action), np.ascontiguousarray(a.addr), ALLOC, free_code, dump)
+    return (np.frombuffer(freed, np.int64), np.frombuffer(allocated, np.uint64).tolist(),
+            inconsistent)
+
+
+def _first_moves(actions: list[int], addrs: list[int], free_code: int, at_dump: list[int]
+                 ) -> tuple[np.ndarray, list[int], int]:
+    last: dict[int, bool] = {}            # address -> its last move is an alloc
+    freed, allocated, inconsistent = [], [], 0
+    for position, (code, addr) in enumerate(zip(actions, addrs)):
+        if code != ALLOC and code != free_code:
+            continue
+        allocating = code == ALLOC
+        if addr in last:
+            inconsistent += last[addr] == allocating
+        elif allocating:
+            allocated.append(addr)
+        else:
+            freed.append(position)
+        last[addr] = allocating
+    dumped = set(at_dump)
+    inconsistent += sum(allocating != (addr in dumped) for addr, allocating in last.items())
+    return np.array(freed, dtype=np.int64), allocated, inconsistent
 
 
 def _block_nodes(a, blocks: np.ndarray, low: int, high: int, ranges: _Segments,
