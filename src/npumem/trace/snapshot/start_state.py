@@ -188,14 +188,13 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     inconsistent = _undo_blocks(a, live, free_action)
     # alloc and segment entries -> the segment's node (-1: none); with `pools` only
     entry_nodes = np.full(len(a), -1, dtype=np.int32) if pools else None    # (few nodes)
-    blocks = positions_where(having(a.action, "alloc", free_action)) if pools else None
     mapped: list[tuple[int, int]] = []   # (node, address) of each page range (un)mapped
     above = len(a)
     # the trace backwards: segment entries one by one, the blocks between them at once
     segments = np.flatnonzero(having(a.action, *SEGMENT_ADD, *SEGMENT_REMOVE))
     for index in [*segments[::-1].tolist(), -1]:
         if pools:
-            _block_nodes(a, blocks, index + 1, above, ranges, nodes, entry_nodes)
+            _block_nodes(a, ("alloc", free_action), index + 1, above, ranges, nodes, entry_nodes)
         above = index
         if index < 0:
             break
@@ -246,9 +245,6 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
         lowest[nodes.find(node)] = min(addr, lowest.get(nodes.find(node), addr))
     if not pools:
         return _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
-    noted = positions_where(entry_nodes >= 0)[::-1]      # the latest first
-    node_of = entry_nodes[noted]
-    del entry_nodes
     held, users = Counter(), Counter()   # each segment node's bytes and live blocks at the start
     for size, *_, node in ranges.values():
         held[nodes.find(node)] += size
@@ -259,17 +255,24 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     # oversize frees (max_split_size) and garbage collection free some idle segments only
     complete = config.max_split_size == NO_LIMIT and not config.garbage_collection_threshold
     if not nodes.all_known():     # (a dict of every entry's node: only when pools are unknown)
-        _infer_pools(entries, nodes, dict(zip(noted.tolist(), node_of.tolist())),
+        noted = positions_where(entry_nodes >= 0)
+        _infer_pools(entries, nodes, dict(zip(noted.tolist(), entry_nodes[noted].tolist())),
                      config.max_split_size, (held, users, free_action) if complete else None)
+        del noted
     state = _place_blocks(ranges, live, config, inconsistent, nodes, lowest)
     # only the entries of private pools: a few segments' worth, where every entry is a million
-    seen = np.zeros(int(node_of.max()) + 1 if len(node_of) else 0, dtype=bool)
-    seen[node_of] = True                                    # (nodes are few: no sort of them)
+    seen = np.zeros(len(nodes.parent), dtype=bool)        # (nodes are few: no sort of them)
+    for begin in range(0, len(entry_nodes), _CHUNK):      # (bounded temporaries)
+        part = entry_nodes[begin:begin + _CHUNK]
+        seen[part[part >= 0]] = True
     pool_of = {node: nodes.of(node) or DEFAULT_POOL for node in np.flatnonzero(seen).tolist()}
     private = [node for node, pool in pool_of.items() if pool != DEFAULT_POOL]
-    mine = np.isin(node_of, private)
-    state.pools = {index: pool_of[node] for index, node in
-                   zip(noted[mine].tolist(), node_of[mine].tolist())} if private else {}
+    state.pools = {}
+    if private:
+        mine = positions_where(np.isin(entry_nodes, private))
+        state.pools = {index: pool_of[node]
+                       for index, node in zip(mine.tolist(), entry_nodes[mine].tolist())}
+    del entry_nodes
     for index in indices(entries, "oom"):     # a refused request: no segment to tell
         pool = read_pool_id(entries[index].get("pool_id")) or _between(entries, state.pools, index)
         if pool not in (None, DEFAULT_POOL):
@@ -332,13 +335,12 @@ def _first_moves(actions: list[int], addrs: list[int], free_code: int, at_dump: 
     return np.array(freed, dtype=np.int64), allocated, inconsistent
 
 
-def _block_nodes(a, blocks: np.ndarray, low: int, high: int, ranges: _Segments,
+def _block_nodes(a, actions: tuple[str, str], low: int, high: int, ranges: _Segments,
                  nodes: _PoolNodes, entry_nodes: np.ndarray) -> None:
-    """The node of the segment that holds each alloc and free in entries [low, high), between
-    two segment entries (so in one state of the segments), and what their pool_id fields say
-    (the latest first, as the walk back meets them)."""
-    run = blocks[np.searchsorted(blocks, low):np.searchsorted(blocks, high)]
-    if not len(run) or not ranges.starts:
+    """The node of the segment that holds each alloc and free (`actions`) in entries
+    [low, high), between two segment entries (so in one state of the segments), and what their
+    pool_id fields say (the latest first, as the walk back meets them)."""
+    if high <= low or not ranges.starts:
         return
     starts = natural(ranges.starts)
     sizes = natural([ranges[start][0] for start in ranges.starts])
@@ -349,8 +351,8 @@ def _block_nodes(a, blocks: np.ndarray, low: int, high: int, ranges: _Segments,
             [extra.get("pool_id") is not None for extra in a.extras], dtype=bool)
     telling = told.any()                       # (no entry names its pool before PyTorch 2.12)
     kept, held = [], []                        # the entries that name their pool, and nodes
-    for begin in range(0, len(run), _CHUNK):   # (a chunk at a time: bounded temporaries)
-        part = run[begin:begin + _CHUNK]
+    for begin in range(low, high, _CHUNK):     # (a chunk at a time: bounded temporaries)
+        part = begin + np.flatnonzero(having(a.action[begin:min(begin + _CHUNK, high)], *actions))
         addrs = a.addr[part]
         index = np.searchsorted(starts, addrs, side="right") - 1
         inside = index >= 0
@@ -361,7 +363,7 @@ def _block_nodes(a, blocks: np.ndarray, low: int, high: int, ranges: _Segments,
             said = told[a.extra[part]]
             kept.append(part[said])
             held.append(node[said])
-    if not telling:
+    if not telling or not kept:
         return
     run, held = np.concatenate(kept)[::-1], np.concatenate(held)[::-1]
     if not len(run):
