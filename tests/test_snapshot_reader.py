@@ -276,6 +276,57 @@ def test_the_memo_keeps_what_a_pickle_refers_to_again_as_pickle_does():
     assert load_pickle(data, shown)[0] == [[1], [2], [2]]
 
 
+def test_values_kept_once_are_only_strings_and_pool_ids_and_let_go_with_their_index():
+    """Equal strings and small pairs of ints become one object; pairs of ints that hash alike
+    (ints hash modulo 2**61 - 1) stay apart, so a file cannot make each lookup a long walk; a
+    memo index set again and again with new strings keeps none of the old ones."""
+    import tracemalloc
+    wide = 2**61 - 1
+    values = [tuple(made) for made in ([1, 2], [1, 2], ["aaa"], ["aaa"], [wide, 0], [wide, 0])]
+    values[4:4] = ["".join(["ab", "ab"]) for _ in range(2)]      # (objects of their own)
+    assert values[0] is not values[1] and values[4] is not values[5]
+    root = load_pickle(pickle.dumps(values), shown)[0]
+    assert root == values and root[0] is root[1] and root[4] is root[5]
+    assert root[2] is not root[3] and root[6] is not root[7]
+    overwritten = b"\x80\x04N" + b"".join(b"\x8c\x06" + b"%06d" % i + b"q\x000"
+                                            for i in range(100_000)) + b"."
+    tracemalloc.start()
+    try:
+        load_pickle(overwritten, shown)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+
+
+def test_a_frame_is_only_taken_for_the_kept_one_when_it_is_the_same_dict():
+    """Stacks are interned by content, where 1 equals 1.0 and key order does not count: a frame
+    referred to again later reads as pickle.loads reads it, type and key order included."""
+    f1 = {"filename": "a.py", "line": 1, "name": "f", "x": 1}
+    f2 = {**f1, "x": 1.0}
+    f3 = {"name": "f", "line": 1, "filename": "a.py"}
+    f4 = {"filename": "a.py", "line": 1, "name": "f"}
+    trace = [{"action": "alloc", "addr": 1, "size": 1, "frames": [f1, f4]},
+             {"action": "alloc", "addr": 2, "size": 1, "frames": [f2, f3]}]
+    data = pickle.dumps({"device_traces": [trace], "after": [f2, f3, f4]})
+    after = load_pickle(data, shown)[0]["after"]
+    expected = pickle.loads(data)["after"]
+    assert after == expected and after[1] is not after[2]
+    assert [list(frame.items()) for frame in after] == [list(f.items()) for f in expected]
+    assert type(after[0]["x"]) is float
+
+
+def test_frames_with_lines_that_hash_alike_are_not_interned_by_content():
+    wide = 2**61 - 1
+    def trace(line):
+        return [{"action": "alloc", "addr": i, "size": 1,
+                 "frames": [{"filename": "a.py", "line": line, "name": "f"}]} for i in range(3)]
+    for line, stacks in ((7, 1), (5 * wide, 3)):
+        _, devices, tables = load_pickle(pickle.dumps({"device_traces": [trace(line)]}), shown)
+        assert len(tables.stacks) == stacks
+        assert devices[0][2]["frames"] == [{"filename": "a.py", "line": line, "name": "f"}]
+
+
 def test_random_damage_never_crashes_the_reader():
     """Truncations and byte flips of a real recording: a clean refusal or plain data."""
     data = pickle.dumps(pickle.loads(gzip.decompress(

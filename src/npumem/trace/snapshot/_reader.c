@@ -299,9 +299,28 @@ static int check_frame(PyObject *frame, Py_ssize_t device, Py_ssize_t index, Py_
     return 0;
 }
 
+/* A value a frame's content is keyed by: a str, None, a bool or an int below 2**60. Not a
+ * wider int, a float or a container: ints and floats hash to themselves modulo 2**61 - 1, so
+ * lines i * (2**61 - 1) would make each lookup walk through all the stacks before it. */
+static int keyed_value(PyObject *v) {
+    if (PyUnicode_CheckExact(v) || v == Py_None || PyBool_Check(v))
+        return 1;
+    if (!PyLong_CheckExact(v))
+        return 0;
+    int overflow;
+    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    return !overflow && n < ((long long)1 << 60) && n > -((long long)1 << 60);
+}
+
 /* The content of a frame, hashable: (filename, line, name) for the usual three fields, else
- * the dict's items; NULL with no error set when a value is unhashable. */
+ * the dict's items; NULL with no error set when a value is not keyed_value (such a frame's
+ * stack is kept apart, found again only by identity). */
 static PyObject *frame_key(PyObject *frame) {
+    Py_ssize_t at = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(frame, &at, &key, &value))
+        if (!keyed_value(value) || !PyUnicode_CheckExact(key))
+            return NULL;
     if (PyDict_GET_SIZE(frame) == 3) {
         PyObject *f = PyDict_GetItemWithError(frame, s_filename);
         PyObject *l = f ? PyDict_GetItemWithError(frame, s_line) : NULL;
@@ -314,14 +333,14 @@ static PyObject *frame_key(PyObject *frame) {
     PyObject *items = PyDict_Items(frame);
     if (!items)
         return NULL;
-    PyObject *key = PyList_AsTuple(items);
+    PyObject *key_tuple = PyList_AsTuple(items);
     Py_DECREF(items);
-    if (key && PyObject_Hash(key) == -1) {
-        Py_DECREF(key);
+    if (key_tuple && PyObject_Hash(key_tuple) == -1) {
+        Py_DECREF(key_tuple);
         PyErr_Clear();
         return NULL;
     }
-    return key;
+    return key_tuple;
 }
 
 /* The stack id of an entry's frames: interned by identity (frames shared by the pickle's memo),
@@ -823,24 +842,55 @@ static int will_settle(Machine *m, PyObject *object, PyObject *replacement) {
     return 0;
 }
 
-/* The row just added to `d` interned the list `frames` (borrowed; may be NULL): its memo slot
- * will hold the interned stack, so the memo keeps no list per entry alive; and where the stack
- * was known by content, each frame dict will be the kept one equal to it (a writer that copies
- * every frame memoizes each copy). */
+/* Whether two values are the same value: one object, or a str or int of one type and equal */
+static int same_value(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (Py_TYPE(a) != Py_TYPE(b) || !(PyUnicode_CheckExact(a) || PyLong_CheckExact(a)))
+        return 0;
+    int equal = PyObject_RichCompareBool(a, b, Py_EQ);        /* (str, int: cannot fail) */
+    PyErr_Clear();
+    return equal == 1;
+}
+
+/* Whether two frames are the same dict: one object, or the same keys in the same order with
+ * the same values (content as a stack is interned by is looser: 1 and 1.0, keys reordered) */
+static int same_frame(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (!PyDict_CheckExact(a) || !PyDict_CheckExact(b) || PyDict_GET_SIZE(a) != PyDict_GET_SIZE(b))
+        return 0;
+    Py_ssize_t i = 0, j = 0;
+    PyObject *key_a, *value_a, *key_b, *value_b;
+    while (PyDict_Next(a, &i, &key_a, &value_a))
+        if (!PyDict_Next(b, &j, &key_b, &value_b) || !same_value(key_a, key_b)
+            || !same_value(value_a, value_b))
+            return 0;
+    return 1;
+}
+
+/* The row just added to `d` interned the list `frames` (borrowed; may be NULL). Where the
+ * kept stack is the same list of the same frames, its memo slot will hold the kept one, so the
+ * memo keeps no list per entry alive; each frame the same as the kept one's will be that one
+ * (a writer that copies every frame memoizes each copy). A GET of either later gives what
+ * pickle.loads gives, but for identity. */
 static int settle_frames(Machine *m, Device *d, PyObject *frames) {
     if (!frames || !PyList_CheckExact(frames))
         return 0;
     uint32_t stack = column_last_u32(&d->columns[C_STACK]);
     PyObject *kept = PyList_GET_ITEM(m->reader.interned.stacks, stack);
-    if (will_settle(m, frames, kept) < 0)
-        return -1;
     Py_ssize_t n = PyList_GET_SIZE(kept);
+    int same = n == PyList_GET_SIZE(frames);          /* (not a stack cut at MAX_FRAMES) */
     for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(frames); i++) {
         PyObject *copy = PyList_GET_ITEM(frames, i), *frame = PyList_GET_ITEM(kept, i);
-        if (copy != frame && will_settle(m, copy, frame) < 0)
+        if (copy == frame)
+            continue;
+        if (!same_frame(copy, frame))
+            same = 0;
+        else if (will_settle(m, copy, frame) < 0)
             return -1;
     }
-    return 0;
+    return same ? will_settle(m, frames, kept) : 0;
 }
 
 /* After rows were taken: memo slots filled since the last settle that hold an object a row

@@ -474,34 +474,30 @@ def having(codes: np.ndarray, *actions: str) -> np.ndarray:
     return table[codes]
 
 
-def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int | None = None,
-                cache: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each block's story, for walks that follow blocks: the positions of the entries before
     `stop` with one of these actions (alloc and the frees), sorted by address and then
     position; True where one is the first of its address; their action codes and addresses.
     The sort is made once per trace and kept (4 bytes an entry), and so are the codes and
-    addresses in its order (9 more) unless `cache` is False: a walk made once (the start
-    state of a replay, which walks no more; tune makes one per setting) gathers them again."""
+    addresses in its order (9 more)."""
     order = a.cache.get("block_order")
     if order is None:
         positions = positions_where(having(a.action, *_BLOCK_ACTIONS))
         order = a.cache["block_order"] = stable_order(a.addr, positions)
         del positions
     gathered = a.cache.get("block_order_gathered")
-    if gathered is None and cache:
+    if gathered is None:
         gathered = a.cache["block_order_gathered"] = a.action[order], a.addr[order]
-    codes = a.action[order] if gathered is None else gathered[0]
+    codes, addr = gathered
     keep = None
     if set(actions) != set(_BLOCK_ACTIONS):
         keep = having(codes, *actions)
     if stop is not None and stop < len(a):
         keep = order < stop if keep is None else keep & (order < stop)
     positions = order if keep is None else order[keep]
-    codes = codes if keep is None else codes[keep]
-    if gathered is None:              # a walk made once: the addresses it keeps, gathered once
-        addr = a.addr[positions]
-    else:
-        addr = gathered[1] if keep is None else gathered[1][keep]
+    if keep is not None:
+        codes, addr = codes[keep], addr[keep]
     first = np.empty(len(positions), dtype=bool)
     first[:1] = True
     first[1:] = addr[1:] != addr[:-1]

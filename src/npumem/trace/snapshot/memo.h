@@ -7,8 +7,8 @@
  * So an index costs 4 bytes, a code in pages of MEMO_PAGE: 0, never set; 1, a trace entry;
  * k + 2, object k. Each object is kept once, found by its address, with the count of indices
  * that name it, and let go when none does (a frames list the reader replaced by its interned
- * stack). Strings and tuples of strings and ints are kept once per value, so a writer that copies
- * each frame's strings costs one of each. */
+ * stack). Strings (and pool ids) are kept once per value, so a writer that copies each frame's
+ * strings costs one of each. */
 #ifndef NPUMEM_SNAPSHOT_MEMO_H
 #define NPUMEM_SNAPSHOT_MEMO_H
 
@@ -130,7 +130,10 @@ static Py_ssize_t memo_object(Memo *memo, PyObject *v) {
     return k;
 }
 
-/* One index fewer names what `code` names: an object no index names is let go. */
+static int memo_by_value(PyObject *v);
+
+/* One index fewer names what `code` names: an object no index names is let go (and, kept by
+ * value, no longer the one of its value, so the values kept do not outgrow the memo). */
 static void memo_release(Memo *memo, uint32_t code) {
     if (code < 2)
         return;
@@ -142,6 +145,8 @@ static void memo_release(Memo *memo, uint32_t code) {
     memo->objects[k] = NULL;
     memo->uses[k] = memo->free_id;
     memo->free_id = k;
+    if (memo_by_value(object) && PyDict_GetItemWithError(memo->values, object) == object)
+        PyDict_DelItem(memo->values, object);    /* (of a str or an int pair: cannot fail) */
     Py_DECREF(object);
 }
 
@@ -165,16 +170,21 @@ static int memo_set(Memo *memo, Py_ssize_t index, PyObject *v) {
     return 0;
 }
 
-/* A string, or a tuple of strings, ints and None: kept by value (a value equal to another is
- * the same value: not so for floats, 0.0 and -0.0, or for True and 1). */
+/* Kept by value: a string, or a pair of small ints (a pool id, which PyTorch may write once
+ * per trace entry). Not other tuples: ints hash to themselves, so a file could give thousands
+ * of tuples one hash and make each lookup a walk through all of them; strings' hashes are
+ * keyed per process, and a pair below 2**16 has too few values to collide. Not floats or
+ * bools: 0.0 equals -0.0 and True equals 1, which are not the same value. */
 static int memo_by_value(PyObject *v) {
     if (PyUnicode_CheckExact(v))
         return 1;
-    if (!PyTuple_CheckExact(v))
+    if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 2)
         return 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++) {
+    for (Py_ssize_t i = 0; i < 2; i++) {
         PyObject *item = PyTuple_GET_ITEM(v, i);
-        if (!(PyUnicode_CheckExact(item) || PyLong_CheckExact(item) || item == Py_None))
+        int overflow;
+        long n = PyLong_CheckExact(item) ? PyLong_AsLongAndOverflow(item, &overflow) : -1;
+        if (!PyLong_CheckExact(item) || overflow || n < 0 || n >= (1 << 16))
             return 0;
     }
     return 1;

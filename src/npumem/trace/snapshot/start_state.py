@@ -303,14 +303,12 @@ def first_moves(a, free_action: str, at_dump: list[int]) -> tuple[np.ndarray, li
     address in a row; a last move against `at_dump`, the addresses live at the dump, sorted):
     one pass of the C reader; of Python numbers past 64 bits, `_first_moves` (its oracle)."""
     free_code = ACTIONS.index(free_action)
-    if native is None or a.addr.dtype != np.uint64:
-        return _first_moves(a.action.tolist(), a.addr.tolist(), free_code, at_dump)
-    try:
-        dump = np.array(at_dump, dtype=np.uint64)
-    except OverflowError:
+    if native is None or a.addr.dtype != np.uint64 or (at_dump and not (
+            0 <= at_dump[0] and at_dump[-1] < 2**64)):      # (numpy 1.x wraps, not raises)
         return _first_moves(a.action.tolist(), a.addr.tolist(), free_code, at_dump)
     freed, allocated, inconsistent = native.first_moves(
-        np.ascontiguousarray(a.action), np.ascontiguousarray(a.addr), ALLOC, free_code, dump)
+        np.ascontiguousarray(a.action), np.ascontiguousarray(a.addr), ALLOC, free_code,
+        np.array(at_dump, dtype=np.uint64))
     return (np.frombuffer(freed, np.int64), np.frombuffer(allocated, np.uint64).tolist(),
             inconsistent)
 
