@@ -62,6 +62,37 @@ def test_plain_data_reads_as_pickle_reads_it(value, protocol):
     assert root == pickle.loads(data) and type(root) is type(pickle.loads(data))
 
 
+def _aliasing(value, seen=None) -> object:
+    """`value`'s shape with each list and dict named by the order it is first met: two reads
+    alias alike when these are equal (pickle.loads keeps a shared list one object)."""
+    seen = {} if seen is None else seen
+    if isinstance(value, (list, dict)):
+        if id(value) in seen:
+            return ("again", seen[id(value)])
+        seen[id(value)] = len(seen)
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        return (type(value).__name__, [(k, _aliasing(v, seen)) for k, v in items])
+    if isinstance(value, tuple):
+        return ("tuple", [_aliasing(v, seen) for v in value])
+    return (type(value).__name__, repr(value))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(plain, min_size=1, max_size=6), st.lists(st.integers(0, 30), max_size=40),
+       st.sampled_from(PROTOCOLS))
+def test_objects_referred_to_again_read_as_pickle_reads_them(parts, picks, protocol):
+    """Lists and dicts named twice stay one object; equal strings may become one (the memo
+    keeps a value once), which no reader can tell but by identity."""
+    made = [[part] for part in parts] + [{"k": part} for part in parts] + parts
+    root = [made[pick % len(made)] for pick in picks] + made
+    data = pickle.dumps(root, protocol=protocol)
+    if any(op.name in ("GLOBAL", "STACK_GLOBAL") for op, _, _ in pickletools.genops(data)):
+        return                       # (sets and bytes as calls: refused, tested above)
+    read = load_pickle(data, shown)[0]
+    expected = pickle.loads(data)
+    assert read == expected and _aliasing(read) == _aliasing(expected)
+
+
 def _shared_frames(traces: list) -> list:
     """The traces as PyTorch's snapshot writes them: equal frames are one object."""
     seen: dict = {}
