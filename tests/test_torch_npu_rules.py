@@ -286,6 +286,8 @@ def test_tune_leaves_out_the_settings_torch_npu_would_stop_on(tmp_path):
     assert recording.flavour == "npu"
     result = tune_recording(recording, workers=1)
     tried = [c.config for c in result.candidates]
-    assert tried and all(c.expandable_segments for c in tried)
-    assert not any(c.max_split_size != (1 << 64) - 1 or c.garbage_collection_threshold
-                   for c in tried)
+    assert tried[0].expandable_segments                  # the recorded settings, first
+    assert any(not c.expandable_segments for c in tried)  # and the run without them
+    assert not any(c.expandable_segments and (c.max_split_size != (1 << 64) - 1
+                                              or c.garbage_collection_threshold) for c in tried)
+    assert len({c.describe() for c in tried}) == len(tried)

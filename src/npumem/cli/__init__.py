@@ -43,6 +43,11 @@ class _Commands(click.Group):
 @click.version_option(__version__, prog_name="npumem")
 def main() -> None:
     """npumem: accelerator device memory, on a simulated NPU or real hardware."""
+    # a name from a file that no encoding holds (a lone surrogate in a pickle's frame) is
+    # printed escaped, not the end of the command
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 main.add_command(demo.demo)

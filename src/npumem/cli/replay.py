@@ -3,6 +3,7 @@ SVG chart), or with --check the torch model against what PyTorch's allocator rec
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 
@@ -108,7 +109,8 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     if plot_path:
         from ..output_files import written_whole
         from ..whatif.plot import sweep_svg
-        with written_whole(plot_path) as partial, open(partial, "w", encoding="utf-8") as out:
+        with written_whole(plot_path) as partial, open(partial, "w", encoding="utf-8",
+                                                            errors="replace") as out:
             out.write(sweep_svg(results))
     if as_json:
         for r in results:              # each row carries the notes that concern it
@@ -116,7 +118,7 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
                            if trace in (None, r.trace) and name in (None, r.allocator)]
         click.echo(json.dumps([r.as_dict() for r in results], indent=2))
         return
-    _print_replay_table(results)
+    _print_replay_table(results, memory_given=capacity is not None)
     for text in dict.fromkeys(text for _, _, text in notes):
         click.echo(f"note: {text}")
     echo_recorded_ooms(traces, results=results)
@@ -157,15 +159,19 @@ def _one_says_the_oom(jobs: list) -> list:
     return [replace(job, says_oom=True) if id(job) in speakers else job for job in jobs]
 
 
-def _print_replay_table(results) -> None:
+def _print_replay_table(results, memory_given: bool = False) -> None:
     """One row per replay, then what the rows cannot hold: the start state, what the real
     allocator did, out-of-memories and notes (each once)."""
     from ..units import format_size
 
+    def name(trace: str) -> str:       # the file's own name, cut at the end if it must be
+        base = os.path.basename(trace) or trace
+        return base if len(base) <= 28 else base[:27] + "…"
+
     click.echo(f"{'trace':<28} {'allocator':<9} {'events':>10} {'peak live':>11} {'peak reserved':>13} "
                f"{'ratio':>6} {'dev allocs':>10} {'hit rate':>8} {'alloc us':>8}  settings")
     for r in results:
-        click.echo(f"{r.trace[-28:]:<28} {r.allocator:<9} {r.events:>10,} "
+        click.echo(f"{name(r.trace):<28} {r.allocator:<9} {r.events:>10,} "
                    f"{format_size(r.peak_allocated_bytes):>11} {format_size(r.peak_reserved_bytes):>13} "
                    f"{r.reserved_over_allocated:>6.3f} {r.device_allocs:>10} {r.cache_hit_rate:>8.1%} "
                    f"{f'{r.mean_alloc_us:.2f}' if r.mean_alloc_us else '-':>8}  {r.settings}")
@@ -176,7 +182,7 @@ def _print_replay_table(results) -> None:
             click.echo(f"{r.trace}: {format_size(r.start_reserved_bytes)} was reserved before the "
                        f"trace began (counted in peak reserved)")
     shown = set()
-    if any(r.oom and not r.allocator.startswith("torch") for r in results):
+    if not memory_given and any(r.oom and not r.allocator.startswith("torch") for r in results):
         click.echo("(--memory sets the device the pool and device allocators replay on: 64 GiB "
                    "when left out)")
     for r in results:
@@ -185,9 +191,10 @@ def _print_replay_table(results) -> None:
             click.echo(f"{r.trace}: the real allocator reserved {format_size(r.recorded_peak_reserved_bytes)} "
                        f"at peak in {r.recorded_device_allocs} segment allocation(s)")
         if r.oom:
+            where = (f"at entry {r.oom['index']:,}" if r.oom["index"] >= 0 else
+                     "before the trace's first entry, with the blocks live when it began")
             click.echo(f"{r.trace} [{' '.join(filter(None, (r.allocator, r.settings)))}]: "
-                       f"out of memory at entry "
-                       f"{r.oom['index']}: {r.oom['message']}")
+                       f"out of memory {where}: {r.oom['message']}")
         for note in r.notes:
             line = f"{r.trace} [{r.allocator}]: {note}"
             if line not in shown:            # sweep rows share most of their notes
@@ -244,7 +251,13 @@ def _replay_check(traces, names, settings, memory, as_json, pad=None) -> None:
                    f"{format_size(result.recorded_peak_reserved_bytes or 0)} "
                    f"({result.recorded_peak_reserved_bytes} bytes); "
                    f"{format_size(result.start_reserved_bytes)} reserved at the first entry")
-        click.echo(f"  blocks placed at another address than recorded: {result.misplaced_blocks}")
+        why = ""
+        if result.misplaced_blocks and "expandable_segments:True" in result.settings:
+            why = (" (expandable segments: the model reserves each stream's range at an address "
+                   "of its own, so blocks in ranges made during the trace sit at other addresses; "
+                   "the check compares the segments' sizes and order)")
+        click.echo(f"  blocks placed at another address than recorded: "
+                   f"{result.misplaced_blocks:,}{why}")
         if result.divergence is not None:
             click.echo("  first divergence at " + result.divergence.describe())
         if result.oom is not None:

@@ -166,8 +166,9 @@ def _write_page(path: str, page: str) -> None:
     from ..output_files import written_whole
 
     try:
-        with written_whole(path) as partial, open(partial, "w", encoding="utf-8") as out:
-            out.write(page)
+        with written_whole(path) as partial, open(partial, "w", encoding="utf-8",
+                                                        errors="replace") as out:
+            out.write(page)     # (a file name no UTF-8 holds, from a hostile file: "?")
     except OSError as exc:
         click.echo(f"error: cannot write {path}: {exc.strerror}", err=True)
         sys.exit(2)

@@ -89,7 +89,11 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
     for c in result.in_order():
         headroom = format_size(c.headroom) if c.headroom is not None else "-"
         over |= c.headroom is not None and c.headroom < 0
-        click.echo(f"{c.config.describe() or '(as recorded)':<52} "
+        label = c.config.describe()
+        if c.as_recorded:
+            label = f"{label} (as recorded)" if label else "(as recorded)"
+        label = label or "(PyTorch's default settings)"
+        click.echo(f"{label:<52} "
                    f"{format_size(c.decisive.peak_reserved_bytes):>13} {headroom:>10}  {c.verdict()}")
     if over:            # (a fit above the limit: see torch_tune._spare)
         click.echo("(a negative headroom is a fit under a memory fraction: the fraction counts "

@@ -342,7 +342,7 @@ def icicle_svg(stacks: dict[tuple[str, ...], int], width: int = 1060, depth: int
                 label = frame.rsplit("/", 1)[-1]
                 fits = int(w / 6.6)
                 text = (label if len(label) <= fits else label[:max(fits - 1, 0)] + "…") if fits >= 4 else ""
-                hue = 200 + zlib.crc32(frame.encode()) % 40      # stable across runs
+                hue = 200 + zlib.crc32(frame.encode(errors="replace")) % 40     # stable across runs
                 parts.append(
                     f'<g><title>{escape(frame)}: {escape(format_size(nbytes))} '
                     f'({nbytes / total:.1%})</title><rect x="{x:.1f}" y="{row_index * row}" '

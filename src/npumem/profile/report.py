@@ -159,6 +159,13 @@ def _snapshot_leaks(snapshot: dict, starts: dict) -> tuple[list[SiteUsage], str,
                    for leak in step_leaks(snapshot, device, at)]
         rows = [SiteUsage(leak.where, leak.count, leak.live, leak.stack) for leak in growing]
         return rows, "Leaks: growing step over step", growing
+    if not any(traces):              # no history: what the dump holds, where it was made
+        rows = group_by_site([{"size": block.get("size", 0), "frames": block.get("frames"),
+                               "requested_size": block.get("requested_size")}
+                              for segment in snapshot.get("segments") or []
+                              for block in segment.get("blocks") or []
+                              if block.get("state") == "active_allocated"])
+        return rows, "Live at the dump (the snapshot has no trace to tell when)", []
     rows = group_by_site([entry for trace in traces
                           for entry in live_after([], trace, len(trace) - 1)])
     return rows, ("Allocated during the trace and still live at its end (no steps are marked, so "

@@ -66,6 +66,8 @@ class ReplayJob:
             marks, note = (), None
         result = replay(events, self.allocator, settings, trace_name=self.trace, memory=memory,
                         progress=progress, planner_lag=self.planner_lag, steps=marks)
+        if result.oom and recording is not None:    # said as the snapshot's entry, as torch's
+            result.oom["index"] = snapshot.entry_of_event(recording, result.oom["index"])
         result.notes[:0] = events.notes         # what reading the trace changed
         if marks:
             how = f"{self.steps!r} annotations" if self.steps else "npumem.memory.step() marks"

@@ -271,6 +271,10 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
     notes = list(recording.read_notes)
     if capacity == UNLIMITED:
         capacity = None
+    elif capacity is not None and capacity < start.reserved:
+        notes.append(f"the device of {format_size(capacity)} is smaller than the "
+                     f"{format_size(start.reserved)} PyTorch had reserved before the trace "
+                     f"began: it cannot hold even that (free memory shows below 0)")
     elif capacity is None and allowed is None:
         bounds = capacity_bounds(recording, start.reserved)
         if bounds is not None:

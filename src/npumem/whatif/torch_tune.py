@@ -57,6 +57,14 @@ class Candidate:
     extension_start: int = 0              # the entry where the played-on run begins
 
     env: str = ""                         # the variable the recording's PyTorch reads first
+    as_recorded: bool = False             # the settings the run used
+
+    @property
+    def name(self) -> str:
+        """The settings in a sentence."""
+        if self.as_recorded:
+            return "the settings the run used"
+        return self.config.describe() or "PyTorch's default setting"
 
     @property
     def variable(self) -> str:
@@ -118,7 +126,7 @@ class BatchEstimate:
     settings: Candidate
 
     def describe(self) -> str:
-        setting = self.settings.config.describe() or "the settings the run used"
+        setting = self.settings.name
         if round(self.scale, 2) == 1:
             return (f"the batch the run used is about the largest that fits under {setting}, "
                     f"extrapolating the recorded step")
@@ -152,8 +160,10 @@ class TorchTuning:
         """One line: the setting to use, or how much memory the run needs."""
         where = f" on {format_size(self.memory)}" if self.memory else ""
         if self.best is not None:
-            if not self.best.config.describe():
+            if self.best.as_recorded:
                 return f"answer: keep the settings the run used{where}"
+            if not self.best.config.describe():
+                return f"answer: leave {self.best.variable} unset (PyTorch's default settings){where}"
             return f"answer: set {self.best.line}"
         if self.worth_trying is not None:
             return (f"answer: none certain{where}; try {self.worth_trying.line}: it gets past "
@@ -169,7 +179,7 @@ class TorchTuning:
                   "the run, played on," if self.extension is not None else
                   "even the part recorded")
         return (f"answer: none fits{where}: {judged} needs about {format_size(least.needed)} "
-                f"(under {least.config.describe() or 'the settings it used'}), and at least "
+                f"(under {least.name}), and at least "
                 f"{format_size(self.live_floor())} for its live tensors alone")
 
     def in_order(self) -> list[Candidate]:
@@ -248,13 +258,22 @@ class TorchTuning:
 
 
 def _accepted(texts, base: TorchAllocatorConfig):
-    """The candidates as configs on top of the recorded settings, less those the allocator
-    stops on at startup (torch_npu: expandable segments with a split size or a GC threshold)."""
+    """The candidates as configs on top of the recorded settings (the recorded ones first),
+    each once, less those the allocator stops on at startup (torch_npu: expandable segments
+    with a split size or a GC threshold). A run with expandable segments is also tried
+    without them."""
+    if base.expandable_segments:
+        texts = [*texts, "expandable_segments:False",
+                 "expandable_segments:False,roundup_power2_divisions:4"]
+    seen = set()
     for text in texts:
         try:
-            yield parse_config(text, base=base) if text else base
+            config = parse_config(text, base=base) if text else base
         except InvalidParamError:
             continue
+        if config.describe() not in seen:
+            seen.add(config.describe())
+            yield config
 
 
 def tune_recording(recording: Recording, memory: int | None = None,
@@ -288,6 +307,7 @@ def tune_recording(recording: Recording, memory: int | None = None,
     for candidate in results:         # the name that PyTorch reads without a warning
         candidate.env = env
     recorded = results[0]
+    recorded.as_recorded = True
     finishing = [c for c in results if c.finishes]
     ranked = sorted(finishing, key=lambda c: (c.decisive.peak_reserved_bytes,
                                               c.decisive.device_allocs, len(c.config.describe())))
@@ -476,7 +496,7 @@ def _reasons(tuning: TorchTuning) -> list[str]:
                        f"but unallocated, largest cached block it could use "
                        f"{format_size(oom['largest_free_bytes'])})")
     if best is None:
-        shorts = sorted((c.short_by, c.config.describe() or "as recorded")
+        shorts = sorted((c.short_by, c.name)
                         for c in tuning.candidates if c.short_by is not None)
         if shorts:
             out.append("short by: " + "; ".join(f"{name} {format_size(short)}"
@@ -487,7 +507,7 @@ def _reasons(tuning: TorchTuning) -> list[str]:
     if best is recorded:
         out.append("the settings the run used already reserve the least among the candidates")
     elif saved > 0 or not recorded.finishes:
-        out.append(f"{best.config.describe()} reserves "
+        out.append(f"{best.name} reserves "
                    + (f"{format_size(saved)} less at peak than the recorded settings "
                       f"({format_size(best.decisive.peak_reserved_bytes)} vs "
                       f"{format_size(recorded.decisive.peak_reserved_bytes)})" if saved > 0 else

@@ -50,7 +50,9 @@ def load_snapshot(path) -> dict:
 
 
 def sniff(head: bytes) -> bool:
-    return head[:1] == b"\x80"              # pickle protocol 2 or later
+    """A pickle: protocol 2 or later (PROTO), or a dict in protocol 0 (MARK DICT PUT) or 1
+    (EMPTY_DICT, then BINPUT, LONG_BINPUT or a MARK)."""
+    return head[:1] == b"\x80" or head.startswith((b"(dp", b"}q", b"}r", b"}("))
 
 
 def read(path: str, device: int | None = None) -> Iterator[TraceEvent]:
@@ -64,6 +66,14 @@ def events(recording: Recording) -> Iterator[TraceEvent]:
     """`read`'s events of a recording already loaded."""
     for _, event in _numbered_events(recording):
         yield event
+
+
+def entry_of_event(recording: Recording, number: int) -> int:
+    """The trace entry of `events`' event `number` (-1: a block live when the trace began)."""
+    for index, (entry, _) in enumerate(_numbered_events(recording)):
+        if index == number:
+            return entry
+    raise IndexError(f"no event {number}")
 
 
 def read_with_steps(path: str, name: str | None = None, recording: Recording | None = None

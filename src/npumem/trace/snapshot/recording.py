@@ -148,6 +148,7 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
     segments = [s for s in data.get("segments", []) if isinstance(s, dict)]
     with_entries = [i for i, trace in enumerate(traces) if trace]
     with_segments = sorted({s.get("device", 0) for s in segments})
+    chosen = device is None
     if device is None:
         if not with_entries and not with_segments:
             raise TraceFormatError(path, "device_traces", "every device trace is empty and no "
@@ -169,12 +170,15 @@ def recording_from_data(data: dict, path: str = "<snapshot>", device: int | None
     limits = data.get(OOM_KEY)
     entries, mine, workspaces = _without_workspaces(entries, mine)
     native = "npu" if workspaces else _guess_flavour(data, mine, entries)
+    others = [i for i in with_entries if i != device] if chosen else []
+    notes = [f"device {device} replayed; the snapshot also records device(s) "
+             f"{', '.join(map(str, others))} (`npumem report` shows every device)"] if others else []
     return Recording(path, device, flavour or native,
                      settings if isinstance(settings, dict) else None, mine, entries, annotations,
                      limits=limits if isinstance(limits, dict) and limits.get("device") == device
                      else None, recorded_flavour=native if flavour not in (None, native) else None,
                      predicted=str((data.get("npumem") or {}).get("source", "")).startswith(
-                         "npumem estimate"))
+                         "npumem estimate"), read_notes=notes)
 
 
 def _without_workspaces(entries: list, segments: list) -> tuple[list, list, bool]:

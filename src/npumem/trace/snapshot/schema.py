@@ -152,6 +152,11 @@ def check_snapshot(data, path: str) -> dict:
     if not isinstance(data, dict):
         checker.fail("0", "not a memory snapshot (a dict with 'segments' and 'device_traces', "
                      f"as torch.cuda.memory._snapshot() returns); it holds a {type(data).__name__}")
+    if "segments" not in data and "device_traces" not in data:
+        keys = ", ".join(shown(key) for key in list(data)[:5]) or "none"
+        checker.fail("0", "not a memory snapshot: a dict with neither 'segments' nor "
+                     "'device_traces' (as torch.cuda.memory._snapshot() returns); its keys: "
+                     + keys + ("..." if len(data) > 5 else ""))
     segments = data.get("segments", [])
     traces = data.get("device_traces", [])
     if not isinstance(segments, list):

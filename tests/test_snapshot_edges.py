@@ -1,0 +1,116 @@
+"""Snapshots as users bring them, from a new user's trial: old pickle protocols, file names no
+UTF-8 holds, dicts that are not snapshots, snapshots of several devices or with no trace, runs
+with expandable segments, and an out-of-memory said as the trace entry it happened at."""
+
+import gzip
+import pathlib
+import pickle
+
+from click.testing import CliRunner
+
+from npumem.cli import main
+from npumem.trace.snapshot import load_recording
+from npumem.whatif.sweep import ReplayJob
+from npumem.whatif.torch_tune import tune_recording
+
+from .torch_recorder import record
+
+DATA = pathlib.Path(__file__).parent / "data"
+MiB = 1 << 20
+WORKLOAD = [("alloc", i, (i % 3 + 1) * MiB) for i in range(6)] + [("free", 0), ("free", 2)]
+
+
+def _write(tmp_path, name: str, value, protocol: int = 4) -> str:
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps(value, protocol=protocol))
+    return str(path)
+
+
+def _run(*args):
+    result = CliRunner().invoke(main, [*args])
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def test_pickle_protocols_0_and_1_read_as_the_later_ones(tmp_path):
+    snapshot = record(WORKLOAD)
+    outputs = []
+    for protocol in (0, 1, 4):
+        result = _run("report", _write(tmp_path, f"p{protocol}.pickle", snapshot, protocol))
+        assert result.exit_code == 0, result.output
+        outputs.append(result.output.split("\n", 2)[2])         # (the title names the file)
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_a_file_name_no_utf8_holds_still_makes_the_page(tmp_path):
+    snapshot = record(WORKLOAD)
+    for entry in snapshot["device_traces"][0]:
+        entry["frames"] = [{"filename": "bad\udcff.py", "line": 1, "name": "f"}]
+    page = tmp_path / "page.html"
+    result = _run("report", _write(tmp_path, "s.pickle", snapshot), "--html", str(page))
+    assert result.exit_code == 0 and page.read_text(encoding="utf-8").count("bad?.py")
+
+
+def test_a_dict_that_is_not_a_snapshot_is_refused_naming_its_keys(tmp_path):
+    path = _write(tmp_path, "foo.pickle", {"foo": 1})
+    for args in (("report", path), ("replay", path), ("convert", path, str(tmp_path / "x.pickle"))):
+        result = _run(*args)
+        assert result.exit_code == 2 and "not a memory snapshot" in result.output
+        assert "'foo'" in result.output
+    assert not (tmp_path / "x.pickle").exists()
+
+
+def test_the_other_devices_of_a_snapshot_are_named_when_one_is_replayed(tmp_path):
+    snapshot = record(WORKLOAD)
+    other = record(WORKLOAD[:3])
+    for segment in other["segments"]:
+        segment["device"] = 1
+    snapshot["segments"] += other["segments"]
+    snapshot["device_traces"].append(other["device_traces"][0])
+    path = _write(tmp_path, "two.pickle", snapshot)
+    assert load_recording(path).read_notes == [
+        "device 0 replayed; the snapshot also records device(s) 1 (`npumem report` shows every "
+        "device)"]
+    assert load_recording(path, device=1).read_notes == []
+    assert "also records device(s) 1" in _run("replay", path).output
+
+
+def test_a_snapshot_without_a_trace_shows_what_is_live_at_the_dump_by_site(tmp_path):
+    snapshot = record(WORKLOAD)
+    snapshot["device_traces"] = [[]]
+    for segment in snapshot["segments"]:
+        for block in segment["blocks"]:
+            block["frames"] = [{"filename": "train.py", "line": 7, "name": "build"}]
+    output = _run("report", _write(tmp_path, "s.pickle", snapshot)).output
+    live = sum(block["requested_size"] for segment in snapshot["segments"]
+               for block in segment["blocks"] if block["state"] == "active_allocated")
+    assert "Live at the dump" in output and "train.py:7" in output
+    assert f"{live / MiB:.2f} MiB in      4 allocation(s)" in output
+
+
+def test_a_run_with_expandable_segments_is_also_tuned_without_them(tmp_path):
+    path = _write(tmp_path, "e.pickle", record(WORKLOAD, "expandable_segments:True"))
+    tuning = tune_recording(load_recording(path), workers=1)
+    described = [c.config.describe() for c in tuning.candidates]
+    assert len(set(described)) == len(described)
+    assert tuning.candidates[0].as_recorded and described[0] == "expandable_segments:True"
+    assert "" in described                              # PyTorch's defaults
+    output = _run("tune", path).output
+    assert "expandable_segments:True (as recorded)" in output
+    assert "(PyTorch's default settings)" in output
+
+
+def test_a_pool_replay_of_a_snapshot_says_the_trace_entry_it_ran_out_at(tmp_path):
+    path = tmp_path / "gpt_train.pickle"
+    path.write_bytes(gzip.decompress((DATA / "cuda_snapshots" / "gpt_train.pickle.gz")
+                                     .read_bytes()))
+    result = ReplayJob(str(path), "pool", memory=100 * MiB).run()
+    entry = load_recording(str(path)).entries[result.oom["index"]]
+    assert entry["action"] == "alloc" and entry["size"] == result.oom["requested"]
+
+
+def test_a_device_smaller_than_what_the_trace_began_with_is_said(tmp_path):
+    snapshot = record(WORKLOAD)
+    snapshot["device_traces"][0] = snapshot["device_traces"][0][4:]     # begins mid-run
+    result = _run("replay", "--memory", "1MiB", _write(tmp_path, "s.pickle", snapshot))
+    assert "smaller than the" in result.output and "had reserved before the trace" in result.output
