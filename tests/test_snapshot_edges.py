@@ -114,3 +114,11 @@ def test_a_device_smaller_than_what_the_trace_began_with_is_said(tmp_path):
     snapshot["device_traces"][0] = snapshot["device_traces"][0][4:]     # begins mid-run
     result = _run("replay", "--memory", "1MiB", _write(tmp_path, "s.pickle", snapshot))
     assert "smaller than the" in result.output and "had reserved before the trace" in result.output
+
+
+def test_rows_that_count_events_differently_say_how(tmp_path):
+    path = _write(tmp_path, "s.pickle", record(WORKLOAD))
+    output = _run("replay", "--allocator", "pool,torch", path).output
+    assert output.count("the torch model counts every trace entry") == 1
+    rows = [line.split() for line in output.splitlines() if line.startswith("s.pickle")]
+    assert [row[1] for row in rows] == ["pool", "torch"] and rows[0][2] != rows[1][2]

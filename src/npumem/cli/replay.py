@@ -177,6 +177,13 @@ def _print_replay_table(results, memory_given: bool = False) -> None:
                    f"{f'{r.mean_alloc_us:.2f}' if r.mean_alloc_us else '-':>8}  {r.settings}")
     said = set()                      # once per trace
     for r in results:
+        counted = {row.allocator.startswith("torch"): row.events for row in results
+                   if row.trace == r.trace}
+        if len(set(counted.values())) > 1 and ("events", r.trace) not in said:
+            said.add(("events", r.trace))
+            click.echo(f"{r.trace}: events: the torch model counts every trace entry "
+                       f"({counted[True]:,}); the pool and the device replay its allocs and "
+                       f"frees ({counted[False]:,}, with the blocks live when it began)")
         if r.start_reserved_bytes and r.trace not in said:
             said.add(r.trace)
             click.echo(f"{r.trace}: {format_size(r.start_reserved_bytes)} was reserved before the "
