@@ -797,8 +797,8 @@ typedef struct {
 
 static void drop_from(Machine *m, Py_ssize_t from);
 
-/* PUT, BINPUT, MEMOIZE: memo index `index` holds the top of the stack (a string or plain
- * tuple: the first one of its value, which the stack then holds too). */
+/* PUT, BINPUT, MEMOIZE: memo index `index` holds the top of the stack (a string or a pool
+ * id: the first one of its value, which the stack then holds too; memo_by_value). */
 static int memo_put(Machine *m, Py_ssize_t index) {
     if (index < 0 || index > m->memo.size + MEMO_SLACK)
         return unsafe("memo index %zd at byte %zd, with %zd memo entries: not a pickle a "

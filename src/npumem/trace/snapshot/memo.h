@@ -33,7 +33,7 @@ typedef struct {
     Py_ssize_t *uses;               /* indices naming object k; for a free k, the next free */
     Py_ssize_t object_count, object_capacity, free_id;
     LiveTable ids;                  /* an object's address -> k */
-    PyObject *values;               /* dict: a string or plain tuple -> the one kept */
+    PyObject *values;               /* dict: a value kept once (memo_by_value) -> that one */
 } Memo;
 
 static int memo_init(Memo *memo, PyObject *entry) {
