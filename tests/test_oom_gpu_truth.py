@@ -179,3 +179,40 @@ def test_a_setting_only_worth_trying_is_given_no_batch(tmp_path):
     assert answer["recommended"] is None and "expandable_segments:True" in \
         answer["worth_trying_env"]
     assert answer["batch_scale"] is None
+
+
+def test_tune_from_a_run_with_expandable_segments_tries_them_off_as_the_gpu_ran_them():
+    """tune on the snapshots of the runs with expandable segments that died: the settings it
+    tries that the GPU also ran (the run's own, with roundup 4, and both without expandable
+    segments) get the GPU's verdict, but for one first-step death that tune names only to try;
+    nothing that died on the GPU is recommended."""
+    groups: dict = {}
+    for row in _rows():
+        if row["kind"] == "capped":
+            groups.setdefault((row["workload"], row["cap_bytes"] // MiB), {})[row["setting"]] = row
+    agree = total = tuned = 0
+    disagree = set()
+    for (workload, cap), runs in sorted(groups.items()):
+        run = runs.get("expandable_segments:True")
+        if run is None or run["finished"] is not False or _kept(run) is None:
+            continue
+        tuned += 1
+        recording = load_for_model(str(_kept(run)))
+        tuning = tune_recording(recording, workers=1)
+        defaults = parse_config("", recording.flavour)
+        gpu = {(parse_config(s, base=defaults) if s else defaults).describe(): r["finished"]
+               for s, r in runs.items()}
+        assert tuning.candidates[0].as_recorded
+        assert "" in [c.config.describe() for c in tuning.candidates]     # tried without
+        for candidate in tuning.candidates:
+            described = candidate.config.describe()
+            if described in gpu:
+                total += 1
+                agree += candidate.finishes == gpu[described]
+                if candidate.finishes != gpu[described]:
+                    disagree.add((workload, cap, described))
+        if tuning.best is not None:
+            assert gpu[tuning.best.config.describe()], (workload, cap, tuning.best.line)
+    assert tuned == 12 and (agree, total) == (47, 48)
+    # a first-step death: on the GPU it died after the recording's end; tune names it only to try
+    assert disagree == {("cnn_sgd", 158, "roundup_power2_divisions:4")}
