@@ -58,6 +58,9 @@ def test_a_dict_that_is_not_a_snapshot_is_refused_naming_its_keys(tmp_path):
         assert result.exit_code == 2 and "not a memory snapshot" in result.output
         assert "'foo'" in result.output
     assert not (tmp_path / "x.pickle").exists()
+    for protocol in (0, 1, 4):                    # a list, in any protocol: not a snapshot
+        result = _run("report", _write(tmp_path, f"l{protocol}.pickle", [1, 2], protocol))
+        assert result.exit_code == 2 and "not a memory snapshot" in result.output, result.output
 
 
 def test_the_other_devices_of_a_snapshot_are_named_when_one_is_replayed(tmp_path):

@@ -50,9 +50,11 @@ def load_snapshot(path) -> dict:
 
 
 def sniff(head: bytes) -> bool:
-    """A pickle: protocol 2 or later (PROTO), or a dict in protocol 0 (MARK DICT PUT) or 1
-    (EMPTY_DICT, then BINPUT, LONG_BINPUT or a MARK)."""
-    return head[:1] == b"\x80" or head.startswith((b"(dp", b"}q", b"}r", b"}("))
+    """A pickle: protocol 2 or later (PROTO), or a dict or list in protocol 0 (MARK DICT or
+    LIST, PUT) or 1 (EMPTY_DICT or EMPTY_LIST, then BINPUT, LONG_BINPUT or a MARK): what is no
+    snapshot is then refused as such."""
+    return head[:1] == b"\x80" or head.startswith((b"(dp", b"(lp", b"}q", b"}r", b"}(",
+                                                     b"]q", b"]r", b"]("))
 
 
 def read(path: str, device: int | None = None) -> Iterator[TraceEvent]:
