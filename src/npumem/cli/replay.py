@@ -175,15 +175,16 @@ def _print_replay_table(results, memory_given: bool = False) -> None:
                    f"{format_size(r.peak_allocated_bytes):>11} {format_size(r.peak_reserved_bytes):>13} "
                    f"{r.reserved_over_allocated:>6.3f} {r.device_allocs:>10} {r.cache_hit_rate:>8.1%} "
                    f"{f'{r.mean_alloc_us:.2f}' if r.mean_alloc_us else '-':>8}  {r.settings}")
+    counted: dict[str, dict[bool, int]] = {}     # trace -> torch model's or not -> events
+    for r in results:
+        counted.setdefault(r.trace, {})[r.allocator.startswith("torch")] = r.events
+    for trace, events in counted.items():
+        if len(set(events.values())) > 1:
+            click.echo(f"{trace}: events: the torch model counts every trace entry "
+                       f"({events[True]:,}); the pool and the device replay its allocs and "
+                       f"frees ({events[False]:,}, with the blocks live when it began)")
     said = set()                      # once per trace
     for r in results:
-        counted = {row.allocator.startswith("torch"): row.events for row in results
-                   if row.trace == r.trace}
-        if len(set(counted.values())) > 1 and ("events", r.trace) not in said:
-            said.add(("events", r.trace))
-            click.echo(f"{r.trace}: events: the torch model counts every trace entry "
-                       f"({counted[True]:,}); the pool and the device replay its allocs and "
-                       f"frees ({counted[False]:,}, with the blocks live when it began)")
         if r.start_reserved_bytes and r.trace not in said:
             said.add(r.trace)
             click.echo(f"{r.trace}: {format_size(r.start_reserved_bytes)} was reserved before the "

@@ -72,10 +72,8 @@ def events(recording: Recording) -> Iterator[TraceEvent]:
 
 def entry_of_event(recording: Recording, number: int) -> int:
     """The trace entry of `events`' event `number` (-1: a block live when the trace began)."""
-    for index, (entry, _) in enumerate(_numbered_events(recording)):
-        if index == number:
-            return entry
-    raise IndexError(f"no event {number}")
+    live, chosen = _event_entries(recording)
+    return -1 if number < len(live) else int(chosen[number - len(live)])
 
 
 def read_with_steps(path: str, name: str | None = None, recording: Recording | None = None
@@ -91,17 +89,25 @@ def read_with_steps(path: str, name: str | None = None, recording: Recording | N
     return found, marks, None if marks else hint(recording.annotations)
 
 
-def _numbered_events(recording) -> Iterator[tuple[int, TraceEvent]]:
-    """(index of the trace entry, event); -1 for the blocks live when the trace began."""
+def _event_entries(recording) -> tuple[list, np.ndarray]:
+    """What `events` numbers: the blocks live when the trace began, then the trace's allocs
+    and frees (their entries' positions)."""
     if not recording.entries:
         raise TraceFormatError(recording.path, "device_traces", "the snapshot has no trace "
                                "entries to replay (record with "
                                "torch.cuda.memory._record_memory_history())")
     a = arrays(recording.entries)
+    live = list(recording.start_state(pools=False).live.values())
+    return live, np.flatnonzero(having(a.action, "alloc", recording.free_action))
+
+
+def _numbered_events(recording) -> Iterator[tuple[int, TraceEvent]]:
+    """(index of the trace entry, event); -1 for the blocks live when the trace began."""
+    live, chosen = _event_entries(recording)
+    a = arrays(recording.entries)
     first_time = float(a.time[0])
-    for block in recording.start_state(pools=False).live.values():
+    for block in live:
         yield -1, TraceEvent(first_time, "alloc", block.addr, block.requested, 0)
-    chosen = np.flatnonzero(having(a.action, "alloc", recording.free_action))
     for begin in range(0, len(chosen), _CHUNK):          # the columns read a chunk at a time
         at = chosen[begin:begin + _CHUNK]
         for index, when, code, addr, size, stream in zip(
