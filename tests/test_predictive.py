@@ -451,10 +451,11 @@ def test_a_plan_that_fails_validation_is_never_used(monkeypatch):
 
     from npumem.planning import Plan
 
-    def overlapping(problem_or_pieces, *args, **kwargs):   # every buffer at offset 0
-        return np.zeros(len(problem_or_pieces), np.int64)
-    monkeypatch.setattr(step_plan, "_place", overlapping)
-    monkeypatch.setattr(step_plan, "plan", lambda problem, *args: Plan(problem, overlapping(problem), "broken"))
+    def overlapping(lo, hi, first, sizes, *args, **kwargs):   # every buffer at offset 0
+        return np.zeros(len(sizes), np.int64)
+    monkeypatch.setattr(step_plan, "place", overlapping)
+    monkeypatch.setattr(step_plan, "plan", lambda problem, *args: Plan(
+        problem, np.zeros(len(problem), np.int64), "broken"))
     pool = make_pool()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..planning import plan, problem_from_arrays
 from ..planning.greedy import orders
-from ..planning.placement import place, validate
+from ..planning.placement import Beat, place, validate
 from ..planning.planner import GREEDY_VARIANTS
 from .step_learner import Template
 
@@ -132,12 +132,21 @@ def _lay_out_around(template, lower, upper, sizes, boundary, taken, pinned, time
     variants = [(pinned, np.concatenate([whole, fixed]), "")]
     if pinned:
         variants.append(({}, np.concatenate([whole, leaving]), ", crossing blocks moved"))
+    first = np.zeros(len(pieces) + 1, np.int64)
+    first[1:] = np.cumsum([len(p) for p in pieces])
+    bounds = np.array([bound for piece in pieces for bound in piece], np.int64).reshape(-1, 2)
     for keep, held, moved in variants:
+        pinned_top = max((offset + int(sizes[slot]) for slot, offset in keep.items()), default=0)
         for name, best_fit in [("time", False)] + GREEDY_VARIANTS + TIE_BREAKS:
             order = [i for i in by_name[name].tolist() if i not in keep]
-            offsets = _place(pieces, sizes, order, best_fit, held, deadline)
+            # an order stops once it reaches the best's pages and height: it cannot beat them
+            beat = None if best is None else Beat(best_pages[1], best_pages[0], PAGE, pinned_top)
+            offsets = place(bounds[:, 0], bounds[:, 1], first, sizes, order, best_fit, held,
+                            deadline, beat=beat)
             if offsets is None:
                 break
+            if offsets is False:
+                continue
             for slot, offset in keep.items():
                 offsets[slot] = offset
             pages = _pages(offsets, sizes, held)     # what it will reserve, not just how high
@@ -164,14 +173,6 @@ def _pages(offsets, sizes, held) -> tuple[int, int]:
     np.add.at(touched, first, 1)
     np.add.at(touched, last + 1, -1)
     return int(np.count_nonzero(np.cumsum(touched))), int((offsets + sizes).max(initial=0))
-
-
-def _place(pieces, sizes, order, best_fit: bool, held, deadline: float):
-    """`planning.place` with each block's lifetime in `pieces`: one or two (lo, hi)."""
-    first = np.zeros(len(pieces) + 1, np.int64)
-    first[1:] = np.cumsum([len(p) for p in pieces])
-    bounds = np.array([bound for piece in pieces for bound in piece], np.int64).reshape(-1, 2)
-    return place(bounds[:, 0], bounds[:, 1], first, sizes, order, best_fit, held, deadline)
 
 
 def _live_at_allocations(starts, ends, sizes, length: int) -> np.ndarray:

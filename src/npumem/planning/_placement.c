@@ -193,6 +193,87 @@ static int64_t lowest_gap(Rows *r, const int64_t *lo, const int64_t *hi, Py_ssiz
     return gap_offset(&g, 0);
 }
 
+/* The pages a placement touches so far (the held rows' and the placed buffers' bytes, pages
+ * of `page` bytes): disjoint intervals of page numbers in order, and how many pages they hold.
+ * Bytes [start, end) touch pages floor(start / page) to floor((end - 1) / page) (none when
+ * that is empty), as step_plan._pages counts them. */
+typedef struct {
+    int64_t *low, *high;
+    Py_ssize_t n, capacity;
+    uint64_t count;
+    int64_t page;
+} Pages;
+
+static int64_t floor_div(int64_t a, int64_t b) {            /* b > 0 */
+    int64_t q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+static int pages_add(Pages *s, int64_t start, int64_t end) {
+    if (end == INT64_MIN)
+        return 0;
+    int64_t first = floor_div(start, s->page), last = floor_div(end - 1, s->page);
+    if (last < first)
+        return 0;
+    Py_ssize_t i = 0, j, n = s->n, high = n;       /* i: the first interval not below it */
+    while (i < high) {
+        Py_ssize_t middle = (i + high) / 2;
+        if (s->high[middle] < first)
+            i = middle + 1;
+        else
+            high = middle;
+    }
+    for (j = i; j < n && s->low[j] <= last; j++) {   /* the intervals it overlaps merge in */
+        s->count -= (uint64_t)s->high[j] - (uint64_t)s->low[j] + 1;
+        if (s->low[j] < first)
+            first = s->low[j];
+        if (s->high[j] > last)
+            last = s->high[j];
+    }
+    s->count += (uint64_t)last - (uint64_t)first + 1;
+    if (j == i) {                                   /* a new interval at i */
+        if (n == s->capacity) {
+            Py_ssize_t grown = s->capacity ? 2 * s->capacity : 16;
+            int64_t *low = PyMem_RawRealloc(s->low, (size_t)grown * sizeof(int64_t));
+            if (!low)
+                return -1;
+            s->low = low;
+            int64_t *high = PyMem_RawRealloc(s->high, (size_t)grown * sizeof(int64_t));
+            if (!high)
+                return -1;
+            s->high = high;
+            s->capacity = grown;
+        }
+        memmove(s->low + i + 1, s->low + i, (size_t)(n - i) * sizeof(int64_t));
+        memmove(s->high + i + 1, s->high + i, (size_t)(n - i) * sizeof(int64_t));
+        s->n++;
+    } else {                                        /* intervals i..j-1 become one */
+        memmove(s->low + i + 1, s->low + j, (size_t)(n - j) * sizeof(int64_t));
+        memmove(s->high + i + 1, s->high + j, (size_t)(n - j) * sizeof(int64_t));
+        s->n -= j - i - 1;
+    }
+    s->low[i] = first;
+    s->high[i] = last;
+    return 0;
+}
+
+/* A placement to beat: one whose pages touched (when counted) and then height are, in that
+ * order, lower. A placement stops as soon as what it has placed reaches them: pages and height
+ * only grow, so it could no longer be lower. */
+typedef struct {
+    int on, by_pages;
+    uint64_t pages;
+    int64_t height;
+} Beat;
+
+static int beaten(const Beat *b, const Pages *s, int64_t height) {
+    if (!b->on)
+        return 0;
+    if (b->by_pages && s->count != b->pages)
+        return s->count > b->pages;
+    return height >= b->height;
+}
+
 static void rows_clear(Rows *r) {
     for (int b = 0; b < BUCKETS; b++)
         PyMem_RawFree(r->lists[b].items);
@@ -222,16 +303,32 @@ static int int64s(PyObject *object, Int64s *out, const char *what) {
     return 0;
 }
 
-/* place(lo, hi, first, sizes, order, best_fit, held, seconds): offsets (int64 bytes, one per
- * buffer) or None once `seconds` have passed. Buffer i's pieces are lo/hi[first[i]:first[i+1]];
- * held is (start, end, from, until) rows, flat. */
+/* place(lo, hi, first, sizes, order, best_fit, held, seconds[, beat]): offsets (int64 bytes,
+ * one per buffer), None once `seconds` have passed, or False once it cannot beat `beat`:
+ * (pages or -1 for height alone, height, page bytes, height before: the top of buffers placed
+ * outside the order). Buffer i's pieces are lo/hi[first[i]:first[i+1]]; held is
+ * (start, end, from, until) rows, flat. */
 static PyObject *place(PyObject *self, PyObject *args) {
-    PyObject *lo_o, *hi_o, *first_o, *sizes_o, *order_o, *held_o;
+    PyObject *lo_o, *hi_o, *first_o, *sizes_o, *order_o, *held_o, *beat_o = Py_None;
     int best_fit;
     double seconds;
-    if (!PyArg_ParseTuple(args, "OOOOOpOd", &lo_o, &hi_o, &first_o, &sizes_o, &order_o,
-                          &best_fit, &held_o, &seconds))
+    if (!PyArg_ParseTuple(args, "OOOOOpOd|O", &lo_o, &hi_o, &first_o, &sizes_o, &order_o,
+                          &best_fit, &held_o, &seconds, &beat_o))
         return NULL;
+    Beat beat = {0, 0, 0, 0};
+    long long beat_pages = -1, beat_height = 0, page = 1, height = 0;
+    if (beat_o != Py_None) {
+        if (!PyArg_ParseTuple(beat_o, "LLLL;place: beat is (pages, height, page, height before)",
+                              &beat_pages, &beat_height, &page, &height))
+            return NULL;
+        if (page < 1) {
+            PyErr_Format(PyExc_ValueError, "place: a page of %lld bytes", page);
+            return NULL;
+        }
+        beat = (Beat){1, beat_pages >= 0, (uint64_t)(beat_pages >= 0 ? beat_pages : 0),
+                      beat_height};
+    }
+    Pages touched = {NULL, NULL, 0, 0, 0, page};
     Int64s lo, hi, first, sizes, order, held;
     Int64s *all[] = {&lo, &hi, &first, &sizes, &order, &held};
     PyObject *objects[] = {lo_o, hi_o, first_o, sizes_o, order_o, held_o};
@@ -256,7 +353,8 @@ static PyObject *place(PyObject *self, PyObject *args) {
             goto done;
         }
     if (order.n > n) {
-        PyErr_Format(PyExc_ValueError, "place: an order of %zd for %zd buffers", order.n, n);
+        PyErr_Format(PyExc_ValueError, "place: the order must name each of %zd buffers at most "
+                     "once; it names %zd", n, order.n);
         goto done;
     }
     /* each buffer at most once: the rows are counted for that */
@@ -268,7 +366,8 @@ static PyObject *place(PyObject *self, PyObject *args) {
     for (Py_ssize_t o = 0; o < order.n; o++) {
         int64_t i = order.items[o];
         if (i < 0 || i >= n || seen[i]) {
-            PyErr_Format(PyExc_ValueError, "place: order names buffer %lld %s", (long long)i,
+            PyErr_Format(PyExc_ValueError, "place: the order must name each of %zd buffers at "
+                         "most once; it names buffer %lld %s", n, (long long)i,
                          i < 0 || i >= n ? "that is not one" : "twice");
             goto done;
         }
@@ -298,17 +397,20 @@ static PyObject *place(PyObject *self, PyObject *args) {
     for (Py_ssize_t row = 0; row < k && !failed; row++) {
         Row held_row = {held.items[4 * row], held.items[4 * row + 1], held.items[4 * row + 2],
                         held.items[4 * row + 3]};
-        failed = add_row(&r, held_row) < 0;
+        failed = add_row(&r, held_row) < 0 ||
+                 (beat.by_pages && pages_add(&touched, held_row.start, held_row.end) < 0);
     }
     if (failed) {
         rows_clear(&r);
+        PyMem_RawFree(touched.low);
+        PyMem_RawFree(touched.high);
         PyErr_NoMemory();
         goto done;
     }
     double deadline = now() + seconds;
-    int late = 0, interrupted = 0;
+    int late = 0, interrupted = 0, worse = beaten(&beat, &touched, height);
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t o = 0; o < order.n && !failed; o++) {
+    for (Py_ssize_t o = 0; o < order.n && !failed && !worse; o++) {
         if ((o & 63) == 0 && now() > deadline) {
             late = 1;
             break;
@@ -329,16 +431,24 @@ static PyObject *place(PyObject *self, PyObject *args) {
             Row row = {offset, offset + need, lo.items[p], hi.items[p]};
             failed = add_row(&r, row) < 0;
         }
+        if (beat.on && !failed) {
+            if (offset + need > height)
+                height = offset + need;
+            failed = beat.by_pages && pages_add(&touched, offset, offset + need) < 0;
+            worse = beaten(&beat, &touched, height);
+        }
     }
     Py_END_ALLOW_THREADS
     rows_clear(&r);
+    PyMem_RawFree(touched.low);
+    PyMem_RawFree(touched.high);
     if (interrupted)                  /* (the signal handler's exception is set) */
         goto done;
     if (failed) {
         PyErr_NoMemory();
         goto done;
     }
-    result = late ? Py_NewRef(Py_None)
+    result = late ? Py_NewRef(Py_None) : worse ? Py_NewRef(Py_False)
                   : PyBytes_FromStringAndSize((const char *)offsets, (Py_ssize_t)(n * 8));
 done:
     for (int g = 0; g < got; g++)
@@ -349,8 +459,9 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"place", place, METH_VARARGS, "place(lo, hi, first, sizes, order, best_fit, held, seconds): "
-     "offsets as int64 bytes, or None past the time (see _placement.c)"},
+    {"place", place, METH_VARARGS, "place(lo, hi, first, sizes, order, best_fit, held, seconds[, beat]): "
+     "offsets as int64 bytes, None past the time, False once it cannot beat `beat` (see "
+     "_placement.c)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_placement",

@@ -110,31 +110,87 @@ def lowest_gap(starts: np.ndarray, ends: np.ndarray, need: int, best_fit: bool =
     return int(floors[fits[0]])
 
 
+@dataclass(frozen=True)
+class Beat:
+    """A placement to beat: a lower (pages touched, height), or a lower height where `pages` is
+    None. Pages are of `page` bytes, touched by the held rows and the placed buffers; height is
+    the top of the placed buffers and `height_before` (buffers placed outside the order).
+    Both only grow as buffers are placed, so a placement that reaches them stops there."""
+
+    height: int
+    pages: int | None = None
+    page: int = 1
+    height_before: int = 0
+
+    def native(self) -> tuple[int, int, int, int]:
+        return (-1 if self.pages is None else self.pages, self.height, self.page,
+                self.height_before)
+
+
+class _Touched:
+    """The pages touched so far, as disjoint intervals of page numbers (Beat)."""
+
+    def __init__(self, page: int):
+        self.page, self.low, self.high, self.count = page, [], [], 0
+
+    def add(self, start: int, end: int) -> None:
+        first, last = start // self.page, (end - 1) // self.page
+        if last < first:
+            return
+        i = bisect.bisect_left(self.high, first)
+        j = bisect.bisect_right(self.low, last, lo=i)
+        if j > i:
+            first, last = min(first, self.low[i]), max(last, self.high[j - 1])
+            self.count -= sum(h - l + 1 for l, h in zip(self.low[i:j], self.high[i:j]))
+        self.low[i:j], self.high[i:j] = [first], [last]
+        self.count += last - first + 1
+
+
 def place(lo, hi, first, sizes, order, best_fit: bool = False, held=None,
-          deadline: float = math.inf, native: bool | None = None) -> np.ndarray | None:
+          deadline: float = math.inf, native: bool | None = None,
+          beat: Beat | None = None) -> np.ndarray | None | bool:
     """Place buffers one by one in `order`, each in the lowest gap (or, with `best_fit`, the
     tightest) among the rows live at the same time: the rows `held` (start, end, from, until)
     and the buffers placed before it. Buffer i lives in the pieces lo/hi[first[i]:first[i+1]]
     (a step layout cuts a block crossing the step's end in two). O(n^2): None if the
-    `deadline` (perf_counter) passes first. The native placement (_placement.c) where built,
-    unless `native` is False; this loop is its statement and oracle."""
+    `deadline` (perf_counter) passes first, False as soon as it cannot `beat` a placement.
+    The native placement (_placement.c) where built, unless `native` is False; this loop is
+    its statement and oracle."""
     lo, hi, first, sizes, order = (np.ascontiguousarray(a, dtype=np.int64)
                                    for a in (lo, hi, first, sizes, order))
     held = np.zeros((0, 4), np.int64) if held is None else np.ascontiguousarray(held, np.int64)
+    if native is not False and _native is not None:
+        left = deadline - time.perf_counter()
+        offsets = _native.place(lo, hi, first, sizes, order, best_fit, held.reshape(-1), left,
+                                None if beat is None else beat.native())
+        if offsets is None or offsets is False:
+            return offsets
+        return np.frombuffer(offsets, np.int64).copy()
     if len(np.unique(order)) != len(order) or len(order) and not 0 <= order.min() <= \
             order.max() < len(sizes):
         raise ValueError(f"place: the order must name each of {len(sizes)} buffers at most once")
-    if native is not False and _native is not None:
-        left = deadline - time.perf_counter()
-        offsets = _native.place(lo, hi, first, sizes, order, best_fit, held.reshape(-1), left)
-        return None if offsets is None else np.frombuffer(offsets, np.int64).copy()
     capacity = len(held) + len(lo)
     p_from, p_until = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
     p_start, p_end = np.empty(capacity, np.int64), np.empty(capacity, np.int64)
     k = len(held)
     if k:
         p_start[:k], p_end[:k], p_from[:k], p_until[:k] = held.T
+    touched = _Touched(beat.page if beat else 1)
+    if beat is not None and beat.pages is not None:
+        for start, end in held[:, :2].tolist():
+            touched.add(start, end)
+    height = beat.height_before if beat else 0
+
+    def beaten() -> bool:
+        if beat is None:
+            return False
+        if beat.pages is not None and touched.count != beat.pages:
+            return touched.count > beat.pages
+        return height >= beat.height
+
     offsets = np.zeros(len(sizes), np.int64)
+    if beaten():
+        return False
     for count, i in enumerate(order.tolist()):
         if count & 63 == 0 and time.perf_counter() > deadline:
             return None
@@ -147,11 +203,17 @@ def place(lo, hi, first, sizes, order, best_fit: bool = False, held=None,
         for p in range(first[i], first[i + 1]):
             p_from[k], p_until[k], p_start[k], p_end[k] = lo[p], hi[p], offset, offset + need
             k += 1
+        if beat is not None:
+            height = max(height, int(offset + need))
+            if beat.pages is not None:
+                touched.add(int(offset), int(offset + need))
+            if beaten():
+                return False
     return offsets
 
 
 def place_in_order(problem: PlanningProblem, order: np.ndarray, best_fit: bool = False,
-                   deadline: float = math.inf) -> np.ndarray | None:
+                   deadline: float = math.inf, beat: Beat | None = None) -> np.ndarray | None | bool:
     """`place` for a problem: each buffer one piece, [lower, upper)."""
     return place(problem.lower, problem.upper, np.arange(len(problem) + 1), problem.size, order,
-                 best_fit, None, deadline)
+                 best_fit, None, deadline, beat=beat)

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from .greedy import orders
-from .placement import Plan, place_in_order, validate
+from .placement import Beat, Plan, place_in_order, validate
 from .problem import PlanningProblem
 from .search import FIRST_ORDERS, PREORDERS, SearchAborted, SkylineSearch
 from .sweep import place_by_time
@@ -76,10 +76,13 @@ def _greedy(problem: PlanningProblem, best: Plan, deadline: float, say: Progress
         by_name = orders(problem)
         for name, best_fit in GREEDY_VARIANTS:
             label = f"{name}/{'best' if best_fit else 'first'}-fit"
-            offsets = place_in_order(problem, by_name[name], best_fit, deadline)
+            # (an order stops once it reaches the best height: it could not be lower)
+            offsets = place_in_order(problem, by_name[name], best_fit, deadline, Beat(best.height))
             if offsets is None:
                 say(f"greedy {label}: stopped at the time limit; keeping {best.algorithm}")
                 break
+            if offsets is False:
+                continue
             candidate = Plan(problem, offsets, f"best ({label})")
             if candidate.height < best.height:
                 best = candidate
