@@ -14,7 +14,7 @@ from npumem.alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemo
                                       TorchAllocatorModel, parse_config)
 from npumem.cli import main
 from npumem.trace.snapshot import recording_from_data
-from npumem.whatif.torch_replay import replay_file
+from npumem.whatif.torch_replay import load_for_model, replay_recording
 
 from .torch_recorder import record
 
@@ -160,9 +160,16 @@ MEMPOOL_USE = [("pool_create", MEMPOOL), ("alloc", "a", 3 * MiB), ("pool_begin",
 
 
 def replay(tmp_path, snapshot):
+    """The replay through the native model, which says what its oracle, the Python model,
+    says of it."""
     path = tmp_path / "pools.pickle"
     path.write_bytes(pickle.dumps(snapshot))
-    return replay_file(str(path), check=True)
+    recording = load_for_model(str(path))
+    native, python = (replay_recording(recording, recording.base_config(), check=True,
+                                       native=native)
+                      for native in (True, False))
+    assert {**native.as_dict(), "seconds": 0} == {**python.as_dict(), "seconds": 0}
+    return native
 
 
 @pytest.mark.parametrize("settings_text", ["", "expandable_segments:True"])

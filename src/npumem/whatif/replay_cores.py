@@ -1,6 +1,6 @@
 """What plays a recording's allocs and frees through the model of PyTorch's allocator: the
-native model (alloc/torch_model/_native.c) where it covers the recording (the default pools),
-the Python model where private pools served it (CUDA graphs, MemPools).
+native model (alloc/torch_model/_native.c) where it covers the recording, the Python model
+otherwise (numbers past 2**62, a checkout whose extension is not built).
 
 Both are "cores" with one face, which torch_replay drives:
 - `run(kinds, action, addr, size, stream, start, stop, stop_on_events)` plays the plain entries
@@ -9,7 +9,7 @@ Both are "cores" with one face, which torch_replay drives:
   `stop_on_events` after an alloc that made segment events: `(index, why)`;
 - `oom_request(index, size, stream)` replays a request the real allocator refused;
 - `model` answers what the rare calls need (empty_cache, would_reuse, oversize_release,
-  collected; the Python model also its pools);
+  collected, release_fully, routed: a request's pool and capture, named by MempoolId_t);
 - `new_events()`, `oom_error()` and `counts()` say what happened.
 
 PythonCore.run is the oracle of the native one (tests/test_native_model.py).
@@ -17,6 +17,7 @@ PythonCore.run is the oracle of the native one (tests/test_native_model.py).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,14 +158,52 @@ class PythonCore:
                       stats.num_device_free, stats.cache_hits)
 
 
+if _native is not None:
+    class NativeModel(_native.Model):
+        """The native model with its pools named as the Python model names them (MempoolId_t
+        tuples); the C model knows them by slot."""
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.slots, self.ids = {DEFAULT_POOL: 0}, [DEFAULT_POOL]
+
+        def slot(self, pool_id: tuple) -> int:
+            slot = self.slots.get(pool_id)
+            if slot is None:
+                slot = self.slots[pool_id] = self.add_pool()
+                self.ids.append(pool_id)
+            return slot
+
+        def empty_cache(self, pool_id: tuple = DEFAULT_POOL) -> None:
+            super().empty_cache(self.slot(pool_id))
+
+        def release_fully(self, pool_id: tuple) -> None:
+            super().release_fully(self.slot(pool_id))
+
+        @contextmanager
+        def routed(self, pool_id: tuple, capturing: bool = False):
+            """As TorchAllocatorModel.routed (not nested, but in one to the default pools
+            with no capture, which changes nothing)."""
+            if pool_id == DEFAULT_POOL and not capturing:
+                yield
+                return
+            self.route(self.slot(pool_id), capturing)
+            try:
+                yield
+            finally:
+                self.route(0, False)
+
+
 class NativeCore:
-    """The native model (_native.c): the default pools, of cudaMalloc'd or expandable
-    segments, with garbage collection."""
+    """The native model (_native.c): default and private pools, of cudaMalloc'd or expandable
+    segments, with garbage collection. `pools` and `captured` (the start state's) say where
+    each of the `entries` requests went."""
 
     def __init__(self, config, capacity: int | None, allowed: int | None, fresh_base: int,
-                 expected: list[tuple[int, int]], segments, allocated: int):
+                 expected: list[tuple[int, int]], segments, allocated: int,
+                 pools: dict[int, tuple] | None = None, captured=(), entries: int = 0):
         self.allowed = allowed
-        self.model = _native.Model(
+        self.model = NativeModel(
             config.pad, list(config.roundup_power2_divisions), config.max_split_size,
             config.max_non_split_rounding_size, config.large_segment_size, config.page_size_1g,
             config.expandable_segments, config.expandable_large_page, config.flavour == "npu",
@@ -172,26 +211,45 @@ class NativeCore:
             -1 if capacity is None else capacity,
             -1 if allowed is None else allowed, address_space(capacity), fresh_base,
             [number for pair in expected for number in pair])
+        self.pools, self.captured = pools or {}, set(captured)
         self._restore(segments, capacity)
         self.model.start(allocated)
-        self.run = self.model.run
+        self.routes = self._routes(entries) if self.pools or self.captured else None
         self._seen = 0
+
+    def _routes(self, entries: int) -> np.ndarray:
+        """Each request's pool slot times 2, plus 1 during a capture (run's routes)."""
+        routes = np.zeros(entries, np.int32)
+        for index, pool in self.pools.items():
+            if index < entries:
+                routes[index] = 2 * self.model.slot(pool)
+        for index in self.captured:
+            if index < entries:
+                routes[index] |= 1
+        return routes
+
+    def run(self, kinds, action, addr, size, stream, start: int, stop: int,
+            stop_on_events: bool) -> tuple[int, int]:
+        return self.model.run(kinds, action, addr, size, stream, start, stop, stop_on_events,
+                              self.routes)
 
     def _restore(self, segments, capacity: int | None) -> None:
         """As TorchAllocatorModel.restore: the cudaMalloc'd segments, then each stream's
-        expandable ranges as one segment from the lowest address the trace maps."""
+        expandable ranges of a pool as one segment from the lowest address the trace maps."""
         def blocks(segment):
             return [(b.addr, b.size, b.requested, b.allocated) for b in segment.blocks]
 
-        self.model.restore([(s.addr, s.size, s.stream, s.small, blocks(s))
+        slot = self.model.slot
+        self.model.restore([(s.addr, s.size, s.stream, s.small, slot(s.pool), blocks(s))
                             for s in segments if not s.expandable])
-        for (stream, _, small), ranges in expandable_groups(segments).items():   # (one pool)
+        for (stream, pool, small), ranges in expandable_groups(segments).items():
             base, space = restored_range(ranges, capacity)
-            self.model.restore_expandable(stream, small, base, space,
+            self.model.restore_expandable(stream, small, slot(pool), base, space,
                                           [(r.addr, r.size, blocks(r)) for r in ranges])
 
     def oom_request(self, index: int, size: int, stream: int) -> bool:
-        return self.model.oom_request(size, stream)
+        with self.model.routed(self.pools.get(index, DEFAULT_POOL), index in self.captured):
+            return self.model.oom_request(size, stream)
 
     def oom_error(self) -> ModelOutOfMemory:
         orig, size, alloc_size, stream, free, usable, largest = self.model.last_oom()
@@ -202,7 +260,9 @@ class NativeCore:
     def new_events(self) -> list[SegmentEvent]:
         new = self.model.events(self._seen)
         self._seen += len(new)
-        return [SegmentEvent(*event) for event in new]
+        ids = self.model.ids
+        return [SegmentEvent(action, addr, size, stream, ids[slot])
+                for action, addr, size, stream, slot in new]
 
     def counts(self) -> Counts:
         s = self.model.stats()
@@ -211,16 +271,11 @@ class NativeCore:
                       s["num_device_free"], s["cache_hits"])
 
 
-def native_covers(config, allowed: int | None, start, pools: dict, captured: set, a,
-                  fresh_base: int, capacity: int | None) -> str:
+def native_covers(config, allowed: int | None, a, fresh_base: int, capacity: int | None) -> str:
     """Why the native model cannot replay this ("" when it can); `a`: the trace as
     columns.Arrays."""
     if _native is None:
         return "the native model is not built"
-    if captured or any(pool != DEFAULT_POOL for pool in pools.values()):
-        return "private pools"
-    if any(s.pool != DEFAULT_POOL for s in start.segments):
-        return "private segments at the start"
     if a.addr.dtype != np.uint64 or a.size.dtype != np.uint64 or a.stream.dtype != np.uint64:
         return "numbers outside 64 bits"
     # (addresses: the fresh base lies above every recorded one)

@@ -363,11 +363,12 @@ def _core(recording: Recording, config: TorchAllocatorConfig, start, capacity: i
     pools, captured = _pools_of(recording, start)
     if native is not False:
         limit = allowed_bytes(config, capacity, allowed)
-        why_not = replay_cores.native_covers(config, limit, start, pools, captured,
-                                             arrays(recording.entries), fresh_base, capacity)
+        why_not = replay_cores.native_covers(config, limit, arrays(recording.entries),
+                                             fresh_base, capacity)
         if not why_not:
             return replay_cores.NativeCore(config, capacity, limit, fresh_base, expected,
-                                           start.segments, start.allocated)
+                                           start.segments, start.allocated, pools, captured,
+                                           len(recording.entries))
         if native:
             raise ValueError(f"the native model does not cover this replay: {why_not}")
     device = DeviceMemory(capacity, fresh_base=fresh_base)
@@ -483,10 +484,7 @@ def _released(model: TorchAllocatorModel, pools: list[tuple]) -> list[tuple]:
     map's order, which only the recording shows."""
     private = [pool for pool in dict.fromkeys(pools) if pool != DEFAULT_POOL]
     for pool in private:
-        if pool in model.pools:
-            while model.pools[pool].use_count:
-                model.release_pool(pool)
-            model.freeable[pool] = model.freeable.pop(pool)
+        model.release_fully(pool)
     return private
 
 

@@ -1,6 +1,6 @@
-/* The model of PyTorch's caching allocator, native: the default pools, of cudaMalloc'd or
- * expandable segments, with garbage collection (no private pools), the driver under it, and a
- * loop that plays a trace's allocs and frees through it.
+/* The model of PyTorch's caching allocator, native: the default pools and private ones (CUDA
+ * graphs, MemPools), of cudaMalloc'd or expandable segments, with garbage collection, the
+ * driver under it, and a loop that plays a trace's allocs and frees through it.
  *
  * allocator.py states the rules, and this file follows it function for function (the names
  * match); a replay takes this model where it covers the recording and its settings
@@ -38,6 +38,7 @@ typedef struct {
     uint64_t gc_base;                         /* its pool's get_free_block calls when cached */
     int32_t prev, next;
     int32_t segment;                          /* its expandable segment, NONE: cudaMalloc'd */
+    int32_t pool;                             /* its pool's slot (0: the default pools) */
     uint8_t small, allocated, dead, mapped;
 } Block;
 
@@ -48,6 +49,15 @@ typedef struct {
     uint64_t free_block_calls;                       /* for garbage collection's ages */
     UnmappedKey *unmapped; Py_ssize_t nu, capu;      /* unmapped ranges of expandable segments */
 } BlockPool;
+/* a pool's small and large blocks: slot 0 the default pools, others c10's PrivatePool (the
+ * Python face names them by MempoolId_t); a private slot is alive from its first use (a
+ * restored segment, a request routed to it) until it is released and holds nothing */
+typedef struct {
+    BlockPool small, large;
+    int64_t use_count;                               /* captures, graphs and MemPools using it */
+    uint64_t reserved;                               /* its device bytes */
+    int alive;
+} Pool;
 /* one stream's growing address range, mapped in pages */
 typedef struct {
     uint64_t stream, page, max_pages, base;
@@ -55,7 +65,7 @@ typedef struct {
     int alive;
 } Expandable;
 typedef struct { uint64_t start, end; } Range;
-typedef struct { uint64_t addr, size, stream; uint8_t action; } Event;
+typedef struct { uint64_t addr, size, stream; int32_t pool; uint8_t action; } Event;
 
 typedef struct {
     PyObject_HEAD
@@ -73,7 +83,10 @@ typedef struct {
     uint64_t *expected; Py_ssize_t nexpected, expected_head;    /* (addr, size) pairs */
     /* blocks */
     Block *blocks; int32_t nblocks, capblocks, free_slot;        /* free slots chain via next */
-    BlockPool small, large;
+    Pool *pools; Py_ssize_t npools, cappools;
+    int32_t *freeable; Py_ssize_t nfreeable, capfreeable;   /* released pools, in c10's order */
+    int32_t route;                            /* the pool requests go to now (routed) */
+    int capturing;                            /* a capture is under way (routed) */
     Expandable *segs; Py_ssize_t nsegs, capsegs;
     /* statistics (ModelStats) */
     uint64_t reserved, peak_reserved, allocated_bytes, requested_bytes;
@@ -146,7 +159,21 @@ static Py_ssize_t lower_bound(BlockPool *p, uint64_t stream, uint64_t size, uint
     return lo;
 }
 
-static BlockPool *pool_of(Model *m, Block *b) { return b->small ? &m->small : &m->large; }
+static BlockPool *pool_of(Model *m, Block *b) {
+    return b->small ? &m->pools[b->pool].small : &m->pools[b->pool].large;
+}
+
+/* requests go to a private pool, or a capture is under way: c10's captures_underway */
+static int underway(Model *m) { return m->route != 0 || m->capturing; }
+
+/* a private pool's first use (createOrIncrefPool of one not held, or a routed request) */
+static void pool_live(Model *m, int32_t slot) {
+    Pool *pool = &m->pools[slot];
+    if (!pool->alive) {
+        pool->alive = 1;
+        pool->use_count = 1;
+    }
+}
 
 static int pool_insert(Model *m, int32_t id) {
     Block *b = &m->blocks[id];
@@ -215,7 +242,7 @@ static int remove_unmapped(Model *m, int32_t id) {
 }
 
 static int32_t new_block_in(Model *m, uint64_t addr, uint64_t size, uint64_t stream, int small,
-                            int32_t segment, int mapped) {
+                            int32_t pool, int32_t segment, int mapped) {
     int32_t id = m->free_slot;
     if (id != NONE) {
         m->free_slot = m->blocks[id].next;
@@ -226,13 +253,9 @@ static int32_t new_block_in(Model *m, uint64_t addr, uint64_t size, uint64_t str
         m->capblocks = (int32_t)(cap > INT32_MAX ? INT32_MAX : cap);
         id = m->nblocks++;
     }
-    m->blocks[id] = (Block){addr, size, 0, stream, 0, NONE, NONE, segment, (uint8_t)small, 0, 0,
-                            (uint8_t)mapped};
+    m->blocks[id] = (Block){addr, size, 0, stream, 0, NONE, NONE, segment, pool, (uint8_t)small,
+                            0, 0, (uint8_t)mapped};
     return id;
-}
-
-static int32_t new_block(Model *m, uint64_t addr, uint64_t size, uint64_t stream, int small) {
-    return new_block_in(m, addr, size, stream, small, NONE, 1);
 }
 
 static void drop_block(Model *m, int32_t id) {
@@ -386,7 +409,9 @@ static int seg_unmap(Model *m, Expandable *e, uint64_t ptr, uint64_t size, uint6
 }
 
 /* --- segments and statistics ------------------------------------------------------------ */
-static int reserve(Model *m, uint64_t size, int sign, uint8_t action, uint64_t addr, uint64_t stream) {
+static int reserve(Model *m, int32_t pool, uint64_t size, int sign, uint8_t action, uint64_t addr,
+                   uint64_t stream) {
+    m->pools[pool].reserved += sign > 0 ? size : -size;
     if (sign > 0) {
         m->reserved += size;
         if (m->reserved > m->peak_reserved) m->peak_reserved = m->reserved;
@@ -396,7 +421,7 @@ static int reserve(Model *m, uint64_t size, int sign, uint8_t action, uint64_t a
         m->num_device_free++;
     }
     if (grow((void **)&m->events, &m->capevents, m->nevents + 1, sizeof(Event)) < 0) return -1;
-    m->events[m->nevents++] = (Event){addr, size, stream, action};
+    m->events[m->nevents++] = (Event){addr, size, stream, pool, action};
     return 0;
 }
 
@@ -425,7 +450,7 @@ static int release_block(Model *m, int32_t id) {
     device_free(m, b->addr, b->size);
     if (pool_remove(m, id) < 0) return -1;
     b = &m->blocks[id];
-    int error = reserve(m, b->size, -1, EV_SEGMENT_FREE, b->addr, b->stream);
+    int error = reserve(m, b->pool, b->size, -1, EV_SEGMENT_FREE, b->addr, b->stream);
     if (is_split(b)) b->dead = 1;             /* its neighbours still name it, as in Python */
     else drop_block(m, id);
     return error;
@@ -448,16 +473,16 @@ static int unmap_block(Model *m, int32_t id) {
     b = &m->blocks[id];
     uint64_t before = start - b->addr, addr = b->addr, size = b->size, stream = b->stream;
     int small = b->small;
-    int32_t segment = b->segment;
+    int32_t segment = b->segment, pool = b->pool;
     if (before > 0) {
-        int32_t head = new_block_in(m, addr, before, stream, small, segment, 1);
+        int32_t head = new_block_in(m, addr, before, stream, small, pool, segment, 1);
         if (head == NONE) return -1;
         splice(m, head, m->blocks[id].prev, id);
         if (pool_insert(m, head) < 0) return -1;
     }
     uint64_t after = size - before - unmapped;
     if (after > 0) {
-        int32_t tail = new_block_in(m, start + unmapped, after, stream, small, segment, 1);
+        int32_t tail = new_block_in(m, start + unmapped, after, stream, small, pool, segment, 1);
         if (tail == NONE) return -1;
         splice(m, tail, id, m->blocks[id].next);
         if (pool_insert(m, tail) < 0) return -1;
@@ -468,7 +493,7 @@ static int unmap_block(Model *m, int32_t id) {
     b->mapped = 0;
     if (try_merge(m, id, m->blocks[id].prev) < 0 || try_merge(m, id, m->blocks[id].next) < 0) return -1;
     if (insert_unmapped(m, id) < 0) return -1;
-    return reserve(m, unmapped, -1, EV_SEGMENT_UNMAP, start, stream);
+    return reserve(m, pool, unmapped, -1, EV_SEGMENT_UNMAP, start, stream);
 }
 
 static int release_blocks(Model *m, BlockPool *p) {
@@ -500,9 +525,36 @@ static int release_blocks(Model *m, BlockPool *p) {
     return error;
 }
 
-static int release_cached(Model *m) {
-    if (release_blocks(m, &m->large) < 0) return -1;
-    return release_blocks(m, &m->small);
+/* release_cached_blocks: with slot 0 the default pools' (unless a capture is under way) and
+ * every released private pool's, in the order they were released; with a private slot, that
+ * pool's if it was released (emptyCache(id)). A released pool left with nothing is forgotten. */
+static int release_cached(Model *m, int32_t slot) {
+    if (slot == 0 && !underway(m)) {
+        if (release_blocks(m, &m->pools[0].large) < 0 || release_blocks(m, &m->pools[0].small) < 0)
+            return -1;
+    }
+    for (Py_ssize_t i = 0; i < m->nfreeable;) {
+        int32_t released = m->freeable[i];
+        Pool *pool = &m->pools[released];
+        if (slot != 0 && slot != released) { i++; continue; }
+        if (release_blocks(m, &pool->small) < 0 || release_blocks(m, &m->pools[released].large) < 0)
+            return -1;
+        pool = &m->pools[released];
+        if (pool->reserved == 0) {           /* forgotten, with the unmapped ranges it held (their
+                                                segments keep their addresses, as in c10) */
+            BlockPool *parts[2] = {&pool->small, &pool->large};
+            for (int part = 0; part < 2; part++) {
+                for (Py_ssize_t k = 0; k < parts[part]->nu; k++) drop_block(m, parts[part]->unmapped[k].id);
+                parts[part]->nu = 0;
+            }
+            pool->alive = 0;
+            memmove(&m->freeable[i], &m->freeable[i + 1], (size_t)(m->nfreeable - i - 1) * sizeof(int32_t));
+            m->nfreeable--;
+        } else {
+            i++;
+        }
+    }
+    return 0;
 }
 
 /* the oversize cached blocks to free for `size` (their ids in *chosen, at most p->n);
@@ -586,7 +638,7 @@ static int map_block(Model *m, int32_t id, uint64_t size) {
     b->mapped = 1;
     if (mapped < b->size) {
         int32_t rest = new_block_in(m, b->addr + mapped, b->size - mapped, b->stream, b->small,
-                                    b->segment, 0);
+                                    b->pool, b->segment, 0);
         if (rest == NONE) return -1;
         splice(m, rest, id, m->blocks[id].next);
         if (insert_unmapped(m, rest) < 0) return -1;
@@ -594,10 +646,12 @@ static int map_block(Model *m, int32_t id, uint64_t size) {
     }
     if (try_merge(m, id, m->blocks[id].prev) < 0 || try_merge(m, id, m->blocks[id].next) < 0) return -1;
     if (pool_insert(m, id) < 0) return -1;
-    return reserve(m, mapped, +1, EV_SEGMENT_MAP, start, m->blocks[id].stream) < 0 ? -1 : 1;
+    return reserve(m, m->blocks[id].pool, mapped, +1, EV_SEGMENT_MAP, start, m->blocks[id].stream) < 0
+        ? -1 : 1;
 }
 
-static int32_t find_expandable_block(Model *m, BlockPool *p, int small, uint64_t size, uint64_t stream) {
+static int32_t find_expandable_block(Model *m, BlockPool *p, int small, int32_t pool, uint64_t size,
+                                     uint64_t stream) {
     for (Py_ssize_t at = unmapped_bound(p, stream, 0); at < p->nu && p->unmapped[at].stream == stream; at++) {
         int32_t candidate = p->unmapped[at].id;
         int32_t prev = m->blocks[candidate].prev;
@@ -611,14 +665,15 @@ static int32_t find_expandable_block(Model *m, BlockPool *p, int small, uint64_t
     Py_ssize_t seg = new_expandable(m, stream, expandable_page(m, small), m->space, -1);
     if (seg < 0) return NONE;
     Expandable *e = &m->segs[seg];
-    int32_t whole = new_block_in(m, e->base, e->max_pages * e->page, stream, small, (int32_t)seg, 0);
+    int32_t whole = new_block_in(m, e->base, e->max_pages * e->page, stream, small, pool, (int32_t)seg, 0);
     if (whole == NONE || insert_unmapped(m, whole) < 0) return NONE;
     return whole;
 }
 
 /* 1 with *id set, 0 when the device had no room, -1 on error */
-static int allocate_expandable(Model *m, BlockPool *p, int small, uint64_t size, uint64_t stream, int32_t *id) {
-    int32_t candidate = find_expandable_block(m, p, small, size, stream);
+static int allocate_expandable(Model *m, BlockPool *p, int small, int32_t pool, uint64_t size,
+                               uint64_t stream, int32_t *id) {
+    int32_t candidate = find_expandable_block(m, p, small, pool, size, stream);
     if (candidate == NONE) return -1;
     if (!m->blocks[candidate].mapped) {
         uint64_t want = m->blocks[candidate].size < size ? m->blocks[candidate].size : size;
@@ -639,17 +694,17 @@ static int allocate_expandable(Model *m, BlockPool *p, int small, uint64_t size,
 }
 
 /* 1 with *id set, 0 when refused, -1 on error */
-static int alloc_block(Model *m, BlockPool *p, int small, uint64_t size, uint64_t alloc_size,
-                       uint64_t stream, int retry, int32_t *id) {
+static int alloc_block(Model *m, BlockPool *p, int small, int32_t pool, uint64_t size,
+                       uint64_t alloc_size, uint64_t stream, int retry, int32_t *id) {
     if (retry) m->num_alloc_retries++;
     if (m->allowed >= 0 && m->reserved + alloc_size > (uint64_t)m->allowed) return 0;
-    if (m->expandable) return allocate_expandable(m, p, small, size, stream, id);
+    if (m->expandable) return allocate_expandable(m, p, small, pool, size, stream, id);
     uint64_t addr;
     int got = device_malloc(m, alloc_size, &addr);
     if (got <= 0) return got;
-    *id = new_block(m, addr, alloc_size, stream, small);
+    *id = new_block_in(m, addr, alloc_size, stream, small, pool, NONE, 1);
     if (*id == NONE) return -1;
-    return reserve(m, alloc_size, +1, EV_SEGMENT_ALLOC, addr, stream) < 0 ? -1 : 1;
+    return reserve(m, pool, alloc_size, +1, EV_SEGMENT_ALLOC, addr, stream) < 0 ? -1 : 1;
 }
 
 static int should_split(Model *m, Block *b, uint64_t size) {
@@ -666,7 +721,8 @@ static int32_t align_start(Model *m, int32_t id, uint64_t size) {
     if (!(size >= ROUND_LARGE && m->expandable && align && b->addr % align)) return id;
     uint64_t offset = align - b->addr % align;
     if (offset + size > b->size) return id;
-    int32_t aligned = new_block_in(m, b->addr + offset, b->size - offset, b->stream, b->small, b->segment, 1);
+    int32_t aligned = new_block_in(m, b->addr + offset, b->size - offset, b->stream, b->small, b->pool,
+                                   b->segment, 1);
     if (aligned == NONE) return NONE;
     splice(m, aligned, id, m->blocks[id].next);
     m->blocks[id].size = offset;
@@ -678,7 +734,8 @@ static int32_t alloc_found_block(Model *m, int32_t id, uint64_t size, uint64_t o
     Block *remaining = &m->blocks[id];
     if (should_split(m, remaining, size)) {
         uint64_t addr = remaining->addr;
-        int32_t split = new_block_in(m, addr, size, stream, remaining->small, remaining->segment, 1);
+        int32_t split = new_block_in(m, addr, size, stream, remaining->small, remaining->pool,
+                                     remaining->segment, 1);
         if (split == NONE) return NONE;
         remaining = &m->blocks[id];                  /* blocks may have moved */
         splice(m, split, remaining->prev, id);
@@ -727,13 +784,19 @@ static int out_of_memory(Model *m, uint64_t orig, uint64_t size, uint64_t alloc_
     }
     if (grow((void **)&m->events, &m->capevents, m->nevents + 1, sizeof(Event)) < 0) return -1;
     if (!has_free) free = 0;                       /* (`free or 0`) */
-    m->events[m->nevents++] = (Event){(uint64_t)free, size, stream, EV_OOM};
-    uint64_t largest = largest_key(&m->small, 1, 0), large = largest_key(&m->large, 1, 0);
+    m->events[m->nevents++] = (Event){(uint64_t)free, size, stream, m->route, EV_OOM};
+    uint64_t largest = 0;
+    for (Py_ssize_t slot = 0; slot < m->npools; slot++) {
+        uint64_t small = largest_key(&m->pools[slot].small, 1, 0);
+        uint64_t large = largest_key(&m->pools[slot].large, 1, 0);
+        largest = small > largest ? small : largest;
+        largest = large > largest ? large : largest;
+    }
     m->oom[0] = orig; m->oom[1] = size; m->oom[2] = alloc_size; m->oom[3] = stream;
     m->oom[4] = (uint64_t)free;
     m->oom_has_free = has_free;
     m->oom[5] = largest_key(p, 0, stream);
-    m->oom[6] = largest > large ? largest : large;
+    m->oom[6] = largest;
     return 0;
 }
 
@@ -745,7 +808,7 @@ static Py_ssize_t collectable(Model *m, int32_t *chosen) {
     uint64_t threshold = (uint64_t)(m->gc_threshold * (double)m->allowed);
     if (m->reserved <= threshold) return 0;
     uint64_t target = m->reserved - threshold;
-    BlockPool *p = &m->large;
+    BlockPool *p = &m->pools[0].large;                /* (the default large pool only, as c10) */
     Py_ssize_t nunsplit = 0, count = 0, taken_count = 0;
     int32_t *unsplit = PyMem_Malloc((size_t)(p->n + 1) * sizeof(int32_t));
     uint8_t *taken = PyMem_Calloc((size_t)(p->n + 1), 1);
@@ -780,7 +843,7 @@ static Py_ssize_t collectable(Model *m, int32_t *chosen) {
 }
 
 static int garbage_collect(Model *m) {
-    int32_t *chosen = PyMem_Malloc((size_t)(m->large.n + 1) * sizeof(int32_t));
+    int32_t *chosen = PyMem_Malloc((size_t)(m->pools[0].large.n + 1) * sizeof(int32_t));
     if (!chosen) { PyErr_NoMemory(); return -1; }
     Py_ssize_t count = collectable(m, chosen);
     int error = count < 0;
@@ -790,24 +853,30 @@ static int garbage_collect(Model *m) {
 }
 
 /* malloc: 1 with *id set, 0 when out of memory (m->oom says how), -1 on error */
+/* the pool a request of `size` (rounded) bytes goes to (get_pool) */
+static BlockPool *request_pool(Model *m, uint64_t size) {
+    return size <= SMALL_SIZE ? &m->pools[m->route].small : &m->pools[m->route].large;
+}
+
 static int model_malloc(Model *m, uint64_t orig, uint64_t stream, int32_t *id) {
     uint64_t size = round_size(m, orig);
     int small = size <= SMALL_SIZE;
-    BlockPool *p = small ? &m->small : &m->large;
+    int32_t pool = m->route;
+    BlockPool *p = request_pool(m, size);
     uint64_t alloc_size = allocation_size(m, size);
     int32_t found = get_free_block(m, p, size, stream);
     if (found != NONE) {
         m->cache_hits++;
     } else {
         if (collects(m) && garbage_collect(m) < 0) return -1;
-        int got = alloc_block(m, p, small, size, alloc_size, stream, 0, &found);
+        int got = alloc_block(m, p, small, pool, size, alloc_size, stream, 0, &found);
         if (got == 0) {
             got = release_available(m, p, size, stream);
-            if (got == 1) got = alloc_block(m, p, small, size, alloc_size, stream, 0, &found);
+            if (got == 1) got = alloc_block(m, p, small, pool, size, alloc_size, stream, 0, &found);
         }
-        if (got == 0) {
-            if (release_cached(m) < 0) return -1;
-            got = alloc_block(m, p, small, size, alloc_size, stream, 1, &found);
+        if (got == 0 && !underway(m)) {      /* (its own pools stay put; p is unchanged) */
+            if (release_cached(m, 0) < 0) return -1;
+            got = alloc_block(m, p, small, pool, size, alloc_size, stream, 1, &found);
         }
         if (got < 0) return -1;
         if (got == 0) return out_of_memory(m, orig, size, alloc_size, stream, p) < 0 ? -1 : 0;
@@ -845,25 +914,29 @@ static int replay_free(Model *m, uint64_t addr) {
     return model_free(m, id);
 }
 
-/* run(kinds, action, addr, size, stream, start, stop, stop_on_events) -> (index, why):
+/* run(kinds, action, addr, size, stream, start, stop, stop_on_events[, routes]) -> (index, why):
  * play entries start..stop-1 (kinds[action] says what each is) until one the caller must
  * handle (an irregular entry: the index is its own), an alloc the model could not serve (its
- * index), or, with stop_on_events, an alloc that made segment events (the index after it) */
+ * index), or, with stop_on_events, an alloc that made segment events (the index after it).
+ * routes: int32 per entry, an alloc's pool slot times 2, plus 1 during a capture (None: the
+ * default pools, no capture) */
 static PyObject *Model_run(Model *m, PyObject *args) {
-    PyObject *objects[5];
+    PyObject *objects[6] = {NULL, NULL, NULL, NULL, NULL, Py_None};
     Py_ssize_t start, stop;
     int stop_on_events;
-    if (!PyArg_ParseTuple(args, "OOOOOnnp", &objects[0], &objects[1], &objects[2], &objects[3],
-                          &objects[4], &start, &stop, &stop_on_events))
+    if (!PyArg_ParseTuple(args, "OOOOOnnp|O", &objects[0], &objects[1], &objects[2], &objects[3],
+                          &objects[4], &start, &stop, &stop_on_events, &objects[5]))
         return NULL;
-    static const char *names[5] = {"kinds", "action", "addr", "size", "stream"};
-    Py_buffer views[5];
+    static const char *names[6] = {"kinds", "action", "addr", "size", "stream", "routes"};
+    int columns = objects[5] == Py_None ? 5 : 6;
+    Py_buffer views[6];
     int held = 0;
     PyObject *result = NULL;
     Py_ssize_t n = 0;
-    for (; held < 5; held++) {
+    for (; held < columns; held++) {
         if (PyObject_GetBuffer(objects[held], &views[held], PyBUF_C_CONTIGUOUS) < 0) goto release;
-        Py_ssize_t itemsize = held < 2 ? 1 : 8, length = held == 0 ? 256 : held == 1 ? views[1].len : n;
+        Py_ssize_t itemsize = held < 2 ? 1 : held == 5 ? 4 : 8;
+        Py_ssize_t length = held == 0 ? 256 : held == 1 ? views[1].len : n;
         if (held == 1) n = views[1].len;
         if (views[held].len != itemsize * length) {
             PyErr_Format(PyExc_ValueError, "column %s holds %zd bytes, not %zd", names[held],
@@ -878,13 +951,29 @@ static PyObject *Model_run(Model *m, PyObject *args) {
     }
     const uint8_t *k = views[0].buf, *a = views[1].buf;
     const uint64_t *ad = views[2].buf, *sz = views[3].buf, *st = views[4].buf;
+    const int32_t *routes = columns == 6 ? views[5].buf : NULL;
     Py_ssize_t i = start;
     int why = DONE;
     for (; i < stop; i++) {
         int kind = k[a[i]];
         if (kind == ALLOC) {
             Py_ssize_t before = m->nevents;
+            int32_t route = m->route;
+            int capturing = m->capturing;
+            if (routes && routes[i]) {
+                int32_t slot = routes[i] >> 1;
+                if (slot < 0 || slot >= m->npools) {
+                    PyErr_Format(PyExc_ValueError, "entry %zd: a route to pool slot %d of %zd", i,
+                                 (int)slot, m->npools);
+                    goto release;
+                }
+                if (slot) pool_live(m, slot);
+                m->route = slot;
+                m->capturing = routes[i] & 1;
+            }
             int got = replay_alloc(m, ad[i], sz[i], st[i]);
+            m->route = route;
+            m->capturing = capturing;
             if (got < 0) goto release;
             if (got == 0) { why = OUT_OF_MEMORY; break; }
             if (stop_on_events && m->nevents > before) { why = EVENTS; i++; break; }
@@ -906,7 +995,13 @@ static PyObject *Model_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Model *m = (Model *)type->tp_alloc(type, 0);
     if (!m) return NULL;
     m->free_slot = NONE;
-    if (live_resize(&m->live, 1024) < 0) { Py_DECREF(m); return NULL; }
+    if (live_resize(&m->live, 1024) < 0 || grow((void **)&m->pools, &m->cappools, 1, sizeof(Pool)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    memset(&m->pools[0], 0, sizeof(Pool));
+    m->pools[0] = (Pool){.use_count = 1, .alive = 1};
+    m->npools = 1;
     return (PyObject *)m;
 }
 
@@ -914,10 +1009,14 @@ static void Model_dealloc(Model *m) {
     PyMem_Free(m->ranges);
     PyMem_Free(m->expected);
     PyMem_Free(m->blocks);
-    PyMem_Free(m->small.keys);
-    PyMem_Free(m->large.keys);
-    PyMem_Free(m->small.unmapped);
-    PyMem_Free(m->large.unmapped);
+    for (Py_ssize_t i = 0; i < m->npools; i++) {
+        PyMem_Free(m->pools[i].small.keys);
+        PyMem_Free(m->pools[i].large.keys);
+        PyMem_Free(m->pools[i].small.unmapped);
+        PyMem_Free(m->pools[i].large.unmapped);
+    }
+    PyMem_Free(m->pools);
+    PyMem_Free(m->freeable);
     for (Py_ssize_t i = 0; i < m->nsegs; i++) PyMem_Free(m->segs[i].pages);
     PyMem_Free(m->segs);
     PyMem_Free(m->events);
@@ -983,7 +1082,7 @@ static int Model_init(Model *m, PyObject *args, PyObject *kw) {
 /* blocks (addr, size, requested, allocated) of one segment, in address order, after
  * `previous`: the allocated ones become live; the last one's id (`previous` for none), or -2 */
 static int32_t restore_blocks(Model *m, PyObject *blocks, uint64_t stream, int small,
-                              int32_t segment, int32_t previous) {
+                              int32_t pool, int32_t segment, int32_t previous) {
     PyObject *items = PySequence_Fast(blocks, "blocks: a sequence");
     if (!items) return -2;
     for (Py_ssize_t b = 0; b < PySequence_Fast_GET_SIZE(items); b++) {
@@ -991,7 +1090,7 @@ static int32_t restore_blocks(Model *m, PyObject *blocks, uint64_t stream, int s
         int allocated, existed;
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, b), "KKKp", &addr, &size,
                               &requested, &allocated)) goto fail;
-        int32_t id = new_block_in(m, addr, size, stream, small, segment, 1);
+        int32_t id = new_block_in(m, addr, size, stream, small, pool, segment, 1);
         if (id == NONE) goto fail;
         m->blocks[id].prev = previous;
         if (previous != NONE) m->blocks[previous].next = id;
@@ -1014,38 +1113,53 @@ fail:
     return -2;
 }
 
-/* restore(segments): cudaMalloc'd segments (addr, size, stream, small, blocks) live at the
- * start, blocks as restore_blocks takes them */
+static int pool_slot(Model *m, int slot) {
+    if (slot < 0 || slot >= m->npools) {
+        PyErr_Format(PyExc_ValueError, "pool slot %d of %zd", slot, m->npools);
+        return -1;
+    }
+    return 0;
+}
+
+/* restore(segments): cudaMalloc'd segments (addr, size, stream, small, pool slot, blocks) live
+ * at the start, blocks as restore_blocks takes them; a private pool met here is in use */
 static PyObject *Model_restore(Model *m, PyObject *segments) {
     PyObject *seq = PySequence_Fast(segments, "segments: a sequence");
     if (!seq) return NULL;
     for (Py_ssize_t s = 0; s < PySequence_Fast_GET_SIZE(seq); s++) {
         uint64_t addr, size, stream;
-        int small;
+        int small, slot;
         PyObject *blocks;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, s), "KKKpO", &addr, &size, &stream,
-                              &small, &blocks) || device_claim(m, addr, size) < 0
-            || restore_blocks(m, blocks, stream, small, NONE, NONE) == -2) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, s), "KKKpiO", &addr, &size, &stream,
+                              &small, &slot, &blocks) || pool_slot(m, slot) < 0
+            || device_claim(m, addr, size) < 0
+            || restore_blocks(m, blocks, stream, small, slot, NONE, NONE) == -2) {
             Py_DECREF(seq);
             return NULL;
         }
+        pool_live(m, slot);
         m->used += size;
         m->reserved += size;
+        m->pools[slot].reserved += size;
     }
     Py_DECREF(seq);
     m->peak_reserved = m->reserved;
     Py_RETURN_NONE;
 }
 
-/* restore_expandable(stream, small, base, space, ranges): one expandable segment of `space`
- * bytes of addresses from `base`, its mapped ranges (addr, size, blocks) in address order */
+/* restore_expandable(stream, small, pool slot, base, space, ranges): one expandable segment of
+ * `space` bytes of addresses from `base`, its mapped ranges (addr, size, blocks) in address
+ * order */
 static PyObject *Model_restore_expandable(Model *m, PyObject *args) {
     uint64_t stream, base, space;
-    int small;
+    int small, slot;
     PyObject *ranges;
-    if (!PyArg_ParseTuple(args, "KpKKO", &stream, &small, &base, &space, &ranges)) return NULL;
+    if (!PyArg_ParseTuple(args, "KpiKKO", &stream, &small, &slot, &base, &space, &ranges)
+        || pool_slot(m, slot) < 0)
+        return NULL;
     PyObject *seq = PySequence_Fast(ranges, "ranges: a sequence");
     if (!seq) return NULL;
+    pool_live(m, slot);
     Py_ssize_t seg = new_expandable(m, stream, expandable_page(m, small), space, (int64_t)base);
     if (seg < 0) goto fail;
     int32_t previous = NONE;
@@ -1055,7 +1169,7 @@ static PyObject *Model_restore_expandable(Model *m, PyObject *args) {
         PyObject *blocks;
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, r), "KKO", &addr, &size, &blocks)) goto fail;
         if (addr > cursor) {
-            int32_t gap = new_block_in(m, cursor, addr - cursor, stream, small, (int32_t)seg, 0);
+            int32_t gap = new_block_in(m, cursor, addr - cursor, stream, small, slot, (int32_t)seg, 0);
             if (gap == NONE) goto fail;
             m->blocks[gap].prev = previous;
             if (previous != NONE) m->blocks[previous].next = gap;
@@ -1064,13 +1178,14 @@ static PyObject *Model_restore_expandable(Model *m, PyObject *args) {
         }
         if (mark_mapped(m, &m->segs[seg], addr, size) < 0) goto fail;
         m->reserved += size;
-        previous = restore_blocks(m, blocks, stream, small, (int32_t)seg, previous);
+        m->pools[slot].reserved += size;
+        previous = restore_blocks(m, blocks, stream, small, slot, (int32_t)seg, previous);
         if (previous == -2) goto fail;
         cursor = addr + size;
     }
     uint64_t end = base + m->segs[seg].max_pages * m->segs[seg].page;
     if (cursor < end) {
-        int32_t gap = new_block_in(m, cursor, end - cursor, stream, small, (int32_t)seg, 0);
+        int32_t gap = new_block_in(m, cursor, end - cursor, stream, small, slot, (int32_t)seg, 0);
         if (gap == NONE) goto fail;
         m->blocks[gap].prev = previous;
         if (previous != NONE) m->blocks[previous].next = gap;
@@ -1106,15 +1221,64 @@ static PyObject *Model_oom_request(Model *m, PyObject *args) {
     return PyBool_FromLong(got);
 }
 
-static PyObject *Model_empty_cache(Model *m, PyObject *unused) {
-    if (release_cached(m) < 0) return NULL;
+/* empty_cache(slot=0): torch.cuda.empty_cache(), or with a private pool's slot what deleting its
+ * MemPool does */
+static PyObject *Model_empty_cache(Model *m, PyObject *args) {
+    int slot = 0;
+    if (!PyArg_ParseTuple(args, "|i", &slot) || pool_slot(m, slot) < 0) return NULL;
+    if (release_cached(m, slot) < 0) return NULL;
     Py_RETURN_NONE;
+}
+
+/* add_pool() -> a new slot for a private pool, not yet in use */
+static PyObject *Model_add_pool(Model *m, PyObject *unused) {
+    if (m->npools >= INT32_MAX / 2) return PyErr_Format(PyExc_ValueError, "too many pools");
+    if (grow((void **)&m->pools, &m->cappools, m->npools + 1, sizeof(Pool)) < 0) return NULL;
+    memset(&m->pools[m->npools], 0, sizeof(Pool));
+    return PyLong_FromSsize_t(m->npools++);
+}
+
+/* route(slot, capturing): requests go to this pool from now on (0: the default pools), with a
+ * capture under way or not; a private pool not in use becomes one (TorchAllocatorModel.routed) */
+static PyObject *Model_route(Model *m, PyObject *args) {
+    int slot, capturing;
+    if (!PyArg_ParseTuple(args, "ip", &slot, &capturing) || pool_slot(m, slot) < 0) return NULL;
+    if (slot) pool_live(m, slot);
+    m->route = slot;
+    m->capturing = capturing;
+    Py_RETURN_NONE;
+}
+
+/* release_fully(slot): every use of a private pool in use released, and it is the last of the
+ * released pools (TorchAllocatorModel.release_fully) */
+static PyObject *Model_release_fully(Model *m, PyObject *args) {
+    int slot;
+    if (!PyArg_ParseTuple(args, "i", &slot) || pool_slot(m, slot) < 0) return NULL;
+    if (slot == 0 || !m->pools[slot].alive) Py_RETURN_NONE;
+    m->pools[slot].use_count = 0;
+    for (Py_ssize_t i = 0; i < m->nfreeable; i++)
+        if (m->freeable[i] == slot) {
+            memmove(&m->freeable[i], &m->freeable[i + 1], (size_t)(m->nfreeable - i - 1) * sizeof(int32_t));
+            m->nfreeable--;
+            break;
+        }
+    if (grow((void **)&m->freeable, &m->capfreeable, m->nfreeable + 1, sizeof(int32_t)) < 0) return NULL;
+    m->freeable[m->nfreeable++] = slot;
+    Py_RETURN_NONE;
+}
+
+/* pool(slot) -> (in use count, reserved bytes), or None for a pool not held */
+static PyObject *Model_pool(Model *m, PyObject *args) {
+    int slot;
+    if (!PyArg_ParseTuple(args, "i", &slot) || pool_slot(m, slot) < 0) return NULL;
+    if (!m->pools[slot].alive) Py_RETURN_NONE;
+    return Py_BuildValue("LK", (long long)m->pools[slot].use_count, m->pools[slot].reserved);
 }
 
 /* whether malloc would serve this request from a cached block (changes nothing) */
 static int would_reuse(Model *m, uint64_t orig, uint64_t stream) {
     uint64_t size = round_size(m, orig);
-    BlockPool *p = size <= SMALL_SIZE ? &m->small : &m->large;
+    BlockPool *p = request_pool(m, size);
     uint64_t calls = p->free_block_calls;
     int32_t id = get_free_block(m, p, size, stream);
     p->free_block_calls = calls;
@@ -1136,7 +1300,7 @@ static PyObject *Model_oversize_release(Model *m, PyObject *args, PyObject *kw) 
     int dry_run = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "K|Kp", keywords, &orig, &stream, &dry_run)) return NULL;
     uint64_t size = round_size(m, orig);
-    BlockPool *p = size <= SMALL_SIZE ? &m->small : &m->large;
+    BlockPool *p = request_pool(m, size);
     int32_t *chosen = PyMem_Malloc((size_t)(p->n + 1) * sizeof(int32_t));
     if (!chosen) return PyErr_NoMemory();
     Py_ssize_t count;
@@ -1162,7 +1326,7 @@ static PyObject *Model_collected(Model *m, PyObject *args) {
     int reuse = would_reuse(m, orig, stream);
     if (reuse < 0) return NULL;
     if (reuse) return PyList_New(0);
-    int32_t *chosen = PyMem_Malloc((size_t)(m->large.n + 1) * sizeof(int32_t));
+    int32_t *chosen = PyMem_Malloc((size_t)(m->pools[0].large.n + 1) * sizeof(int32_t));
     if (!chosen) return PyErr_NoMemory();
     Py_ssize_t count = collectable(m, chosen);
     PyObject *addrs = count < 0 ? NULL : PyList_New(count);
@@ -1175,8 +1339,8 @@ static PyObject *Model_collected(Model *m, PyObject *args) {
     return addrs;
 }
 
-/* events(start) -> [(action, addr, size, stream)] from the start-th on; an oom's addr is the
- * free bytes, which may be negative */
+/* events(start) -> [(action, addr, size, stream, pool slot)] from the start-th on; an oom's
+ * addr is the free bytes, which may be negative */
 static PyObject *Model_events(Model *m, PyObject *arg) {
     Py_ssize_t start = PyLong_AsSsize_t(arg);
     if (start == -1 && PyErr_Occurred()) return NULL;
@@ -1185,8 +1349,9 @@ static PyObject *Model_events(Model *m, PyObject *arg) {
     for (Py_ssize_t i = start; out && i < m->nevents; i++) {
         Event *e = &m->events[i];
         PyObject *item = e->action == EV_OOM
-            ? Py_BuildValue("sLKK", EVENT_NAMES[e->action], (long long)e->addr, e->size, e->stream)
-            : Py_BuildValue("sKKK", EVENT_NAMES[e->action], e->addr, e->size, e->stream);
+            ? Py_BuildValue("sLKKi", EVENT_NAMES[e->action], (long long)e->addr, e->size, e->stream,
+                            (int)e->pool)
+            : Py_BuildValue("sKKKi", EVENT_NAMES[e->action], e->addr, e->size, e->stream, (int)e->pool);
         if (!item) { Py_CLEAR(out); break; }
         PyList_SET_ITEM(out, i - start, item);
     }
@@ -1214,18 +1379,18 @@ static PyObject *Model_last_oom(Model *m, PyObject *unused) {
     return Py_BuildValue("KKKKNKK", m->oom[0], m->oom[1], m->oom[2], m->oom[3], free, m->oom[5], m->oom[6]);
 }
 
-/* blocks() -> [(addr, size, requested, allocated, stream, small, prev addr or None, mapped)]
- * of every block the model holds (for the differential tests) */
+/* blocks() -> [(addr, size, requested, allocated, stream, small, prev addr or None, mapped,
+ * pool slot)] of every block the model holds (for the differential tests) */
 static PyObject *Model_blocks(Model *m, PyObject *unused) {
     PyObject *out = PyList_New(0);
     for (int32_t i = 0; out && i < m->nblocks; i++) {
         Block *b = &m->blocks[i];
         if (b->dead) continue;
         PyObject *prev = b->prev == NONE ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(m->blocks[b->prev].addr);
-        PyObject *item = prev ? Py_BuildValue("KKKOKONO", b->addr, b->size, b->requested,
+        PyObject *item = prev ? Py_BuildValue("KKKOKONOi", b->addr, b->size, b->requested,
                                              b->allocated ? Py_True : Py_False, b->stream,
                                              b->small ? Py_True : Py_False, prev,
-                                             b->mapped ? Py_True : Py_False) : NULL;
+                                             b->mapped ? Py_True : Py_False, (int)b->pool) : NULL;
         if (!item || PyList_Append(out, item) < 0) Py_CLEAR(out);
         Py_XDECREF(item);
     }
@@ -1233,20 +1398,20 @@ static PyObject *Model_blocks(Model *m, PyObject *unused) {
 }
 
 /* free_keys() -> [(pool, stream, size, addr)] and [(pool, stream, addr)] of the unmapped
- * ranges, in the pools' orders (pool 0 small, 1 large) */
+ * ranges, in the pools' orders (pool 2 * slot for a small pool, 2 * slot + 1 a large one) */
 static PyObject *Model_free_keys(Model *m, PyObject *unused) {
     PyObject *out = PyList_New(0), *unmapped = PyList_New(0);
-    BlockPool *pools[2] = {&m->small, &m->large};
-    for (int p = 0; out && unmapped && p < 2; p++) {
-        for (Py_ssize_t i = 0; out && i < pools[p]->n; i++) {
-            Key *k = &pools[p]->keys[i];
-            PyObject *item = Py_BuildValue("iKKK", p, k->stream, k->size, k->addr);
+    for (Py_ssize_t p = 0; out && unmapped && p < 2 * m->npools; p++) {
+        BlockPool *pool = p % 2 ? &m->pools[p / 2].large : &m->pools[p / 2].small;
+        for (Py_ssize_t i = 0; out && i < pool->n; i++) {
+            Key *k = &pool->keys[i];
+            PyObject *item = Py_BuildValue("nKKK", p, k->stream, k->size, k->addr);
             if (!item || PyList_Append(out, item) < 0) Py_CLEAR(out);
             Py_XDECREF(item);
         }
-        for (Py_ssize_t i = 0; out && unmapped && i < pools[p]->nu; i++) {
-            UnmappedKey *k = &pools[p]->unmapped[i];
-            PyObject *item = Py_BuildValue("iKK", p, k->stream, k->addr);
+        for (Py_ssize_t i = 0; out && unmapped && i < pool->nu; i++) {
+            UnmappedKey *k = &pool->unmapped[i];
+            PyObject *item = Py_BuildValue("nKK", p, k->stream, k->addr);
             if (!item || PyList_Append(unmapped, item) < 0) Py_CLEAR(unmapped);
             Py_XDECREF(item);
         }
@@ -1262,8 +1427,13 @@ static PyMethodDef Model_methods[] = {
      "An expandable segment live at the start."},
     {"start", (PyCFunction)Model_start, METH_O, "The live requested bytes at the start."},
     {"oom_request", (PyCFunction)Model_oom_request, METH_VARARGS, "A refused request, again."},
-    {"empty_cache", (PyCFunction)Model_empty_cache, METH_NOARGS,
-     "torch.cuda.empty_cache() (the default pools: private ones are the Python model's)."},
+    {"empty_cache", (PyCFunction)Model_empty_cache, METH_VARARGS,
+     "torch.cuda.empty_cache(), or a MemPool's deletion with its slot."},
+    {"add_pool", (PyCFunction)Model_add_pool, METH_NOARGS, "A slot for a private pool."},
+    {"route", (PyCFunction)Model_route, METH_VARARGS, "Where requests go from now on."},
+    {"release_fully", (PyCFunction)Model_release_fully, METH_VARARGS,
+     "A private pool released, the last of the released."},
+    {"pool", (PyCFunction)Model_pool, METH_VARARGS, "A pool's use count and reserved bytes."},
     {"would_reuse", (PyCFunction)Model_would_reuse, METH_VARARGS, "Whether a cached block serves it."},
     {"oversize_release", (PyCFunction)(void (*)(void))Model_oversize_release,
      METH_VARARGS | METH_KEYWORDS, "The oversize blocks the retry frees first."},
@@ -1280,8 +1450,8 @@ static PyTypeObject ModelType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "npumem.alloc.torch_model._native.Model",
     .tp_basicsize = sizeof(Model),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "PyTorch's caching allocator's default pools, with the replay's live blocks.",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "PyTorch's caching allocator's pools, with the replay's live blocks.",
     .tp_new = Model_new,
     .tp_init = (initproc)Model_init,
     .tp_dealloc = (destructor)Model_dealloc,

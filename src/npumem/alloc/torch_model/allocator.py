@@ -307,6 +307,17 @@ class TorchAllocatorModel:
         if private.use_count == 0:
             self.freeable[pool_id] = private
 
+    def release_fully(self, pool_id: tuple) -> None:
+        """Every use of a private pool released, and it the last of the released pools (a
+        replay's doing: c10 frees released pools in its hash map's order, which only the
+        recording shows). Nothing for a pool not held."""
+        private = self.pools.get(pool_id)
+        if private is None:
+            return
+        private.use_count = 0
+        self.freeable.pop(pool_id, None)
+        self.freeable[pool_id] = private
+
     @contextmanager
     def routed(self, pool_id: tuple, capturing: bool = False):
         """Requests of every stream go to `pool_id` meanwhile, its use count untouched, and with

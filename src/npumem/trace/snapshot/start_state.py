@@ -19,7 +19,7 @@ still unknown is taken as the default pools.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -73,22 +73,50 @@ class StartState:
 
 
 class _Segments(dict):
-    """Recorded segments by start address, [size, stream, small, expandable, pool node], with a
-    sorted index of the starts for finding the segment an address lies in."""
+    """Recorded segments by start address, [size, stream, small, expandable, pool node] (each
+    value replaced whole, never changed in place), with a sorted index of the starts for
+    finding the segment an address lies in, and its columns (`columns`)."""
 
     def __init__(self):
         super().__init__()
         self.starts: list[int] = []
+        self._columns = None          # (starts, sizes, nodes) as arrays, kept up to date
 
     def __setitem__(self, start: int, value: list) -> None:
-        if start not in self:
-            insort(self.starts, start)
+        position = bisect_left(self.starts, start)
+        new = start not in self
+        if new:
+            self.starts.insert(position, start)
         super().__setitem__(start, value)
+        if self._columns is None:
+            return
+        if not (0 <= start < 2**64 and 0 <= value[0] < 2**64):
+            self._columns = None      # (rebuilt as Python numbers at the next call)
+        elif new:
+            self._columns = tuple(np.insert(column, position, item) for column, item in
+                                  zip(self._columns, (start, value[0], value[4])))
+        else:
+            self._columns[1][position], self._columns[2][position] = value[0], value[4]
 
     def pop(self, start: int, *default):
         if start in self:
-            del self.starts[bisect_left(self.starts, start)]
+            position = bisect_left(self.starts, start)
+            del self.starts[position]
+            if self._columns is not None:
+                self._columns = tuple(np.delete(column, position) for column in self._columns)
         return super().pop(start, *default)
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, sizes, pool nodes) in order of start: kept from call to call, each change
+        made to them (a segment entry changes one or two), not rebuilt."""
+        if self._columns is not None:
+            return self._columns
+        starts = natural(self.starts)
+        sizes = natural([self[start][0] for start in self.starts])
+        nodes = np.array([self[start][4] for start in self.starts], dtype=np.int32)
+        if starts.dtype != object and sizes.dtype != object:
+            self._columns = (starts, sizes, nodes)
+        return starts, sizes, nodes
 
     def containing(self, addr: int) -> int | None:
         index = bisect_right(self.starts, addr) - 1
@@ -340,9 +368,7 @@ def _block_nodes(a, actions: tuple[str, str], low: int, high: int, ranges: _Segm
     pool_id fields say (the latest first, as the walk back meets them)."""
     if high <= low or not ranges.starts:
         return
-    starts = natural(ranges.starts)
-    sizes = natural([ranges[start][0] for start in ranges.starts])
-    node_at = np.array([ranges[start][4] for start in ranges.starts], dtype=np.int32)
+    starts, sizes, node_at = ranges.columns()
     told = a.cache.get("pool_ids")
     if told is None:
         told = a.cache["pool_ids"] = np.array(
@@ -381,28 +407,38 @@ def _between(entries: list[dict], pools: dict[int, tuple], index: int) -> tuple 
     return sides[0] if sides[0] == sides[1] else None
 
 
-def _during_captures(entries: list[dict], pools: dict[int, tuple]) -> set[int]:
+def _during_captures(entries, pools: dict[int, tuple]) -> set[int]:
     """Requests to the default pools made while a capture was under way: between two requests of
     one private pool on a stream with no default request there between (c10 then skips the
     release of cached segments in the out-of-memory retry)."""
-    if not any(pool != DEFAULT_POOL for pool in pools.values()):
+    private = {index: pool for index, pool in pools.items() if pool != DEFAULT_POOL}
+    if not private:
         return set()                        # no private pool: no capture
-    spans, open_spans = [], {}              # open_spans: stream -> [pool, first, last]
-    for index, (action, _, _, stream, *_) in enumerate(rows(entries)):
-        if action not in ("alloc", "oom"):
-            continue
-        pool = pools.get(index, DEFAULT_POOL)
-        span = open_spans.get(stream)
-        if span is not None and span[0] == pool:
-            span[2] = index
-            continue
-        if span is not None and span[0] != DEFAULT_POOL:
-            spans.append(span)
-        open_spans[stream] = [pool, index, index]
-    spans += [span for span in open_spans.values() if span[0] != DEFAULT_POOL]
-    requests = set(indices(entries, "alloc", "oom"))
-    return {index for _, first, last in spans for index in range(first + 1, last)
-            if index in requests and pools.get(index, DEFAULT_POOL) == DEFAULT_POOL}
+    a = arrays(entries)
+    requests = positions_where(having(a.action, "alloc", "oom")).astype(np.int64)
+    if not len(requests):
+        return set()
+    codes = np.zeros(len(requests), np.int64)          # each request's pool: 0 the default
+    named = np.fromiter(private, np.int64, len(private))
+    at = np.minimum(np.searchsorted(requests, named), len(requests) - 1)
+    hit = requests[at] == named
+    numbers: dict[tuple, int] = {}
+    codes[at[hit]] = [numbers.setdefault(private[index], len(numbers) + 1)
+                      for index in named[hit].tolist()]
+    # each stream's requests in order, cut in runs of one pool: a private run is a span
+    _, streams = np.unique(a.stream[requests], return_inverse=True)
+    order = np.argsort(streams, kind="stable")
+    run_codes, run_streams, run_requests = codes[order], streams[order], requests[order]
+    first = np.flatnonzero(np.r_[True, (run_codes[1:] != run_codes[:-1]) |
+                                 (run_streams[1:] != run_streams[:-1])])
+    last = np.r_[first[1:], len(order)] - 1
+    spans = run_codes[first] != 0
+    low = np.searchsorted(requests, run_requests[first[spans]], side="right")
+    high = np.searchsorted(requests, run_requests[last[spans]], side="left")
+    inside = np.zeros(len(requests) + 1, np.int64)    # the requests strictly inside a span
+    np.add.at(inside, low[high > low], 1)
+    np.add.at(inside, high[high > low], -1)
+    return set(requests[(np.cumsum(inside[:-1]) > 0) & (codes == 0)].tolist())
 
 
 def _infer_pools(entries: list[dict], nodes: _PoolNodes, entry_nodes: dict[int, int],
