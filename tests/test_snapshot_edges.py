@@ -125,3 +125,27 @@ def test_rows_that_count_events_differently_say_how(tmp_path):
     assert output.count("the torch model counts every trace entry") == 1
     rows = [line.split() for line in output.splitlines() if line.startswith("s.pickle")]
     assert [row[1] for row in rows] == ["pool", "torch"] and rows[0][2] != rows[1][2]
+
+
+def test_an_allocation_no_device_could_hold_is_refused_not_replayed(tmp_path):
+    """A 2**63-byte block that succeeded: replay and tune said it fit (the model has no limit
+    unless told one); now the file is refused, naming the entry. A refused request may ask for
+    anything: a recorded OOM of 2**63 bytes still replays."""
+    snapshot = record(WORKLOAD)
+    trace = snapshot["device_traces"][0]
+    index = next(i for i, e in enumerate(trace) if e["action"] == "alloc")
+    addr = trace[index]["addr"]
+    for entry in trace:
+        if entry["addr"] == addr and not entry["action"].startswith("segment"):
+            entry["size"] = 1 << 63
+    path = _write(tmp_path, "huge.pickle", snapshot)
+    for command in ("replay", "tune"):
+        result = _run(command, path)
+        assert result.exit_code == 2, result.output
+        assert f"entry {index}: an allocation of" in result.output
+        assert "(9223372036854775808 bytes)" in result.output and "damaged" in result.output
+    asked = record(WORKLOAD)
+    asked["device_traces"][0].append({"action": "oom", "addr": 0, "size": 1 << 63, "stream": 0,
+                                      "device_free": 0, "time_us": 10**6, "frames": []})
+    result = _run("replay", _write(tmp_path, "asked.pickle", asked))
+    assert result.exit_code == 0, result.output

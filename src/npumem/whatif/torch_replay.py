@@ -26,7 +26,8 @@ from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
 from ..units import format_size
 from ..alloc.torch_model.allocator import allowed_bytes, round_size
 from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, first_oom, read_pool_id
-from ..trace.snapshot.columns import ALLOC, arrays, highest_address, indices, rows, take
+from ..trace.snapshot.columns import (ACTIONS, ALLOC, arrays, having, highest_address, indices,
+                                      rows, take)
 from ..trace.snapshot.schema import oom_device_free
 from . import replay_cores
 
@@ -581,8 +582,40 @@ def load_for_model(path: str, flavour: str | None = None, pad: int | None = None
         mended = read_mended(path)
         recording = Recording.from_entries(path, mended.entries, flavour or "cuda")
         recording.read_notes = mended.notes
+    _refuse_impossible_sizes(recording)
     recording.pad = pad
     return recording
+
+
+DEVICE_BYTES_LIMIT = 1 << 48           # more than any device holds (as the planner's limit)
+
+
+def _refuse_impossible_sizes(recording: Recording) -> None:
+    """A TraceFormatError for an allocation or a segment larger than any device holds: one
+    that succeeded cannot be real (the file was damaged or made up), and a model with no
+    memory limit would replay it and call it a fit. Refused requests (oom entries) may ask
+    for anything."""
+    from ..trace.file_checks import TraceFormatError
+
+    a = arrays(recording.entries)
+    for begin in range(0, len(a), CHUNK):               # (bounded temporaries)
+        granted = begin + np.flatnonzero(having(a.action[begin:begin + CHUNK], "alloc",
+                                                *SEGMENT_ADD))
+        too_large = granted[a.size[granted] > DEVICE_BYTES_LIMIT]
+        if len(too_large):
+            break
+    else:
+        return
+    index = int(too_large[0])
+    size = int(a.size[index])
+    raise TraceFormatError(
+        recording.path, f"entry {index}",
+        f"{_GRANTED[ACTIONS[a.action[index]]]} of {format_size(size)} ({size} bytes) "
+        f"succeeded: more than any device holds (2**48 bytes, 256 TiB, at most); the recording "
+        f"is damaged, and nothing replayed from it would hold")
+
+
+_GRANTED = {"alloc": "an allocation", "segment_alloc": "a segment", "segment_map": "a mapping"}
 
 
 def replay_file(path: str, allocator: str = "torch", settings: str = "",
