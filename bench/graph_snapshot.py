@@ -55,14 +55,18 @@ def main() -> None:
     parser.add_argument("--entries", default="1M", help="about this many trace entries (1M, 500K)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    text = args.entries.upper()
+    text = args.entries.strip().upper()
     scale = {"K": 1_000, "M": 1_000_000}.get(text[-1:], 1)
-    try:
-        wanted = int(float(text.rstrip("KM")) * scale)
-    except ValueError:
-        parser.error(f"--entries: a count such as 1M or 500K, not {args.entries!r}")
+    digits = text[:-1] if text[-1:] in ("K", "M") else text
+    if not digits.isdigit() or not 1_000 <= int(digits) * scale <= 100_000_000:
+        parser.error(f"--entries: a whole count from 1K to 100M, such as 1M or 500K, not "
+                     f"{args.entries!r}")
+    wanted = int(digits) * scale
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        parser.error(f"{args.out}: no folder {folder} to write it in")
     began = time.perf_counter()
-    snapshot = record(workload(max(1, wanted // 80), args.seed), entry_pool_ids=True)
+    snapshot = record(workload(max(1, wanted // 71), args.seed), entry_pool_ids=True)
     with open(args.out, "wb") as out:
         pickle.dump(snapshot, out, protocol=4)
     entries = len(snapshot["device_traces"][0])

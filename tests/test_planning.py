@@ -357,3 +357,16 @@ def test_a_nan_time_limit_is_refused_and_a_bom_csv_is_read(tmp_path):
         plan(read_problem(str(path)), "search", float("nan"))
     result = CliRunner().invoke(main, ["plan", str(path), "--time-limit", "1", "--json"])
     assert result.exit_code == 0 and json.loads(result.output)["height_bytes"] == 16
+
+
+@pytest.mark.parametrize("algorithm", ["size", "best"])
+def test_an_order_cut_short_by_the_time_limit_is_said_in_the_plan(monkeypatch, algorithm):
+    """`plan --json` said only which plan it kept ("time sweep"), not that the greedy order
+    asked for ran out of time."""
+    from npumem.planning import planner
+
+    monkeypatch.setattr(planner, "place_in_order", lambda *args, **kwargs: None)
+    problem = problem_from_arrays(np.array([0, 1]), np.array([2, 3]), np.array([8, 8]))
+    result = plan(problem, algorithm, 1.0)
+    assert result.algorithm == "time sweep"
+    assert any("stopped at the time limit" in note for note in result.summary()["notes"])

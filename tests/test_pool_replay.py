@@ -336,7 +336,7 @@ def test_the_command_keeps_every_row_and_says_which_ran_out(tmp_path):
     assert "(--memory sets the device" not in result.output     # (said only without it)
     # nothing fits: tune says so in one line and exits 2 (its table shows each refusal)
     huge = str(tmp_path / "huge.jsonl")
-    write_trace([TraceEvent(0, "alloc", 1, 1 << 62, 0)], huge)
+    write_trace([TraceEvent(0, "alloc", 1, 1 << 47, 0)], huge)
     result = CliRunner().invoke(main, ["tune", huge, "--scheduler", "serial"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "error: no candidate setting replays the trace" in result.output

@@ -139,13 +139,46 @@ def test_an_allocation_no_device_could_hold_is_refused_not_replayed(tmp_path):
         if entry["addr"] == addr and not entry["action"].startswith("segment"):
             entry["size"] = 1 << 63
     path = _write(tmp_path, "huge.pickle", snapshot)
-    for command in ("replay", "tune"):
+    for command in ("replay", "tune", "plan"):
         result = _run(command, path)
         assert result.exit_code == 2, result.output
         assert f"entry {index}: an allocation of" in result.output
         assert "(9223372036854775808 bytes)" in result.output and "damaged" in result.output
+    result = _run("report", path)                       # the file as it is, with a warning
+    assert result.exit_code == 0 and f"note: device 0, entry {index}: an allocation" in \
+        result.output
     asked = record(WORKLOAD)
     asked["device_traces"][0].append({"action": "oom", "addr": 0, "size": 1 << 63, "stream": 0,
                                       "device_free": 0, "time_us": 10**6, "frames": []})
-    result = _run("replay", _write(tmp_path, "asked.pickle", asked))
+    asked_path = _write(tmp_path, "asked.pickle", asked)
+    result = _run("replay", asked_path)
     assert result.exit_code == 0, result.output
+    result = _run("tune", asked_path)                   # (expandable segments said 1.13 TiB)
+    assert "the run asks for 8.00 EiB live at once, more than any device holds" in \
+        result.output, result.output
+
+
+def test_a_check_under_other_settings_says_its_figures_stop_at_the_divergence(tmp_path):
+    path = _write(tmp_path, "s.pickle", record(WORKLOAD))
+    result = _run("replay", "--check", path, "--set", "expandable_segments=True")
+    assert result.exit_code == 1 and "MISMATCH" in result.output
+    assert "(up to entry " in result.output and "--set departs from the recording" in \
+        result.output
+
+
+def test_a_divergence_in_the_pool_alone_names_both_pools(tmp_path):
+    snapshot = record(WORKLOAD, entry_pool_ids=True)
+    first = next(e for e in snapshot["device_traces"][0] if e["action"] == "segment_alloc")
+    first["pool_id"] = (5, 0)                          # the model's segment is the default's
+    result = _run("replay", "--check", _write(tmp_path, "s.pickle", snapshot))
+    assert result.exit_code == 1
+    recorded, model = [line for line in result.output.splitlines()
+                       if line.strip().startswith(("recorded:", "model:"))]
+    assert recorded.endswith("in pool (5, 0)") and model.endswith("in pool (0, 0)")
+
+
+def test_a_device_larger_than_the_simulated_one_is_refused_for_the_pool(tmp_path):
+    path = _write(tmp_path, "s.pickle", record(WORKLOAD))
+    result = _run("replay", path, "--allocator", "torch,pool", "--memory", "100TiB")
+    assert result.exit_code == 2 and "at most 8.00 TiB" in result.output
+    assert _run("replay", path, "--allocator", "torch", "--memory", "100TiB").exit_code == 0

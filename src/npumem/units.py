@@ -53,11 +53,11 @@ def format_size(nbytes: int) -> str:
     """Human-readable size with binary units: 1536 -> '1.50 KiB'."""
     sign = "-" if nbytes < 0 else ""
     value = float(abs(nbytes))
-    for unit in ("B", "KiB", "MiB", "GiB"):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if value < 1024:
             return f"{sign}{int(value)} B" if unit == "B" else f"{sign}{value:.2f} {unit}"
         value /= 1024
-    return f"{sign}{value:.2f} TiB"
+    return f"{sign}{value:.2f} EiB"
 
 
 def align_up(length: int, k: int) -> int:

@@ -10,9 +10,16 @@ from dataclasses import replace
 import click
 
 from ..cli_sizes import device_memory
+from ..device.address_space import DEVICE_SPAN
+from ..units import format_size
 from .common import (echo_recorded_ooms, npu_chip_options, npu_pad, profile_input, run_replays,
                      scheduler_options)
 from .replay_settings import check_planner_lag, check_steps, settings_for, torch_environment
+
+
+# the simulated device's addresses (64 TiB a device) hold a range of the whole memory per
+# stream: up to eight streams at this size
+SIMULATED_LIMIT = DEVICE_SPAN // 8
 
 
 @click.command()
@@ -74,6 +81,14 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
         raise click.BadParameter(f"unknown allocator(s) {unknown}; choose from {', '.join(ALLOCATORS)}",
                                  param_hint="--allocator")
     capacity = device_memory(memory)
+    simulated = [name for name in names if name in ("pool", "device")]
+    if capacity is not None and simulated and capacity > SIMULATED_LIMIT:
+        raise click.BadParameter(
+            f"{format_size(capacity)} is more than the {' and '.join(simulated)} allocator(s) "
+            f"replay on: at most {format_size(SIMULATED_LIMIT)} (the simulated device has "
+            f"{format_size(DEVICE_SPAN)} of addresses, and each stream's range takes as much as "
+            f"the memory); the torch model alone takes any size",
+            param_hint="--memory")
     pad = npu_pad(soc, cann, any(name in ("torch", "torch_npu") for name in names))
     _check_paths(traces, plot_path)
     if check:
@@ -162,7 +177,6 @@ def _one_says_the_oom(jobs: list) -> list:
 def _print_replay_table(results, memory_given: bool = False) -> None:
     """One row per replay, then what the rows cannot hold: the start state, what the real
     allocator did, out-of-memories and notes (each once)."""
-    from ..units import format_size
 
     def name(trace: str) -> str:       # the file's own name, cut at the end if it must be
         base = os.path.basename(trace) or trace
@@ -218,7 +232,6 @@ def _replay_check(traces, names, settings, memory, as_json, pad=None) -> None:
     from ..trace import TraceFormatError, detect_format
     from ..trace.formats import DESCRIPTIONS, holds_snapshot
     from ..whatif.sweep import replay_torch
-    from ..units import format_size
 
     for path in traces:
         if not holds_snapshot(path):
@@ -251,11 +264,14 @@ def _replay_check(traces, names, settings, memory, as_json, pad=None) -> None:
         click.echo(f"{path}: {verdict} ({result.flavour} allocator, "
                    f"{result.settings or 'default settings'}, {result.events} entries, "
                    f"{result.seconds:.2f} s)")
-        click.echo(f"  segment allocations: model {result.device_allocs}, recorded "
+        # a divergence stops the model there: its figures are of the entries before
+        upto = (f" (up to entry {result.divergence.index}, where it diverged)"
+                if result.divergence is not None else "")
+        click.echo(f"  segment allocations: model {result.device_allocs}{upto}, recorded "
                    f"{result.recorded_device_allocs}; segment frees: model {result.device_frees}, "
                    f"recorded {result.recorded_device_frees}")
         click.echo(f"  peak reserved: model {format_size(result.peak_reserved_bytes)} "
-                   f"({result.peak_reserved_bytes} bytes), recorded "
+                   f"({result.peak_reserved_bytes} bytes){upto}, recorded "
                    f"{format_size(result.recorded_peak_reserved_bytes or 0)} "
                    f"({result.recorded_peak_reserved_bytes} bytes); "
                    f"{format_size(result.start_reserved_bytes)} reserved at the first entry")
@@ -273,6 +289,10 @@ def _replay_check(traces, names, settings, memory, as_json, pad=None) -> None:
                        f"{result.oom['message']}")
         for note in result.notes:
             click.echo(f"  note: {note}")
+        if settings and not result.faithful:
+            click.echo("  note: --set departs from the recording's settings, so the model is "
+                       "expected to decide otherwise than the recording; `npumem replay` "
+                       "without --check plays the whole run under them")
     if as_json:
         click.echo(json.dumps(reports, indent=2))
     sys.exit(1 if failed else 0)

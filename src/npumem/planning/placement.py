@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +30,7 @@ class Plan:
     algorithm: str
     seconds: float = 0.0
     interrupted: bool = False          # Ctrl-C ended the work: the best plan found before it
+    notes: list[str] = field(default_factory=list)   # what the time limit cut short
 
     @property
     def height(self) -> int:
@@ -49,7 +50,7 @@ class Plan:
                 "height_over_load": round(self.height_over_load, 6),
                 "seconds": round(self.seconds, 3), "algorithm": self.algorithm,
                 "interrupted": self.interrupted, "valid": True,   # (plan() validates each)
-                "notes": list(self.problem.notes)}
+                "notes": list(self.problem.notes) + self.notes}
 
 
 def validate(problem: PlanningProblem, offsets: np.ndarray) -> None:

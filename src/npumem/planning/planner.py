@@ -48,6 +48,8 @@ def plan(problem: PlanningProblem, algorithm: str = "search", time_limit: float 
         if algorithm in ("size", "breadth"):           # that greedy order itself, if it finishes
             offsets = place_in_order(problem, orders(problem)[algorithm], False, deadline)
             if offsets is None:
+                result.notes.append(f"greedy {algorithm} stopped at the time limit; the time "
+                                    "sweep's plan is kept")
                 say(f"greedy {algorithm}: stopped at the time limit; keeping the time sweep")
             else:
                 result = Plan(problem, offsets, algorithm)
@@ -79,6 +81,8 @@ def _greedy(problem: PlanningProblem, best: Plan, deadline: float, say: Progress
             # (an order stops once it reaches the best height: it could not be lower)
             offsets = place_in_order(problem, by_name[name], best_fit, deadline, Beat(best.height))
             if offsets is None:
+                best.notes.append(f"greedy {label} and the orders after it stopped at the time "
+                                  f"limit; {best.algorithm}'s plan is kept")
                 say(f"greedy {label}: stopped at the time limit; keeping {best.algorithm}")
                 break
             if offsets is False:

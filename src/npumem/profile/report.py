@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..trace.snapshot.columns import SEGMENT_ADD, SEGMENT_REMOVE, holds
+from ..trace.snapshot.columns import SEGMENT_ADD, SEGMENT_REMOVE, holds, impossible_grant
 from ..units import format_size
 from .analysis import DeviceAnalysis, SiteUsage, analyze_snapshot, group_by_site, live_after
 from .fragmentation import PoolFragmentation, analyze, format_fragmentation, maps_over_time
@@ -117,6 +117,10 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
         notes.append(f"the oldest {dropped:,} events fell out of the recorder's ring "
                      "(--max-entries keeps more): the trace starts later than the run")
     traces = snapshot.get("device_traces") or []
+    for device, trace in enumerate(traces):
+        damaged = impossible_grant(trace) if trace else None
+        if damaged:
+            notes.append(f"device {device}, {damaged}: the figures below count it as written")
     window = snapshot.get("npumem_window") or {}
     if any(traces) and not snapshot.get("segments") and not window.get("reserved_known") and not any(
             _has_segment_events(trace) for trace in traces):

@@ -26,8 +26,7 @@ from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
 from ..units import format_size
 from ..alloc.torch_model.allocator import allowed_bytes, round_size
 from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, first_oom, read_pool_id
-from ..trace.snapshot.columns import (ACTIONS, ALLOC, arrays, having, highest_address, indices,
-                                      rows, take)
+from ..trace.snapshot.columns import ALLOC, arrays, highest_address, indices, rows, take
 from ..trace.snapshot.schema import oom_device_free
 from . import replay_cores
 
@@ -557,11 +556,17 @@ def _compare(recording, recorded, model_events, upto: int, compared: int):
 
 
 def _divergence(recording, recorded, model_events, index) -> Divergence:
+    mine = [e for i, e in recorded if i == index]
+    # where the recording names pools, both sides say theirs (they may differ in that alone)
+    named = [read_pool_id(e.get("pool_id")) for e in mine]
+    pools = any(pool is not None for pool in named)
     return Divergence(
         index, _describe(recording.entries[index]),
         [_event_text(e["action"], oom_device_free(e) if e["action"] == "oom" else e.get("addr", 0),
-                     e.get("size", 0)) for i, e in recorded if i == index],
-        [_event_text(e.action, e.addr, e.size) for i, e in model_events if i == index])
+                     e.get("size", 0)) + (f" in pool {pool}" if pools else "")
+         for e, pool in zip(mine, named)],
+        [_event_text(e.action, e.addr, e.size) + (f" in pool {e.pool}" if pools else "")
+         for i, e in model_events if i == index])
 
 
 def load_for_model(path: str, flavour: str | None = None, pad: int | None = None) -> Recording:
@@ -582,40 +587,9 @@ def load_for_model(path: str, flavour: str | None = None, pad: int | None = None
         mended = read_mended(path)
         recording = Recording.from_entries(path, mended.entries, flavour or "cuda")
         recording.read_notes = mended.notes
-    _refuse_impossible_sizes(recording)
+    recording.refuse_if_damaged()
     recording.pad = pad
     return recording
-
-
-DEVICE_BYTES_LIMIT = 1 << 48           # more than any device holds (as the planner's limit)
-
-
-def _refuse_impossible_sizes(recording: Recording) -> None:
-    """A TraceFormatError for an allocation or a segment larger than any device holds: one
-    that succeeded cannot be real (the file was damaged or made up), and a model with no
-    memory limit would replay it and call it a fit. Refused requests (oom entries) may ask
-    for anything."""
-    from ..trace.file_checks import TraceFormatError
-
-    a = arrays(recording.entries)
-    for begin in range(0, len(a), CHUNK):               # (bounded temporaries)
-        granted = begin + np.flatnonzero(having(a.action[begin:begin + CHUNK], "alloc",
-                                                *SEGMENT_ADD))
-        too_large = granted[a.size[granted] > DEVICE_BYTES_LIMIT]
-        if len(too_large):
-            break
-    else:
-        return
-    index = int(too_large[0])
-    size = int(a.size[index])
-    raise TraceFormatError(
-        recording.path, f"entry {index}",
-        f"{_GRANTED[ACTIONS[a.action[index]]]} of {format_size(size)} ({size} bytes) "
-        f"succeeded: more than any device holds (2**48 bytes, 256 TiB, at most); the recording "
-        f"is damaged, and nothing replayed from it would hold")
-
-
-_GRANTED = {"alloc": "an allocation", "segment_alloc": "a segment", "segment_map": "a mapping"}
 
 
 def replay_file(path: str, allocator: str = "torch", settings: str = "",

@@ -23,6 +23,7 @@ from ..errors import InvalidParamError
 from ..units import format_size
 from .extend import STEPS, Extension, extend
 from ..trace.snapshot import Recording, died_at, first_oom
+from ..trace.snapshot.columns import DEVICE_BYTES_LIMIT
 from .torch_replay import UNLIMITED, CapacityBounds, TorchReplay, capacity_bounds, replay_recording
 
 # PyTorch's knobs that change placement (garbage_collection_threshold acts only under
@@ -169,6 +170,10 @@ class TorchTuning:
             return (f"answer: none certain{where}; try {self.worth_trying.line}: it gets past "
                     f"the failed request ({_spare(self.worth_trying.headroom or 0)}), but the "
                     f"rest of the run is unknown ({self.unextended})")
+        floor = self.live_floor()
+        if floor > DEVICE_BYTES_LIMIT:
+            return (f"answer: none fits{where}: the run asks for {format_size(floor)} live at "
+                    f"once, more than any device holds (a size computed wrong?)")
         needed = [c for c in self.candidates if c.needed is not None]
         if not needed:
             return f"answer: none fits{where}"
@@ -180,7 +185,7 @@ class TorchTuning:
                   "even the part recorded")
         return (f"answer: none fits{where}: {judged} needs about {format_size(least.needed)} "
                 f"(under {least.name}), and at least "
-                f"{format_size(self.live_floor())} for its live tensors alone")
+                f"{format_size(floor)} for its live tensors alone")
 
     def in_order(self) -> list[Candidate]:
         """The candidates as a table shows them: those that fit by peak reserved, then those
@@ -406,14 +411,17 @@ def _each(function, items: list, workers: int | None, entries: int, progress=Non
 
 
 def _least_that_fits(recording: Recording, config: TorchAllocatorConfig,
-                     capacity: int, limit) -> tuple[int, int]:
-    """About the fewest bytes on which the run fits under `config`, and the requested bytes
-    live at its peak (`limit`: _Work.limit, a device's bytes or a fraction's). The bytes lie
+                     capacity: int, limit) -> tuple[int | None, int]:
+    """About the fewest bytes on which the run fits under `config` (None: on none, as with a
+    request larger than the model's addresses), and the requested bytes live at its peak
+    (`limit`: _Work.limit, a device's bytes or a fraction's). The bytes lie
     between `capacity` (too few) and the peak it reserves with no limit (enough), to within
     1/2**NEED_PROBES of the gap. A limit makes the allocator free its cache and retry, so the
     run can fit on less than it reserves when nothing stops it."""
     low = capacity
     unlimited = replay_recording(recording, config, capacity=UNLIMITED)
+    if unlimited.oom is not None:         # (a request past the addresses it has): no bytes do
+        return None, unlimited.peak_allocated_bytes
     high = unlimited.peak_reserved_bytes
     for _ in range(NEED_PROBES):
         if high - low <= 2 * MiB:

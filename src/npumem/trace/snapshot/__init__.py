@@ -61,7 +61,9 @@ def read(path: str, device: int | None = None) -> Iterator[TraceEvent]:
     """Events of one device (default: the first with any). Blocks that were live when the trace
     began come first, as allocations at its first time stamp, so what was in use before the
     recording counts in every replay and conversion."""
-    return events(load_recording(path, device))
+    recording = load_recording(path, device)
+    recording.refuse_if_damaged()
+    return events(recording)
 
 
 def events(recording: Recording) -> Iterator[TraceEvent]:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ...events import TraceEvent
+from ...units import format_size
 
 try:
     from . import _reader as native
@@ -502,6 +503,28 @@ def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int 
     first[:1] = True
     first[1:] = addr[1:] != addr[:-1]
     return positions, first, codes, addr
+
+
+DEVICE_BYTES_LIMIT = 1 << 48     # more than any device holds (the planner's limit too)
+_GRANTED = {"alloc": "an allocation", "segment_alloc": "a segment", "segment_map": "a mapping"}
+
+
+def impossible_grant(entries) -> str | None:
+    """What the first allocation, segment or mapping that succeeded with more bytes than any
+    device holds says ("entry N: ..."), or None: such an entry cannot be real (the file was
+    damaged or made up). Refused requests (oom entries) may ask for anything."""
+    a = arrays(entries)
+    chunk = 1 << 18
+    for begin in range(0, len(a), chunk):               # (bounded temporaries)
+        granted = begin + np.flatnonzero(having(a.action[begin:begin + chunk], *_GRANTED))
+        too_large = granted[a.size[granted] > DEVICE_BYTES_LIMIT]
+        if len(too_large):
+            index = int(too_large[0])
+            size = int(a.size[index])
+            return (f"entry {index}: {_GRANTED[ACTIONS[a.action[index]]]} of "
+                    f"{format_size(size)} ({size} bytes) succeeded: more than any device holds "
+                    f"(2**48 bytes, 256 TiB, at most), so the recording is damaged")
+    return None
 
 
 def positions_where(mask: np.ndarray) -> np.ndarray:

@@ -70,6 +70,15 @@ class Recording:
             return self.continues.start_state(config, pools)
         return rebuild_start(self, config or self.base_config(), pools)
 
+    def refuse_if_damaged(self) -> None:
+        """A TraceFormatError for an allocation, segment or mapping that succeeded with more
+        bytes than any device holds (columns.impossible_grant): what is replayed, planned or
+        converted from it would not hold (a model with no memory limit calls it a fit)."""
+        damaged = entry_columns.impossible_grant(self.entries)
+        if damaged is not None:
+            where, what = damaged.split(": ", 1)
+            raise TraceFormatError(self.path, where, what)
+
     @classmethod
     def from_events(cls, path: str, events, flavour: str = "cuda") -> "Recording":
         """A trace without a snapshot's segments (JSONL, RMM, msprof, ...): it starts empty."""
