@@ -123,6 +123,10 @@ class Beat:
     page: int = 1
     height_before: int = 0
 
+    def __post_init__(self):
+        if self.page < 1:
+            raise ValueError(f"place: a page of {self.page} bytes")
+
     def native(self) -> tuple[int, int, int, int]:
         return (-1 if self.pages is None else self.pages, self.height, self.page,
                 self.height_before)

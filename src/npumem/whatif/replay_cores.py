@@ -221,10 +221,10 @@ class NativeCore:
         """Each request's pool slot times 2, plus 1 during a capture (run's routes)."""
         routes = np.zeros(entries, np.int32)
         for index, pool in self.pools.items():
-            if index < entries:
+            if 0 <= index < entries:
                 routes[index] = 2 * self.model.slot(pool)
         for index in self.captured:
-            if index < entries:
+            if 0 <= index < entries:
                 routes[index] |= 1
         return routes
 

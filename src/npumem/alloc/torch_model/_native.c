@@ -934,8 +934,15 @@ static PyObject *Model_run(Model *m, PyObject *args) {
     PyObject *result = NULL;
     Py_ssize_t n = 0;
     for (; held < columns; held++) {
-        if (PyObject_GetBuffer(objects[held], &views[held], PyBUF_C_CONTIGUOUS) < 0) goto release;
+        if (PyObject_GetBuffer(objects[held], &views[held], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto release;
         Py_ssize_t itemsize = held < 2 ? 1 : held == 5 ? 4 : 8;
+        const char *format = views[held].format ? views[held].format : "B";
+        if (held == 5 && (views[held].itemsize != 4 || !strchr("il", format[strspn(format, "@=<")]))) {
+            PyErr_SetString(PyExc_ValueError, "column routes: int32 values expected");
+            held++;
+            goto release;
+        }
         Py_ssize_t length = held == 0 ? 256 : held == 1 ? views[1].len : n;
         if (held == 1) n = views[1].len;
         if (views[held].len != itemsize * length) {

@@ -411,10 +411,11 @@ def _during_captures(entries, pools: dict[int, tuple]) -> set[int]:
     """Requests to the default pools made while a capture was under way: between two requests of
     one private pool on a stream with no default request there between (c10 then skips the
     release of cached segments in the out-of-memory retry)."""
-    private = {index: pool for index, pool in pools.items() if pool != DEFAULT_POOL}
+    a = arrays(entries)
+    private = {index: pool for index, pool in pools.items()
+               if pool != DEFAULT_POOL and 0 <= index < len(a)}
     if not private:
         return set()                        # no private pool: no capture
-    a = arrays(entries)
     requests = positions_where(having(a.action, "alloc", "oom")).astype(np.int64)
     if not len(requests):
         return set()
