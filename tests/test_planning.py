@@ -370,3 +370,12 @@ def test_an_order_cut_short_by_the_time_limit_is_said_in_the_plan(monkeypatch, a
     result = plan(problem, algorithm, 1.0)
     assert result.algorithm == "time sweep"
     assert any("stopped at the time limit" in note for note in result.summary()["notes"])
+
+
+def test_a_problem_csv_with_its_columns_in_another_order_is_told_so(tmp_path):
+    path = tmp_path / "cols.csv"
+    path.write_text("id,size,lower,upper\n0,64,0,4\n")
+    result = CliRunner().invoke(main, ["plan", str(path)])
+    assert result.exit_code == 2
+    assert "columns come in the order id,lower,upper,size" in result.output
+    assert "not id,size,lower,upper" in result.output

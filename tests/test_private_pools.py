@@ -307,3 +307,13 @@ def test_any_recording_whose_pools_outlive_it_replays_exactly(tmp_path_factory, 
     result = replay(tmp_path_factory.mktemp("pools"), snapshot)
     assert result.divergence is None, result.divergence.describe()
     assert result.peak_reserved_bytes == result.recorded_peak_reserved_bytes
+
+
+def test_the_report_tells_private_pools_segments_from_the_default_ones(tmp_path):
+    """They were counted as cached segments any request could reuse and empty_cache() frees."""
+    path = tmp_path / "graph.pickle"
+    path.write_bytes(pickle.dumps(record(CAPTURE, keep=20)))
+    result = CliRunner().invoke(main, ["report", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "segment(s) of private pools (CUDA graphs, MemPools)" in result.output
+    assert ", private pool (1, 0)" in result.output

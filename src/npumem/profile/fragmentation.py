@@ -20,6 +20,8 @@ import numpy as np
 from ..trace.snapshot.columns import (ACTIONS, ALLOC, FREE_COMPLETED, FREE_REQUESTED,
                                       SEGMENT_ADD, SEGMENT_REMOVE, arrays, block_order, having,
                                       index_type, natural, sizes)
+from ..alloc.torch_model import DEFAULT_POOL
+from ..trace.snapshot import read_pool_id
 from ..units import format_size
 
 LIVE_STATES = ("active_allocated", "active_pending_free")
@@ -35,6 +37,7 @@ class SegmentFragmentation:
     largest_free: int
     blocks: int
     map: str = ""
+    pool: tuple | None = None          # a private pool's id (CUDA graph, MemPool); None: default
 
     @property
     def ratio(self) -> float:
@@ -52,6 +55,8 @@ class PoolFragmentation:
     cached_segments: int = 0
     stranded: int = 0                  # free bytes in segments partly in use
     largest_stranded: int = 0
+    private: int = 0                   # free bytes in private pools' segments (of the above)
+    private_segments: int = 0
     segments: list[SegmentFragmentation] = field(default_factory=list)
 
     @property
@@ -90,9 +95,11 @@ def analyze_segment(segment: dict, width: int = 64) -> SegmentFragmentation:
             free += block["size"]
             run += block["size"]
             largest = max(largest, run)
+    pool = read_pool_id(segment.get("segment_pool_id"))
     return SegmentFragmentation(segment.get("device", 0), segment["address"], segment["total_size"],
                                 allocated, free, largest, len(segment["blocks"]),
-                                block_map(segment, width) if width else "")
+                                block_map(segment, width) if width else "",
+                                None if pool in (None, DEFAULT_POOL) else pool)
 
 
 def analyze(snapshot: dict, width: int = 64) -> list[PoolFragmentation]:
@@ -112,14 +119,21 @@ def analyze(snapshot: dict, width: int = 64) -> list[PoolFragmentation]:
         else:
             pool.stranded += result.free
             pool.largest_stranded = max(pool.largest_stranded, result.largest_free)
+        if result.pool is not None:
+            pool.private += result.free
+            pool.private_segments += 1
     return [pools[device] for device in sorted(pools)]
 
 
 def describe_free(pool: PoolFragmentation) -> str:
     """Where a pool's free bytes are: cached in empty segments, stranded in partly used ones."""
+    private = (f"; {format_size(pool.private)} of it in {pool.private_segments} segment(s) of "
+               f"private pools (CUDA graphs, MemPools): only their own pool reuses them, and "
+               f"empty_cache() frees them once that pool is released" if pool.private_segments
+               else "")
     return (f"{format_size(pool.cached)} cached in {pool.cached_segments} empty segment(s), "
             f"{format_size(pool.stranded)} stranded in partly used ones (largest piece "
-            f"{format_size(pool.largest_stranded)}), fragmentation {pool.ratio:.3f}")
+            f"{format_size(pool.largest_stranded)}), fragmentation {pool.ratio:.3f}{private}")
 
 
 def format_fragmentation(pools: list[PoolFragmentation], max_segments: int = 20) -> str:
@@ -134,7 +148,8 @@ def format_fragmentation(pools: list[PoolFragmentation], max_segments: int = 20)
         for seg in sorted(worst, key=lambda s: s.address):
             lines.append(f"  0x{seg.address:x} {format_size(seg.size):>11} [{seg.map}] free "
                          f"{format_size(seg.free)}, largest {format_size(seg.largest_free)}, "
-                         f"ratio {seg.ratio:.3f}")
+                         f"ratio {seg.ratio:.3f}"
+                         + ("" if seg.pool is None else f", private pool {seg.pool}"))
         if len(pool.segments) > max_segments:
             lines.append(f"  ... {len(pool.segments) - max_segments} more segment(s), "
                          "the most fragmented are shown")

@@ -19,8 +19,13 @@ def load_problem(path: str | os.PathLike) -> PlanningProblem:
     with open(path, "rb") as probe:
         head = probe.read(64)
     first = head.removeprefix(b"\xef\xbb\xbf").lstrip().split(b"\n", 1)[0]
-    if b"".join(first.lower().split()).startswith(b"id,lower,upper,size"):   # (any spacing)
+    header = b"".join(first.lower().split())                           # (any spacing)
+    if header.startswith(b"id,lower,upper,size"):
         return read_problem(path)
+    if set(header.split(b",")[:4]) == {b"id", b"lower", b"upper", b"size"}:
+        raise ProblemFormatError(path, "line 1", f"a problem CSV's columns come in the order "
+                                 f"id,lower,upper,size (then any others), not "
+                                 f"{first.decode(errors='replace').strip()}")
     try:
         fmt = detect_format(path)
     except TraceFormatError as exc:

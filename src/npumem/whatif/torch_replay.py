@@ -19,14 +19,12 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
 from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
                                  TorchAllocatorConfig, TorchAllocatorModel)
 from ..units import format_size
 from ..alloc.torch_model.allocator import allowed_bytes, round_size
 from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, first_oom, read_pool_id
-from ..trace.snapshot.columns import ALLOC, arrays, highest_address, indices, rows, take
+from ..trace.snapshot.columns import arrays, highest_address, indices, rows, take
 from ..trace.snapshot.schema import oom_device_free
 from . import replay_cores
 
@@ -322,9 +320,7 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
     if check and divergence is None and oom is None:
         divergence, compared = _compare(recording, recorded, model_events, len(recording.entries),
                                         compared)
-    counts = core.counts()
-    if stopped is not None:                   # the requests after it count as misses
-        counts.requests += int(np.count_nonzero(a.action[stopped + 1:] == ALLOC))
+    counts = core.counts()                    # (a replay that stopped: of what it played)
     recorded_peak, recorded_allocs, recorded_frees = _recorded_totals(recording, start.reserved)
     if not recording.segments and not recording.recorded_segment_events():
         recorded_peak = recorded_allocs = recorded_frees = None     # not a PyTorch recording
