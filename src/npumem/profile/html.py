@@ -475,7 +475,9 @@ def render_html(report: Report, extra: str = "", curves: dict | None = None) -> 
         for seg in pool.segments[:40]:
             cells = "".join(f'<i class="{_CELL_CLASS[c]}"></i>' for c in seg.map)
             out.append(f'<div class=sub><code>0x{seg.address:x}</code> {escape(format_size(seg.size))},'
-                       f' free {escape(format_size(seg.free))}, ratio {seg.ratio:.3f}</div>'
+                       f' free {escape(format_size(seg.free))}, ratio {seg.ratio:.3f}'
+                       + ("" if seg.pool is None else f", private pool {escape(str(seg.pool))}")
+                       + '</div>'
                        f'<div class=map title="0x{seg.address:x}">{cells}</div>')
         if len(pool.segments) > 40:
             out.append(f"<p class=sub>... {len(pool.segments) - 40} more segments</p>")
