@@ -559,7 +559,7 @@ def _divergence(recording, recorded, model_events, index) -> Divergence:
     return Divergence(
         index, _describe(recording.entries[index]),
         [_event_text(e["action"], oom_device_free(e) if e["action"] == "oom" else e.get("addr", 0),
-                     e.get("size", 0)) + (f" in pool {pool}" if pools else "")
+                     e.get("size", 0)) + (f" in pool {pool}" if pool is not None else "")
          for e, pool in zip(mine, named)],
         [_event_text(e.action, e.addr, e.size) + (f" in pool {e.pool}" if pools else "")
          for i, e in model_events if i == index])

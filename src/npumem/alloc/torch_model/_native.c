@@ -537,9 +537,8 @@ static int release_cached(Model *m, int32_t slot) {
         int32_t released = m->freeable[i];
         Pool *pool = &m->pools[released];
         if (slot != 0 && slot != released) { i++; continue; }
-        if (release_blocks(m, &pool->small) < 0 || release_blocks(m, &m->pools[released].large) < 0)
+        if (release_blocks(m, &pool->small) < 0 || release_blocks(m, &pool->large) < 0)
             return -1;
-        pool = &m->pools[released];
         if (pool->reserved == 0) {           /* forgotten, with the unmapped ranges it held (their
                                                 segments keep their addresses, as in c10) */
             BlockPool *parts[2] = {&pool->small, &pool->large};
@@ -852,12 +851,12 @@ static int garbage_collect(Model *m) {
     return error ? -1 : 0;
 }
 
-/* malloc: 1 with *id set, 0 when out of memory (m->oom says how), -1 on error */
 /* the pool a request of `size` (rounded) bytes goes to (get_pool) */
 static BlockPool *request_pool(Model *m, uint64_t size) {
     return size <= SMALL_SIZE ? &m->pools[m->route].small : &m->pools[m->route].large;
 }
 
+/* malloc: 1 with *id set, 0 when out of memory (m->oom says how), -1 on error */
 static int model_malloc(Model *m, uint64_t orig, uint64_t stream, int32_t *id) {
     uint64_t size = round_size(m, orig);
     int small = size <= SMALL_SIZE;
