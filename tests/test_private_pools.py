@@ -169,6 +169,7 @@ def replay(tmp_path, snapshot):
                                        native=native)
                       for native in (True, False))
     assert {**native.as_dict(), "seconds": 0} == {**python.as_dict(), "seconds": 0}
+    assert not any("name another pool" in note for note in native.notes)   # (all agree)
     return native
 
 
@@ -317,3 +318,17 @@ def test_the_report_tells_private_pools_segments_from_the_default_ones(tmp_path)
     assert result.exit_code == 0, result.output
     assert "segment(s) of private pools (CUDA graphs, MemPools)" in result.output
     assert ", private pool (1, 0)" in result.output
+
+
+def test_entries_that_name_another_pool_than_their_segment_are_said(tmp_path):
+    """The entries and the dump disagree (a damaged or hand-made file): replayed in the pool the
+    dump names, with a note; it was silent."""
+    snapshot = record(CAPTURE, keep=20, entry_pool_ids=True)
+    for entry in snapshot["device_traces"][0]:
+        if entry["action"] == "alloc" and tuple(entry["pool_id"]) == GRAPH:
+            entry["pool_id"] = (3, 0)
+    path = tmp_path / "other.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    result = CliRunner().invoke(main, ["replay", "--check", str(path)])
+    assert "the trace's pool_id fields name another pool than the snapshot's segment_pool_id" in \
+        result.output, result.output

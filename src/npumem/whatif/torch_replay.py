@@ -333,6 +333,10 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         notes.append(f"{start.unplaced} block(s) live at the start lie outside every segment")
     if start.inconsistent:
         notes.append(f"{start.inconsistent} trace entr(ies) contradict the snapshot's segments")
+    if start.contradicted:
+        notes.append(f"the trace's pool_id fields name another pool than the snapshot's "
+                     f"segment_pool_id (or a later entry) for {start.contradicted} segment(s): "
+                     f"they replay in the pool the dump (or the latest entry) names")
     return TorchReplay(
         trace=recording.path, flavour=config.flavour, settings=config.describe(),
         capacity=core.allowed if core.allowed is not None else capacity,

@@ -59,6 +59,7 @@ class StartState:
     live: dict[int, StartBlock]          # blocks live at the first entry, by address
     unplaced: int = 0                    # live blocks outside every start segment
     inconsistent: int = 0                # trace entries that contradict the segments
+    contradicted: int = 0                # segments whose entries name two pools
     # entry index -> the private pool that served it (absent: the default pools)
     pools: dict[int, tuple] = field(default_factory=dict)
     captured: set[int] = field(default_factory=set)   # default requests made during a capture
@@ -133,6 +134,7 @@ class _PoolNodes:
         self.parent: list[int] = []
         self.pool: list[tuple | None] = []
         self.guessed: set[int] = set()
+        self.contradicted: set[int] = set()   # nodes whose entries named two pools
 
     def new(self, pool: tuple | None = None) -> int:
         self.parent.append(len(self.parent))
@@ -163,6 +165,14 @@ class _PoolNodes:
             return False
         self.pool[self.find(node)] = pool
         return True
+
+    def told(self, node: int | None, pool: tuple | None) -> None:
+        """What the recording says of a node's pool (an entry's pool_id): learned, or where it
+        already named another (the dump's segment_pool_id, a later entry), a contradiction."""
+        known = self.of(node)
+        if known is not None and pool is not None and known != pool:
+            self.contradicted.add(self.find(node))
+        self.learn(node, pool)
 
     def all_known(self) -> bool:
         """Whether every segment's pool is known (guesses aside): nothing left to infer."""
@@ -263,7 +273,7 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
         if node is not None:
             pool_id = a.extras[a.extra[index]].get("pool_id")       # PyTorch 2.12+ only
             if pool_id is not None:
-                nodes.learn(node, read_pool_id(pool_id))
+                nodes.told(node, read_pool_id(pool_id))
             if pools:
                 entry_nodes[index] = node
             if action in ("segment_map", "segment_unmap"):
@@ -395,7 +405,7 @@ def _block_nodes(a, actions: tuple[str, str], low: int, high: int, ranges: _Segm
     # learning is idempotent per (node, fields): the first of each pair decides
     _, first = np.unique(held.astype(np.int64) * len(a.extras) + a.extra[run], return_index=True)
     for position, node in zip(run[np.sort(first)].tolist(), held[np.sort(first)].tolist()):
-        nodes.learn(node, read_pool_id(a.extras[a.extra[position]].get("pool_id")))
+        nodes.told(node, read_pool_id(a.extras[a.extra[position]].get("pool_id")))
 
 
 def _between(entries: list[dict], pools: dict[int, tuple], index: int) -> tuple | None:
@@ -611,7 +621,8 @@ def _place_blocks(ranges, live, config, inconsistent, nodes: _PoolNodes,
                                      nodes.of(node) or DEFAULT_POOL,
                                      lowest.get(nodes.find(node)) if expandable else None))
     placed_live = {b.addr: b for s in segments for b in s.blocks if b.allocated}
-    return StartState(segments, placed_live, unplaced, inconsistent)
+    return StartState(segments, placed_live, unplaced, inconsistent,
+                      len({nodes.find(node) for node in nodes.contradicted}))
 
 
 def _start_block_size(block: StartBlock, limit: int, small: bool, expandable: bool,
