@@ -195,3 +195,18 @@ def test_a_replay_that_ran_out_gives_the_hit_rate_of_what_it_played(tmp_path):
     assert result.exit_code == 0, result.output
     row = json.loads(result.output)[0]
     assert row["oom"] is not None and row["cache_hit_rate"] > 0.9
+
+
+def test_a_real_recording_with_an_impossible_allocation_is_refused(tmp_path):
+    """The same on a file PyTorch wrote (an H100 recording), one block's size bent."""
+    snapshot = pickle.loads(gzip.decompress((DATA / "cuda_snapshots" / "mlp.pickle.gz")
+                                            .read_bytes()))
+    trace = snapshot["device_traces"][0]
+    index = next(i for i, e in enumerate(trace) if e["action"] == "alloc" and i > 20)
+    for entry in trace[index:]:
+        if entry["addr"] == trace[index]["addr"] and not entry["action"].startswith("segment"):
+            entry["size"] = 1 << 63
+    path = _write(tmp_path, "bent.pickle", snapshot)
+    result = _run("replay", path)
+    assert result.exit_code == 2 and f"entry {index}: an allocation of 8.00 EiB" in result.output
+    assert _run("report", path).exit_code == 0

@@ -10,16 +10,11 @@ from dataclasses import replace
 import click
 
 from ..cli_sizes import device_memory
-from ..device.address_space import DEVICE_SPAN
+from ..device.address_space import DEVICE_SPAN, MAX_DEVICE_MEMORY
 from ..units import format_size
 from .common import (echo_recorded_ooms, npu_chip_options, npu_pad, profile_input, run_replays,
                      scheduler_options)
 from .replay_settings import check_planner_lag, check_steps, settings_for, torch_environment
-
-
-# the simulated device's addresses (64 TiB a device) hold a range of the whole memory per
-# stream: up to eight streams at this size
-SIMULATED_LIMIT = DEVICE_SPAN // 8
 
 
 @click.command()
@@ -82,10 +77,10 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
                                  param_hint="--allocator")
     capacity = device_memory(memory)
     simulated = [name for name in names if name in ("pool", "device")]
-    if capacity is not None and simulated and capacity > SIMULATED_LIMIT:
+    if capacity is not None and simulated and capacity > MAX_DEVICE_MEMORY:
         raise click.BadParameter(
             f"{format_size(capacity)} is more than the {' and '.join(simulated)} allocator(s) "
-            f"replay on: at most {format_size(SIMULATED_LIMIT)} (the simulated device has "
+            f"replay on: at most {format_size(MAX_DEVICE_MEMORY)} (the simulated device has "
             f"{format_size(DEVICE_SPAN)} of addresses, and each stream's range takes as much as "
             f"the memory); the torch model alone takes any size",
             param_hint="--memory")

@@ -95,7 +95,7 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
         label = label or "(PyTorch's default settings)"
         click.echo(f"{label:<52} "
                    f"{format_size(c.decisive.peak_reserved_bytes):>13} {headroom:>10}  {c.verdict()}")
-    markers = {c.basis if c.finishes else c.marker for c in result.candidates}
+    markers = {c.marker for c in result.candidates}
     click.echo("(" + "; ".join(text for marker, text in (
         ("recorded", "[recorded]: the recorded trace shows the verdict"),
         ("extended", "[extended]: the run played on past its end shows it")) if marker in markers)

@@ -20,6 +20,9 @@ from ..units import align_up
 ADDRESS_BASE = 1 << 48
 DEVICE_SPAN = 1 << 46
 MAX_DEVICES = 64                   # ADDRESS_BASE + MAX_DEVICES * DEVICE_SPAN < 2**53
+# the most memory a device holds with room for eight streams: a caching pool reserves a range
+# of the whole memory per stream (as c10's expandable segments do), and more finds no addresses
+MAX_DEVICE_MEMORY = DEVICE_SPAN // 8
 
 
 class AddressSpace:

@@ -120,7 +120,8 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     for device, trace in enumerate(traces):
         damaged = impossible_grant(trace) if trace else None
         if damaged:
-            notes.append(f"device {device}, {damaged}: the figures below count it as written")
+            notes.append(f"device {device}, entry {damaged[0]}: {damaged[1]}: the figures below "
+                         f"count it as written")
     window = snapshot.get("npumem_window") or {}
     if any(traces) and not snapshot.get("segments") and not window.get("reserved_known") and not any(
             _has_segment_events(trace) for trace in traces):

@@ -105,7 +105,7 @@ class Candidate:
         """What decided, marked [recorded] (the recording shows it) or [extended] (the run
         played on past the failed request shows it)."""
         if self.finishes:
-            return f"fits [{self.basis}]"
+            return f"fits [{self.marker}]"
         short = f", {format_size(self.short_by)} short" if self.short_by else ""
         return f"OOM {self.where_it_failed()}{short} [{self.marker}]"
 

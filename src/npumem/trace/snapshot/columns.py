@@ -505,13 +505,13 @@ def block_order(a: Arrays, actions: tuple[str, ...] = _BLOCK_ACTIONS, stop: int 
     return positions, first, codes, addr
 
 
-DEVICE_BYTES_LIMIT = 1 << 48     # more than any device holds (the planner's limit too)
+DEVICE_BYTES_LIMIT = 1 << 48     # more than any device holds
 _GRANTED = {"alloc": "an allocation", "segment_alloc": "a segment", "segment_map": "a mapping"}
 
 
-def impossible_grant(entries) -> str | None:
-    """What the first allocation, segment or mapping that succeeded with more bytes than any
-    device holds says ("entry N: ..."), or None: such an entry cannot be real (the file was
+def impossible_grant(entries) -> tuple[int, str] | None:
+    """The first allocation, segment or mapping that succeeded with more bytes than any device
+    holds, as (entry index, what it was), or None: such an entry cannot be real (the file was
     damaged or made up). Refused requests (oom entries) may ask for anything."""
     a = arrays(entries)
     chunk = 1 << 18
@@ -521,9 +521,9 @@ def impossible_grant(entries) -> str | None:
         if len(too_large):
             index = int(too_large[0])
             size = int(a.size[index])
-            return (f"entry {index}: {_GRANTED[ACTIONS[a.action[index]]]} of "
-                    f"{format_size(size)} ({size} bytes) succeeded: more than any device holds "
-                    f"(2**48 bytes, 256 TiB, at most), so the recording is damaged")
+            return index, (f"{_GRANTED[ACTIONS[a.action[index]]]} of {format_size(size)} "
+                           f"({size} bytes) succeeded: more than any device holds (2**48 bytes, "
+                           f"256 TiB, at most), so the recording is damaged")
     return None
 
 

@@ -76,8 +76,7 @@ class Recording:
         converted from it would not hold (a model with no memory limit calls it a fit)."""
         damaged = entry_columns.impossible_grant(self.entries)
         if damaged is not None:
-            where, what = damaged.split(": ", 1)
-            raise TraceFormatError(self.path, where, what)
+            raise TraceFormatError(self.path, f"entry {damaged[0]}", damaged[1])
 
     @classmethod
     def from_events(cls, path: str, events, flavour: str = "cuda") -> "Recording":
