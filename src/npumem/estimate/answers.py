@@ -5,14 +5,20 @@ A scalar's answer depends on the operator that made it, so that common checks ta
 a healthy run takes: `all()` and `isfinite` are True (an attention mask of ones: no padding),
 `any()`, `isnan` and `isinf` are False (no bad values, so GradScaler steps); other booleans are False, integers
 1 (a count a script may divide by) and floats 0.0 (a loss to print, GradScaler's found_inf).
-`--assume bool=True,int=8,float=1.5` changes the defaults. Sizes that depend on data take
-their largest value (every element selected): a memory estimate should not be short.
+`--assume bool=True,int=8,float=1.5` changes the defaults, and `--assume FILE:LINE=VALUE` the
+value read at one line. A value the user gave is theirs; one estimate assumed is handed out
+marked (decisions.py), so that a branch taken on it makes the estimate uncertain. Sizes that
+depend on data take their largest value (every element selected): a memory estimate should
+not be short.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
+
+from .decisions import Origin, mark, user_site
 
 TRUE_OPS = {"all", "isfinite"}
 FALSE_OPS = {"any", "isnan", "isinf", "isneginf", "isposinf"}
@@ -24,11 +30,21 @@ class Answers:
         assume = assume or {}
         self.defaults = {"bool": bool(assume.get("bool", False)), "int": int(assume.get("int", 1)),
                          "float": float(assume.get("float", 0.0))}
+        self.chosen = {kind for kind in self.defaults if kind in assume}   # given by the user
+        self.at_lines = dict(assume.get("lines", {}))   # "FILE:LINE" -> the value read there
+        self.lines_used: Counter = Counter()
         self.given: Counter = Counter()     # what was answered: (kind, op) -> count
         self.notes_seen: Counter = Counter()   # other things the fake run did in place of the script
+        self.unmodelled_seen: Counter = Counter()   # what -> calls
+        self.assumed = 0                    # values assumed so far (decisions.py marks them)
+        self.last_origin: Origin | None = None
 
     def note(self, text: str) -> None:
         self.notes_seen[text] += 1
+
+    def unmodelled(self, text: str) -> None:
+        """Work the estimate does not model: said in the verdict line, never only in a note."""
+        self.unmodelled_seen[text] += 1
 
     def _bool(self, op: str) -> bool:
         return True if op in TRUE_OPS else False if op in FALSE_OPS else self.defaults["bool"]
@@ -49,8 +65,31 @@ class Answers:
             value, kind = self.defaults["float"], "float"
         else:
             value, kind = self.defaults["int"], "int"
+        site = user_site()
+        given = self._at_line(site)
+        if given is not None:
+            return {"bool": bool, "int": int, "float": float}[kind](given)
         self.given[kind, made_by or "?"] += 1
+        if kind not in self.chosen or made_by in TRUE_OPS | FALSE_OPS:
+            self._assume(Origin(kind, made_by, value, site))
         return value
+
+    def _assume(self, origin: Origin) -> None:
+        self.assumed += 1
+        self.last_origin = origin
+
+    def _at_line(self, site: tuple[str, int]):
+        """The value the user gave for the line `site` reads (--assume FILE:LINE=VALUE)."""
+        if not self.at_lines:
+            return None
+        file, line = site
+        for key, value in self.at_lines.items():
+            name, _, number = key.rpartition(":")
+            if number == str(line) and (file == os.path.abspath(name) or
+                                        file.endswith(os.sep + name.lstrip("./"))):
+                self.lines_used[key] += 1
+                return value
+        return None
 
     def dynamic(self, name: str, func, args, kwargs, torch):
         """The output of an operator whose size depends on data, at its largest: a selection
@@ -89,7 +128,8 @@ class Answers:
 
     def placeholder(self, tensor, torch, unset_fake, as_list: bool):
         """Zeros of the tensor's shape for `.numpy()` or `.tolist()` of a fake tensor (its shadow's
-        values where it has one): a script that reads results on the host runs on."""
+        values where it has one; the user's value for the line, with --assume FILE:LINE=V): a
+        script that reads results on the host runs on, and what it decides on them is told."""
         import numpy
         shadow = getattr(tensor, "_npumem_shadow", None)
         with unset_fake():
@@ -99,9 +139,19 @@ class Answers:
                 dtype = torch.empty((), dtype=tensor.dtype).numpy().dtype
             except TypeError:                   # bfloat16 and others numpy lacks
                 dtype = numpy.float32
-        self.given["placeholder", "tolist" if as_list else "numpy"] += 1
-        zeros = numpy.zeros(tuple(tensor.shape), dtype=dtype)
-        return zeros.tolist() if as_list else zeros
+        site = user_site()
+        given = self._at_line(site)
+        values = numpy.full(tuple(tensor.shape), 0 if given is None else given, dtype=dtype)
+        values = values.tolist() if as_list else values
+        if given is not None:
+            return values
+        kind = "tolist" if as_list else "numpy"
+        self.given["placeholder", kind] += 1
+        origin = Origin(kind, "", 0, site)
+        self._assume(origin)
+        if dtype == numpy.bool_ and getattr(self, "decisions", None) is not None:
+            self.decisions.record(origin, "booleans read from the device")
+        return mark(values, origin)
 
     def notes(self) -> list[str]:
         """What the fake run did in place of the script, then what it assumed."""

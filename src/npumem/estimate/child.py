@@ -34,6 +34,7 @@ def main(spec_path: str) -> int:
     from ..profile.tensor_recorder import TensorRecorder
     from . import device_api, fake_run
     from .answers import Answers
+    from .decisions import Decisions, install as install_decisions
     from .fake_cache import FakeCache
     from .kernel_rules import KernelRules
     from .operators import OperatorHook
@@ -43,6 +44,7 @@ def main(spec_path: str) -> int:
     target = find_target(spec["gpu"], spec["device"])
     config = parse_config(spec["settings"], "npu" if target.device == "npu" else "cuda")
     recorder = TensorRecorder(max_events=spec.get("max_events", 50_000_000), stacks=True)
+    recorder.backward_owners = True     # bytes of autograd's thread: the node, at its forward
     answers, rules = Answers(spec.get("assume")), KernelRules(target)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     hook = OperatorHook(torch, recorder, rules, Shadows(torch, FakeTensor, unset_fake_temporarily),
@@ -76,6 +78,8 @@ def main(spec_path: str) -> int:
             pickle.dump(snapshot, handle)
 
     chosen = fake_run.prepare(torch, target, answers)
+    decisions = Decisions()
+    install_decisions(torch, answers, decisions)
     npu_strings = target.device == "npu" and _mentions_npu(spec["script"])
     if npu_strings:                           # PrivateUse1's hooks, before the first npu tensor
         import ctypes
@@ -105,6 +109,9 @@ def main(spec_path: str) -> int:
                   op_seconds=hook.nanoseconds / 1e9, unsupported=hook.unsupported,
                   cache={"hits": hook.fake.hits, "misses": hook.fake.misses, "views": hook.fake.views},
                   attention=chosen, answers=answers.notes(), assumed=answers.assumptions(),
+                  uncertain=decisions.as_list(), lines_given=dict(answers.lines_used),
+                  unmodelled=[f"{text} x{count:,}" if count > 1 else text
+                              for text, count in answers.unmodelled_seen.items()],
                   bounded_convolutions=sum(rules.bounded.values()), table_source=rules.table_source)
     with open(spec["out"] + ".partial", "wb") as handle:
         pickle.dump(_estimated_traces(recorder.snapshot(), empty_cache_us), handle)

@@ -14,22 +14,46 @@ from ..units import format_size
 
 
 def _assumptions(values: tuple) -> dict:
-    out = {}
+    """--assume's KIND=VALUE defaults and FILE:LINE=VALUE answers (the value read at a line)."""
+    out: dict = {}
     for value in values:
         for part in value.split(","):
             key, _, text = part.partition("=")
-            key = key.strip()
+            key, text = key.strip(), text.strip()
+            if ":" in key and not text:
+                raise click.BadParameter(f"{part!r}: give FILE:LINE=VALUE, for example "
+                                         "train.py:12=0.5", param_hint="--assume")
+            if ":" in key:
+                name, _, line = key.rpartition(":")
+                if not name or not line.isdigit():
+                    raise click.BadParameter(f"{part!r}: give FILE:LINE=VALUE with a line number, "
+                                             "for example train.py:12=0.5", param_hint="--assume")
+                out.setdefault("lines", {})[key] = _literal(part, text)
+                continue
             if key not in ("bool", "int", "float") or not text:
-                raise click.BadParameter(f"{part!r}: give bool=True|False, int=N or float=X",
-                                         param_hint="--assume")
+                raise click.BadParameter(f"{part!r}: give bool=True|False, int=N, float=X or "
+                                         "FILE:LINE=VALUE", param_hint="--assume")
             try:
                 out[key] = {"bool": lambda t: {"true": True, "false": False}[t.lower()],
-                            "int": int, "float": float}[key](text.strip())
+                            "int": int, "float": float}[key](text)
             except (KeyError, ValueError):
                 kind = {"bool": "True or False", "int": "an integer", "float": "a number"}[key]
                 raise click.BadParameter(f"{part!r}: {key} takes {kind}, not {text!r}",
                                          param_hint="--assume") from None
     return out
+
+
+def _literal(part: str, text: str):
+    """A line's value: True or False, an integer or a number."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    raise click.BadParameter(f"{part!r}: a line's value is True, False or a number, not {text!r}",
+                             param_hint="--assume")
 
 
 def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
@@ -57,7 +81,8 @@ def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
               help="An allocator setting on top of the environment's PYTORCH_CUDA_ALLOC_CONF "
                    "(repeatable), e.g. --set expandable_segments:True.")
 @click.option("--assume", multiple=True, metavar="KIND=VALUE",
-              help="Answers for data-dependent values: bool=True, int=8, float=0.5.")
+              help="Answers for data-dependent values: bool=True, int=8, float=0.5, or the value "
+                   "read at one line of the script: train.py:12=0.5 (repeatable).")
 @click.option("--fit", "fits", multiple=True, metavar="NAME=V1,V2,...",
               help="Run the script once per value, {NAME} in its arguments replaced; report "
                    "the largest that fits under the recommended setting.")
@@ -77,8 +102,9 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
     Runs SCRIPT unchanged on fake device tensors, adds what the GPU's kernels allocate for
     themselves, and replays it through the model of PyTorch's caching allocator: peak live and
     peak reserved, whether it fits the target, the setting to use, and what dominates the peak.
-    Exit status: 0 it fits (under your settings or the one recommended), 3 nothing fits, 1 the
-    script failed, 2 a usage error.
+    Exit status: 0 it fits (under your settings or the one recommended); 3 uncertain: the
+    script took a branch on a value estimate had to assume (each is named with its line; give
+    it with --assume FILE:LINE=VALUE); 4 nothing fits; 1 the script failed; 2 a usage error.
 
         npumem estimate --gpu a100-40 -- train.py --batch 32
     """
@@ -157,8 +183,21 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
         if failed:
             click.echo(f"not judged: {', '.join(f'{fitting[0]}={v}' for v, _ in failed)} "
                        "(the script failed; see above)")
-    if not any(r.fits or r.recommended is not None for _, r in results):
-        sys.exit(3)                          # nothing fits, under any setting
+    sys.exit(exit_status([r for _, r in results]))
+
+
+# exit statuses besides 0 (fits), 1 (the script failed) and 2 (a usage error)
+UNCERTAIN, DOES_NOT_FIT = 3, 4
+
+
+def exit_status(results) -> int:
+    """3 when any answer rests on a value estimate assumed for a branch, else 4 when nothing
+    fits under any setting, else 0."""
+    if any(r.uncertain for r in results):
+        return UNCERTAIN
+    if not any(r.fits or r.recommended is not None for r in results):
+        return DOES_NOT_FIT
+    return 0
 
 
 def _run_each(runs, fitting, script, device, gpu, capacity, settings, answers, devices,
@@ -262,11 +301,16 @@ def summary_lines(result) -> list[str]:
                      f" (no .to(\"{device}\"), .{device}() or device=\"{device}\" reached a tensor)")
     verdict = "fits" if result.fits else "OUT OF MEMORY"
     settings = result.settings or "default settings"
+    caveats = [f"UNCERTAIN: {len(result.uncertain)} branch{'es' * (len(result.uncertain) != 1)} "
+               "on assumed values"] if result.uncertain else []
+    caveats += [f"not modelled: {', '.join(result.unmodelled)}"] if result.unmodelled else []
     lines.append(f"  with {settings}: peak live {format_size(current.peak_allocated_bytes)}, "
                  f"peak reserved {format_size(current.peak_reserved_bytes)} -> {verdict}"
                  + (f" ({format_size(result.capacity - current.peak_reserved_bytes)} to spare)"
                     if result.fits else
-                    f" (short by {format_size(current.peak_reserved_bytes - result.capacity)})"))
+                    f" (short by {format_size(current.peak_reserved_bytes - result.capacity)})")
+                 + "".join(f"; {caveat}" for caveat in caveats))
+    lines += uncertain_lines(result.uncertain)
     if result.low_peak_reserved is not None:
         lines.append(f"  {run['bounded_convolutions']} convolution call(s) outside the measured "
                      f"cuDNN table: peak reserved between {format_size(result.low_peak_reserved)} "
@@ -286,6 +330,25 @@ def summary_lines(result) -> list[str]:
                 f"{name} {format_size(size)}" for name, size in composition["kernels"].items()))
         lines.append("  by line:")
         lines += [f"    {format_size(row['bytes']):>10}  {row['line']}" for row in composition["line"][:5]]
+    return lines
+
+
+def uncertain_lines(uncertain: list[dict]) -> list[str]:
+    """Each branch taken on an assumed value, and how to decide it."""
+    if not uncertain:
+        return []
+    lines = ["  UNCERTAIN: the script's path depends on values only the GPU computes; estimate "
+             "assumed them:"]
+    for d in uncertain[:12]:
+        read = "" if d["read_at"] == f"{d['file']}:{d['line']}" else f", read at {d['read_at']}"
+        times = f", {d['count']:,} times" if d["count"] > 1 else ""
+        lines.append(f"    {d['file']}:{d['line']}: {d['code'] or '?'}")
+        lines.append(f"      {d['how']}; the {d['what']} assumed {d['assumed']}{read}{times}")
+    if len(uncertain) > 12:
+        lines.append(f"    ... and {len(uncertain) - 12} more (--json lists them all)")
+    example = uncertain[0]["read_at"]
+    lines.append(f"  to decide one, give the value read there: --assume {example}=VALUE (or skip "
+                 "that part when os.environ.get('NPUMEM_ESTIMATE') is set)")
     return lines
 
 

@@ -177,7 +177,8 @@ def _compile_runs_eagerly(torch, answers) -> None:
     """torch.compile would trace fake tensors through dynamo and Inductor, whose kernels'
     buffers are not modelled: the model runs as written, and a note says so."""
     def compile(model=None, *args, **kwargs):
-        answers.note("torch.compile: the model runs eagerly (Inductor's buffers are not predicted)")
+        answers.unmodelled("torch.compile (Inductor's buffers and CUDA graph pools: the model "
+                           "ran eagerly)")
         if model is None:                        # used as @torch.compile(...)
             return lambda fn: fn
         return model

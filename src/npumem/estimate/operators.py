@@ -11,6 +11,14 @@ import time
 
 ESTIMATED = ("cuda", "npu")         # the device types whose memory is estimated
 PROGRESS_EVERY = 16384              # operators between looks at the clock
+# Operators whose CUDA kernels take scratch from the caching allocator inside the kernel, out of
+# a fake run's sight: CUB's temporary storage (ATen/cuda/cub.cuh: sorts, scans, selections) and
+# the buffers around it (EmbeddingBackwardKernel.cu, Indexing.cu's sorted indices, UniqueCub.cu,
+# Randperm.cu). Transient, they matter only where they fall on the peak: the verdict says so.
+HIDDEN_SCRATCH = {"sort", "topk", "nonzero", "nonzero_static", "_unique2", "unique_consecutive",
+                  "unique_dim", "cumsum", "cumprod", "logcumsumexp", "cummax", "cummin",
+                  "embedding_dense_backward", "_index_put_impl_", "randperm", "masked_scatter",
+                  "_embedding_bag", "_embedding_bag_backward", "bincount", "multinomial"}
 
 
 class OperatorHook:
@@ -68,9 +76,14 @@ class OperatorHook:
                 self.answers.dynamic(name, func, args, kwargs, self.torch)
             if out is None:
                 raise
-        except self.unsupported_error:
+        except (self.unsupported_error, RuntimeError) as exc:
+            if not isinstance(exc, self.unsupported_error) and (
+                    func.namespace in ("aten", "prims") or "fake" not in str(exc)):
+                raise                   # an error of the script's own: as a GPU would raise it
             self.unsupported[name] = self.unsupported.get(name, 0) + 1
-            raise
+            out = self._without_fake_kernel(func, args, kwargs)
+            if out is None:
+                raise
         real_out = shadows.run(func, *real[:2]) if real is not None and shadows.small(out) \
             else shadows.absorbed(name, args, out)
         if not func.is_view:                 # a view never allocates (fake views from
@@ -92,8 +105,30 @@ class OperatorHook:
         with self.unset_fake():
             return shadow.item()
 
+    def _without_fake_kernel(self, func, args, kwargs):
+        """A custom operator (not aten's) with no fake kernel: its tensor results taken shaped as
+        its first tensor input, said in the verdict line (its real outputs and scratch are
+        unknown). None where that cannot stand in (aten's own, no tensor input, other results)."""
+        torch = self.torch
+        if func.namespace in ("aten", "prims"):
+            return None
+        first = next((a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), None)
+        returns = [str(r.type) for r in func._schema.returns]
+        if first is None or not returns or any(r != "Tensor" for r in returns):
+            return None
+        self.answers.unmodelled(f"custom operator {func.name()} (no fake kernel: outputs taken "
+                                f"shaped as its input, its scratch unknown)")
+        like = torch.ops.aten.empty_like.default
+        outs = [self.fake(like, (first,), {}) for _ in returns]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
     def _workspaces(self, name, args) -> None:
         first = args[0] if args else None
         if isinstance(first, self.torch.Tensor) and first.device.type == "cuda":
+            if name in HIDDEN_SCRATCH:
+                self.answers.unmodelled(f"{name}'s scratch")
+            elif name == "convolution" and self.torch.backends.cudnn.benchmark:
+                self.answers.unmodelled("cudnn.benchmark (the algorithms it tries, and their "
+                                        "workspaces)")
             for size, label, temporary in self.rules.workspaces(name, args):
                 self.recorder.record_extra(size, first.device, label, temporary)

@@ -73,6 +73,16 @@ class Estimate:
     def recommended(self):
         return self.tuning.best
 
+    @property
+    def uncertain(self) -> list[dict]:
+        """Each decision the script took on a value estimate assumed (decisions.py)."""
+        return self.run.get("uncertain", [])
+
+    @property
+    def unmodelled(self) -> list[str]:
+        """Work the fake run met and the estimate does not model (the verdict line says it)."""
+        return self.run.get("unmodelled", [])
+
     def as_dict(self) -> dict:
         best = self.recommended
         return {"script": self.script, "target": self.target.name, "device": self.target.device,
@@ -80,7 +90,7 @@ class Estimate:
                 "peak_allocated_bytes": self.current.peak_allocated_bytes,
                 "peak_reserved_bytes": self.current.peak_reserved_bytes,
                 "peak_reserved_low_bytes": self.low_peak_reserved,
-                "fits": self.fits,
+                "fits": self.fits, "uncertain": self.uncertain, "unmodelled": self.unmodelled,
                 "recommended": best.config.describe() if best is not None else None,
                 "recommended_peak_reserved_bytes": best.decisive.peak_reserved_bytes if best else None,
                 "candidates": [{"settings": c.config.describe(), "finishes": c.finishes,

@@ -31,6 +31,8 @@ from .stacks import capture_above, resolve_user
 
 ALLOC, FREE = 0, 1
 DEFAULT_STACK_DEPTH = 48
+BACKWARD = "<backward>"             # a stack's first item where autograd's thread allocated
+FORWARD_KEPT = 1 << 21              # forward stacks kept for their backward (newest)
 # PyTorch's wrappers around a dispatch mode's __torch_dispatch__ (its dynamo guard)
 _GUARD_FILES = (f"{os.sep}_dynamo{os.sep}eval_frame.py", f"{os.sep}torch{os.sep}_compile.py")
 
@@ -81,6 +83,12 @@ class TensorRecorder:
         # func (or answers for it) and hands the result to outputs (npumem estimate)
         self.intercept = None
         self.listener = None                # listener(action, key, size, device) on each event
+        # backward_owners: an allocation with no Python stack (autograd's device threads) is
+        # owned by the autograd node that made it, at its forward's stack (npumem estimate)
+        self.backward_owners = False
+        self._forward_of: dict = {}         # autograd sequence number -> its forward's raw stack
+        self._last_sequence = -1
+        self._op = None                     # the operator being dispatched
 
     # --- start and stop --------------------------------------------------------------------------
 
@@ -88,7 +96,9 @@ class TensorRecorder:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        outputs, intercept = self._outputs, self.intercept
+        outputs, intercept, recorder = self._outputs, self.intercept, self
+        self._sequence_nr = torch._C._autograd._get_sequence_nr
+        self._current_node = torch._C._current_autograd_node
 
         class _Mode(TorchDispatchMode):
             # PyTorch wraps this in a dynamo-disabling guard (about 4 us an op): without it,
@@ -99,6 +109,7 @@ class TensorRecorder:
                 return intercept is None
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                recorder._op = func
                 if intercept is not None:
                     return intercept(func, args, kwargs or {}, outputs)
                 out = func(*args, **(kwargs or {}))
@@ -154,6 +165,8 @@ class TensorRecorder:
                 self._skipped_bytes += size
                 return
         raw = capture_above(self._own_frames(), self.stack_depth) if self.stacks else ()
+        if self.backward_owners and self.stacks:
+            raw = self._owned(raw)
         with self._lock:
             stack = self._stack_ids.get(raw)
             if stack is None:
@@ -166,6 +179,26 @@ class TensorRecorder:
                                device, self._key[-1]]
         if self.listener is not None:
             self.listener(ALLOC, key, size, device)
+
+    def _owned(self, raw: tuple) -> tuple:
+        """A Python stack is kept as the forward of the autograd node its operator made, if it
+        made one (the sequence number moved: autograd numbers a node before dispatching its
+        operator); an allocation without one gets (BACKWARD, node or operator, forward stack)."""
+        if raw:
+            sequence = self._sequence_nr()
+            if sequence != self._last_sequence:
+                self._last_sequence = sequence
+                forward = self._forward_of
+                forward[sequence - 1] = raw
+                if len(forward) > FORWARD_KEPT:
+                    for key in list(forward)[:FORWARD_KEPT // 2]:
+                        del forward[key]
+            return raw
+        node = self._current_node()
+        if node is None:
+            op = self._op
+            return (BACKWARD, str(op._schema.name) if op is not None else "", ())
+        return (BACKWARD, node.name(), self._forward_of.get(node._sequence_nr(), ()))
 
     def _own_frames(self) -> int:
         """Frames between _tensor and the code that called the op: _outputs, the mode's
@@ -191,6 +224,8 @@ class TensorRecorder:
         current operator's stack; `temporary` frees it at once, else it lives to the end."""
         raw = capture_above(_frames_to_dispatch(sys._getframe(1)), self.stack_depth) \
             if self.stacks else ()
+        if self.backward_owners and self.stacks and not raw:
+            raw = self._owned(raw)
         with self._lock:
             stack = self._stack_ids.get(raw)
             if stack is None:
@@ -288,8 +323,7 @@ class TensorRecorder:
                     stack = self._stack[row]
                     frames = resolved.get(stack)
                     if frames is None:
-                        frames = resolved[stack] = [f.as_dict() for f in
-                                                    resolve_user(self._stacks[stack])]
+                        frames = resolved[stack] = _frames(self._stacks[stack])
                     entry["frames"] = frames
                     entry["category"] = alloc_of[key] = categories.get(number, cat.UNSET)
                     label = self._labels.get(number)
@@ -315,3 +349,20 @@ class TensorRecorder:
         return [{"name": STEP, "stage": "START", "device": device,
                  "time_us": (ns - self.started_ns) / 1000.0, "npumem_entry": len(entries),
                  "source": source} for device, entries in enumerate(traces)]
+
+
+def _frames(raw: tuple) -> list[dict]:
+    """A raw stack as snapshot frames. An allocation by autograd's thread shows the node (a
+    frame reports pass over: not a .py file), then its forward's frames, named "(backward)";
+    without a forward stack, the node or operator itself is the site."""
+    if not raw or raw[0] != BACKWARD:
+        return [f.as_dict() for f in resolve_user(raw)]
+    _, owner, forward = raw
+    frames = [f.as_dict() for f in resolve_user(forward)]
+    if frames:
+        return [{"filename": "<autograd>", "line": 0, "name": owner}] + \
+            [dict(f, name=f"{f['name']} (backward)") for f in frames]
+    if not owner:
+        return []
+    return [{"filename": "<operator>", "line": 0,
+             "name": f"{owner} (autograd's backward)" if "::" not in owner else owner}]
