@@ -3,20 +3,24 @@ takes on a GPU, each change beside the reason for it. `prepare()` installs them 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
 
 from . import attention
+from .versions import Modelled
 
 
-def prepare(torch, target, answers) -> dict:
+def prepare(torch, target, answers, versions: Modelled | None = None) -> dict:
     """Install every change; returns the attention kernels chosen, as they are (backend ->
-    calls)."""
+    calls, and "note" where the modelled PyTorch has no attention rules of its own).
+    `versions`: the PyTorch and cuDNN the estimate models (versions.Modelled.from_spec), by
+    default the installed PyTorch and the stand-in's cuDNN."""
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     chosen: dict = {}
     if target.device == "cuda":             # on an NPU: the math path (not modelled further)
-        _attention(torch, target, chosen)
+        _attention(torch, target, chosen, versions or Modelled.from_spec())
     _parameters_moved_in_place(torch, FakeTensor)
     _host_reads(torch, FakeTensor, unset_fake_temporarily, answers)
     _no_files_written(torch, answers)
@@ -40,23 +44,47 @@ def prepare(torch, target, answers) -> dict:
     return chosen
 
 
-def _attention(torch, target, chosen: dict) -> None:
-    """scaled_dot_product_attention runs the fused kernel the target would pick (a fake run,
-    with no GPU to ask, falls back to the math path). The module attribute is replaced, which
-    nn.MultiheadAttention and transformers look up at each call."""
+def _attention(torch, target, chosen: dict, versions: Modelled) -> None:
+    """scaled_dot_product_attention runs the kernel the target would pick for the modelled
+    versions (a fake run, with no GPU to ask, falls back to the math path). The module attribute
+    is replaced, which nn.MultiheadAttention and transformers look up at each call.
+
+    Under autocast the choice sees what the GPU's does: scaled_dot_product_attention is on
+    autocast's lower-precision list for CUDA (autocast_mode.cpp), so every floating input but
+    float64, the mask included, is cast to the autocast dtype before select_sdp_backend runs."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    note = attention.rule_set(versions)[1]
+    if note:
+        chosen["note"] = note
+
+    def autocast(tensors):
+        if not torch.is_autocast_enabled("cuda"):
+            return tensors
+        dtype = torch.get_autocast_dtype("cuda")
+        return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                and t.device.type == "cuda" and t.dtype != torch.float64 else t for t in tensors]
 
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                      is_causal=False, scale=None, enable_gqa=False):
-        if isinstance(query, torch.Tensor) and query.device.type == "cuda":
-            backend = attention.choose(target, torch, query, key, value, attn_mask, dropout_p,
-                                       is_causal, enable_gqa)
-            chosen[backend] = chosen.get(backend, 0) + 1
-            if backend != attention.MATH:
-                return attention.run(backend, torch, query, key, value, attn_mask, dropout_p,
-                                     is_causal, scale)
-        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                    is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        if not (isinstance(query, torch.Tensor) and query.device.type == "cuda") or query.is_nested:
+            # nested inputs take PyTorch's own path (the jagged layout its Python selection)
+            return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        query, key, value, attn_mask = autocast([query, key, value, attn_mask])
+        q, k, v, mask, unbatched = attention.normalize(versions, query, key, value, attn_mask)
+        backend = attention.choose(target, torch, q, k, v, mask, dropout_p, is_causal,
+                                   enable_gqa, versions)
+        chosen[backend] = chosen.get(backend, 0) + 1
+        if backend == "error":               # select_sdp_backend's TORCH_CHECK
+            raise RuntimeError("No available kernel. Aborting execution.")
+        if backend == attention.MATH:
+            return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        # the fused operator is below autocast on a GPU: its inputs are cast already
+        with torch.autocast("cuda", enabled=False) if torch.is_autocast_enabled("cuda") \
+                else contextlib.nullcontext():
+            out = attention.run(backend, torch, q, k, v, mask, dropout_p, is_causal, scale)
+        return out.squeeze(0) if unbatched else out
 
     torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
     from ..profile.stacks import pass_through

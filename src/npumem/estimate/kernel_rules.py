@@ -82,6 +82,9 @@ class KernelRules:
             return _cudnn_attention_backward(args)
         if name in ("_efficient_attention_backward", "_scaled_dot_product_efficient_attention_backward"):
             return _efficient_attention_backward(args)
+        if name in ("_scaled_dot_product_flash_attention_backward", "_flash_attention_backward"):
+            return _flash_attention_backward(args, self.target,
+                                             heads_second=not name.startswith("_flash"))
         return []
 
     def _cublas(self, name, args) -> list:
@@ -143,3 +146,39 @@ def _efficient_attention_backward(args) -> list:
             (batch * heads * length * 4, "efficient attention: delta", True),
             (batch * heads * tiles * (128 * dim * 4 + 32), "efficient attention workspace", True)]
     return out
+
+def _flash_attention_backward(args, target: Target, heads_second: bool = True) -> list:
+    """FlashAttention-2's backward (attention_backward.cu, _flash_attention_backward, and
+    flash_api.cpp, mha_bwd): contiguous copies of grad_out and out where the (B, L, H, D) views
+    it reads are not contiguous; softmax_d, fp32 (B, H, Lq rounded to 128); dq_accum, fp32
+    (B, Lq rounded to 128, H, D rounded to 32, or 64 past 128) -- under
+    torch.use_deterministic_algorithms (not warn-only) zeroed and split
+    ceil(SMs / (B * H)) ways; with fewer key heads (GQA) dK and dV expanded to every query head
+    in the input dtype, then summed. `heads_second`: the (B, H, L, D) layout of
+    _scaled_dot_product_flash_attention_backward (else _flash_attention_backward's B, L, H, D)."""
+    import torch
+    grad_out, query, key, out_ = args[0], args[1], args[2], args[4]
+    views = [t.transpose(1, 2) if heads_second else t for t in (grad_out, query, key, out_)]
+    grad_blhd, q_blhd, k_blhd, out_blhd = views
+    batch, length, heads, dim = (int(x) for x in q_blhd.shape)
+    length_k, heads_k = int(k_blhd.shape[1]), int(k_blhd.shape[2])
+    found = []
+    for tensor, what in ((grad_blhd, "grad_out"), (out_blhd, "out")):
+        if not tensor.is_contiguous():
+            found.append((_nbytes(tensor), f"flash attention: contiguous {what}", True))
+    rounded = -(-length // 128) * 128
+    dim8 = -(-dim // 8) * 8
+    step = 32 if dim8 <= 128 else 64
+    dim_rounded = -(-dim8 // step) * step
+    splits = 1
+    if torch.are_deterministic_algorithms_enabled() \
+            and not torch.is_deterministic_algorithms_warn_only_enabled():
+        splits = -(-target.sm_count // (batch * heads))
+    found += [(batch * heads * rounded * 4, "flash attention backward: softmax_d", True),
+              (splits * batch * rounded * heads * dim_rounded * 4,
+               "flash attention backward: dq_accum", True)]
+    if heads_k != heads:
+        expanded = batch * length_k * heads * dim8 * query.element_size()
+        found += [(expanded, "flash attention backward: expanded dK", True),
+                  (expanded, "flash attention backward: expanded dV", True)]
+    return found
