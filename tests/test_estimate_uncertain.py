@@ -181,3 +181,29 @@ def test_a_bad_line_assumption_is_a_usage_error(tmp_path):
         done = _estimate(tmp_path, "print(1)\n", "--assume", bad)
         assert done.returncode == 2 and "--assume" in done.stderr, (bad, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+@needs_build
+def test_a_side_stream_has_its_own_pool_and_cublas_workspace(tmp_path):
+    source = """
+        import torch
+        side = torch.cuda.Stream()
+        layer = torch.nn.Linear(4096, 4096).cuda()
+        y = layer(torch.randn(64, 4096, device="cuda"))
+        del y
+        with torch.cuda.stream(side):
+            z = layer(torch.randn(64, 4096, device="cuda"))
+            assert torch.cuda.current_stream() == side
+        z.record_stream(torch.cuda.current_stream())
+        assert torch.cuda.current_stream() != side
+    """
+    done = _estimate(tmp_path, source, "--json")
+    assert done.returncode == 0, done.stderr
+    result = _json(done)
+    assert result["kernel_workspaces"]["cuBLAS workspace"] == 2 * 32 << 20    # one per stream
+    assert any("record_stream" in text for text in result["unmodelled"])
+    one_stream = _estimate(tmp_path, source.replace("with torch.cuda.stream(side):", "if True:")
+                           .replace("== side", "!= side"), "--json")
+    assert _json(one_stream)["kernel_workspaces"]["cuBLAS workspace"] == 32 << 20
+    # the side stream's 1 MiB request cannot take the default stream's freed block
+    assert result["peak_reserved_bytes"] > _json(one_stream)["peak_reserved_bytes"] + (32 << 20)

@@ -32,7 +32,7 @@ def main(spec_path: str) -> int:
 
     from ..alloc.torch_model import parse_config
     from ..profile.tensor_recorder import TensorRecorder
-    from . import device_api, fake_run
+    from . import device_api, fake_run, streams
     from .answers import Answers
     from .decisions import Decisions, install as install_decisions
     from .fake_cache import FakeCache
@@ -45,6 +45,7 @@ def main(spec_path: str) -> int:
     config = parse_config(spec["settings"], "npu" if target.device == "npu" else "cuda")
     recorder = TensorRecorder(max_events=spec.get("max_events", 50_000_000), stacks=True)
     recorder.backward_owners = True     # bytes of autograd's thread: the node, at its forward
+    recorder.stream = streams.current   # each allocation in its stream's pool
     answers, rules = Answers(spec.get("assume")), KernelRules(target)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     hook = OperatorHook(torch, recorder, rules, Shadows(torch, FakeTensor, unset_fake_temporarily),

@@ -10,11 +10,11 @@ events, seeds, IPC) do nothing.
 
 from __future__ import annotations
 
-import contextlib
 import types
 
 from ..alloc.torch_model import TorchAllocatorModel
 from ..profile.tensor_recorder import ALLOC
+from . import streams
 from .targets import Target
 
 SMALL_BLOCK = 1 << 20        # c10's kSmallSize: blocks this size or less come from the small pool
@@ -118,18 +118,38 @@ class _Properties(types.SimpleNamespace):
 
 
 class _Stream:
-    """A stand-in for torch.cuda.Stream: work is not timed, so one stream is as good as any."""
+    """A stand-in for torch.cuda.Stream: its work is not timed, but what is allocated under it
+    goes to its own pool (streams.py)."""
 
-    def __init__(self, device=None, priority=0, **_):
-        self.device, self.priority, self.cuda_stream = device, priority, 0
+    def __init__(self, device=None, priority=0, stream_id=None, **_):
+        self.device, self.priority = device, priority
+        self.stream_id = streams.new_id() if stream_id is None else stream_id
+        self.cuda_stream = self.stream_id
+        self._entered: list = []
 
     def wait_stream(self, stream) -> None: ...
     def wait_event(self, event) -> None: ...
     def record_event(self, event=None): return event or _Event()
     def synchronize(self) -> None: ...
     def query(self) -> bool: return True
-    def __enter__(self): return self
-    def __exit__(self, *exc) -> None: ...
+
+    def __enter__(self):
+        self._entered.append(streams.current())
+        streams.set_current(self.stream_id)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        streams.set_current(self._entered.pop())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Stream) and other.stream_id == self.stream_id
+
+    def __hash__(self) -> int:
+        return hash(self.stream_id)
+
+
+def _stream_of(stream_id: int) -> _Stream:
+    return _Stream(stream_id=stream_id)
 
 
 class _Event:
@@ -233,9 +253,12 @@ def install(torch, target: Target, capacity: int, live: LiveModels, devices: int
         "mem_get_info": mem_get_info, "set_per_process_memory_fraction": set_fraction,
         "manual_seed": lambda seed: None, "manual_seed_all": lambda seed: None,
         "seed": lambda: None, "seed_all": lambda: None, "initial_seed": lambda: 0,
-        "Stream": _Stream, "Event": _Event, "current_stream": lambda device=None: _Stream(),
-        "default_stream": lambda device=None: _Stream(), "stream": lambda s=None: contextlib.nullcontext(),
-        "set_stream": lambda s: None, "_is_in_bad_fork": lambda: False,
+        "Stream": _Stream, "Event": _Event,
+        "current_stream": lambda device=None: _stream_of(streams.current()),
+        "default_stream": lambda device=None: _stream_of(0),
+        "stream": lambda s=None: streams.using(getattr(s, "stream_id", None)),
+        "set_stream": lambda s: streams.set_current(getattr(s, "stream_id", 0)),
+        "_is_in_bad_fork": lambda: False,
     }
     for name, value in api.items():
         setattr(torch.cuda, name, value)

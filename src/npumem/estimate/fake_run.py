@@ -25,6 +25,7 @@ def prepare(torch, target, answers, versions: Modelled | None = None) -> dict:
     _host_reads(torch, FakeTensor, unset_fake_temporarily, answers)
     _no_files_written(torch, answers)
     _compile_runs_eagerly(torch, answers)
+    _record_stream_noted(torch, answers)
     _host_side_data_loading(torch, answers)
     # FakeTensorMode computes one-element constants for real, on their device: the shadows do
     # that here (on the host), for every small tensor
@@ -212,6 +213,15 @@ def _compile_runs_eagerly(torch, answers) -> None:
         return model
 
     torch.compile = compile
+
+
+def _record_stream_noted(torch, answers) -> None:
+    """Tensor.record_stream keeps a freed block from its pool until the other stream's work is
+    done: streams are not timed here, so the block is reused at once (said in the verdict)."""
+    def record_stream(self, stream) -> None:
+        answers.unmodelled("record_stream (blocks another stream uses are taken back at once)")
+
+    torch.Tensor.record_stream = record_stream
 
 
 def _device_of(torch, map_location):

@@ -15,6 +15,7 @@ import os
 import re
 import threading
 
+from . import streams
 from .targets import Target
 
 MiB = 1 << 20
@@ -59,7 +60,7 @@ class KernelRules:
         self.target = target
         self.cublas = cublas_workspace_size(target, environ)
         self.cublaslt = cublaslt_workspace_size(environ)
-        self._handles: set = set()          # (thread, kind) that have their workspace
+        self._handles: set = set()          # ((thread, stream), kind) that have their workspace
         self.bounded: dict = {}             # conv config (json) -> calls outside the table
         with open(TABLE) as handle:
             table = json.load(handle)
@@ -89,16 +90,16 @@ class KernelRules:
 
     def _cublas(self, name, args) -> list:
         """getCurrentCUDABlasHandle: one workspace per (handle, stream), a handle per thread
-        (a fake run has one stream); the cuBLASLt path (addmm with a 1-D bias: gemm_and_bias)
+        (streams.py says the stream); the cuBLASLt path (addmm with a 1-D bias: gemm_and_bias)
         takes its own."""
         out = []
-        thread = threading.get_ident()
-        if (thread, "cublas") not in self._handles:
-            self._handles.add((thread, "cublas"))
+        where = (threading.get_ident(), streams.current())
+        if (where, "cublas") not in self._handles:
+            self._handles.add((where, "cublas"))
             out.append((self.cublas, "cuBLAS workspace", False))
         lt = name == "_addmm_activation" or (name == "addmm" and args[0].dim() == 1)
-        if lt and (thread, "cublaslt") not in self._handles:
-            self._handles.add((thread, "cublaslt"))
+        if lt and (where, "cublaslt") not in self._handles:
+            self._handles.add((where, "cublaslt"))
             out.append((self.cublaslt, "cuBLASLt workspace", False))
         return out
 

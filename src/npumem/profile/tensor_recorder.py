@@ -64,6 +64,7 @@ class TensorRecorder:
         # the event columns (one row per event; the oldest are dropped past 2 x max_events)
         self._action, self._time, self._key = array("b"), array("q"), array("q")
         self._size, self._stack, self._device = array("q"), array("q"), array("h")
+        self._stream = array("q")
         self._first = 0                     # the number of events dropped from the front
         self._stacks: list = []             # stack id -> raw stack (stacks.capture_above)
         self._stack_ids: dict = {}
@@ -83,6 +84,7 @@ class TensorRecorder:
         # func (or answers for it) and hands the result to outputs (npumem estimate)
         self.intercept = None
         self.listener = None                # listener(action, key, size, device) on each event
+        self.stream = None                  # stream() -> the current stream's id (default: 0)
         # backward_owners: an allocation with no Python stack (autograd's device threads) is
         # owned by the autograd node that made it, at its forward's stack (npumem estimate)
         self.backward_owners = False
@@ -173,10 +175,11 @@ class TensorRecorder:
                 stack = self._stack_ids[raw] = len(self._stacks)
                 self._stacks.append(raw)
             device = self._device_index(tensor.device)
+            stream = self.stream() if self.stream is not None else 0
             number = self._append(ALLOC, storage.data_ptr() if self.addresses else key, size,
-                                  stack, device)
+                                  stack, device, stream)
             self._live[key] = [number, size, None, weakref.ref(storage, partial(self._freed, key)),
-                               device, self._key[-1]]
+                               device, self._key[-1], stream]
         if self.listener is not None:
             self.listener(ALLOC, key, size, device)
 
@@ -212,10 +215,10 @@ class TensorRecorder:
             seen = self._live.pop(key, None)
             if seen is None:
                 return
-            number, size, category, _, device, _ = seen
+            number, size, category, _, device, address, stream = seen
             if category is not None:
                 self._category_of[number] = category
-            self._append(FREE, seen[5], size, -1, device)
+            self._append(FREE, address, size, -1, device, stream)   # to its stream's pool
         if self.listener is not None:
             self.listener(FREE, key, size, device)
 
@@ -233,27 +236,30 @@ class TensorRecorder:
                 self._stacks.append(raw)
             index = self._device_index(device)
             key = -(len(self._labels) + 1)        # no storage has a negative key
-            number = self._append(ALLOC, key, size, stack, index)
+            stream = self.stream() if self.stream is not None else 0
+            number = self._append(ALLOC, key, size, stack, index, stream)
             self._labels[number] = label
             self._category_of[number] = cat.TEMPORARY if temporary else cat.OTHER
             if temporary:
-                self._append(FREE, key, size, -1, index)
+                self._append(FREE, key, size, -1, index, stream)
         if self.listener is not None:
             self.listener(ALLOC, key, size, index)
             if temporary:
                 self.listener(FREE, key, size, index)
 
-    def _append(self, action: int, key: int, size: int, stack: int, device: int) -> int:
+    def _append(self, action: int, key: int, size: int, stack: int, device: int,
+                stream: int = 0) -> int:
         self._action.append(action)
         self._time.append(time.perf_counter_ns())
         self._key.append(key)
         self._size.append(size)
         self._stack.append(stack)
         self._device.append(device)
+        self._stream.append(stream)
         if len(self._action) >= 2 * self.max_events:       # keep the newest max_events
             drop = len(self._action) - self.max_events
             for column in (self._action, self._time, self._key, self._size, self._stack,
-                           self._device):
+                           self._device, self._stream):
                 del column[:drop]
             self._first += drop
             first = self._first                  # categories of dropped allocations go too
@@ -318,7 +324,7 @@ class TensorRecorder:
                 action, key, size = self._action[row], self._key[row], self._size[row]
                 when = (self._time[row] - self.started_ns) / 1000.0
                 entry = {"action": "alloc" if action == ALLOC else "free_completed",
-                         "addr": key, "size": size, "stream": 0, "time_us": when}
+                         "addr": key, "size": size, "stream": self._stream[row], "time_us": when}
                 if action == ALLOC:
                     stack = self._stack[row]
                     frames = resolved.get(stack)
