@@ -108,6 +108,12 @@ BRANCHES = """
     if torch.isnan(loss):
         print("nan")
     print(f"loss {loss.item():.3f}")
+    count = (x > 0).sum().item()
+    for _ in range(count):
+        pass
+    import math
+    if math.isnan(loss.item()) or not isinstance(range(2), range):
+        print("nan")
 """
 
 
@@ -117,20 +123,23 @@ def test_every_branch_on_an_assumed_value_is_reported_with_its_line(tmp_path):
     assert done.returncode == 3, done.stderr
     found = {(d["line"], d["how"]) for d in _json(done)["uncertain"]}
     assert found == {(4, "a comparison"), (7, "a comparison"), (9, "a conversion to an integer"),
-                     (11, "the truth of a tensor (bool(), if, while)")}
+                     (11, "the truth of a tensor (bool(), if, while)"),
+                     (15, "a loop bound (range)"),
+                     (18, "a test of the value (isnan, isinf, isfinite)")}
     first = next(d for d in _json(done)["uncertain"] if d["line"] == 4)
     assert first["file"] == "script.py" and first["assumed"] == "0.0"
     assert first["code"] == "if x.std().item() > 0.5:" and first["read_at"] == "script.py:4"
     printed = _estimate(tmp_path, BRANCHES)
     assert printed.returncode == 3
-    assert "UNCERTAIN: 4 branches on assumed values" in printed.stdout
+    assert "UNCERTAIN: 6 branches on assumed values" in printed.stdout
     assert "script.py:9: size = int(x.abs().cpu().numpy().max() * 1000)" in printed.stdout
     assert "--assume script.py:4=VALUE" in printed.stdout
 
 
 @needs_build
 def test_values_given_per_line_decide_the_run(tmp_path):
-    given = ["--assume", "script.py:4=0.7,script.py:7=0.001,script.py:9=2,script.py:11=False"]
+    given = ["--assume", "script.py:4=0.7,script.py:7=0.001,script.py:9=2,script.py:11=False",
+             "--assume", "script.py:14=3,script.py:18=1.5"]
     done = _estimate(tmp_path, BRANCHES, "--json", *given)
     assert done.returncode == 0, done.stderr
     result = _json(done)
@@ -207,3 +216,18 @@ def test_a_side_stream_has_its_own_pool_and_cublas_workspace(tmp_path):
     assert _json(one_stream)["kernel_workspaces"]["cuBLAS workspace"] == 32 << 20
     # the side stream's 1 MiB request cannot take the default stream's freed block
     assert result["peak_reserved_bytes"] > _json(one_stream)["peak_reserved_bytes"] + (32 << 20)
+
+
+@needs_build
+def test_fit_keeps_a_margin_and_says_it(tmp_path):
+    script = tmp_path / "grow.py"
+    script.write_text("import sys, torch\n"
+                      "x = torch.empty(int(float(sys.argv[1]) * 2**28), device='cuda')\n")
+    env = dict(os.environ, NPUMEM_CACHE_DIR=str(tmp_path.parent / "npumem-cache"))
+    done = subprocess.run([sys.executable, "-m", "npumem", "estimate", "--memory", "10GiB",
+                           "--fit", "GIB=2,9,9.7", "--", str(script), "{GIB}"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    answer = next(line for line in done.stdout.splitlines() if line.startswith("largest"))
+    assert answer.startswith("largest GIB that fits: 9,")      # 9.7 GiB leaves under 5%
+    assert "(5%) kept as the margin" in answer

@@ -34,7 +34,7 @@ def main(spec_path: str) -> int:
     from ..profile.tensor_recorder import TensorRecorder
     from . import device_api, fake_run, streams
     from .answers import Answers
-    from .decisions import Decisions, install as install_decisions
+    from .decisions import Decisions, install as install_decisions, script_globals
     from .fake_cache import FakeCache
     from .kernel_rules import KernelRules
     from .operators import OperatorHook
@@ -95,7 +95,7 @@ def main(spec_path: str) -> int:
     with fake_mode:
         recorder.start()
         try:
-            runpy.run_path(script, run_name="__main__")
+            runpy.run_path(script, init_globals=script_globals(), run_name="__main__")
         except SystemExit as exc:                 # as Python ends on it: a message, a status
             if isinstance(exc.code, str):
                 print(exc.code, file=sys.stderr)

@@ -352,26 +352,43 @@ def uncertain_lines(uncertain: list[dict]) -> list[str]:
     return lines
 
 
+# --fit keeps this share of the predicted peak free: the estimate's error out of sample
+# (docs/estimate.md: within 3% on transformers, 10% on CNNs' convolution workspaces)
+FIT_MARGIN = 0.05
+
+
 def fit_answer(name: str, results) -> dict | None:
-    """The largest value that fits under its recommended setting, with that setting and its
-    margin; None when none fits."""
-    fitting = [(v, r) for v, r in results if r.recommended is not None]
+    """The largest value whose recommended setting fits with FIT_MARGIN of its peak to spare,
+    with that setting and the margins; None when none does."""
+    def fits(result) -> bool:
+        best = result.recommended
+        return best is not None and \
+            best.decisive.peak_reserved_bytes * (1 + FIT_MARGIN) <= result.capacity
+    fitting = [(v, r) for v, r in results if fits(r)]
     if not fitting:
         return None
     value, best = max(fitting, key=lambda item: float(item[0]) if _number(item[0]) else 0)
     chosen = best.recommended
+    peak = chosen.decisive.peak_reserved_bytes
     return {"name": name, "value": value, "settings": chosen.config.describe(), "line": chosen.line,
-            "peak_reserved_bytes": chosen.decisive.peak_reserved_bytes,
-            "margin_bytes": best.capacity - chosen.decisive.peak_reserved_bytes,
-            "capacity_bytes": best.capacity}
+            "peak_reserved_bytes": peak, "margin_bytes": best.capacity - peak,
+            "safety_margin_bytes": int(peak * FIT_MARGIN), "capacity_bytes": best.capacity,
+            "uncertain": any(r.uncertain for _, r in results)}
 
 
 def fit_lines(name: str, results) -> list[str]:
     answer = fit_answer(name, results)
     if answer is None:
-        return [f"no {name} fits: the smallest tried needs more than the target's memory"]
-    return [f"largest {name} that fits: {answer['value']}, with {answer['line']} "
-            f"({format_size(answer['margin_bytes'])} to spare of {format_size(answer['capacity_bytes'])})"]
+        return [f"no {name} fits with {FIT_MARGIN:.0%} of its peak to spare: the smallest tried "
+                "needs more than the target's memory"]
+    lines = [f"largest {name} that fits: {answer['value']}, with {answer['line']} (peak reserved "
+             f"{format_size(answer['peak_reserved_bytes'])}; {format_size(answer['margin_bytes'])} "
+             f"to spare of {format_size(answer['capacity_bytes'])}, at least "
+             f"{format_size(answer['safety_margin_bytes'])} ({FIT_MARGIN:.0%}) kept as the margin)"]
+    if answer["uncertain"]:
+        lines.append("  UNCERTAIN: some runs branched on assumed values (above): give them with "
+                     "--assume FILE:LINE=VALUE")
+    return lines
 
 
 def _number(text: str) -> bool:

@@ -329,6 +329,49 @@ def install(torch, answers, decisions: Decisions) -> None:
     for name in SIZED_METHODS:
         if hasattr(tensor, name):
             setattr(tensor, name, _watch_sizes(getattr(tensor, name), decisions, name))
+    import math
+    _watch_tests(math, ("isnan", "isinf", "isfinite"), decisions)
+    try:
+        import numpy
+    except ImportError:
+        return
+    _watch_tests(numpy, ("isnan", "isinf", "isfinite"), decisions)
+
+
+def _watch_tests(module, names, decisions: Decisions) -> None:
+    """math.isnan(loss) and numpy's isnan/isinf/isfinite of a marked number decide on it."""
+    for name in names:
+        function = getattr(module, name, None)
+        if function is None:
+            continue
+
+        def watched(value, *args, _function=function, **kwargs):
+            origin = getattr(value, "_origin", None)
+            if origin is not None:
+                decisions.record(origin, "a test of the value (isnan, isinf, isfinite)")
+            return _function(value, *args, **kwargs)
+        watched.__name__, watched.__doc__ = name, function.__doc__
+        setattr(module, name, watched)
+
+
+class _RangeType(type):
+    def __instancecheck__(cls, value) -> bool:
+        return isinstance(value, range)
+
+
+class WatchedRange(metaclass=_RangeType):
+    """`range` in the script's own globals: a loop bound built on a marked integer decides."""
+
+    def __new__(cls, *args):
+        origin = _first_origin(*args)
+        if origin is not None and _decisions is not None:
+            _decisions.record(origin, "a loop bound (range)")
+        return range(*args)
+
+
+def script_globals() -> dict:
+    """Names the script's module starts with (runpy's init_globals)."""
+    return {"range": WatchedRange}
 
 
 def _watch_sizes(function, decisions: Decisions, name: str):
