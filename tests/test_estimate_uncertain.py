@@ -231,3 +231,19 @@ def test_fit_keeps_a_margin_and_says_it(tmp_path):
     answer = next(line for line in done.stdout.splitlines() if line.startswith("largest"))
     assert answer.startswith("largest GIB that fits: 9,")      # 9.7 GiB leaves under 5%
     assert "(5%) kept as the margin" in answer
+
+
+@needs_build
+def test_a_draw_from_the_devices_random_numbers_is_a_guess_but_checks_on_ids_are_not(tmp_path):
+    done = _estimate(tmp_path, """
+        import torch
+        ids = torch.randint(0, 1000, (4, 128), device="cuda")
+        assert not (ids < 0).any()                       # holds for any draw
+        if torch.rand(1, device="cuda").item() < 0.5:    # a GPU draws its own
+            layer = torch.empty(1 << 28, device="cuda")
+        if torch.rand(1).item() < 2:                     # the host's draw is the GPU run's too
+            pass
+    """, "--json")
+    assert done.returncode == 3, done.stderr
+    (decision,) = _json(done)["uncertain"]
+    assert decision["line"] == 5 and "random numbers" in decision["what"]

@@ -74,6 +74,16 @@ class Answers:
             self._assume(Origin(kind, made_by, value, site))
         return value
 
+    def random(self, tensor, value, torch):
+        """A value the CPU shadow drew for the device's random numbers: real, but a GPU draws
+        another, so it counts as assumed (the user's value for the line, where given)."""
+        site = user_site()
+        given = self._at_line(site)
+        if given is not None:
+            return type(value)(given)
+        self._assume(Origin("random", getattr(tensor, "_npumem_made_by", ""), value, site))
+        return value
+
     def _assume(self, origin: Origin) -> None:
         self.assumed += 1
         self.last_origin = origin

@@ -343,7 +343,8 @@ def uncertain_lines(uncertain: list[dict]) -> list[str]:
         read = "" if d["read_at"] == f"{d['file']}:{d['line']}" else f", read at {d['read_at']}"
         times = f", {d['count']:,} times" if d["count"] > 1 else ""
         lines.append(f"    {d['file']}:{d['line']}: {d['code'] or '?'}")
-        lines.append(f"      {d['how']}; the {d['what']} assumed {d['assumed']}{read}{times}")
+        inside = f" (in {d['inside']})" if d.get("inside") else ""
+        lines.append(f"      {d['how']}{inside}; the {d['what']} assumed {d['assumed']}{read}{times}")
     if len(uncertain) > 12:
         lines.append(f"    ... and {len(uncertain) - 12} more (--json lists them all)")
     example = uncertain[0]["read_at"]

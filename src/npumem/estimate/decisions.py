@@ -24,6 +24,18 @@ import sys
 from dataclasses import dataclass, field
 
 from ..profile.analysis import is_library
+from ..profile.stacks import is_internal_file
+
+
+def inner_site() -> tuple[str, int] | None:
+    """(file, line) of the innermost frame outside npumem: where a library decided, if one did."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not is_internal_file(name) and not name.startswith("<"):
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return None
 
 
 def user_site(depth: int = 1) -> tuple[str, int]:
@@ -51,6 +63,9 @@ class Origin:
     def describe(self) -> str:
         if self.kind in ("numpy", "tolist"):
             return f".{self.kind}() of a device result (zeros of its shape)"
+        if self.kind == "random":
+            made = f" of {self.made_by}()" if self.made_by else ""
+            return f"value{made} drawn from the device's random numbers (a GPU draws others)"
         made = f"{self.made_by}()" if self.made_by else "a tensor"
         return f"{self.kind} value of {made}"
 
@@ -61,13 +76,15 @@ class Decision:
     line: int
     how: str                        # what the value decided: "a comparison", "int()", ...
     origin: Origin
+    inside: tuple[str, int] | None = None    # the library's line that decided, under the user's
     count: int = 0
 
     def as_dict(self, shown_file: str) -> dict:
         read_file, read_line = self.origin.read_at
+        inside = f"{library_path(self.inside[0])}:{self.inside[1]}" if self.inside else None
         return {"file": shown_file, "line": self.line, "code": self.code(),
                 "assumed": _shown(self.origin.value), "what": self.origin.describe(),
-                "how": self.how, "count": self.count,
+                "how": self.how, "count": self.count, "inside": inside,
                 "read_at": f"{shown_path(read_file)}:{read_line}"}
 
     def code(self) -> str:
@@ -81,6 +98,14 @@ def shown_path(path: str) -> str:
         if not relative.startswith(".."):
             return relative
     return path
+
+
+def library_path(path: str) -> str:
+    """An installed library's file from its package folder on (transformers/generation/...)."""
+    for mark in ("site-packages", "dist-packages"):
+        if mark in path:
+            return path.split(mark + os.sep, 1)[-1]
+    return shown_path(path)
 
 
 def _shown(value) -> str:
@@ -104,7 +129,9 @@ class Decisions:
         key = (file, line, origin.read_at)
         decision = self.seen.get(key)
         if decision is None:
-            decision = self.seen[key] = Decision(file, line, how, origin)
+            inside = inner_site()
+            decision = self.seen[key] = Decision(file, line, how, origin,
+                                                 inside if inside != (file, line) else None)
         decision.count += 1
 
     def as_list(self) -> list[dict]:

@@ -21,6 +21,16 @@ HIDDEN_SCRATCH = {"sort", "topk", "nonzero", "nonzero_static", "_unique2", "uniq
                   "_embedding_bag", "_embedding_bag_backward", "bincount", "multinomial"}
 
 
+# Operators that draw from the device's random numbers: a GPU draws other values than the CPU
+# shadow does, so the value read from one (torch.rand(1, device="cuda").item()) is a guess, as
+# an assumed one is (decisions.py). Values computed from a draw are not followed: most checks
+# on them hold for any draw (token ids from randint are never negative)
+RANDOM_OPS = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
+              "normal", "normal_", "uniform_", "bernoulli", "bernoulli_", "exponential_",
+              "geometric_", "log_normal_", "cauchy_", "random_", "multinomial", "poisson",
+              "native_dropout"}
+
+
 class OperatorHook:
     def __init__(self, torch, recorder, rules, shadows, answers, fake):
         from torch._subclasses.fake_tensor import (DynamicOutputShapeException, FakeTensor,
@@ -90,6 +100,8 @@ class OperatorHook:
             outputs(out)                     # FakeTensorMode's cache may carry a new storage)
         if real_out is not None:
             shadows.attach(out, real_out)
+            if real is not None and real[2] and name in RANDOM_OPS:
+                self._mark_random(out)
         self.answers.remember(name, out, self.torch)
         self._workspaces(name, args)
         return out
@@ -103,7 +115,15 @@ class OperatorHook:
         if shadow is None:
             return self.answers.scalar(tensor, self.torch)
         with self.unset_fake():
-            return shadow.item()
+            value = shadow.item()
+        if getattr(tensor, "_npumem_random", False):
+            return self.answers.random(tensor, value, self.torch)
+        return value
+
+    def _mark_random(self, out) -> None:
+        for item in out if isinstance(out, (list, tuple)) else (out,):
+            if isinstance(item, self.fake_type):
+                item._npumem_random = True
 
     def _without_fake_kernel(self, func, args, kwargs):
         """A custom operator (not aten's) with no fake kernel: its tensor results taken shaped as
