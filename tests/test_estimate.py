@@ -23,8 +23,8 @@ from .interrupting import interrupt  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TRUTH = os.path.join(HERE, "data", "estimate_truth.jsonl")
-needs_build = pytest.mark.skipif(torch.version.cuda is not None or shutil.which("g++") is None,
-                                 reason="estimate runs on a CPU-only PyTorch with g++")
+needs_build = pytest.mark.skipif(shutil.which("g++") is None,
+                                 reason="estimate builds its stand-in device with g++")
 MiB = 1 << 20
 
 

@@ -259,6 +259,9 @@ def install(torch, target: Target, capacity: int, live: LiveModels, devices: int
         "stream": lambda s=None: streams.using(getattr(s, "stream_id", None)),
         "set_stream": lambda s: streams.set_current(getattr(s, "stream_id", 0)),
         "_is_in_bad_fork": lambda: False,
+        # optimizers ask it on a CUDA build (_cuda_graph_capture_health_check); the real one
+        # calls the CUDA runtime
+        "is_current_stream_capturing": lambda: False,
     }
     for name, value in api.items():
         setattr(torch.cuda, name, value)

@@ -25,7 +25,8 @@ from . import native
 from .kernel_rules import BOUND_LABEL
 from .targets import Target, target as find_target
 
-BOOT = ("import ctypes, sys; ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "
+BOOT = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "
+        "from npumem.estimate.native import claim; claim(lib); "
         "from npumem.estimate.child import main; sys.exit(main(sys.argv[2]))")
 
 

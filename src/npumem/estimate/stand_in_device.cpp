@@ -12,6 +12,8 @@
 // Fake tensors themselves have no memory. The library must
 // be loaded before `import torch`, since ATen reads its CUDA hooks once, at first use.
 // NPUMEM_FAKE_DEVICES sets the device count (default 1). Built by npumem/estimate/native.py.
+// A CUDA build of PyTorch registers its own hooks and kernels: stand_in_over_cuda.cpp builds
+// this file with NPUMEM_OVER_CUDA_BUILD and registers them later, over PyTorch's.
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -83,7 +85,9 @@ struct StandInHooks : CUDAHooksInterface {
   Generator getNewGenerator(DeviceIndex) const override { return detail::createCPUGenerator(); }
   void deviceSynchronize(DeviceIndex) const override {}
 };
+#ifndef NPUMEM_OVER_CUDA_BUILD   // a CPU build has no CUDAHooks of its own
 C10_REGISTER_TYPED_CLASS(CUDAHooksRegistry, "CUDAHooks", StandInHooks);
+#endif
 }
 
 namespace {
@@ -163,11 +167,16 @@ TORCH_LIBRARY(npumem, m) { m.def("host_copy(Tensor t) -> Tensor"); }
 TORCH_LIBRARY_IMPL(npumem, CUDA, m) { m.impl("host_copy", host_copy); }
 TORCH_LIBRARY_IMPL(npumem, PrivateUse1, m) { m.impl("host_copy", host_copy); }
 
-TORCH_LIBRARY_IMPL(aten, CUDA, m) {
+// the CUDA kernels the stand-in needs (a CUDA build has its own, which these replace)
+static void cuda_kernels(torch::Library& m) {
   m.impl("empty.memory_format", empty_memory_format<c10::DeviceType::CUDA, c10::DispatchKey::CUDA>);
   m.impl("empty_strided", empty_strided<c10::DeviceType::CUDA, c10::DispatchKey::CUDA>);
   m.impl("copy_", copy_);
 }
+
+#ifndef NPUMEM_OVER_CUDA_BUILD
+TORCH_LIBRARY_IMPL(aten, CUDA, m) { cuda_kernels(m); }
+#endif
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format",
