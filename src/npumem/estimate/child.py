@@ -35,6 +35,7 @@ def main(spec_path: str) -> int:
     from . import device_api, fake_run, streams
     from .answers import Answers
     from .decisions import Decisions, install as install_decisions, script_globals
+    from .versions import Modelled
     from .fake_cache import FakeCache
     from .kernel_rules import KernelRules
     from .operators import OperatorHook
@@ -78,7 +79,8 @@ def main(spec_path: str) -> int:
         with open(path, "wb") as handle:
             pickle.dump(snapshot, handle)
 
-    chosen = fake_run.prepare(torch, target, answers)
+    modelled = Modelled.from_spec(spec)
+    chosen = fake_run.prepare(torch, target, answers, versions=modelled)
     decisions = Decisions()
     install_decisions(torch, answers, decisions)
     npu_strings = target.device == "npu" and _mentions_npu(spec["script"])
@@ -111,6 +113,7 @@ def main(spec_path: str) -> int:
                   cache={"hits": hook.fake.hits, "misses": hook.fake.misses, "views": hook.fake.views},
                   attention=chosen, answers=answers.notes(), assumed=answers.assumptions(),
                   uncertain=decisions.as_list(), lines_given=dict(answers.lines_used),
+                  versions=modelled.describe(),
                   unmodelled=[f"{text} x{count:,}" if count > 1 else text
                               for text, count in answers.unmodelled_seen.items()],
                   bounded_convolutions=sum(rules.bounded.values()), table_source=rules.table_source)

@@ -56,6 +56,24 @@ def _literal(part: str, text: str):
                              param_hint="--assume")
 
 
+def _versions(torch_version: str | None, cudnn_version: str | None) -> dict:
+    """The target's versions the user named, checked (versions.py reads them in the fake run)."""
+    from .versions import parse_cudnn, parse_version
+    out = {}
+    for name, text, parse, example in (("torch_version", torch_version, parse_version, "2.11"),
+                                       ("cudnn_version", cudnn_version, parse_cudnn, "9.19.0")):
+        if text is None:
+            continue
+        try:
+            parse(text)
+        except ValueError:
+            raise click.BadParameter(f"{text!r} is not a version (for example {example})",
+                                     param_hint="--" + name.replace("_version", "").replace(
+                                         "torch", "torch-version")) from None
+        out[name] = text
+    return out
+
+
 def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
     if text is None:
         return None
@@ -86,6 +104,11 @@ def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
 @click.option("--fit", "fits", multiple=True, metavar="NAME=V1,V2,...",
               help="Run the script once per value, {NAME} in its arguments replaced; report "
                    "the largest that fits under the recommended setting.")
+@click.option("--torch-version", default=None, metavar="X.Y",
+              help="The PyTorch the script will run under, where it differs from the installed "
+                   "one (it decides the attention kernel), e.g. 2.11.")
+@click.option("--cudnn", "cudnn_version", default=None, metavar="X.Y.Z",
+              help="The cuDNN the script will run with (default 9.19.0), e.g. 9.10.2.")
 @click.option("--devices", default=1, show_default=True, type=click.IntRange(1, 64),
               help="How many GPUs the script sees (device 0 is estimated).")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
@@ -95,8 +118,8 @@ def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
 @click.option("--force", is_flag=True, help="Write into --out even if it holds files.")
 @click.argument("script", type=click.Path())
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_json, out_dir,
-                     force, script, script_args):
+def estimate_command(device, gpu, memory, overrides, assume, fits, torch_version, cudnn_version,
+                     devices, as_json, out_dir, force, script, script_args):
     """Predict a PyTorch script's GPU (or NPU) memory on a machine that has neither.
 
     Runs SCRIPT unchanged on fake device tensors, adds what the GPU's kernels allocate for
@@ -146,6 +169,7 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
     from ..cli_sizes import device_memory      # the rule every --memory follows
     capacity = device_memory(memory)
     answers = _assumptions(assume)
+    versions = _versions(torch_version, cudnn_version)
     fitting = _fit_values(fit)
     runs = [(None, list(script_args))] if fitting is None else \
         [(value, [a.replace("{" + fitting[0] + "}", value) for a in script_args]) for value in fitting[1]]
@@ -162,7 +186,7 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, devices, as_j
             raise click.BadParameter(str(exc), param_hint="--out") from None
     with _interrupted_by_sigterm():
         results, failed = _run_each(runs, fitting, script, device, gpu, capacity, settings,
-                                    answers, devices, out_dir, as_json)
+                                    answers, devices, out_dir, as_json, versions)
     if fitting is not None and not results:
         if as_json:
             click.echo(json.dumps({"fit": None, "runs": [], "failed": [
@@ -201,7 +225,7 @@ def exit_status(results) -> int:
 
 
 def _run_each(runs, fitting, script, device, gpu, capacity, settings, answers, devices,
-              out_dir, as_json):
+              out_dir, as_json, versions):
     """Each run's estimate, printed as it comes: (results, failed) as (value, result) and
     (value, failure) pairs; a failure without --fit ends the command."""
     from .native import BuildError
@@ -213,7 +237,7 @@ def _run_each(runs, fitting, script, device, gpu, capacity, settings, answers, d
         try:
             result = estimate(script, args, device, gpu, capacity, settings, answers, devices,
                               keep_snapshot=out_dir is not None,
-                              script_output=sys.stderr if as_json else None)
+                              script_output=sys.stderr if as_json else None, versions=versions)
         except BuildError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
@@ -286,7 +310,8 @@ def _interrupted_by_sigterm():
 
 def summary_lines(result) -> list[str]:
     target, run = result.target, result.run
-    lines = [f"{result.script} on {target.describe()}: {format_size(result.capacity)} usable",
+    models = f", modelling {run['versions']}" if run.get("versions") else ""
+    lines = [f"{result.script} on {target.describe()}: {format_size(result.capacity)} usable{models}",
              f"  fake run: {run['ops']:,} operator{'s' * (run['ops'] != 1)} in {run['seconds']:.1f} s, "
              f"{run['ops'] / max(run['op_seconds'], 1e-9):,.0f} per second inside the operators "
              f"({1e6 * run['op_seconds'] / max(run['ops'], 1):.0f} us each)"]

@@ -101,6 +101,7 @@ class Estimate:
                 "by_category": self.composition.get("category", {}),
                 "by_line": self.composition.get("line", []),
                 "kernel_workspaces": self.composition.get("kernels", {}),
+                "models": self.run.get("versions"),
                 "fake_run": {k: self.run.get(k) for k in ("ops", "seconds", "op_seconds", "attention", "answers",
                                                           "unsupported", "bounded_convolutions",
                                                           "table_source")}}
@@ -118,8 +119,11 @@ def settings_for(device: str, overrides: list[str], environ=os.environ) -> str:
 
 def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None = None,
              memory: int | None = None, settings: str = "", assume: dict | None = None,
-             devices: int = 1, keep_snapshot: bool = False, script_output=None) -> Estimate:
-    """`script_output`: where the script's stdout goes (a file object; default: ours)."""
+             devices: int = 1, keep_snapshot: bool = False, script_output=None,
+             versions: dict | None = None) -> Estimate:
+    """`script_output`: where the script's stdout goes (a file object; default: ours);
+    `versions`: the target's "torch_version" and "cudnn_version" where they differ from the
+    installed PyTorch and the stand-in's cuDNN (versions.py)."""
     target = find_target(gpu, device)
     capacity = memory or target.capacity
     library = native.stand_in_library()
@@ -131,7 +135,7 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
         spec = {"script": script, "args": args, "gpu": target.key, "device": target.device,
                 "library": library, "capacity": capacity,
                 "settings": settings, "assume": assume or {}, "devices": devices,
-                "out": os.path.join(folder, "recording.pickle")}
+                **(versions or {}), "out": os.path.join(folder, "recording.pickle")}
         spec_path = os.path.join(folder, "spec.json")
         with open(spec_path, "w") as handle:
             json.dump(spec, handle)
