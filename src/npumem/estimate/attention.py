@@ -20,7 +20,10 @@ compiled checks and the source:
           check (check_cudnn_d256_bprop_head_dim); cuDNN decode off on sm_10x/11x for cuDNN
           9.19-9.25.0 except 9.24.1
 
-A version outside these takes the nearest set (a newer one the newest), and says so.
+A version outside these takes the nearest set (a newer one the newest), and says so. Where
+the modelled kernel's operator is missing from the installed PyTorch (2.14's memory-efficient
+attention over grouped heads, modelled on 2.13), it runs on expanded heads
+(_grouped_efficient).
 """
 
 from __future__ import annotations
@@ -402,6 +405,9 @@ def run(backend: str, torch, query, key, value, attn_mask, dropout_p, is_causal,
     if backend == EFFICIENT:
         if bias is not None:
             bias = _preprocess_mask(torch, bias, query, key)
+        if key.shape[1] != query.shape[1] and _installed(torch) < (2, 14):
+            return _grouped_efficient(torch)(query, key, value, bias, needs_grad, dropout_p,
+                                             is_causal, scale)
         return aten._scaled_dot_product_efficient_attention(query, key, value, bias, needs_grad,
                                                             dropout_p, is_causal, scale=scale)[0]
     return aten._scaled_dot_product_cudnn_attention(query, key, value, bias, needs_grad, dropout_p,
@@ -441,3 +447,47 @@ def _flash(torch, query, key, value, dropout_p, is_causal, scale):
     out = torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
                                                              False, scale=scale)[0]
     return out[..., :head] if head % 8 else out
+
+
+def _installed(torch) -> tuple[int, int]:
+    from .versions import parse_version
+    return parse_version(torch.__version__)[:2]
+
+
+def _grouped_efficient(torch):
+    """Memory-efficient attention over fewer key/value heads (GQA, MQA: 2.14's kernel takes
+    them) where the installed PyTorch's operator does not: the operator runs on key and value
+    expanded to the query's heads, which are let go at once (a transient the GPU may not have);
+    what is kept for backward is what 2.14 keeps (q, k, v, out, logsumexp), and the key and
+    value gradients are summed back over each group."""
+    aten = torch.ops.aten
+
+    def expand(tensor, heads):
+        return tensor.repeat_interleave(heads // tensor.shape[1], dim=1)
+
+    class GroupedEfficient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, query, key, value, bias, needs_grad, dropout_p, is_causal, scale):
+            heads = query.shape[1]
+            out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
+                query, expand(key, heads), expand(value, heads), bias, needs_grad, dropout_p,
+                is_causal, scale=scale)
+            ctx.save_for_backward(query, key, value, bias, out, lse, seed, offset)
+            ctx.args = (dropout_p, is_causal, scale)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            query, key, value, bias, out, lse, seed, offset = ctx.saved_tensors
+            dropout_p, is_causal, scale = ctx.args
+            heads = query.shape[1]
+            bias_grad = bias is not None and ctx.needs_input_grad[3]
+            grads = aten._scaled_dot_product_efficient_attention_backward(
+                grad, query, expand(key, heads), expand(value, heads), bias, out, lse, seed,
+                offset, dropout_p, [True, True, True, bias_grad], is_causal, scale=scale)
+            sums = [g.unflatten(1, (t.shape[1], heads // t.shape[1])).sum(2)
+                    for g, t in ((grads[1], key), (grads[2], value))]
+            return grads[0], sums[0], sums[1], grads[3] if bias_grad else None, None, None, \
+                None, None
+
+    return GroupedEfficient.apply
