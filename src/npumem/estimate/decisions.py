@@ -7,8 +7,10 @@ from it, can change what the script allocates. Each assumed value is handed out 
 (AssumedFloat, AssumedInt, AssumedArray); arithmetic keeps the mark, and the places where a
 marked value decides something record a decision at the user's line:
 
-- a comparison or truth test (`if`, `while`, `min`, `sorted` all come down to one);
-- a conversion to an integer (`int(x)`, `round(x)`: a count or a size in the making);
+- a comparison or truth test (`if`, `while`, `min`, `sorted` all come down to one), and
+  math's and numpy's isnan, isinf and isfinite;
+- a conversion to an integer (`int(x)`, `round(x)`: a count or a size in the making), and
+  `range(n)` in the script's own file (a loop bound);
 - a marked integer passed to a torch function that takes sizes (`torch.empty(n)`);
 - `bool(tensor)` and `.item()` of a boolean tensor, decided where they are read.
 
@@ -38,9 +40,10 @@ def inner_site() -> tuple[str, int] | None:
     return None
 
 
-def user_site(depth: int = 1) -> tuple[str, int]:
-    """(file, line) of the innermost frame of the user's own code above the caller."""
-    frame = sys._getframe(depth + 1)
+def user_site() -> tuple[str, int]:
+    """(file, line) of the innermost frame of the user's own code (npumem's and the libraries'
+    frames passed over)."""
+    frame = sys._getframe(1)
     fallback = None
     while frame is not None:
         name = frame.f_code.co_filename
@@ -124,8 +127,8 @@ class Decisions:
     """Every decision on an assumed value, one per (file, line, origin's line)."""
     seen: dict = field(default_factory=dict)
 
-    def record(self, origin: Origin, how: str, depth: int = 1) -> None:
-        file, line = user_site(depth + 1)
+    def record(self, origin: Origin, how: str) -> None:
+        file, line = user_site()
         key = (file, line, origin.read_at)
         decision = self.seen.get(key)
         if decision is None:
@@ -145,7 +148,7 @@ _decisions: Decisions | None = None          # the fake run's (one per process)
 
 def _decide(value, how: str) -> None:
     if _decisions is not None:
-        _decisions.record(value._origin, how, depth=2)
+        _decisions.record(value._origin, how)
 
 
 def _first_origin(*values):
@@ -231,6 +234,7 @@ def _round(base, value, digits):
         _decide(value, "a conversion to an integer")
         return base.__round__(value)
     return _keep(base.__round__(value, *digits), value)
+
 
 AssumedFloat = type("AssumedFloat", (float,), {
     "__doc__": "A float a fake run assumed (an `.item()` of a large tensor).",
