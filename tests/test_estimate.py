@@ -203,7 +203,7 @@ def test_the_shipped_gpu_recordings_within_tolerance(name, settings):
     rows = [json.loads(line) for line in open(TRUTH)]
     for row in (r for r in rows if r["name"] == name and (settings is None or r["setting"] in settings)):
         result = estimate(os.path.join(ROOT, "bench", "estimate_workloads.py"), [name], gpu="h200",
-                          settings=row["conf"])
+                          settings=row["conf"], versions={"torch_version": row["torch"]})
         ratio = result.current.peak_reserved_bytes / row["peak_reserved"]
         assert abs(ratio - 1) <= 0.03, (name, row["setting"], ratio)
 

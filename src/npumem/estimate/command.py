@@ -315,8 +315,11 @@ def summary_lines(result) -> list[str]:
              f"  fake run: {run['ops']:,} operator{'s' * (run['ops'] != 1)} in {run['seconds']:.1f} s, "
              f"{run['ops'] / max(run['op_seconds'], 1e-9):,.0f} per second inside the operators "
              f"({1e6 * run['op_seconds'] / max(run['ops'], 1):.0f} us each)"]
-    if run.get("attention"):
-        lines.append("  attention kernels: " + ", ".join(f"{k} x{v}" for k, v in run["attention"].items()))
+    kernels = {k: v for k, v in (run.get("attention") or {}).items() if k != "note"}
+    if kernels:
+        lines.append("  attention kernels: " + ", ".join(f"{k} x{v}" for k, v in kernels.items()))
+    if (run.get("attention") or {}).get("note"):
+        lines.append(f"  attention: {run['attention']['note']}")
     for note in run.get("answers", []):
         lines.append(f"  note: {note}")
     current = result.current
