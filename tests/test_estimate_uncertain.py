@@ -69,6 +69,8 @@ def test_a_numpy_round_trip_keeps_the_mark(recorded):
     listed = decisions.mark([[0, 0], [0, 0]], _origin("tolist", 0))
     assert isinstance(listed[1][0], decisions.AssumedInt)
     assert pickle_round_trip(array).__class__ is numpy.ndarray
+    assert pickle_round_trip(listed[0][0]).__class__ is int
+    assert pickle_round_trip(decisions.mark(1.5, _origin())).__class__ is float
 
 
 def pickle_round_trip(value):

@@ -239,11 +239,13 @@ def _round(base, value, digits):
 AssumedFloat = type("AssumedFloat", (float,), {
     "__doc__": "A float a fake run assumed (an `.item()` of a large tensor).",
     "__hash__": float.__hash__, "__round__": lambda self, *digits: _round(float, self, digits),
+    "__reduce__": lambda self: (float, (float.__float__(self),)),     # saved as a plain float
     **_arithmetic(float, _OPS), **_deciding(float, _COMPARISONS, "a comparison"),
     **_deciding(float, _TO_INTEGER, "a conversion to an integer")})
 AssumedInt = type("AssumedInt", (int,), {
     "__doc__": "An integer a fake run assumed.",
     "__hash__": int.__hash__, "__round__": lambda self, *digits: _round(int, self, digits),
+    "__reduce__": lambda self: (int, (int.__int__(self),)),
     **_arithmetic(int, [*_OPS, "__lshift__", "__rshift__", "__and__", "__or__", "__xor__",
                         "__rand__", "__ror__", "__rxor__", "__invert__"]),
     **_deciding(int, _COMPARISONS, "a comparison"),
