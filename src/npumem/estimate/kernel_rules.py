@@ -4,7 +4,8 @@ with the source it follows.
 
 A rule returns (size, label, temporary): a temporary is freed before the operator returns; the
 others are kept by PyTorch to the end of the process (per thread and stream, as cuBLAS's are).
-`bounded` lists calls a rule can only bound (cuDNN convolutions outside the measured table).
+cuDNN convolutions: the measured table where a call is in it, else conv_workspace.py's model
+(`convolution_ranges` keeps each modelled workspace's range; `bounded` stays empty).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import os
 import re
 import threading
 
+from . import conv_workspace
 from . import streams
 from .targets import Target
 
 MiB = 1 << 20
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cudnn_workspaces.json")
-BOUND_LABEL = "cuDNN convolution workspace (bound)"
+BOUND_LABEL = "cuDNN convolution workspace (bound)"    # no longer recorded: run.py's low replay
+MODELLED_LABEL = conv_workspace.MODELLED_LABEL
 
 # every operator that takes a cuBLAS handle (aten/src/ATen/cuda/Blas.cpp and CUDABlas.cpp)
 CUBLAS_OPS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "addr",
@@ -61,13 +64,21 @@ class KernelRules:
         self.cublas = cublas_workspace_size(target, environ)
         self.cublaslt = cublaslt_workspace_size(environ)
         self._handles: set = set()          # ((thread, stream), kind) that have their workspace
-        self.bounded: dict = {}             # conv config (json) -> calls outside the table
-        with open(TABLE) as handle:
+        self.bounded: dict = {}             # always empty: every convolution is measured or modelled
+        # NPUMEM_CONV_TABLE: another table (bench/conv_workspace_loo.py leaves a workload out);
+        # NPUMEM_CONV_MEASURED=0: the model alone, the table only calibrating it
+        with open(environ.get("NPUMEM_CONV_TABLE") or TABLE) as handle:
             table = json.load(handle)
         self.table_source = table["measured_on"]
-        self._table = {json.dumps(key): sizes for key, sizes in table["entries"]}
-        self._bound_ratio = max((sum(sizes) / max(1, _key_io_bytes(key)) for key, sizes in
-                                 table["entries"]), default=0.0)
+        # measured on an sm_90 GPU: exact there (same shapes, strides, dtypes and arguments); the
+        # heuristics of another architecture choose differently, so elsewhere the model answers
+        measured = environ.get("NPUMEM_CONV_MEASURED", "1") != "0" and (target.major, target.minor) == (9, 0)
+        self._table = {json.dumps(key): sizes for key, sizes in table["entries"]} if measured else {}
+        self.calibration = conv_workspace.fit(table["entries"])
+        self.convolution_ranges: list = []  # [likely, low, high] per modelled workspace, in call order
+        self.convolution_counts = {"measured": 0, "modelled": 0}    # convolution calls
+        self.convolution_reasons: dict = {}  # reason -> cuDNN operations
+        self._planned: set = set()          # (thread, key) whose plan cuDNN has cached
 
     def workspaces(self, name: str, args) -> list[tuple[int, str, bool]]:
         """The workspaces of one call of operator `name` (aten's name, no namespace)."""
@@ -79,6 +90,8 @@ class KernelRules:
             return self._convolution("forward", args[0], args[1], args[2], args[3:9])
         if name == "convolution_backward":   # (grad_output, input, weight, bias_sizes, ...)
             return self._convolution("backward", args[1], args[2], args[3], args[4:11])
+        if name in _CONV_ENTRIES:           # reached as such under inference_mode
+            return self._convolution("forward", *_as_convolution(name, args))
         if name == "_scaled_dot_product_cudnn_attention_backward":
             return _cudnn_attention_backward(args)
         if name in ("_efficient_attention_backward", "_scaled_dot_product_efficient_attention_backward"):
@@ -104,23 +117,82 @@ class KernelRules:
         return out
 
     def _convolution(self, kind, data, weight, bias, rest) -> list:
-        """cuDNN picks its algorithm, and so its workspace, at run time: the measured table where
-        the call is in it (same shapes, strides, dtypes and arguments), else a bound."""
+        """cuDNN picks its plan, and so its workspace, at run time (conv_workspace.py): the
+        measured table where the call is in it (same shapes, strides, dtypes and arguments, on
+        sm_90), else the model's most likely figure; its range is kept in convolution_ranges."""
         key = [kind, _describe(data), _describe(weight), bias is not None,
                *[list(a) if isinstance(a, (list, tuple)) else a for a in rest]]
         text = json.dumps(key)
         sizes = self._table.get(text)
         if sizes is not None:
-            return [(size, "cuDNN convolution workspace", True) for size in sizes]
-        bound = int(self._bound_ratio * (_nbytes(data) + _nbytes(weight)))
-        self.bounded[text] = self.bounded.get(text, 0) + 1
-        return [(bound, BOUND_LABEL, True)] if bound else []
+            self.convolution_counts["measured"] += 1
+            self._count("measured on the GPU (cudnn_workspaces.json)")
+            return [(size, conv_workspace.MEASURED_LABEL, True) for size in sizes]
+        self.convolution_counts["modelled"] += 1
+        made, routed = conv_workspace.key_problems(key)
+        if not made:
+            self._count(routed)
+            return []
+        import torch
+        flags = conv_workspace.torch_flags(torch)
+        out = []
+        for problem in made:
+            space = conv_workspace.workspace(problem, self.calibration, flags)
+            self._count(space.reason)
+            first = (threading.get_ident(), problem.op, text) not in self._planned
+            if flags.benchmark and first:   # get_plans_from_find: every plan's largest, then freed
+                out.append((conv_workspace.find_workspace(problem), conv_workspace.FIND_LABEL, True))
+            self._planned.add((threading.get_ident(), problem.op, text))
+            if space.likely:
+                self.convolution_ranges.append([space.likely, space.low, space.high])
+                out.append((space.likely, conv_workspace.MODELLED_LABEL, True))
+        return out
+
+    def _count(self, reason: str) -> None:
+        self.convolution_reasons[reason] = self.convolution_reasons.get(reason, 0) + 1
+
+    @property
+    def convolution_reason_counts(self) -> str:
+        """One line: each reason a convolution's workspace was set by, with its count."""
+        ranked = sorted(self.convolution_reasons.items(), key=lambda item: -item[1])
+        return "; ".join(f"{reason} x{count}" for reason, count in ranked)
 
 
-def _key_io_bytes(key) -> int:
-    """Bytes of a table key's data and weight tensors (the bound's yardstick)."""
-    size = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-    return sum(math.prod(shape) * size.get(dtype, 4) for dtype, shape, _ in (key[1], key[2]))
+# the entries above aten.convolution that inference_mode dispatches as they are (their
+# CompositeImplicitAutograd decomposition into convolution runs at the autograd key it skips)
+_CONV_ENTRIES = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                 "conv_transpose3d", "_convolution"}
+
+
+def _as_convolution(name, args) -> tuple:
+    """(input, weight, bias, [stride, padding, dilation, transposed, output_padding, groups]) of
+    a convolution entry point, its schema's defaults filled in (Convolution.cpp conv2d and
+    conv_transpose2d; _convolution_mode's "valid" and symmetric "same" padding)."""
+    data, weight, *rest = args
+    dims = weight.dim() - 2
+    bias = rest[0] if rest else None
+    rest = list(rest[1:])
+
+    def ints(value, default):
+        value = default if value is None else value
+        return [int(value)] * dims if isinstance(value, int) else [int(v) for v in value]
+
+    if name == "_convolution":
+        stride, padding, dilation, transposed, output_padding, groups = rest[:6]
+    elif name.startswith("conv_transpose"):
+        rest += [None] * (5 - len(rest))
+        stride, padding, output_padding, groups, dilation = rest[:5]
+        transposed = True
+    else:
+        rest += [None] * (4 - len(rest))
+        stride, padding, dilation, groups = rest[:4]
+        output_padding, transposed = 0, False
+    dilation = ints(dilation, 1)
+    if isinstance(padding, str):
+        padding = [0] * dims if padding == "valid" else \
+            [d * (int(k) - 1) // 2 for d, k in zip(dilation, weight.shape[2:])]
+    return data, weight, bias, [ints(stride, 1), ints(padding, 0), dilation, bool(transposed),
+                                ints(output_padding, 0), int(groups or 1)]
 
 
 def _cudnn_attention_backward(args) -> list:
@@ -147,6 +219,7 @@ def _efficient_attention_backward(args) -> list:
             (batch * heads * length * 4, "efficient attention: delta", True),
             (batch * heads * tiles * (128 * dim * 4 + 32), "efficient attention workspace", True)]
     return out
+
 
 def _flash_attention_backward(args, target: Target, heads_second: bool = True) -> list:
     """FlashAttention-2's backward (attention_backward.cu, _flash_attention_backward, and
