@@ -71,6 +71,8 @@ def main(spec_path: str) -> int:
     def on_empty_cache():
         empty_cache_us.append((time.perf_counter_ns() - recorder.started_ns) / 1000.0)
 
+    hook.empty_cache = on_empty_cache
+
     def on_dump(path=None):
         from .predicted import predicted_snapshot
         snapshot = predicted_snapshot(_estimated_traces(recorder.snapshot(), empty_cache_us), config)
@@ -116,7 +118,8 @@ def main(spec_path: str) -> int:
                   versions=modelled.describe(),
                   unmodelled=[f"{text} x{count:,}" if count > 1 else text
                               for text, count in answers.unmodelled_seen.items()],
-                  bounded_convolutions=sum(rules.bounded.values()), table_source=rules.table_source)
+                  convolutions=rules.convolution_counts, convolution_ranges=rules.convolution_ranges,
+                  convolution_reasons=rules.convolution_reasons, table_source=rules.table_source)
     with open(spec["out"] + ".partial", "wb") as handle:
         pickle.dump(_estimated_traces(recorder.snapshot(), empty_cache_us), handle)
     os.replace(spec["out"] + ".partial", spec["out"])

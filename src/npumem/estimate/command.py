@@ -339,10 +339,15 @@ def summary_lines(result) -> list[str]:
                     f" (short by {format_size(current.peak_reserved_bytes - result.capacity)})")
                  + "".join(f"; {caveat}" for caveat in caveats))
     lines += uncertain_lines(result.uncertain)
-    if result.low_peak_reserved is not None:
-        lines.append(f"  {run['bounded_convolutions']} convolution call(s) outside the measured "
-                     f"cuDNN table: peak reserved between {format_size(result.low_peak_reserved)} "
-                     f"and {format_size(current.peak_reserved_bytes)} (the bound is used above)")
+    convolutions = run.get("convolutions") or {}
+    if convolutions.get("modelled"):
+        measured = f"{convolutions['measured']:,} measured on an H200 and " \
+            if convolutions.get("measured") else ""
+        span = f": peak reserved between {format_size(result.low_peak_reserved)} and " \
+               f"{format_size(result.high_peak_reserved)} as cuDNN's plans go (the likely " \
+               f"workspaces are used above)" if result.high_peak_reserved is not None else ""
+        lines.append(f"  cuDNN convolutions: {measured}{convolutions['modelled']:,} modelled "
+                     f"(conv_workspace.py){span}")
     best = result.recommended
     if best is not None:
         lines.append(f"  recommended: {best.line} (peak reserved "

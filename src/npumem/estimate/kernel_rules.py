@@ -5,7 +5,7 @@ with the source it follows.
 A rule returns (size, label, temporary): a temporary is freed before the operator returns; the
 others are kept by PyTorch to the end of the process (per thread and stream, as cuBLAS's are).
 cuDNN convolutions: the measured table where a call is in it, else conv_workspace.py's model
-(`convolution_ranges` keeps each modelled workspace's range; `bounded` stays empty).
+(`convolution_ranges` keeps each modelled workspace's range, in the order they are made).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from .targets import Target
 
 MiB = 1 << 20
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cudnn_workspaces.json")
-BOUND_LABEL = "cuDNN convolution workspace (bound)"    # no longer recorded: run.py's low replay
 MODELLED_LABEL = conv_workspace.MODELLED_LABEL
 
 # every operator that takes a cuBLAS handle (aten/src/ATen/cuda/Blas.cpp and CUDABlas.cpp)
@@ -64,7 +63,6 @@ class KernelRules:
         self.cublas = cublas_workspace_size(target, environ)
         self.cublaslt = cublaslt_workspace_size(environ)
         self._handles: set = set()          # ((thread, stream), kind) that have their workspace
-        self.bounded: dict = {}             # always empty: every convolution is measured or modelled
         # NPUMEM_CONV_TABLE: another table (bench/conv_workspace_loo.py leaves a workload out);
         # NPUMEM_CONV_MEASURED=0: the model alone, the table only calibrating it
         with open(environ.get("NPUMEM_CONV_TABLE") or TABLE) as handle:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from .conv_workspace import FIND_LABEL
+
 ESTIMATED = ("cuda", "npu")         # the device types whose memory is estimated
 PROGRESS_EVERY = 16384              # operators between looks at the clock
 # Operators whose CUDA kernels take scratch from the caching allocator inside the kernel, out of
@@ -47,6 +49,7 @@ class OperatorHook:
         self.device_of = torch.ops.prim.device.default
         self.names: dict = {}               # operator -> aten's name, no namespace
         self.progress = None                # called every PROGRESS_EVERY operators
+        self.empty_cache = None             # called where PyTorch empties the cache itself
         self.calls = 0
         self.nanoseconds = 0                # inside the operators: fake kernels and all
         self.unsupported: dict = {}         # operator -> calls FakeTensorMode has no kernel for
@@ -148,7 +151,9 @@ class OperatorHook:
             if name in HIDDEN_SCRATCH:
                 self.answers.unmodelled(f"{name}'s scratch")
             elif name == "convolution" and self.torch.backends.cudnn.benchmark:
-                self.answers.unmodelled("cudnn.benchmark (the algorithms it tries, and their "
-                                        "workspaces)")
+                self.answers.unmodelled("cudnn.benchmark's choice of plan (the fastest: its "
+                                        "workspace may be above the likely one)")
             for size, label, temporary in self.rules.workspaces(name, args):
                 self.recorder.record_extra(size, first.device, label, temporary)
+                if label == FIND_LABEL and self.empty_cache is not None:
+                    self.empty_cache()      # Conv_v8.cpp get_plans_from_find, after the search

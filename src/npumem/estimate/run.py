@@ -22,7 +22,7 @@ from ..trace.snapshot import Recording, recording_from_data
 from ..whatif.torch_replay import UNLIMITED, replay_recording
 from ..whatif.torch_tune import tune_recording
 from . import native
-from .kernel_rules import BOUND_LABEL
+from .kernel_rules import MODELLED_LABEL
 from .targets import Target, target as find_target
 
 BOOT = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "
@@ -61,7 +61,10 @@ class Estimate:
     run: dict                           # child.py's result: ops, seconds, notes, attention
     current: object                     # TorchReplay under `settings`, no capacity
     tuning: object                      # TorchTuning on `capacity`
-    low_peak_reserved: int | None = None   # without the bounded workspaces, where there are any
+    # peak reserved with every modelled cuDNN convolution workspace at the low and the high of
+    # its range (conv_workspace.py), where there are any: the headline uses the likely ones
+    low_peak_reserved: int | None = None
+    high_peak_reserved: int | None = None
     composition: dict = field(default_factory=dict)
     snapshot: dict | None = None        # the fake run's recording (PyTorch snapshot, no segments)
     config: TorchAllocatorConfig | None = None   # the settings as the model reads them
@@ -91,6 +94,7 @@ class Estimate:
                 "peak_allocated_bytes": self.current.peak_allocated_bytes,
                 "peak_reserved_bytes": self.current.peak_reserved_bytes,
                 "peak_reserved_low_bytes": self.low_peak_reserved,
+                "peak_reserved_high_bytes": self.high_peak_reserved,
                 "fits": self.fits, "uncertain": self.uncertain, "unmodelled": self.unmodelled,
                 "recommended": best.config.describe() if best is not None else None,
                 "recommended_peak_reserved_bytes": best.decisive.peak_reserved_bytes if best else None,
@@ -103,7 +107,8 @@ class Estimate:
                 "kernel_workspaces": self.composition.get("kernels", {}),
                 "models": self.run.get("versions"),
                 "fake_run": {k: self.run.get(k) for k in ("ops", "seconds", "op_seconds", "attention", "answers",
-                                                          "unsupported", "bounded_convolutions",
+                                                          "unsupported", "convolutions",
+                                                          "convolution_reasons",
                                                           "table_source")}}
 
 
@@ -161,11 +166,14 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
     current = replay_recording(recording, config, capacity=UNLIMITED)
     # every candidate as it stands, not on top of the settings the user has: those are `current`
     tuning = tune_recording(_recording(snapshot, script, flavour, defaults), memory=capacity)
-    low = None
-    if run.get("bounded_convolutions"):
-        low = replay_recording(_recording(snapshot, script, flavour, config, without=BOUND_LABEL),
-                               config, capacity=UNLIMITED).peak_reserved_bytes
-    return Estimate(script, target, capacity, settings, run, current, tuning, low,
+    low = high = None
+    ranges = run.get("convolution_ranges") or []
+    if ranges:
+        def peak(sizes):
+            return replay_recording(_recording(snapshot, script, flavour, config, sizes),
+                                    config, capacity=UNLIMITED).peak_reserved_bytes
+        low, high = peak([r[1] for r in ranges]), peak([r[2] for r in ranges])
+    return Estimate(script, target, capacity, settings, run, current, tuning, low, high,
                     composition(recording.entries), snapshot if keep_snapshot else None, config)
 
 
@@ -193,18 +201,26 @@ def _die_with_parent() -> None:
         pass
 
 
-def _recording(snapshot: dict, script: str, flavour: str, config, without: str | None = None):
+def _recording(snapshot: dict, script: str, flavour: str, config, modelled: list | None = None):
+    """The fake run's recording; `modelled`: new sizes for the modelled convolution workspaces,
+    in the order they were made (0 drops one)."""
     data = snapshot
-    if without is not None:
-        dropped = set()
+    if modelled is not None:
+        sizes = iter(modelled)
+        resized: dict = {}                       # addr -> its new size
         traces = []
         for trace in snapshot["device_traces"]:
             kept = []
             for entry in trace:
-                if entry["action"] == "alloc" and entry.get("user_metadata") == without:
-                    dropped.add(entry["addr"])
-                elif entry["addr"] not in dropped:
+                if entry["action"] == "alloc" and entry.get("user_metadata") == MODELLED_LABEL:
+                    resized[entry["addr"]] = next(sizes, entry["size"])
+                size = resized.get(entry["addr"])
+                if size is None:
                     kept.append(entry)
+                elif size:
+                    kept.append(dict(entry, size=size))
+                if entry["action"] == "free_completed":
+                    resized.pop(entry["addr"], None)
             traces.append(kept)
         data = {**snapshot, "device_traces": traces}
     if not any(data["device_traces"]):          # the script allocated nothing on the device
