@@ -145,7 +145,11 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
         with open(spec_path, "w") as handle:
             json.dump(spec, handle)
         # NPUMEM_ESTIMATE: a script may skip what needs real data (documented in estimate.md)
-        env = dict(os.environ, NPUMEM_FAKE_DEVICES=str(devices), NPUMEM_ESTIMATE="1")
+        # TORCH_DEVICE_BACKEND_AUTOLOAD=0: an installed device backend (torch_npu registers one
+        # in the torch.backends entry points) is not loaded by `import torch`: it would reach
+        # for its own driver; the stand-in is the device, and `import torch_npu` gets estimate's
+        env = dict(os.environ, NPUMEM_FAKE_DEVICES=str(devices), NPUMEM_ESTIMATE="1",
+                   TORCH_DEVICE_BACKEND_AUTOLOAD="0")
         env.pop("NPUMEM_PROFILE", None)
         returncode = _run_child([sys.executable, "-c", BOOT, library, spec_path], env, script_output)
         if not os.path.exists(spec["out"] + ".json"):
