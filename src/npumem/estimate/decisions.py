@@ -276,11 +276,9 @@ def _array_type():
         def __getitem__(self, index):
             return _keep(numpy.ndarray.__getitem__(self.view(numpy.ndarray), index), self)
 
-        def item(self, *args):
-            return _keep(numpy.ndarray.item(self.view(numpy.ndarray), *args), self)
-
-        def tolist(self):
-            return _keep(numpy.ndarray.tolist(self.view(numpy.ndarray)), self)
+        locals().update(_plain_then_marked(numpy.ndarray, (
+            "item", "tolist", "mean", "sum", "prod", "max", "min", "std", "var", "argmax",
+            "argmin", "any", "all", "cumsum", "round", "astype", "copy", "reshape")))
 
         def __reduce__(self):                   # pickled as the plain array it stands for
             return numpy.ndarray.__reduce__(self.view(numpy.ndarray))
@@ -289,6 +287,19 @@ def _array_type():
                                   "a truth test or conversion of an array"))
 
     return AssumedArray
+
+
+def _plain_then_marked(base, names):
+    """Array methods run on the plain array, their result marked (numpy's own methods may
+    hand back a plain scalar past __array_ufunc__)."""
+    def make(name):
+        method = getattr(base, name)
+
+        def wrapped(self, *args, **kwargs):
+            return _keep(method(self.view(base), *args, **kwargs), self)
+        wrapped.__name__ = name
+        return wrapped
+    return {name: make(name) for name in names}
 
 
 def _unmarked(value):
