@@ -298,7 +298,7 @@ def test_what_a_fake_run_does_in_place_of_the_script(tmp_path):
     assert done.returncode == 3, done.stderr
     uncertain = json.loads(done.stdout)["uncertain"]
     assert [d["code"] for d in uncertain] == ["if unfinished.max() == 0:"]
-    assert uncertain[0]["count"] == 7 and uncertain[0]["assumed"] == "False"
+    assert uncertain[0]["count"] == 7 and uncertain[0]["assumed"] is False
     assert checkpoint.read_bytes() == b"a good checkpoint"
     # y is small, so its values are real (shadows): x[mask] and unique give their true sizes
     kept, distinct = (int(v) for v in next(l for l in done.stderr.splitlines()

@@ -129,11 +129,11 @@ def test_every_branch_on_an_assumed_value_is_reported_with_its_line(tmp_path):
                      (15, "a loop bound (range)"),
                      (18, "a test of the value (isnan, isinf, isfinite)")}
     first = next(d for d in _json(done)["uncertain"] if d["line"] == 4)
-    assert first["file"] == "script.py" and first["assumed"] == "0.0"
+    assert first["file"] == "script.py" and first["assumed"] == 0.0
     assert first["code"] == "if x.std().item() > 0.5:" and first["read_at"] == "script.py:4"
     printed = _estimate(tmp_path, BRANCHES)
     assert printed.returncode == 3
-    assert "UNCERTAIN: 6 branches on assumed values" in printed.stdout
+    assert "UNCERTAIN: 6 decisions on assumed values" in printed.stdout
     assert "script.py:9: size = int(x.abs().cpu().numpy().max() * 1000)" in printed.stdout
     assert "--assume script.py:4=VALUE" in printed.stdout
 
@@ -212,7 +212,7 @@ def test_a_side_stream_has_its_own_pool_and_cublas_workspace(tmp_path):
     assert done.returncode == 0, done.stderr
     result = _json(done)
     assert result["kernel_workspaces"]["cuBLAS workspace"] == 2 * 32 << 20    # one per stream
-    assert any("record_stream" in text for text in result["unmodelled"])
+    assert any("record_stream" in item["what"] for item in result["unmodelled"])
     one_stream = _estimate(tmp_path, source.replace("with torch.cuda.stream(side):", "if True:")
                            .replace("== side", "!= side"), "--json")
     assert _json(one_stream)["kernel_workspaces"]["cuBLAS workspace"] == 32 << 20
@@ -249,3 +249,24 @@ def test_a_draw_from_the_devices_random_numbers_is_a_guess_but_checks_on_ids_are
     assert done.returncode == 3, done.stderr
     (decision,) = _json(done)["uncertain"]
     assert decision["line"] == 5 and "random numbers" in decision["what"]
+
+
+def test_cudnn_versions_as_people_write_them():
+    from npumem.estimate.versions import parse_cudnn
+    assert parse_cudnn("9") == 90000 and parse_cudnn("9.10.2") == 91002 == parse_cudnn("91002")
+    for bad in ("99.1", "7", "x.y", "9.100"):
+        with pytest.raises(ValueError):
+            parse_cudnn(bad)
+
+
+@needs_build
+def test_an_assumption_for_a_line_that_reads_nothing_is_warned_about(tmp_path):
+    done = _estimate(tmp_path, """
+        import torch
+        n = torch.randint(0, 2, (64, 1024), device="cuda").sum().item()
+        for _ in range(n):
+            pass
+    """, "--assume", "script.py:4=3")
+    assert done.returncode == 3
+    assert "--assume script.py:4=3 matched no value read at that line" in done.stderr
+    assert "read at script.py:3" in done.stderr

@@ -179,5 +179,7 @@ class Answers:
             else:
                 value = self._bool(op) if kind == "bool" else self.defaults[kind]
                 made = f"{op}()" if op != "?" else "a tensor"
-                lines.append(f"{count} x {kind} value of {made}: assumed {value}")
+                given = kind in self.chosen and op not in TRUE_OPS | FALSE_OPS
+                lines.append(f"{count} x {kind} value of {made}: "
+                             f"{'given' if given else 'assumed'} {value}")
         return lines

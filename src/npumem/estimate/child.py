@@ -89,6 +89,9 @@ def main(spec_path: str) -> int:
     if npu_strings:                           # PrivateUse1's hooks, before the first npu tensor
         import ctypes
         ctypes.CDLL(spec["library"]).npumem_stand_in_npu()
+    # the host's random numbers stand in for the device's (small tensors' shadows): seeded, the
+    # same command gives the same answer; a script's own manual_seed still wins
+    torch.manual_seed(0)
     device_api.install(torch, target, spec.get("capacity") or target.capacity, live,
                        spec.get("devices", 1), on_empty_cache, on_dump, npu_strings)
     script = os.path.abspath(spec["script"])     # as Python gives __main__ its __file__
@@ -115,8 +118,8 @@ def main(spec_path: str) -> int:
                   cache={"hits": hook.fake.hits, "misses": hook.fake.misses, "views": hook.fake.views},
                   attention=chosen, answers=answers.notes(), assumed=answers.assumptions(),
                   uncertain=decisions.as_list(), lines_given=dict(answers.lines_used),
-                  versions=modelled.describe(),
-                  unmodelled=[f"{text} x{count:,}" if count > 1 else text
+                  versions=modelled.as_dict(),
+                  unmodelled=[{"what": text, "count": count}
                               for text, count in answers.unmodelled_seen.items()],
                   convolutions=rules.convolution_counts, convolution_ranges=rules.convolution_ranges,
                   convolution_reasons=rules.convolution_reasons, table_source=rules.table_source)

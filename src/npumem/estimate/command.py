@@ -253,6 +253,8 @@ def _run_each(runs, fitting, script, device, gpu, capacity, settings, answers, d
             failed.append((value, exc.failure))  # the other values still answer the fit
             continue
         results.append((value, result))
+        for line in unused_assumptions(answers, result):
+            click.echo(f"warning: {line}", err=True)
         if not as_json:
             click.echo("\n".join(summary_lines(result)))
     return results, failed
@@ -310,7 +312,7 @@ def _interrupted_by_sigterm():
 
 def summary_lines(result) -> list[str]:
     target, run = result.target, result.run
-    models = f", modelling {run['versions']}" if run.get("versions") else ""
+    models = f", modelling {run['versions']['text']}" if run.get("versions") else ""
     lines = [f"{result.script} on {target.describe()}: {format_size(result.capacity)} usable{models}",
              f"  fake run: {run['ops']:,} operator{'s' * (run['ops'] != 1)} in {run['seconds']:.1f} s, "
              f"{run['ops'] / max(run['op_seconds'], 1e-9):,.0f} per second inside the operators "
@@ -329,9 +331,11 @@ def summary_lines(result) -> list[str]:
                      f" (no .to(\"{device}\"), .{device}() or device=\"{device}\" reached a tensor)")
     verdict = "fits" if result.fits else "OUT OF MEMORY"
     settings = result.settings or "default settings"
-    caveats = [f"UNCERTAIN: {len(result.uncertain)} branch{'es' * (len(result.uncertain) != 1)} "
+    caveats = [f"UNCERTAIN: {len(result.uncertain)} decision{'s' * (len(result.uncertain) != 1)} "
                "on assumed values"] if result.uncertain else []
-    caveats += [f"not modelled: {', '.join(result.unmodelled)}"] if result.unmodelled else []
+    caveats += ["not modelled: " + ", ".join(
+        item["what"] + (f" ({item['count']:,} calls)" if item["count"] > 1 else "")
+        for item in result.unmodelled)] if result.unmodelled else []
     lines.append(f"  with {settings}: peak live {format_size(current.peak_allocated_bytes)}, "
                  f"peak reserved {format_size(current.peak_reserved_bytes)} -> {verdict}"
                  + (f" ({format_size(result.capacity - current.peak_reserved_bytes)} to spare)"
@@ -364,6 +368,16 @@ def summary_lines(result) -> list[str]:
         lines.append("  by line:")
         lines += [f"    {format_size(row['bytes']):>10}  {row['line']}" for row in composition["line"][:5]]
     return lines
+
+
+def unused_assumptions(answers: dict, result) -> list[str]:
+    """--assume FILE:LINE=VALUE that no read matched: most often the line that decides was
+    given, where the value is read on another (read_at says which)."""
+    used = result.run.get("lines_given") or {}
+    reads = sorted({d["read_at"] for d in result.uncertain})
+    where = f"; values estimate assumed were read at {', '.join(reads)}" if reads else ""
+    return [f"--assume {key}={value} matched no value read at that line{where}"
+            for key, value in (answers.get("lines") or {}).items() if key not in used]
 
 
 def uncertain_lines(uncertain: list[dict]) -> list[str]:

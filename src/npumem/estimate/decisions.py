@@ -86,7 +86,7 @@ class Decision:
         read_file, read_line = self.origin.read_at
         inside = f"{library_path(self.inside[0])}:{self.inside[1]}" if self.inside else None
         return {"file": shown_file, "line": self.line, "code": self.code(),
-                "assumed": _shown(self.origin.value), "what": self.origin.describe(),
+                "assumed": _plain(self.origin.value), "what": self.origin.describe(),
                 "how": self.how, "count": self.count, "inside": inside,
                 "read_at": f"{shown_path(read_file)}:{read_line}"}
 
@@ -109,10 +109,6 @@ def library_path(path: str) -> str:
         if mark in path:
             return path.split(mark + os.sep, 1)[-1]
     return shown_path(path)
-
-
-def _shown(value) -> str:
-    return repr(_plain(value))
 
 
 def _plain(value):

@@ -83,8 +83,9 @@ class Estimate:
         return self.run.get("uncertain", [])
 
     @property
-    def unmodelled(self) -> list[str]:
-        """Work the fake run met and the estimate does not model (the verdict line says it)."""
+    def unmodelled(self) -> list[dict]:
+        """Work the fake run met and the estimate does not model, as {what, count} (the
+        verdict line says it)."""
         return self.run.get("unmodelled", [])
 
     def as_dict(self) -> dict:

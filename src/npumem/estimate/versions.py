@@ -36,9 +36,11 @@ def parse_cudnn(text) -> int:
     if isinstance(text, int):
         return text
     text = str(text).strip()
-    if text.isdigit():
+    if text.isdigit() and int(text) >= 10000:
         return int(text)
-    major, minor, patch = parse_version(text)
+    major, minor, patch = parse_version(text if not text.isdigit() else f"{text}.0")
+    if not 8 <= major <= 19 or minor > 99 or patch > 99:
+        raise ValueError(f"not a cuDNN version: {text!r}")
     return major * 10000 + minor * 100 + patch
 
 
@@ -67,6 +69,11 @@ class Modelled:
         return cls(parse_version(torch_version) if torch_version else installed_torch(),
                    parse_cudnn(cudnn) if cudnn else STAND_IN_CUDNN,
                    parse_version(cuda)[:2] if cuda else DEFAULT_CUDA)
+
+    def as_dict(self) -> dict:
+        return {"torch": ".".join(map(str, self.torch)), "cuda": ".".join(map(str, self.cuda)),
+                "cudnn": f"{self.cudnn // 10000}.{self.cudnn // 100 % 100}.{self.cudnn % 100}",
+                "text": self.describe()}
 
     def describe(self) -> str:
         cudnn = f"{self.cudnn // 10000}.{self.cudnn // 100 % 100}.{self.cudnn % 100}"
