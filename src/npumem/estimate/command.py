@@ -103,7 +103,8 @@ def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
                    "read at one line of the script: train.py:12=0.5 (repeatable).")
 @click.option("--fit", "fits", multiple=True, metavar="NAME=V1,V2,...",
               help="Run the script once per value, {NAME} in its arguments replaced; report "
-                   "the largest that fits under the recommended setting.")
+                   "the largest that fits under the recommended setting with 5% of its peak "
+                   "to spare.")
 @click.option("--torch-version", default=None, metavar="X.Y",
               help="The PyTorch the script will run under, where it differs from the installed "
                    "one (it decides the attention kernel), e.g. 2.11.")
