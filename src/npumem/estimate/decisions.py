@@ -58,7 +58,7 @@ def user_site() -> tuple[str, int]:
 @dataclass
 class Origin:
     """Where an assumed value came from: what made it, the value, the line that read it."""
-    kind: str                       # bool, int, float, or numpy / tolist for placeholders
+    kind: str                       # bool, int, float, random; numpy / tolist for placeholders
     made_by: str                    # the operator that made the tensor ("" when unknown)
     value: object
     read_at: tuple[str, int]
@@ -82,10 +82,10 @@ class Decision:
     inside: tuple[str, int] | None = None    # the library's line that decided, under the user's
     count: int = 0
 
-    def as_dict(self, shown_file: str) -> dict:
+    def as_dict(self) -> dict:
         read_file, read_line = self.origin.read_at
         inside = f"{library_path(self.inside[0])}:{self.inside[1]}" if self.inside else None
-        return {"file": shown_file, "line": self.line, "code": self.code(),
+        return {"file": shown_path(self.file), "line": self.line, "code": self.code(),
                 "assumed": _plain(self.origin.value), "what": self.origin.describe(),
                 "how": self.how, "count": self.count, "inside": inside,
                 "read_at": f"{shown_path(read_file)}:{read_line}"}
@@ -134,7 +134,7 @@ class Decisions:
         decision.count += 1
 
     def as_list(self) -> list[dict]:
-        return [d.as_dict(shown_path(d.file)) for d in self.seen.values()]
+        return [d.as_dict() for d in self.seen.values()]
 
 
 # --- marked values -----------------------------------------------------------------------------
