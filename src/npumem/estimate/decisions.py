@@ -140,6 +140,7 @@ class Decisions:
 # --- marked values -----------------------------------------------------------------------------
 
 _decisions: Decisions | None = None          # the fake run's (one per process)
+_arm_sizes = None                             # watches the size arguments, once an int is marked
 
 
 def _decide(value, how: str) -> None:
@@ -161,6 +162,8 @@ def mark(value, origin: Origin):
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
+        if _arm_sizes is not None:
+            _arm_sizes()
         marked = AssumedInt(value)
     elif isinstance(value, float):
         marked = AssumedFloat(value)
@@ -363,12 +366,21 @@ def install(torch, answers, decisions: Decisions) -> None:
     # now, it holds PyTorch's own functions, which the watched ones call
     from torch.utils._device import _device_constructors
     _device_constructors()
-    for name in SIZED_FUNCTIONS:
-        if hasattr(torch, name):
-            setattr(torch, name, _watch_sizes(getattr(torch, name), decisions, name))
-    for name in SIZED_METHODS:
-        if hasattr(tensor, name):
-            setattr(tensor, name, _watch_sizes(getattr(tensor, name), decisions, name))
+
+    def arm_sizes() -> None:
+        """The size arguments are watched from the first marked integer on: until then they
+        cannot hold one, and a wrapper on every view and reshape would cost each run."""
+        global _arm_sizes
+        _arm_sizes = None
+        for name in SIZED_FUNCTIONS:
+            if hasattr(torch, name):
+                setattr(torch, name, _watch_sizes(getattr(torch, name), decisions, name))
+        for name in SIZED_METHODS:
+            if hasattr(tensor, name):
+                setattr(tensor, name, _watch_sizes(getattr(tensor, name), decisions, name))
+
+    global _arm_sizes
+    _arm_sizes = arm_sizes
     import math
     _watch_tests(math, ("isnan", "isinf", "isfinite"), decisions)
     try:
