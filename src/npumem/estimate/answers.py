@@ -38,6 +38,7 @@ class Answers:
         self.unmodelled_seen: Counter = Counter()   # what -> calls
         self.assumed = 0                    # values assumed so far (decisions.py marks them)
         self.last_origin: Origin | None = None
+        self.decisions = None               # decisions.install() hands over its Decisions
 
     def note(self, text: str) -> None:
         self.notes_seen[text] += 1
@@ -159,7 +160,7 @@ class Answers:
         self.given["placeholder", kind] += 1
         origin = Origin(kind, "", 0, site)
         self._assume(origin)
-        if dtype == numpy.bool_ and getattr(self, "decisions", None) is not None:
+        if dtype == numpy.bool_ and self.decisions is not None:
             self.decisions.record(origin, "booleans read from the device")
         return mark(values, origin)
 

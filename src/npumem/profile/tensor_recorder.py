@@ -90,7 +90,6 @@ class TensorRecorder:
         self.backward_owners = False
         self._forward_of: dict = {}         # autograd sequence number -> its forward's raw stack
         self._last_sequence = -1
-        self._op = None                     # the operator being dispatched
 
     # --- start and stop --------------------------------------------------------------------------
 
@@ -98,7 +97,7 @@ class TensorRecorder:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        outputs, intercept, recorder = self._outputs, self.intercept, self
+        outputs, intercept = self._outputs, self.intercept
         self._sequence_nr = torch._C._autograd._get_sequence_nr
         self._current_node = torch._C._current_autograd_node
 
@@ -111,7 +110,6 @@ class TensorRecorder:
                 return intercept is None
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                recorder._op = func
                 if intercept is not None:
                     return intercept(func, args, kwargs or {}, outputs)
                 out = func(*args, **(kwargs or {}))
@@ -186,7 +184,8 @@ class TensorRecorder:
     def _owned(self, raw: tuple) -> tuple:
         """A Python stack is kept as the forward of the autograd node its operator made, if it
         made one (the sequence number moved: autograd numbers a node before dispatching its
-        operator); an allocation without one gets (BACKWARD, node or operator, forward stack)."""
+        operator); an allocation without one, on autograd's thread, gets (BACKWARD, the node,
+        its forward's stack)."""
         if raw:
             sequence = self._sequence_nr()
             if sequence != self._last_sequence:
@@ -198,9 +197,8 @@ class TensorRecorder:
                         del forward[key]
             return raw
         node = self._current_node()
-        if node is None:
-            op = self._op
-            return (BACKWARD, str(op._schema.name) if op is not None else "", ())
+        if node is None:                     # another C++ thread: no owner to name
+            return raw
         return (BACKWARD, node.name(), self._forward_of.get(node._sequence_nr(), ()))
 
     def _own_frames(self) -> int:
@@ -360,7 +358,7 @@ class TensorRecorder:
 def _frames(raw: tuple) -> list[dict]:
     """A raw stack as snapshot frames. An allocation by autograd's thread shows the node (a
     frame reports pass over: not a .py file), then its forward's frames, named "(backward)";
-    without a forward stack, the node or operator itself is the site."""
+    without a forward stack, the node itself is the site."""
     if not raw or raw[0] != BACKWARD:
         return [f.as_dict() for f in resolve_user(raw)]
     _, owner, forward = raw
@@ -368,7 +366,4 @@ def _frames(raw: tuple) -> list[dict]:
     if frames:
         return [{"filename": "<autograd>", "line": 0, "name": owner}] + \
             [dict(f, name=f"{f['name']} (backward)") for f in frames]
-    if not owner:
-        return []
-    return [{"filename": "<operator>", "line": 0,
-             "name": f"{owner} (autograd's backward)" if "::" not in owner else owner}]
+    return [{"filename": "<operator>", "line": 0, "name": f"{owner} (autograd's backward)"}]
