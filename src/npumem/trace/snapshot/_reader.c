@@ -1284,6 +1284,35 @@ static PyObject *refused(const char *what) {
     return NULL;
 }
 
+/* A name taken from the file, fit for a message: a string with no UTF-8 form (a lone
+ * surrogate) has its surrogates escaped, so that printing the message cannot fail; a
+ * new reference, or NULL with an error set (memory only). */
+static PyObject *printable(PyObject *text) {
+    PyObject *bytes = PyUnicode_AsEncodedString(text, "utf-8", "backslashreplace");
+    if (!bytes)
+        return NULL;
+    PyObject *shown = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes),
+                                           "strict");
+    Py_DECREF(bytes);
+    return shown;
+}
+
+/* refused() of a message built from the file's names: the read ends with UnsafePickle, or
+ * with MemoryError where even the message could not be made. Never formats NULL. */
+static void refused_what(PyObject *what) {
+    PyObject *shown = what ? printable(what) : NULL;
+    if (!shown) {
+        if (what && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            PyErr_Clear();
+            refused("it asks for a class or function");
+        }
+        return;
+    }
+    unsafe("%U; a memory snapshot holds only plain data, so npumem does not load it (it could "
+           "run code)", shown);
+    Py_DECREF(shown);
+}
+
 #define d (m->data)                 /* (a window moves as it refills) */
 static int run(Machine *m, PyObject **result) {
     for (;;) {
@@ -1669,11 +1698,15 @@ static int run(Machine *m, PyObject **result) {
                     what = PyUnicode_FromFormat("it asks for %U.%U",
                                                 m->stack.items[m->stack.size - 2],
                                                 m->stack.items[m->stack.size - 1]);
-                if (!what)
-                    what = PyUnicode_FromString("it asks for a class or function");
-                if (!what)
+                if (!what) {
+                    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_MemoryError))
+                        PyErr_Clear();
+                    if (PyErr_Occurred())
+                        return -1;
+                    refused("it asks for a class or function");
                     return -1;
-                refused(PyUnicode_AsUTF8(what));
+                }
+                refused_what(what);
                 Py_DECREF(what);
                 return -1;
             }
