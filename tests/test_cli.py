@@ -128,8 +128,8 @@ def test_diff_reads_each_snapshot_once(monkeypatch):
 
 
 def test_verbs_share_helpers_through_common_only():
-    """Each verb module imports `common` (replay its own settings module too), never another
-    verb: a helper two verbs need belongs in common."""
+    """Each verb module imports `common` and `errors` (replay its own settings module too),
+    never another verb: a helper two verbs need belongs in common."""
     import ast
     import pathlib
 
@@ -137,9 +137,9 @@ def test_verbs_share_helpers_through_common_only():
 
     package = pathlib.Path(npumem.cli.__file__).parent
     own = {path.stem for path in package.glob("*.py")}
-    allowed = {"common", "replay_settings"}
+    allowed = {"common", "replay_settings", "errors"}
     for path in package.glob("*.py"):
-        if path.stem in ("__init__", "common", "replay_settings"):
+        if path.stem in ("__init__", "common", "replay_settings", "errors"):
             continue
         taken = {node.module or alias.name for node in ast.walk(ast.parse(path.read_text()))
                  if isinstance(node, ast.ImportFrom) and node.level == 1
@@ -179,3 +179,31 @@ def test_a_died_run_is_replayed_once_under_the_defaults_whatever_the_allocator_o
                                        "serial", str(path)])
     assert result.exit_code == 0, result.output
     assert len(made) == 1 and "out of memory at trace entry" in result.output
+
+
+def test_a_command_error_is_printed_once_by_the_group_with_its_exit_status():
+    """Verbs raise CommandError; the group prints "error: ..." and exits with its status, and
+    no verb prints an error and exits by itself."""
+    import pathlib
+
+    import click
+
+    import npumem.cli
+    from npumem.cli import main
+    from npumem.cli.errors import CommandError
+
+    @click.command("fails-for-test")
+    def fails():
+        raise CommandError("the file is empty", exit_code=3)
+
+    main.add_command(fails)
+    try:
+        result = CliRunner().invoke(main, ["fails-for-test"])
+    finally:
+        main.commands.pop("fails-for-test")
+    assert result.exit_code == 3
+    assert result.output == "error: the file is empty\n"
+    package = pathlib.Path(npumem.cli.__file__).parent
+    for path in package.glob("*.py"):
+        if path.stem != "__init__":
+            assert "sys.exit(2)" not in path.read_text(), path.name

@@ -12,22 +12,28 @@ import click
 from .. import __version__
 from ..estimate.command import estimate_command
 from . import convert, demo, diff, info, plan, profile, replay, report, tune
+from .errors import CommandError
 
 
 class _Commands(click.Group):
-    """Every command: an npumem error no command handled (a bad NPUMEM_* setting, say) and
-    running out of host memory end in one line, never a traceback."""
+    """Every command: a `CommandError` a verb raised, an npumem error no command handled (a bad
+    NPUMEM_* setting, say) and running out of host memory end in one line and their exit
+    status, never a traceback. This is the one place a command's failure is printed."""
 
     def invoke(self, ctx):
         from ..environment_check import problems
         from ..errors import AclError
 
-        for problem in problems():
-            click.echo(f"error: {problem}", err=True)
-        if problems():
-            sys.exit(2)
         try:
+            found = problems()
+            for problem in found[:-1]:
+                click.echo(f"error: {problem}", err=True)
+            if found:
+                raise CommandError(found[-1])
             return super().invoke(ctx)
+        except CommandError as exc:
+            click.echo(f"error: {exc.message}", err=True)
+            sys.exit(exc.exit_code)
         except AclError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)

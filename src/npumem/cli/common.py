@@ -5,9 +5,10 @@ everywhere, so each verb says the same thing about the same file."""
 from __future__ import annotations
 
 import os
-import sys
 
 import click
+
+from .errors import CommandError
 
 
 def _scheduler(ctx, param, value: str) -> str:
@@ -77,15 +78,14 @@ def run_replays(label: str, quiet: bool, work):
     try:
         return work(update)
     except TraceFormatError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CommandError(str(exc)) from None
     except InvalidParamError as exc:              # its sentence, without the ACL code
         raise click.UsageError(exc.message) from None
     except OutOfMemoryError as exc:
-        click.echo(f"error: the trace needs more device memory than the {format_size(exc.capacity)} "
-                   f"it was given (it asked for {format_size(exc.requested)} when the rest was "
-                   "taken); raise --memory, or leave it out (64 GiB)", err=True)
-        sys.exit(2)
+        raise CommandError(f"the trace needs more device memory than the "
+                           f"{format_size(exc.capacity)} it was given (it asked for "
+                           f"{format_size(exc.requested)} when the rest was taken); raise "
+                           "--memory, or leave it out (64 GiB)") from None
     except (ValueError, RuntimeError, OSError) as exc:
         raise click.UsageError(str(exc)) from None
     finally:
@@ -101,8 +101,7 @@ def profile_input(path: str) -> str:
     try:
         return profile_snapshot(path)
     except InvalidParamError as exc:
-        click.echo(f"error: {exc.message}", err=True)
-        sys.exit(2)
+        raise CommandError(exc.message) from None
 
 
 def is_operator_memory(path: str) -> bool:
@@ -135,8 +134,7 @@ def load_as_snapshot(path: str):
         data["npumem_notes"] = mended.notes              # what reading the trace changed
         return data
     except (SnapshotError, TraceFormatError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CommandError(str(exc)) from None
 
 
 def echo_recorded_ooms(paths, loaded: dict | None = None, results=()) -> bool:

@@ -3,9 +3,10 @@ all."""
 
 from __future__ import annotations
 
-import sys
 
 import click
+
+from .errors import CommandError
 
 from .common import echo_recorded_ooms
 
@@ -36,16 +37,13 @@ def convert(source, target, fmt):
             if count == 0:
                 _readable_or_refused(source, partial, fmt)
     except OutputPathError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CommandError(str(exc)) from None
     except TraceFormatError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CommandError(str(exc)) from None
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     except OSError as exc:
-        click.echo(f"error: cannot write {target}: {exc.strerror}", err=True)
-        sys.exit(2)
+        raise CommandError(f"cannot write {target}: {exc.strerror}")
     click.echo(f"{source} ({source_format}) -> {target} ({fmt}): {count} events")
     for note in notes:
         click.echo(f"note: {source}: {note}")

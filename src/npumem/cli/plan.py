@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 
 import click
+
+from .errors import CommandError
 
 
 @click.command()
@@ -40,11 +41,9 @@ def plan(problem_file, algorithm, time_limit, as_json, out_path):
     except OutputPathError as exc:
         raise click.BadParameter(str(exc), param_hint="--out") from None
     except (ProblemFormatError, TraceFormatError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CommandError(str(exc)) from None
     except OSError as exc:
-        click.echo(f"error: cannot read {problem_file}: {exc.strerror}", err=True)
-        sys.exit(2)
+        raise CommandError(f"cannot read {problem_file}: {exc.strerror}")
     verbose = not as_json                   # a few lines: each better height
     if verbose:
         for note in problem.notes:

@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import click
 
+from .errors import CommandError
+
 from ..cli_sizes import device_memory
 from ..device.address_space import DEVICE_SPAN, MAX_DEVICE_MEMORY
 from ..units import format_size
@@ -145,8 +147,7 @@ def _check_paths(traces, plot_path) -> None:
         try:
             detect_format(path)
         except TraceFormatError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            raise CommandError(str(exc)) from None
     if plot_path:
         if not plot_path.lower().endswith(".svg"):
             raise click.BadParameter(f"{plot_path}: the chart is SVG (vector, opens in any "
@@ -241,16 +242,14 @@ def _replay_check(traces, names, settings, memory, as_json, pad=None) -> None:
         try:
             result = replay_torch(path, allocator, text, memory, check=True, pad=pad)
         except TraceFormatError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            raise CommandError(str(exc)) from None
         except InvalidParamError as exc:
             raise click.BadParameter(exc.message, param_hint="--set") from None
         if result.recorded_device_allocs is None:
-            click.echo(f"error: {path} records allocations and frees but no caching-allocator "
-                       "segments (a CPU recording, say), so there is nothing to check the model "
-                       f"against; `npumem replay {path} --allocator torch` shows what PyTorch's "
-                       "caching allocator would reserve for it", err=True)
-            sys.exit(2)
+            raise CommandError(f"{path} records allocations and frees but no caching-allocator "
+                               "segments (a CPU recording, say), so there is nothing to check "
+                               f"the model against; `npumem replay {path} --allocator torch` "
+                               "shows what PyTorch's caching allocator would reserve for it")
         reports.append(result.as_dict())
         failed |= not result.faithful
         if as_json:

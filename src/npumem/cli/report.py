@@ -4,9 +4,10 @@ trace, PyTorch's memory_stats JSON, or Ascend profiler output; cut to a --window
 from __future__ import annotations
 
 import os
-import sys
 
 import click
+
+from .errors import CommandError
 
 from .common import is_operator_memory, load_as_snapshot
 
@@ -35,8 +36,7 @@ def report(path, html_out, top, snapshot_path, device, window_text):
     from ..file_paths import not_a_file
 
     if not (os.path.isfile(path) or os.path.isdir(path)):
-        click.echo(f"error: {path}: {not_a_file(path)}", err=True)
-        sys.exit(2)
+        raise CommandError(f"{path}: {not_a_file(path)}")
     window = _window(window_text)
     if html_out:
         try:
@@ -74,12 +74,11 @@ def report(path, html_out, top, snapshot_path, device, window_text):
                 _no_window(window, "Ascend profiler output")
                 _report_ascend(outputs, top, html_out)
                 return
-            click.echo(f"error: {path} has neither torch_snapshot.pickle nor snapshot.pickle "
-                       "(an npumem profile folder) nor "
-                       "Ascend profiler memory files (operator_memory.csv, memory_record.csv, "
-                       "npu_module_mem.csv, in <name>_ascend_pt/ASCEND_PROFILER_OUTPUT or "
-                       "PROF_*/mindstudio_profiler_output)", err=True)
-            sys.exit(2)
+            raise CommandError(f"{path} has neither torch_snapshot.pickle nor snapshot.pickle "
+                               "(an npumem profile folder) nor Ascend profiler memory files "
+                               "(operator_memory.csv, memory_record.csv, npu_module_mem.csv, in "
+                               "<name>_ascend_pt/ASCEND_PROFILER_OUTPUT or "
+                               "PROF_*/mindstudio_profiler_output)")
         snapshots = [(name, load_as_snapshot(name)) for name in found]
         if len(snapshots) == 2 and not any(snapshots[0][1].get("device_traces") or []):
             snapshots = snapshots[1:]             # a plain PyTorch script: npumem saw nothing
@@ -118,8 +117,7 @@ def _cut(data: dict, window, path: str) -> dict:
     try:
         return windowed(data, window)
     except WindowError as exc:
-        click.echo(f"error: {path}: {exc}", err=True)
-        sys.exit(2)
+        raise CommandError(f"{path}: {exc}")
 
 
 def _part(data: dict, device: int | None, window, path: str) -> dict:
@@ -132,9 +130,8 @@ def _part(data: dict, device: int | None, window, path: str) -> dict:
     held = sorted({index for index, trace in enumerate(traces) if trace}
                   | {segment.get("device", 0) for segment in segments})
     if device not in held:
-        click.echo(f"error: {path} holds no device {device}; its devices: "
-                   f"{', '.join(map(str, held)) or 'none'}", err=True)
-        sys.exit(2)
+        raise CommandError(f"{path} holds no device {device}; its devices: "
+                           f"{', '.join(map(str, held)) or 'none'}")
     data = _cut(data, window, path)
     traces = data.get("device_traces") or []
     return {**data, "device_traces": [trace if index == device else []
@@ -154,8 +151,7 @@ def _report_ascend(outputs, top: int, html_out: str | None) -> None:
         try:
             results.append(build(files, top))
         except TraceFormatError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            raise CommandError(str(exc)) from None
         click.echo(results[-1].text, nl=False)
     if html_out:
         _write_page(html_out, render_page(results[-1]))
@@ -170,8 +166,7 @@ def _write_page(path: str, page: str) -> None:
                                                         errors="replace") as out:
             out.write(page)     # (a file name no UTF-8 holds, from a hostile file: "?")
     except OSError as exc:
-        click.echo(f"error: cannot write {path}: {exc.strerror}", err=True)
-        sys.exit(2)
+        raise CommandError(f"cannot write {path}: {exc.strerror}")
     click.echo(f"wrote {path}")
 
 
@@ -206,8 +201,7 @@ def _usage_summary(path: str) -> str:
     try:
         return usage_summary(path)
     except TraceFormatError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CommandError(str(exc)) from None
 
 
 def _report_torch_stats(path: str, snapshot_path: str | None) -> None:
@@ -218,8 +212,6 @@ def _report_torch_stats(path: str, snapshot_path: str | None) -> None:
     try:
         click.echo(torch_memory_summary(path, snapshot_path), nl=False)
     except AclError as exc:
-        click.echo(f"error: {exc.message}", err=True)          # the sentence, not the ACL code
-        sys.exit(2)
+        raise CommandError(exc.message) from None        # the sentence, not the ACL code
     except SnapshotError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CommandError(str(exc)) from None

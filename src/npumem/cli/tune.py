@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from .errors import CommandError
+
 from ..cli_sizes import device_memory
 from .common import npu_chip_options, npu_pad, profile_input, run_replays, scheduler_options
 
@@ -42,8 +44,7 @@ def tune(trace, allocator, memory, as_json, steps, scheduler, workers, soc, cann
     try:
         snapshot = holds_snapshot(trace)
     except TraceFormatError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CommandError(str(exc)) from None
     capacity = device_memory(memory)
     pad = npu_pad(soc, cann, allocator != "pool")
     if allocator == "pool" and capacity is not None:
@@ -151,8 +152,7 @@ def _tune_pool(trace, as_json, scheduler, workers) -> None:
         click.echo(f"{candidate.settings:<62} {format_size(candidate.peak_reserved_bytes):>13} "
                    f"{candidate.reserved_over_allocated:>6.3f} {candidate.device_allocs:>10}")
     if result.settings is None:
-        click.echo(f"error: {result.reason}", err=True)
-        sys.exit(2)
+        raise CommandError(result.reason)
     click.echo(f"\nrecommended: {settings_label(result.settings)} -> predicted peak reserved "
                f"{format_size(result.predicted_peak_reserved_bytes)}")
     click.echo(f"why: {result.reason}")

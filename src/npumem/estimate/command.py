@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from ..cli.errors import CommandError
 from ..units import format_size
 
 
@@ -240,8 +241,7 @@ def _run_each(runs, fitting, script, device, gpu, capacity, settings, answers, d
                               keep_snapshot=out_dir is not None,
                               script_output=sys.stderr if as_json else None, versions=versions)
         except BuildError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            raise CommandError(str(exc)) from None
         except ScriptFailed as exc:
             click.echo(f"error: {_failure_line(exc)}", err=True)
             hint = _hint(exc.failure)
