@@ -16,7 +16,8 @@ from ..device.address_space import DEVICE_SPAN, MAX_DEVICE_MEMORY
 from ..units import format_size
 from .common import (echo_recorded_ooms, npu_chip_options, npu_pad, profile_input, run_replays,
                      scheduler_options)
-from .replay_settings import check_planner_lag, check_steps, settings_for, torch_environment
+from .replay_settings import (check_check_options, check_planner_lag, check_steps, settings_for,
+                              torch_environment)
 
 
 @click.command()
@@ -89,6 +90,11 @@ def replay(traces, allocators, settings, sweeps, memory, check, as_json, plot_pa
     pad = npu_pad(soc, cann, any(name in ("torch", "torch_npu") for name in names))
     _check_paths(traces, plot_path)
     if check:
+        context = click.get_current_context()
+        serial = (scheduler == "serial" or context.get_parameter_source("scheduler")
+                  is click.core.ParameterSource.DEFAULT)        # it runs serially: honoured
+        check_check_options(allocators, sweeps, plot_path, planner_lag, steps, not serial,
+                            workers)
         _replay_check(traces, names, settings, capacity, as_json, pad)
         return
     snapshots = {path for path in traces if holds_snapshot(path)}

@@ -121,3 +121,37 @@ def torch_environment(names, traces, snapshots, combos) -> tuple[dict, list[tupl
                    "as the program ran; --set goes on top") for path in others]
         notes += [(None, name, text) for text in shadowed]
     return environment, notes
+
+
+def check_check_options(allocators: str | None, sweeps, plot_path: str | None, planner_lag: int,
+                        steps: str | None, scheduler_given: bool, workers: int | None) -> None:
+    """--check replays each snapshot once, through the torch model under the recording's own
+    settings, in this process: the options that vary settings, draw the replays, steer the
+    predictive pool or spread replays over workers would be ignored, so they are refused."""
+    unused = []
+    if sweeps:
+        unused.append(("--sweep", "it checks the recording's own settings, once"))
+    if plot_path:
+        unused.append(("--plot", "it draws no chart"))
+    others = [name.strip() for name in (allocators or "").split(",")
+              if name.strip() and name.strip() not in ("torch", "torch_npu")]
+    if others:
+        unused.append(("--allocator", f"it models PyTorch's allocator only, torch or torch_npu, "
+                       f"not {', '.join(others)}"))
+    if planner_lag:
+        unused.append(("--planner-lag", "it steers the predictive pool, which the check does "
+                       "not replay"))
+    if steps is not None:
+        unused.append(("--steps", "it steers the predictive pool, which the check does not "
+                       "replay"))
+    if scheduler_given or workers is not None:
+        unused.append(("--scheduler/--workers", "the check replays one snapshot after another "
+                       "in this process"))
+    if unused:
+        names = [name for name, _ in unused]
+        one = len(names) == 1
+        named = names[0] if one else ", ".join(names[:-1]) + " and " + names[-1]
+        raise click.UsageError(f"{named} {'does' if one else 'do'} nothing with --check "
+                               f"({'; '.join(why for _, why in unused)}): drop "
+                               f"{'it' if one else 'them'}, or drop --check to replay under "
+                               "each setting")
