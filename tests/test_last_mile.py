@@ -35,3 +35,36 @@ def test_replay_check_takes_the_options_it_honours():
     result = _run("replay", "--check", SNAPSHOT, "--scheduler", "serial", "--allocator", "torch")
     assert result.exit_code == 0, result.output
     assert "MATCH" in result.output
+
+
+@pytest.mark.parametrize("verb", ["replay", "tune"])
+def test_a_bare_number_of_device_bytes_is_read_as_bytes(verb):
+    from npumem.cli_sizes import device_memory
+
+    assert device_memory("11198791680") == 11198791680
+    assert device_memory("1048576") == 1 << 20
+    result = _run(verb, SNAPSHOT, "--memory", "11198791680", *(
+        ["--scheduler", "serial"] if verb == "tune" else []))
+    assert "give the unit" not in result.output
+    assert "Invalid value for --memory" not in result.output
+
+
+@pytest.mark.parametrize("given, suggested", [("40", "40GiB"), ("16384", "16384MiB"),
+                                              ("1.5", "1.5GiB")])
+def test_a_small_bare_number_is_refused_with_the_unit_it_lacks(given, suggested):
+    result = _run("replay", SNAPSHOT, "--memory", given)
+    assert result.exit_code == 2
+    assert f"{given} bytes is too small for a device" in result.output
+    assert f"did you mean {suggested}?" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_every_verb_takes_bytes_written_with_b(tmp_path):
+    from npumem.cli_sizes import device_memory, size_option
+
+    assert device_memory("17179869184B") == device_memory("16GiB") == 16 << 30
+    assert device_memory("1048576 B") == 1 << 20
+    assert size_option("1048576B", "--sample-bytes") == 1 << 20
+    result = _run("demo", "--size", "4096B")            # 1024 float32 elements
+    assert result.exit_code == 0, result.output
+    assert _run("replay", SNAPSHOT, "--memory", "17179869184B").exit_code == 0

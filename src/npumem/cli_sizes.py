@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
-from .units import parse_size
+from .units import MiB, parse_size
 
 
 def size_option(value: str, option: str) -> int:
@@ -15,15 +17,28 @@ def size_option(value: str, option: str) -> int:
 
 
 def device_memory(value: str | None) -> int | None:
-    """--memory: a device's size in bytes (None when not given). A bare number is refused: a
-    device's size in bytes is written with a unit, and '40' means 40 GiB far more often."""
+    """--memory: a device's size in bytes (None when not given). A bare number is bytes when it
+    could be a device's bytes (1 MiB or more: 11198791680, as torch.cuda.mem_get_info gives
+    it); a smaller one is refused with the unit it most likely lacks ('40' is 40 GiB far more
+    often than 40 bytes)."""
     if value is None:
         return None
-    if value.strip().isdigit() and int(value) > 0:
-        raise click.BadParameter(f"{value}: give the unit, such as {value}GiB (a bare number "
-                                 "would be bytes)", param_hint="--memory")
+    text = value.strip()
+    if _BARE.fullmatch(text) and 0 < float(text) < MiB:
+        raise click.BadParameter(f"{text} bytes is too small for a device (a number without a "
+                                 f"unit is bytes from 1 MiB, {MiB:,}, up); did you mean "
+                                 f"{_likely_unit(text)}?", param_hint="--memory")
     size = size_option(value, "--memory")
     if size <= 0:
         raise click.BadParameter(f"{value}: a device holds some memory; give a size such as "
                                  "16GiB", param_hint="--memory")
     return size
+
+
+_BARE = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _likely_unit(number: str) -> str:
+    """The size a small bare number most likely means: GiB up to 1024 (a device of up to a
+    TiB), MiB above (16384 is 16 GiB written in MiB)."""
+    return f"{number}GiB" if float(number) <= 1024 else f"{number}MiB"
