@@ -11,7 +11,7 @@ import click
 
 from .. import __version__
 from ..estimate.command import estimate_command
-from . import convert, demo, diff, info, plan, profile, replay, report, tune
+from . import convert, demo, diff, info, plan, profile, replay, report, tune, view
 from .errors import CommandError
 
 
@@ -66,3 +66,4 @@ main.add_command(profile.profile)
 main.add_command(report.report)
 main.add_command(diff.diff_command)
 main.add_command(estimate_command)
+main.add_command(view.view)

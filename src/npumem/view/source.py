@@ -1,0 +1,176 @@
+"""One opened input: the loaded snapshot, the device shown, its precomputed `Series`, its time
+axis, and what /api/info says of it (OOM, steps, annotations, segments).
+
+Time axis: the trace's time stamps (microseconds, as recorded) where it has them, made
+non-decreasing (a trace's clock need not rise in entry order; each entry is placed at the
+latest time seen so far), else the entry number ("entry").
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..trace.snapshot.columns import SEGMENT_ADD, arrays, having
+from .series import Series
+from .sources import Loaded, SourceError
+
+ANNOTATIONS_SHOWN = 5000          # annotations /api/info lists at most
+STEPS_SHOWN = 20000
+
+
+class Source:
+    def __init__(self, number: int, loaded: Loaded):
+        from ..profile.analysis import start_of
+        from ..trace import TraceFormatError
+        from ..trace.snapshot import recording_from_data
+
+        self.id, self.loaded = number, loaded
+        self.path, self.kind, self.data = loaded.path, loaded.kind, loaded.data
+        try:
+            self.recording = recording_from_data(self.data, loaded.file)
+        except TraceFormatError as exc:
+            raise SourceError(str(exc)) from None
+        self.device = self.recording.device
+        traces = self.data.get("device_traces") or []
+        self.entries = traces[self.device] if self.device < len(traces) else []
+        start_live, start_reserved = start_of(self.data, self.device) if len(self.entries) \
+            else ([], 0)
+        self.series = Series(self.entries, start_live, start_reserved)
+        self.a = arrays(self.entries)
+        times = self.a.time if len(self.a) else np.zeros(0)
+        self.timed = bool(len(times)) and bool(np.any(times != times[0])) and \
+            bool(np.all(np.isfinite(times)))
+        self.times = np.maximum.accumulate(times) if self.timed else None
+        self.offset = 0.0          # added to this source's times to put it on the shared axis
+        self.origin = 0.0          # the recorded time at 0 on that axis
+        self.lock = threading.Lock()       # what is made on first use (flame names, leaks)
+        self.extras: dict = {}
+        self._info = self._describe()
+
+    # --- the axis ---------------------------------------------------------------------------
+
+    @property
+    def time_unit(self) -> str:
+        return "us" if self.timed else "entry"
+
+    def t_of(self, positions) -> np.ndarray:
+        """The axis value of entry positions (on the shared axis)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.times is None:
+            return positions.astype(np.float64) + self.offset
+        return self.times[np.clip(positions, 0, max(self.series.n - 1, 0))] + self.offset
+
+    def positions_before(self, t) -> np.ndarray:
+        """For each axis value, how many entries lie at or before it."""
+        t = np.asarray(t, dtype=np.float64) - self.offset
+        if self.times is None:
+            return np.clip(np.floor(t) + 1, 0, self.series.n).astype(np.int64)
+        return np.searchsorted(self.times, t, "right").astype(np.int64)
+
+    def position_at(self, t: float) -> int:
+        """The last entry at or before `t` (-1: before the first)."""
+        return int(self.positions_before([t])[0]) - 1
+
+    @property
+    def t_range(self) -> tuple[float, float]:
+        n = self.series.n
+        if not n:
+            return self.offset, self.offset
+        return float(self.t_of([0])[0]), float(self.t_of([n - 1])[0])
+
+    # --- /api/info --------------------------------------------------------------------------
+
+    def info(self) -> dict:
+        t_min, t_max = self.t_range
+        info = dict(self._info, t_min=t_min, t_max=t_max, t_origin=self.origin,
+                    steps=[dict(step, t=float(self.t_of([step["entry"]])[0]))
+                           for step in self._info["steps"]],
+                    annotations=[dict(note, t=note["t"] + self.offset)
+                                 for note in self._info["annotations"]])
+        if info["oom"] is not None:
+            info["oom"] = dict(info["oom"], t=float(self.t_of([info["oom"]["entry"]])[0]))
+            explained = self.extras.get("oom_explanation")
+            if explained is not None:
+                info["oom"]["explanation"] = explained
+            info["oom"]["explanation_pending"] = explained is None
+        return info
+
+    def _describe(self) -> dict:
+        from ..whatif.torch_replay import device_total
+
+        s = self.series
+        segments = [int(x) for x in s.segment_positions]
+        adds = int(np.count_nonzero(having(self.a.action[s.segment_positions], *SEGMENT_ADD))) \
+            if segments else 0
+        host = any(key in self.data for key in ("host_segments", "host_traces"))
+        return {
+            "id": self.id, "path": self.path, "kind": self.kind, "file": self.loaded.file,
+            "device": self.device, "entries": s.n, "time_unit": self.time_unit,
+            "device_total": device_total(self.recording),
+            "has_active": s.has_active,
+            "categories": [c.name for c in s.categories],
+            "segments": len(self.recording.segments), "segment_events": adds,
+            "oom": self._oom(), "steps": self._steps(), "annotations": self._annotations(),
+            "host": host, "flavour": self.recording.flavour,
+            "notes": list(self.loaded.notes) + list(self.data.get("npumem_notes") or [])
+            + list(self.recording.read_notes),
+            "peak_allocated": int(s.allocated.values.max()) if s.n else 0,
+            "peak_reserved": int(s.reserved.values.max()) if s.n else 0,
+        }
+
+    def _oom(self) -> dict | None:
+        from ..trace.snapshot import first_oom
+        from ..trace.snapshot.schema import oom_device_free
+        from ..units import format_size
+
+        index = first_oom(self.entries) if len(self.entries) else None
+        if index is None:
+            return None
+        entry = self.entries[index]
+        message = (f"out of memory at trace entry {index}: asked for "
+                   f"{format_size(entry.get('size', 0))} on stream {entry.get('stream', 0)}, "
+                   f"the driver reported {format_size(oom_device_free(entry))} free")
+        return {"entry": index, "message": message, "explanation": ""}
+
+    def _steps(self) -> list[dict]:
+        from ..profile.step_leaks import learned_steps, marked_steps
+
+        if not len(self.entries):
+            return []
+        marked = marked_steps(self.data, self.device)
+        source = "marked"
+        if not marked:
+            marked, source = learned_steps(self.entries), "inferred"
+        return [{"entry": int(at), "label": f"step {number}", "source": source}
+                for number, at in enumerate(marked[:STEPS_SHOWN])]
+
+    def _annotations(self) -> list[dict]:
+        out = []
+        for note in self.recording.annotations[:ANNOTATIONS_SHOWN]:
+            when = note.get("time_us")
+            if not isinstance(when, (int, float)) or isinstance(when, bool):
+                continue
+            if self.times is None:                # an entry axis: the first entry at or after
+                continue
+            stage = note.get("stage")
+            out.append({"t": float(when), "label": str(note.get("name", "")) +
+                        (f" ({str(stage).lower()})" if stage else "")})
+        return out
+
+    def explain_oom_later(self) -> None:
+        """The report's OOM explanation (a replay under each setting tune knows), made in the
+        background: too slow to hold the first view for on a long trace."""
+        if self._info["oom"] is None:
+            return
+
+        def work():
+            from ..profile.oom import explain_oom
+            try:
+                lines = explain_oom(self.data, self.loaded.file)
+            except Exception as exc:        # shown on the page; the server goes on
+                lines = [f"the out-of-memory could not be explained: {exc}"]
+            self.extras["oom_explanation"] = "\n".join(lines)
+
+        threading.Thread(target=work, name="npumem-view-oom", daemon=True).start()
