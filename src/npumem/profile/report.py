@@ -12,7 +12,8 @@ from ..units import format_size
 from .analysis import DeviceAnalysis, SiteUsage, analyze_snapshot, group_by_site, live_after
 from .fragmentation import PoolFragmentation, analyze, format_fragmentation, maps_over_time
 from .leaks import LeakReport
-from .step_leaks import StepLeak, growth_per_step, step_leaks, step_starts
+from .leak_analysis import LeakAnalysis, analyze_leaks
+from .step_leaks import StepLeak, growth_per_step
 from .sampler import Sample
 from .tracker import Annotation
 
@@ -54,6 +55,7 @@ class Report:
     step_growth: dict = field(default_factory=dict)
     step_leaks: list[StepLeak] = field(default_factory=list)   # a recording's growing sites
     kernels: list = field(default_factory=list)       # AI core Timelines (a live profile only)
+    leak_analysis: LeakAnalysis | None = None         # steps and growth (a recording's)
     fragmentation_note: str = ""      # why fragmentation is not known (a window of a recording)
 
     @property
@@ -100,12 +102,14 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     annotations are placed on the timeline too."""
     devices = analyze_snapshot(snapshot)
     growing: list[StepLeak] = []
-    # where each device's steps begin (the step learner may run: once per device)
-    starts = {d.device: step_starts(snapshot, d.device) for d in devices}
+    # each device's steps (marked, inferred or none) and what grew over them: one analysis
+    analysis = analyze_leaks(snapshot, [d.device for d in devices
+                                        if d.device < len(snapshot.get("device_traces") or [])])
+    starts = {device: steps.starts for device, steps in analysis.steps.items()}
     if leaks is not None:
         rows, heading = leak_sites(leaks), "Leaks: allocations still live at exit"
     else:
-        rows, heading, growing = _snapshot_leaks(snapshot, starts)
+        rows, heading, growing = _snapshot_leaks(snapshot, analysis)
     notes = list(snapshot.get("npumem_notes") or [])        # what reading the file changed
     meta = snapshot.get("npumem")                          # the tensor recorder's own notes
     sampled = meta.get("sampled_out_bytes") if isinstance(meta, dict) else 0
@@ -137,6 +141,7 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     report = Report(title, devices, analyze(snapshot), rows, heading, op_rows(list(annotations)),
                     list(samples), notes)
     report.step_leaks = growing
+    report.leak_analysis = analysis
     report.step_growth = {device: growth_per_step(snapshot, device, at)
                           for device, at in starts.items() if at}
     report.oom = explain_oom(snapshot, title)
@@ -153,15 +158,14 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     return report
 
 
-def _snapshot_leaks(snapshot: dict, starts: dict) -> tuple[list[SiteUsage], str, list[StepLeak]]:
-    """A recording's leaks are what grows step over step (`step_leaks`); what is merely live at
-    the end (weights, optimizer state, caches) is not. Without steps to compare, the list is
-    what is live at the end, and says that it is no more than that. `starts`: each device's
-    step boundaries."""
+def _snapshot_leaks(snapshot: dict, analysis: LeakAnalysis
+                    ) -> tuple[list[SiteUsage], str, list[StepLeak]]:
+    """A recording's leaks are what grows step over step (`leak_analysis`); what is merely live
+    at the end (weights, optimizer state, caches) is not. Without steps to judge on, the list is
+    what is live at the end, and says that it is no more than that."""
     traces = snapshot.get("device_traces") or []
-    if any(starts.values()):
-        growing = [leak for device, at in starts.items()
-                   for leak in step_leaks(snapshot, device, at)]
+    if analysis.any_judged:
+        growing = analysis.leaks
         rows = [SiteUsage(leak.where, leak.count, leak.live, leak.stack) for leak in growing]
         return rows, "Leaks: growing step over step", growing
     if not any(traces):              # no history: what the dump holds, where it was made
@@ -173,8 +177,8 @@ def _snapshot_leaks(snapshot: dict, starts: dict) -> tuple[list[SiteUsage], str,
         return rows, "Live at the dump (the snapshot has no trace to tell when)", []
     rows = group_by_site([entry for trace in traces
                           for entry in live_after([], trace, len(trace) - 1)])
-    return rows, ("Allocated during the trace and still live at its end (no steps are marked, so "
-                  "growth cannot be told from memory made once)"), []
+    return rows, ("Allocated during the trace and still live at its end (not leaks: without "
+                  "steps, growth cannot be told from memory made once)"), []
 
 
 def _has_segment_events(trace) -> bool:
@@ -211,25 +215,36 @@ def format_report(report: Report, limit: int = 10) -> str:
             lines.append("  live at the allocated peak, by category: " + ", ".join(
                 f"{name} {format_size(n)}" for name, n in device.peak_categories.items()))
         growth = report.step_growth.get(device.device)
+        steps = report.leak_analysis.steps.get(device.device) if report.leak_analysis else None
         if growth:
-            lines.append("  live bytes at each step, against the first: "
+            how = " (steps inferred, not marked)" if steps is not None and steps.inferred else ""
+            lines.append(f"  live bytes at each step{how}, against the first: "
                          + " ".join(_signed(n) for n in growth[:12])
                          + (" ..." if len(growth) > 12 else ""))
         lines += _sites("live at the allocated peak, by site", device.at_peak, limit)
         lines += _sites("all allocations, by site", device.by_site, limit)
     lines.append("")
+    analysis = report.leak_analysis
+    if analysis is not None and analysis.steps and report.leak_heading.startswith(
+            ("Leaks: growing", "Allocated during")):
+        lines.append("Leaks (growth at step boundaries):")
+        lines += [f"  {line}" for line in analysis.lines(limit)]
+        if report.leak_heading.startswith("Leaks: growing"):
+            return _rest(report, lines, limit)
+        lines.append("")
     lines.append(f"{report.leak_heading}:")
     if not report.leaks:
         lines.append("  none")
-    for leak in report.step_leaks[:limit]:
-        lines.append(f"  {leak.describe()}")
-        lines += [f"      inside {frame}" for frame in leak.inner[-3:]]
-        lines += [f"      called from {frame}" for frame in leak.stack[:8]]
     for row in report.leaks[:limit] if not report.step_leaks else ():
         lines.append(f"  {format_size(row.bytes):>12} in {row.count:>6} allocation(s)  {row.where}")
         lines += [f"      called from {frame}" for frame in row.callers[:8]]
     if len(report.leaks) > limit:
         lines.append(f"  ... and {len(report.leaks) - limit} more site(s)")
+    return _rest(report, lines, limit)
+
+
+def _rest(report: Report, lines: list[str], limit: int) -> str:
+    """The report after its leak section."""
     if report.growth:
         lines.append("")
         lines.append("Growing while the program ran (probable leaks):")

@@ -1,15 +1,17 @@
-"""Leaks in a PyTorch recording are growth: memory allocated in one step and still live steps
-later, more of it at each step. A training loop's weights and optimizer state are made once
-(in the first step or before it), so they rise once and are never called leaks; a list that
-keeps each step's loss graph alive rises at every step.
+"""Leaks in a recording are growth: a site whose bytes live at the step boundaries rise across
+steps, as a trend.
 
-Steps are the recording's step marks (`optimizer.step()`, `torch.profiler`'s `step()`,
-`npumem.memory.step()`, as the tensor recorder writes them, or PyTorch's ProfilerStep
-annotations), else the step the program repeats, as npumem's step learner finds it. For each site, the user's own line (the innermost frame outside installed
-libraries, the standard library, torch and npumem), the live bytes are taken at every step
-boundary and at the end. A site leaks when its live bytes never fall from the first boundary
-on and rise at least twice, and in at least half the steps (memory made once, in the first step
-or later, rises once); its growth per step is the rise over the steps it spans.
+For each site (the user's line, `leak_site`), its live bytes are taken at every step boundary
+(`steps.find_steps`: marked by the run, or inferred where the recording repeats a step), never
+at every event and never at the end: the frees at the end of a run or at an out-of-memory are
+between boundaries, so they neither hide a leak nor make one. A site leaks when its series
+rises as `trend` judges it (a robust slope, Mann-Kendall's test, the rise against the scatter,
+still rising in the later half), rises at a quarter of the boundaries at least (memory made now
+and then is no leak), and, where the steps differ in size (a varying batch or sequence),
+rises between steps of similar size too: growth that the variation explains is not growth.
+
+The growth per step is the robust slope. Each leak carries its evidence: the steps, the live
+bytes at each boundary (thinned to MAX_SERIES points), the interval of the slope and its p.
 """
 
 from __future__ import annotations
@@ -19,157 +21,201 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace.snapshot.columns import (ALLOC, FREE_COMPLETED, arrays, block_order, index_type, levels,
-                                      sizes, take)
-from ..trace.file_checks import TraceFormatError
-from ..trace.step_marks import PROFILER_STEP, starts_named, step_positions
+from ..trace.snapshot.columns import ALLOC, arrays, index_type, sizes, take
 from ..units import format_size
-from .analysis import callers, live_blocks, site_name, user_frame
+from .analysis import callers, live_blocks
+from .leak_site import LeakSite, frame_text, leak_site
+from .live_totals import live_changes
+from .steps import Steps, find_steps
+from .trend import MIN_POINTS, Trend, trend
 
-MIN_RISES = 2
+MIN_RISE_SHARE = 0.25    # boundaries at which a leaking site rises, at least
+MIN_RISES = 3
+SIMILAR = 0.10           # steps whose sizes differ by at most this are "of similar size"
+VARYING = 0.10           # steps vary in size when their spread is wider than this
+MAX_BOUNDARIES = 2000    # boundaries judged, at most (evenly thinned)
+MAX_SERIES = 64          # boundary values kept as evidence
 
 
 @dataclass
 class StepLeak:
     """A site whose live bytes grew step over step."""
 
-    where: str                          # the user's line
-    per_step: float                     # bytes added per step, on average
-    steps: int                          # the steps it grew over
+    where: str                          # the user's line (else the library's, else C++)
+    per_step: float                     # bytes added per step (Theil-Sen)
+    steps: int                          # the steps it was judged over
     live: int                           # its live bytes at the end
     count: int                          # its live allocations at the end
     categories: dict = field(default_factory=dict)   # category -> live bytes at the end
     stack: list = field(default_factory=list)        # callers of the user's line, outward
     inner: list = field(default_factory=list)        # frames inside it (libraries), inward
+    site: LeakSite | None = None
+    trend: Trend | None = None
+    inferred: bool = False              # the steps were inferred, not marked
+    device: int = 0
+    series: list = field(default_factory=list)       # (step number, live bytes) evidence
+
+    @property
+    def allocated_in(self) -> str | None:
+        return self.site.allocated_in if self.site else None
 
     def describe(self) -> str:
         kinds = ", ".join(f"{name} {format_size(n)}" for name, n in
                           sorted(self.categories.items(), key=lambda kv: -kv[1]))
-        return (f"+{format_size(self.per_step)} per step over {self.steps} steps at {self.where}"
-                f" ({format_size(self.live)} live in {self.count} allocation(s): {kinds})")
+        inside = f", allocated in {self.allocated_in}" if self.allocated_in else ""
+        steps = "inferred steps" if self.inferred else "steps"
+        return (f"+{format_size(self.per_step)} per step over {self.steps} {steps} at "
+                f"{self.where}{inside} ({format_size(self.live)} live in {self.count} "
+                f"allocation(s){': ' + kinds if kinds else ''})")
 
-
-LEARN_ALLOCATIONS = 200_000            # allocations the step learner looks through, at most
+    def to_json(self) -> dict:
+        frame = (self.site.user or self.site.library or self.site.native) if self.site else None
+        t = self.trend
+        return {
+            "file": frame.get("filename") if frame else None,
+            "line": frame.get("line") if frame else None,
+            "function": frame.get("name") if frame else None,
+            "where": self.where, "allocated_in": self.allocated_in,
+            "growth_per_step_bytes": round(self.per_step, 1), "steps": self.steps,
+            "steps_source": "inferred" if self.inferred else "marked", "device": self.device,
+            "live_bytes": self.live, "allocations": self.count, "categories": self.categories,
+            "evidence": {
+                "live_bytes_at_boundaries": [[int(s), int(v)] for s, v in self.series],
+                "growth_per_step_interval": [round(t.low, 1), round(t.high, 1)] if t else None,
+                "p_value": float(f"{t.p_value:.3g}") if t else None,
+                "confidence": t.confidence if t else None,
+                "scatter_bytes": round(t.scatter, 1) if t else None},
+            "stack": self.stack}
 
 
 def step_starts(snapshot: dict, device: int) -> list[int]:
-    """Entry positions of `device`'s trace where a step begins (sorted, distinct): the marked
-    steps, else the step the program repeats (`learned_steps`)."""
-    return marked_steps(snapshot, device) or learned_steps(
-        (snapshot.get("device_traces") or [[]])[device])
+    """Entry positions of `device`'s trace where a step begins (`steps.find_steps`)."""
+    return find_steps(snapshot, device).starts
 
 
-_CHUNK = 1 << 14                   # entries the learner is handed as Python numbers at a time
-
-
-def learned_steps(entries: list[dict]) -> list[int]:
-    """Where the step a program repeats begins, found by npumem's step learner from the sizes
-    of its requests (alloc/step_learner.py): every period from the first whole copy on. Empty
-    when no period is confirmed. The learner reads the entries up to its answer only."""
-    from ..alloc.step_learner import StepLearner
-
-    a = arrays(entries)
-    allocs = np.flatnonzero(a.action == ALLOC)
-    # the learner sees at most LEARN_ALLOCATIONS allocations
-    end = int(allocs[LEARN_ALLOCATIONS - 1]) + 1 if len(allocs) >= LEARN_ALLOCATIONS else len(a)
-    learner = StepLearner()
-    found = None
-    for start in range(0, end, _CHUNK):
-        stop = min(start + _CHUNK, end)
-        for action, addr, size in zip(a.action[start:stop].tolist(), a.addr[start:stop].tolist(),
-                                      a.size[start:stop].tolist()):
-            if action == ALLOC:
-                learner.on_alloc(addr, size, size)
-                if learner.confirmed:
-                    found = (learner.confirmed, learner.anchor)
-                    break
-            elif action == FREE_COMPLETED:
-                learner.on_free(addr)
-        if found is not None:
-            break
-    if found is None:
-        return []
-    period, anchor = found
-    return allocs[anchor::period].tolist()
-
-
-def marked_steps(snapshot: dict, device: int) -> list[int]:
-    """Entry positions where a marked step begins: optimizer.step(), torch.profiler's steps,
-    npumem.memory.step() (as the tensor recorder writes them), ProfilerStep annotations."""
-    notes = [note for note in snapshot.get("external_annotations") or []
-             if isinstance(note, dict) and note.get("device", device) == device]
-    if not notes:
-        return []
-    times = arrays((snapshot.get("device_traces") or [[]])[device]).time
-    try:
-        positions = step_positions("", notes, None, times)       # npumem's own marks
-        if starts_named(notes, PROFILER_STEP):
-            positions += step_positions("", notes, PROFILER_STEP, times)
-    except TraceFormatError:                 # an annotation without a time: no steps to use
-        return []
-    return sorted(set(positions))
-
-
-def step_leaks(snapshot: dict, device: int = 0, starts: list[int] | None = None) -> list[StepLeak]:
-    """The sites of `device` that grew step over step, the fastest first (none without three
-    step boundaries). `starts`: step_starts, where the caller has them already."""
+def step_leaks(snapshot: dict, device: int = 0, starts: list[int] | Steps | None = None
+               ) -> list[StepLeak]:
+    """The sites of `device` that grew step over step, the fastest first. `starts`: its steps
+    (Steps, or boundaries taken as marked), where the caller has them already."""
     traces = snapshot.get("device_traces") or []
-    if device >= len(traces):
+    if device >= len(traces) or not len(traces[device]):
         return []
+    steps = find_steps(snapshot, device) if starts is None else (
+        starts if isinstance(starts, Steps) else Steps(list(starts), "marked"))
     entries = traces[device]
-    starts = step_starts(snapshot, device) if starts is None else starts
-    if len(starts) < MIN_RISES + 1:
-        return []
     a = arrays(entries)
-    moves, owner, change = _live_changes(a)
+    bounds = np.asarray(sorted(set(steps.starts)), dtype=np.int64)
+    if len(bounds) < MIN_POINTS:
+        return []
+    numbers = np.arange(len(bounds))
+    if len(bounds) > MAX_BOUNDARIES:
+        keep = np.linspace(0, len(bounds) - 1, MAX_BOUNDARIES).astype(np.int64)
+        bounds, numbers = bounds[keep], numbers[keep]
+    moves, owner, change = live_changes(a)
     if not len(moves):
         return []
     allocs = np.flatnonzero(a.action == ALLOC)
-    site_at = np.full(len(a), -1, dtype=index_type(len(a)))      # each alloc's site
-    site_at[allocs], names = _alloc_sites(a, allocs)
-    site = site_at[owner]
-    # A site's series: its live bytes at each boundary, then at the end. A change at entry i
-    # counts from sample b on, b the number of boundaries at or before i; summed per (site, b),
-    # the changes are the steps of the series.
-    boundary = levels(0, np.ones(len(starts), dtype=np.int64), np.asarray(starts),
-                      len(a))[moves]
-    # moves are in entry order, so b ascends within each site (a radix sort for few sites)
-    order = np.argsort(site.astype(np.uint16) if len(names) <= 1 << 16 else site, kind="stable")
-    site, boundary, change = site[order], boundary[order], change[order]
-    runs = np.flatnonzero(np.r_[True, (site[1:] != site[:-1]) | (boundary[1:] != boundary[:-1])])
-    site, boundary, step = site[runs], boundary[runs], np.add.reduceat(change, runs)
-    later = boundary > 0
-    rise, fall = later & (step > 0), later & (step < 0)
-    rises = np.bincount(site[rise], minlength=len(names))
-    falls = np.bincount(site[fall], minlength=len(names))
-    spans = np.zeros(len(names), dtype=np.int64)     # where each site last rose
-    np.maximum.at(spans, site[rise], boundary[rise])
-    first = np.zeros(len(names), dtype=step.dtype)   # its first value
-    first[site[~later]] = step[~later]
-    last = np.zeros(len(names), dtype=step.dtype)    # and its last
-    np.add.at(last, site, step)
-    # growth step over step: in at least half the steps (memory made now and then, over
-    # thousands of steps, rises a few times and is no leak)
-    growing = np.flatnonzero((falls == 0) & (rises >= max(MIN_RISES, len(starts) // 2)))
-    if not len(growing):
+    site_at = np.full(len(a), -1, dtype=index_type(len(a)))
+    site_at[allocs], sites = _alloc_sites(a, allocs)
+    series = _series(site_at[owner], moves, change, bounds, len(sites))
+    step_sizes = _step_sizes(a, allocs, bounds)
+    found, live = [], None
+    for index in _candidates(series):
+        y = series[index]
+        t = trend(numbers, y)
+        if not t.rising or not _similar_steps_rise(numbers, y, step_sizes):
+            continue
+        if live is None:                  # the blocks live at the end, once
+            live = live_blocks(a, len(a), ("free_requested", "free_completed"))[1]
+        found.append(_leak(entries, live, site_at, index, sites[index], t, numbers, y, steps,
+                           device))
+    return sorted(found, key=lambda leak: (-leak.per_step, leak.where))
+
+
+def _series(site: np.ndarray, moves: np.ndarray, change: np.ndarray, bounds: np.ndarray,
+            count: int) -> np.ndarray:
+    """Each site's live bytes at each boundary: a change at entry i counts at every boundary
+    after i."""
+    column = np.searchsorted(bounds, moves, side="right")      # boundaries at or before i
+    ok = site >= 0
+    flat = site[ok].astype(np.int64) * (len(bounds) + 1) + column[ok]
+    total = np.bincount(flat, weights=change[ok].astype(np.float64),
+                        minlength=count * (len(bounds) + 1)).reshape(count, -1)
+    return np.cumsum(total, axis=1)[:, :len(bounds)]
+
+
+def _candidates(series: np.ndarray) -> list[int]:
+    """Sites that end higher than they begin and rise at enough boundaries (a cheap filter
+    before the statistics)."""
+    if series.shape[1] < 2:
         return []
-    _, live = live_blocks(a, len(a), ("free_requested", "free_completed"))
-    leaks = []
-    for index in growing.tolist():
-        # per step over the steps it grew in: from its first value to its last rise
-        spanned, grown = int(spans[index]), int(last[index]) - int(first[index])
-        mine = take(entries, live[site_at[live] == index])
-        kinds = Counter()
-        for e in mine:
-            kinds[e.get("category") or "other"] += e.get("size", 0)
-        frames = mine[-1].get("frames") or [] if mine else []
-        chosen = user_frame(frames)
-        inner = frames[:frames.index(chosen)] if chosen in frames else []
-        leaks.append(StepLeak(names[index], grown / max(spanned, 1), spanned, int(last[index]),
-                              len(mine), dict(kinds), callers(frames, chosen),
-                              [f"{f.get('filename')}:{f.get('line')} in {f.get('name')}"
-                               for f in inner]))
-    return sorted(leaks, key=lambda leak: (-leak.per_step, leak.where))
+    rises = (np.diff(series, axis=1) > 0).sum(axis=1)
+    need = max(MIN_RISES, int(np.ceil(MIN_RISE_SHARE * (series.shape[1] - 1))))
+    return np.flatnonzero((series[:, -1] > series[:, 0]) & (rises >= need)).tolist()
+
+
+def _step_sizes(a, allocs: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Bytes each step allocates (from one boundary to the next): how big a step was."""
+    size = sizes(a)[allocs].astype(np.float64)
+    total = np.r_[0.0, np.cumsum(size)]
+    at = np.searchsorted(allocs, bounds)
+    return np.diff(np.r_[total[at], total[-1]])[:len(bounds)]
+
+
+def _similar_steps_rise(x: np.ndarray, y: np.ndarray, step_sizes: np.ndarray) -> bool:
+    """Where steps vary in size, the site must rise between steps of similar size as well: the
+    median slope over pairs of steps (at the boundaries that begin them) whose sizes are within
+    SIMILAR of each other is positive, over three such pairs at least."""
+    size = step_sizes[:len(y)]
+    middle = np.median(size)
+    if middle <= 0 or (np.percentile(size, 90) - np.percentile(size, 10)) <= VARYING * middle:
+        return True
+    i, j = np.triu_indices(len(y), 1)
+    near = np.abs(size[i] - size[j]) <= SIMILAR * np.maximum(size[i], size[j])
+    if near.sum() < 3:
+        return False
+    i, j = i[near], j[near]
+    return float(np.median((y[j] - y[i]) / (x[j] - x[i]))) > 0
+
+
+def _leak(entries, live, site_at, index: int, where: str, t: Trend, numbers, y, steps: Steps,
+          device: int) -> StepLeak:
+    mine = take(entries, live[site_at[live] == index])
+    kinds = Counter()
+    for e in mine:
+        kinds[e.get("category") or "other"] += e.get("size", 0)
+    frames = mine[-1].get("frames") or [] if mine else []
+    site = leak_site(frames, mine[-1].get("user_metadata") if mine else None)
+    chosen = site.user or site.library or site.native
+    inner = frames[:frames.index(chosen)] if chosen in frames else []
+    thin = np.unique(np.linspace(0, len(y) - 1, min(len(y), MAX_SERIES)).astype(np.int64))
+    return StepLeak(where, t.slope, int(numbers[-1] - numbers[0]) + 1, int(sum(kinds.values())),
+                    len(mine), dict(kinds), callers(frames, chosen),
+                    [frame_text(f) for f in inner if str(f.get("filename", "")).endswith(".py")],
+                    site, t, steps.inferred, device,
+                    [(int(numbers[k]), int(y[k])) for k in thin])
+
+
+def _alloc_sites(a, allocs: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """(each alloc's site, as an index into the sites' names; the names): by its stack's
+    `leak_site`, or for one without frames by its user_metadata tag. Each stack and tag is
+    named once."""
+    ids: dict[str, int] = {}
+    stacks = a.stack_at(allocs)
+    named = np.full(len(a.stacks), -1)       # each stack's site (-1: none, or no frames)
+    for stack in np.flatnonzero(np.bincount(stacks, minlength=len(a.stacks))).tolist():
+        if a.stacks[stack]:
+            named[stack] = ids.setdefault(leak_site(a.stacks[stack]).key, len(ids))
+    site = named[stacks]
+    bare = np.flatnonzero(site < 0)
+    if len(bare):
+        extras = a.extra[allocs[bare]]
+        tagged = np.full(len(a.extras), -1)  # each extra's site: by its user_metadata
+        for extra in np.flatnonzero(np.bincount(extras, minlength=len(a.extras))).tolist():
+            tagged[extra] = ids.setdefault(leak_site(
+                None, a.extras[extra].get("user_metadata")).key, len(ids))
+        site[bare] = tagged[extras]
+    return site, list(ids)
 
 
 def growth_per_step(snapshot: dict, device: int = 0,
@@ -177,52 +223,8 @@ def growth_per_step(snapshot: dict, device: int = 0,
     """Live bytes at each step boundary and at the end, less the first boundary's."""
     entries = (snapshot.get("device_traces") or [[]])[device]
     starts = step_starts(snapshot, device) if starts is None else starts
-    moves, _, change = _live_changes(arrays(entries))
+    moves, _, change = live_changes(arrays(entries))
     total = np.r_[np.zeros(1, dtype=change.dtype), np.cumsum(change)]
     points = total[np.r_[np.searchsorted(moves, np.asarray(starts, dtype=np.int64)),
                          len(moves)]].tolist()
     return [p - points[0] for p in points]
-
-
-def _alloc_sites(a, allocs: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """(each alloc's site, as an index into the sites' names; the names): by its stack, or for
-    one without frames by its user_metadata tag. Each stack and tag is named once."""
-    ids: dict[str, int] = {}
-    stacks = a.stack[allocs]
-    named = np.full(len(a.stacks), -1)       # each stack's site (-1: none, or no frames)
-    for stack in np.flatnonzero(np.bincount(stacks, minlength=len(a.stacks))).tolist():
-        if a.stacks[stack]:
-            named[stack] = ids.setdefault(site_name({"frames": a.stacks[stack]}), len(ids))
-    site = named[stacks]
-    bare = np.flatnonzero(site < 0)
-    if len(bare):
-        extras = a.extra[allocs[bare]]
-        tagged = np.full(len(a.extras), -1)  # each extra's site: by its user_metadata
-        for extra in np.flatnonzero(np.bincount(extras, minlength=len(a.extras))).tolist():
-            tagged[extra] = ids.setdefault(site_name(
-                {"user_metadata": a.extras[extra].get("user_metadata")}), len(ids))
-        site[bare] = tagged[extras]
-    return site, list(ids)
-
-
-def _live_changes(a) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(positions of the allocs and of the frees that end a live block, in entry order; the
-    alloc each belongs to; the bytes each adds). A live block is what an alloc made at its
-    address until the first free_requested or free_completed there; an alloc over a live
-    block replaces it, and the bytes of the one replaced stay counted."""
-    known = a.cache.get("live_changes")
-    if known is None:
-        positions, first, actions, _ = block_order(a)
-        ends = np.flatnonzero((actions[1:] != ALLOC) & (actions[:-1] == ALLOC) & ~first[1:]) + 1
-        owner = np.full(len(a), -1, dtype=index_type(len(a)))
-        allocs = np.flatnonzero(a.action == ALLOC)
-        owner[allocs] = allocs
-        owner[positions[ends]] = positions[ends - 1]
-        moves = np.flatnonzero(owner >= 0).astype(owner.dtype)
-        owner = owner[moves]
-        size = sizes(a)[owner]
-        known = a.cache["live_changes"] = (moves, owner,
-                                           np.where(moves == owner, size, -size))
-    return known
-
-

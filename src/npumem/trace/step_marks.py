@@ -12,6 +12,7 @@ pre-allocation marks them as `npumem.memory.step()` did in the program.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections import Counter
 from math import isfinite
@@ -20,6 +21,30 @@ from .file_checks import TraceFormatError
 
 NPUMEM_STEP = "npumem.memory.step"
 PROFILER_STEP = "ProfilerStep"          # torch.profiler's step scopes: ProfilerStep#0, #1, ...
+# torch.optim wraps every step() in record_function("Optimizer.step#SGD.step"), so a snapshot
+# recorded with memory history holds one START of it per optimizer step
+OPTIMIZER_STEP = "Optimizer.step"
+# a user's own record_function scope is a step when its name says so: "train_step",
+# "step", "Training Step", "iteration"; not a compiler's scopes ("... (dynamo_timed)")
+_USER_STEP = re.compile(r"(?i)(?:^|[^a-z])(?:step|iter|iteration)(?:[^a-z]|$)")
+_NOT_A_STEP = ("(dynamo_timed)", "Optimizer.zero_grad", "lr_scheduler")
+
+
+def step_kind(name: str) -> str | None:
+    """What kind of step mark a scope or note named `name` is: "npumem" (npumem.memory.step),
+    "profiler" (ProfilerStep#N), "optimizer" (Optimizer.step#X.step), "user" (a scope whose
+    name says step or iteration), or None."""
+    name = str(name or "")
+    base = name.partition("#")[0]
+    if base == NPUMEM_STEP:
+        return "npumem"
+    if base == PROFILER_STEP:
+        return "profiler"
+    if base in (OPTIMIZER_STEP, "optimizer.step"):
+        return "optimizer"
+    if any(mark in name for mark in _NOT_A_STEP):
+        return None
+    return "user" if _USER_STEP.search(name.replace("_", " ")) else None
 
 
 def named(annotation: dict) -> str:
