@@ -1,11 +1,109 @@
-"""The side panels: leaks and steps (the report's own analysis), pinned host memory."""
+"""The side panels: steps and leaks from the one analysis `npumem report` uses
+(profile.step_leaks and the report's own choice of what to list), and PyTorch 2.14's pinned
+host memory."""
 
 from __future__ import annotations
 
+from .source import Source
 
-def leaks(source) -> dict:
-    return {"leaks": [], "heading": "", "steps": []}
+LEAKS_SHOWN = 50
 
 
-def host(source) -> dict:
-    return {"host": False}
+def steps_of(source: Source) -> dict:
+    """{"starts": [entry positions], "source": "marked"|"inferred"|None, "describe": str},
+    found once per source, as the report finds them (with the leaks, where one analysis
+    finds both)."""
+    return _analysis(source)["steps"]
+
+
+def _analysis(source: Source) -> dict:
+    known = source.extras.get("analysis")
+    if known is not None:
+        return known
+    with source.lock:
+        known = source.extras.get("analysis")
+        if known is None:
+            known = source.extras["analysis"] = _analyze(source)
+    return known
+
+
+def _analyze(source: Source) -> dict:
+    """The report's leak analysis of the device shown: its steps, its growing sites, and the
+    list the report prints under its leak heading (with the heading)."""
+    from ..profile import report
+
+    data = _one_device(source)
+    if not len(source.entries):
+        return {"steps": {"starts": [], "source": None, "describe": "the recording has no trace"},
+                "rows": [], "heading": "", "growing": [], "lines": [], "json": None}
+    try:                           # issue 61's one analysis of steps and leaks
+        from ..profile.leak_analysis import analyze_leaks
+    except ImportError:
+        analyze_leaks = None
+    if analyze_leaks is not None:
+        analysis = analyze_leaks(data, [source.device])
+        steps = analysis.steps.get(source.device)
+        rows, heading, growing = report._snapshot_leaks(data, analysis)
+        found = {"starts": [int(x) for x in steps.starts] if steps else [],
+                 "source": steps.source if steps else None,
+                 "describe": steps.describe() if steps else "no steps"}
+        return {"steps": found, "rows": rows, "heading": heading, "growing": growing,
+                "lines": analysis.lines(LEAKS_SHOWN),
+                "json": analysis.to_json() if hasattr(analysis, "to_json") else None}
+    from ..profile.step_leaks import step_starts
+
+    starts = [int(x) for x in step_starts(data, source.device)]
+    rows, heading, growing = report._snapshot_leaks(data, {source.device: starts})
+    return {"steps": {"starts": starts, "source": "marked" if starts else None,
+                      "describe": f"{len(starts)} steps" if starts else "no steps found"},
+            "rows": rows, "heading": heading, "growing": growing, "lines": [], "json": None}
+
+
+def leaks(source: Source) -> dict:
+    """What the report lists under its leak heading for this device, with the steps it judged
+    them over and the live bytes at each step against the first."""
+    from ..profile.step_leaks import growth_per_step
+
+    found = _analysis(source)
+    steps = found["steps"]
+    starts = steps["starts"]
+    return {
+        "heading": found["heading"],
+        "lines": found["lines"],
+        "steps": {"count": len(starts), "source": steps["source"], "describe": steps["describe"],
+                  "t": source.t_of(starts).tolist() if starts else [],
+                  "growth": growth_per_step(_one_device(source), source.device, starts)
+                  if starts else []},
+        "growing": [_leak_json(source, leak) for leak in found["growing"][:LEAKS_SHOWN]],
+        "sites": [{"where": row.where, "count": row.count, "bytes": row.bytes,
+                   "callers": row.callers[:8]} for row in found["rows"][:LEAKS_SHOWN]],
+        "more_sites": max(0, len(found["rows"]) - LEAKS_SHOWN),
+        "analysis": found["json"],
+    }
+
+
+def _leak_json(source: Source, leak) -> dict:
+    if hasattr(leak, "to_json"):
+        row = leak.to_json()
+    else:
+        row = {"where": leak.where, "growth_per_step_bytes": leak.per_step,
+               "steps": leak.steps, "live_bytes": leak.live, "allocations": leak.count,
+               "categories": leak.categories, "stack": leak.stack}
+    row["describe"] = leak.describe()
+    return row
+
+
+def _one_device(source: Source) -> dict:
+    """The snapshot with only the device shown (the report's --device cut)."""
+    data = source.data
+    traces = data.get("device_traces") or []
+    return {**data, "device_traces": [trace if index == source.device else []
+                                      for index, trace in enumerate(traces)],
+            "segments": [s for s in data.get("segments") or []
+                         if s.get("device", 0) == source.device]}
+
+
+def host(source: Source) -> dict:
+    from .host import host_memory
+
+    return host_memory(source)

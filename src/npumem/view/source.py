@@ -135,16 +135,11 @@ class Source:
         return {"entry": index, "message": message, "explanation": ""}
 
     def _steps(self) -> list[dict]:
-        from ..profile.step_leaks import learned_steps, marked_steps
+        from .panels import steps_of
 
-        if not len(self.entries):
-            return []
-        marked = marked_steps(self.data, self.device)
-        source = "marked"
-        if not marked:
-            marked, source = learned_steps(self.entries), "inferred"
-        return [{"entry": int(at), "label": f"step {number}", "source": source}
-                for number, at in enumerate(marked[:STEPS_SHOWN])]
+        steps = steps_of(self)
+        return [{"entry": int(at), "label": f"step {number}", "source": steps["source"]}
+                for number, at in enumerate(steps["starts"][:STEPS_SHOWN])]
 
     def _annotations(self) -> list[dict]:
         out = []
