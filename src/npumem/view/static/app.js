@@ -50,6 +50,9 @@ NV.app = (function () {
                   s.time_unit === "entry" ? "no timestamps: time is the entry index"
                                           : F.duration(s.t_max - s.t_min) + " long",
                   s.device_total ? "device " + F.bytes(s.device_total) : null,
+                  // The report's peaks, in its words, so the two can be read side by side.
+                  s.peak_allocated !== undefined ? "peak allocated " + F.bytes(s.peak_allocated) : null,
+                  s.peak_reserved !== undefined ? "peak reserved " + F.bytes(s.peak_reserved) : null,
                   F.count(s.segments) + " segments"].filter(Boolean);
       div.innerHTML = "<strong></strong> <span class='muted'></span>";
       div.firstChild.textContent = name + s.path;

@@ -40,12 +40,12 @@ NV.draw = (function () {
   }
 
   // Y axis in bytes: gridlines and labels in binary units.
-  function bytesAxis(ctx, y, left, right, ymax, count) {
-    var step = NV.fmt.bytesStep(ymax, count || 4);
+  function bytesAxis(ctx, y, left, right, ymin, ymax, count) {
+    var step = NV.fmt.bytesStep(ymax - ymin, count || 4);
     ctx.save();
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
-    for (var v = 0; v <= ymax * 1.0001; v += step) {
+    for (var v = Math.ceil(ymin / step) * step; v <= ymax * 1.0001; v += step) {
       var py = Math.round(y(v)) + 0.5;
       ctx.strokeStyle = v === 0 ? "#999" : "#e6e6e6";
       ctx.beginPath(); ctx.moveTo(left, py); ctx.lineTo(right, py); ctx.stroke();

@@ -6,7 +6,7 @@
 var NV = window.NV || (window.NV = {});
 
 NV.blockmap = (function () {
-  var ROW = 18, GAP = 5, LABEL = 300, MAX_ROWS = 600;
+  var ROW = 18, GAP = 5, MAX_ROWS = 600;
   var FILL = { allocated: "#0072b2", free: "#ececec", inactive: "#e69f00" };
 
   function summary(segments) {
@@ -35,6 +35,9 @@ NV.blockmap = (function () {
       F.bytes(s.allocated) + " allocated, " + F.bytes(s.free) + " free in " + F.count(s.pieces) +
       " pieces (largest " + F.bytes(s.largestFree) + ")" + (s.inactive ? ", " + F.bytes(s.inactive) + " inactive" : "") + ".";
     box.appendChild(p);
+    var pools = {};
+    segments.forEach(function (seg) { pools[pool(seg.pool) || "–"] = true; });
+    if (Object.keys(pools).length === 1 && !pools["–"]) p.textContent += " All in the " + Object.keys(pools)[0] + ".";
     var legend = document.createElement("div");
     legend.className = "legend";
     legend.innerHTML = ["allocated", "free", "inactive"].map(function (k) {
@@ -56,13 +59,22 @@ NV.blockmap = (function () {
     box.appendChild(scroller);
 
     var g = NV.draw.fit(canvas, shown.length * (ROW + GAP) + GAP), ctx = g.ctx, w = g.w;
+    var labels = shown.map(function (seg) {
+      var p = pool(seg.pool);
+      return F.hex(seg.address) + "  " + F.bytes(seg.size) + "  stream " + seg.stream +
+        (p && p !== "default pool" ? "  " + p : "") +
+        (seg.more_blocks ? "  +" + F.count(seg.more_blocks) + " blocks not listed" : "");
+    });
+    // The label column is as wide as the widest label, within reason.
+    var LABEL = Math.min(Math.max.apply(null, labels.map(function (l) { return ctx.measureText(l).width; })) + 14,
+                         Math.max(w * 0.45, 200));
     var barW = Math.max(w - LABEL - 8, 100), hits = [];
     shown.forEach(function (seg, i) {
       var y = GAP + i * (ROW + GAP), scale = barW / (seg.size || 1);
       ctx.fillStyle = "#222"; ctx.textBaseline = "middle"; ctx.textAlign = "left";
-      ctx.fillText(F.hex(seg.address) + "  " + F.bytes(seg.size) + "  stream " + seg.stream +
-                   "  " + pool(seg.pool) + (seg.more_blocks ? "  +" + F.count(seg.more_blocks) + " blocks not listed" : ""),
-                   2, y + ROW / 2);
+      ctx.save(); ctx.beginPath(); ctx.rect(0, y, LABEL - 6, ROW); ctx.clip();
+      ctx.fillText(labels[i], 2, y + ROW / 2);
+      ctx.restore();
       ctx.fillStyle = FILL.free;
       ctx.fillRect(LABEL, y, barW, ROW);
       seg.blocks.forEach(function (b) {
@@ -108,13 +120,18 @@ NV.blockmap = (function () {
   }
 
   // The largest allocated blocks, as a list of buttons: the keyboard's way to an allocation.
+  // Those with an allocation record come first: they are the ones a click can open.
   function largest(segments, count) {
-    var all = [];
+    var known = [], unknown = [];
     (segments || []).forEach(function (seg) {
-      seg.blocks.forEach(function (b) { if (b.state === "allocated") all.push({ seg: seg, block: b }); });
+      seg.blocks.forEach(function (b) {
+        if (b.state !== "allocated") return;
+        (b.alloc_id === null || b.alloc_id === undefined ? unknown : known).push({ seg: seg, block: b });
+      });
     });
-    all.sort(function (a, b) { return b.block.size - a.block.size; });
-    return all.slice(0, count);
+    var bySize = function (a, b) { return b.block.size - a.block.size; };
+    known.sort(bySize); unknown.sort(bySize);
+    return known.slice(0, count).concat(unknown.slice(0, Math.max(count - known.length, 0)));
   }
 
   return { render: render, largest: largest, summary: summary, pool: pool };

@@ -21,12 +21,14 @@ NV.fmt = (function () {
   // Axis labels: as short as the step allows ("1.5 GiB", "512 MiB").
   function bytesShort(n, step) {
     if (n === 0) return "0";
-    var i = 0;
-    var unitOf = Math.max(Math.abs(step || n), 1);
-    while (i < UNITS.length - 1 && unitOf >= 1024) { unitOf /= 1024; i++; }
-    var v = n / Math.pow(1024, i);
-    var digits = Number.isInteger(Math.round(v * 1000) / 1000) ? 0 : (Math.abs(v) < 10 ? 2 : 1);
-    return v.toFixed(digits).replace(/\.?0+$/, "") + " " + UNITS[i];
+    var i = 0, size = Math.max(Math.abs(n), 1);
+    while (i < UNITS.length - 1 && size >= 1024) { size /= 1024; i++; }
+    var scale = Math.pow(1024, i), v = n / scale;
+    // As many decimals as the step needs to tell neighbouring ticks apart.
+    var digits = step ? Math.min(Math.max(Math.ceil(-Math.log10(step / scale) - 1e-9), 0), 3) : 2;
+    var text = v.toFixed(digits);
+    if (digits) text = text.replace(/\.?0+$/, "");          // "1.50" -> "1.5", never "10" -> "1"
+    return text + " " + UNITS[i];
   }
 
   // A tick step for bytes: 1, 2, 5 x a power of ten of the unit that keeps labels short.

@@ -14,13 +14,6 @@ NV.icicle = (function () {
     return "hsl(" + (10 + h % 45) + ", " + (65 + h % 20) + "%, " + (62 + (h >> 5) % 14) + "%)";
   }
 
-  function depthOf(node, d) {
-    if (d >= MAX_DEPTH || !node.children || !node.children.length) return d;
-    var m = d;
-    node.children.forEach(function (c) { m = Math.max(m, depthOf(c, d + 1)); });
-    return m;
-  }
-
   function render(box, tree) {
     box.innerHTML = "";
     if (!tree || !tree.bytes) {
@@ -38,10 +31,8 @@ NV.icicle = (function () {
 
     function draw() {
       var root = path[path.length - 1];
-      var rows = depthOf(root, 0) + 1;
-      var g = NV.draw.fit(canvas, rows * ROW + 2), ctx = g.ctx, w = g.w;
-      canvas.setAttribute("aria-label", "Icicle of the stacks holding " + NV.fmt.bytes(root.bytes) +
-        " under " + root.name + "; hover a box for its line and bytes, click to zoom into it");
+      var w = canvas.clientWidth || box.clientWidth || 800;
+      // Lay out first: the canvas is as tall as the deepest box wide enough to be drawn.
       boxes = [];
       (function lay(node, x0, x1, d) {
         if (x1 - x0 < 0.5 || d > MAX_DEPTH) return;
@@ -53,6 +44,10 @@ NV.icicle = (function () {
           x += cw;
         });
       })(root, 0, w, 0);
+      var rows = 1 + Math.max.apply(null, boxes.map(function (b) { return b.y / ROW; }));
+      var g = NV.draw.fit(canvas, rows * ROW + 2), ctx = g.ctx;
+      canvas.setAttribute("aria-label", "Icicle of the stacks holding " + NV.fmt.bytes(root.bytes) +
+        " under " + root.name + "; hover a box for its line and bytes, click to zoom into it");
       boxes.forEach(function (b) {
         ctx.fillStyle = b.node === root ? "#d9d9d9" : colour(b.node.name);
         ctx.fillRect(b.x, b.y, Math.max(b.w - 1, 0.5), ROW - 1);

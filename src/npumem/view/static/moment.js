@@ -80,12 +80,15 @@ NV.moment = (function () {
     var ol = document.createElement("ol");
     ol.className = "largest";
     top.forEach(function (x) {
-      var li = document.createElement("li"), b = document.createElement("button");
-      b.type = "button"; b.className = "link";
-      b.setAttribute("data-alloc-id", String(x.block.alloc_id));
+      var li = document.createElement("li");
+      var known = x.block.alloc_id !== null && x.block.alloc_id !== undefined;
+      // A block live since before the trace began has no allocation record to open.
+      var b = document.createElement(known ? "button" : "span");
+      if (known) { b.type = "button"; b.className = "link"; b.setAttribute("data-alloc-id", String(x.block.alloc_id)); }
       b.textContent = F.bytes(x.block.size) + " at " + F.hex(x.seg.address + x.block.offset) + " (stream " + x.seg.stream +
         (NV.blockmap.pool(x.seg.pool) ? ", " + NV.blockmap.pool(x.seg.pool) : "") + ")";
-      b.onclick = function () { onAllocation(sourceId, x.block.alloc_id); };
+      if (known) b.onclick = function () { onAllocation(sourceId, x.block.alloc_id); };
+      else b.textContent += ": allocated before the trace began, no record";
       li.appendChild(b); ol.appendChild(li);
     });
     box.appendChild(ol);

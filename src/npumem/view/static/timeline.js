@@ -102,9 +102,31 @@ NV.timeline = (function () {
   function plotWidth(lane) { return (lane.canvas.clientWidth || 800) - M.left - M.right; }
 
   function drawAll() {
-    var ymax = commonMax();
-    S.lanes.forEach(function (lane) { drawLane(lane, ymax); });
+    var ext = extent();
+    S.lanes.forEach(function (lane) { drawLane(lane, ext); });
     drawOverview();
+  }
+
+  // The byte axis starts at zero, so heights compare; "fit" starts it near the range's least
+  // value instead, for a run whose changes sit on a large constant base.
+  function extent() {
+    var hi = commonMax(), lo = 0;
+    if (S.fitY) {
+      lo = Infinity;
+      S.lanes.forEach(function (lane) {
+        var d = lane.data;
+        if (d) [d.allocated, d.reserved].forEach(function (s) {
+          if (s && s.min) for (var i = 0; i < s.min.length; i++) if (s.min[i] < lo) lo = s.min[i];
+        });
+      });
+      if (!isFinite(lo)) lo = 0;
+      var top = hi / 1.06;
+      lo = Math.max(0, lo - (top - lo) * 0.08);
+      hi = top + (top - lo) * 0.06;
+      var step = F.bytesStep(hi - lo, 4);
+      lo = Math.floor(lo / step) * step;
+    }
+    return { lo: lo, hi: Math.max(hi, lo + 1) };
   }
 
   // Lanes share one byte scale so that two sources can be compared by height.
@@ -129,20 +151,20 @@ NV.timeline = (function () {
     return m > 0 ? m * 1.06 : 1024;
   }
 
-  function laneScales(lane, ymax, w, h) {
+  function laneScales(lane, ext, w, h) {
     var a = toLane(lane, S.view.v0), b = toLane(lane, S.view.v1);
-    return { a: a, b: b, x: D.scale(a, b, M.left, w - M.right), y: D.scale(0, ymax, h - M.bottom, M.top) };
+    return { a: a, b: b, x: D.scale(a, b, M.left, w - M.right), y: D.scale(ext.lo, ext.hi, h - M.bottom, M.top) };
   }
 
-  function drawLane(lane, ymax) {
-    var g = D.fit(lane.canvas, lane.height);
-    var ctx = g.ctx, w = g.w, h = g.h, sc = laneScales(lane, ymax, w, h);
+  function drawLane(lane, ext) {
+    var g = D.fit(lane.canvas, lane.height), ymax = ext.hi;
+    var ctx = g.ctx, w = g.w, h = g.h, sc = laneScales(lane, ext, w, h);
     var x = sc.x, y = sc.y, top = M.top, bottom = h - M.bottom, t0 = lane.src.t_min;
 
-    D.bytesAxis(ctx, y, M.left, w - M.right, ymax, Math.max(2, Math.floor((bottom - top) / 45)));
+    D.bytesAxis(ctx, y, M.left, w - M.right, ext.lo, ymax, Math.max(2, Math.floor((bottom - top) / 45)));
     D.timeAxis(ctx, x, sc.a, sc.b, lane.src.time_unit, top, bottom, w - M.left - M.right);
     ctx.save();
-    ctx.beginPath(); ctx.rect(M.left, 0, w - M.left - M.right, h); ctx.clip();
+    ctx.beginPath(); ctx.rect(M.left, 0, w - M.left - M.right, bottom); ctx.clip();
 
     if (S.allocation && S.allocation.source === lane.src.id) {
       var la = x(S.allocation.t_alloc - t0);
@@ -276,19 +298,34 @@ NV.timeline = (function () {
     var src = lane.src, lastLabel = -1e9;
     ctx.textBaseline = "bottom"; ctx.textAlign = "left";
     ctx.font = "11px system-ui, sans-serif";
+    var right = lane.canvas.clientWidth - M.right;
     (src.steps || []).forEach(function (s) {
       var px = x(s.t - t0);
+      if (px < M.left - 1 || px > right + 1) return;
       vline(ctx, px, top, bottom, D.INK.step, 1, s.source === "marked" ? [4, 3] : [1, 3]);
       if (px - lastLabel > 60) {
-        ctx.fillStyle = "#444"; ctx.fillText(s.label + (s.source === "inferred" ? "?" : ""), px + 2, top);
+        var text = s.label + (s.source === "inferred" ? "?" : "");
+        var wide = ctx.measureText(text).width;
+        ctx.fillStyle = "#444";
+        ctx.fillText(text, px + 2 + wide > right ? px - 2 - wide : px + 2, top);
         lastLabel = px;
       }
     });
-    (src.annotations || []).forEach(function (a) {
-      var px = x(a.t - t0);
-      vline(ctx, px, top, bottom, D.INK.annotation, 1, []);
-      ctx.fillStyle = D.INK.annotation; ctx.fillRect(px, top, 6, 5);
-      ctx.fillText(a.label, px + 8, top + 12);
+    // Annotations can be thousands (torch.compile marks each pass's start and end): a short
+    // tick each along the top, with a label only where there is room; the hover names them.
+    var anns = (src.annotations || []).filter(function (a) {
+      var px = x(a.t - t0); return px >= M.left - 1 && px <= right + 1;
+    });
+    lastLabel = -1e9;
+    anns.forEach(function (a) {
+      var px = Math.round(x(a.t - t0)) + 0.5;
+      ctx.strokeStyle = D.INK.annotation;
+      ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + 8); ctx.stroke();
+      if (anns.length <= 60 && px - lastLabel > 150) {
+        var label = a.label.length > 28 ? a.label.slice(0, 27) + "…" : a.label;
+        ctx.fillStyle = D.INK.annotation; ctx.fillText(label, px + 3, top + 19);
+        lastLabel = px;
+      }
     });
     if (src.oom) {
       var po = x(src.oom.t - t0);
@@ -378,11 +415,11 @@ NV.timeline = (function () {
         return;
       }
       S.hover = { lane: lane, px: e.offsetX };
-      drawLane(lane, commonMax());
+      drawLane(lane, extent());
       tooltip(lane, e);
     });
     c.addEventListener("mouseleave", function () {
-      S.hover = null; hideTooltip(); drawLane(lane, commonMax());
+      S.hover = null; hideTooltip(); drawLane(lane, extent());
     });
     c.addEventListener("wheel", function (e) {
       e.preventDefault();
@@ -438,6 +475,7 @@ NV.timeline = (function () {
     else if (k === "0" || k === "Home") setView(0, S.full, "now");
     else if (k === "Enter" && lane) pick(lane, (S.view.v0 + S.view.v1) / 2);
     else if (k === "Escape") { S.drag = null; drawAll(); }
+    else if (k === "y") { var box = document.getElementById("fit-y"); box.checked = !box.checked; fitY(box.checked); }
     else return;
     e.preventDefault();
   }
@@ -476,6 +514,15 @@ NV.timeline = (function () {
     Object.keys(d.by_category || {}).forEach(function (c) {
       if (d.by_category[c][i]) rows.push(["· " + c, F.bytes(d.by_category[c][i])]);
     });
+    var perPixel = (toLane(lane, S.view.v1) - toLane(lane, S.view.v0)) / Math.max(plotWidth(lane), 1);
+    var near = (lane.src.annotations || []).filter(function (a) {
+      return Math.abs(a.t - lane.src.t_min - r) <= 3 * perPixel;
+    });
+    near.slice(0, 4).forEach(function (a) { rows.push(["annotation", a.label]); });
+    if (near.length > 4) rows.push(["", "and " + (near.length - 4) + " more annotations here"]);
+    (lane.src.steps || []).forEach(function (s) {
+      if (Math.abs(s.t - lane.src.t_min - r) <= 3 * perPixel) rows.push(["step", s.label + " (" + s.source + ")"]);
+    });
     tip.innerHTML = "<table>" + rows.map(function (r) {
       return "<tr><th>" + F.esc(r[0]) + "</th><td>" + F.esc(r[1]) + "</td></tr>";
     }).join("") + "</table><div class='muted'>click: what is live here</div>";
@@ -512,12 +559,14 @@ NV.timeline = (function () {
       return lane;
     });
     attachOverview();
+    document.getElementById("fit-y").onchange = function (e) { fitY(e.target.checked); };
     window.addEventListener("resize", function () { drawAll(); schedule(200); });
     var start = readHash() || { v0: 0, v1: S.full };
     setView(start.v0, start.v1, "now");
     fetchOverview();
   }
 
+  function fitY(on) { S.fitY = on; drawAll(); }
   function setMoment(m) { S.moment = m; drawAll(); }
   function setAllocation(a) { S.allocation = a; drawAll(); }
   function addWhatif(w) { S.whatifs.push(w); drawAll(); }

@@ -81,8 +81,8 @@ NV.whatif = (function () {
     }
     var toggle = document.createElement("label");
     toggle.innerHTML = "<input type='checkbox' checked> drawn";
-    toggle.querySelector("input").onchange = function (e) { entry.visible = e.target.checked; NV.timeline.redraw(); };
-    state.appendChild(toggle);
+    toggle.querySelector("input").onchange = function (e) { entry.visible = e.target.checked; NV.timeline.redraw(); NV.legend.update(); };
+    state.insertBefore(toggle, state.querySelector(".answer"));
     li.setAttribute("data-done", "1");
     NV.timeline.addWhatif(entry);
     NV.legend.update();

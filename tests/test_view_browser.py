@@ -1,0 +1,243 @@
+"""`npumem view` in a real browser: Debian's chromium, driven headless through chromedriver by
+selenium. Each test starts the command on a small real recording, loads the page and checks
+what it draws and writes: the timeline's pixels, the peaks against `npumem report`, a moment,
+an allocation, a what-if replay to its end, the OOM banner, two sources on one axis, and 403
+for a wrong token. Skipped, saying why, where selenium, chromium or chromedriver is missing
+(.ci/run installs them)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+webdriver = pytest.importorskip(
+    "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+pytestmark = pytest.mark.skipif(
+    not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)),
+    reason="no chromium and chromedriver here (apt-get install chromium chromium-driver)")
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+SNAPSHOT = os.path.join(DATA, "cuda_snapshots", "mlp.pickle.gz")
+OTHER = os.path.join(DATA, "cuda_snapshots", "lstm.pickle.gz")
+OOM = os.path.join(DATA, "cuda_oom_h200", "snapshots", "mlp", "116MiB_default.pickle.gz")
+WAIT = 20                                   # seconds: generous for a loaded 2-core machine
+
+
+class Viewer:
+    """`npumem view --no-browser --port 0 PATHS` running; `url` is the address it printed."""
+
+    def __init__(self, *paths: str):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "npumem", "view", "--no-browser", "--port", "0", *paths],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = []
+        reader = threading.Thread(target=lambda: line.append(self.process.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(60)
+        first = line[0] if line else ""
+        match = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", first)
+        if not match:
+            self.close()
+            raise AssertionError(f"npumem view printed {first!r} first; stderr: "
+                                 f"{self.process.stderr.read()[-2000:]}")
+        self.base, self.token = match.groups()
+        self.url = f"{self.base}?token={self.token}"
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def viewer(request):
+    started = Viewer(*request.param)
+    yield started
+    started.close()
+
+
+def wait_for(driver, script: str, what: str, timeout: float = WAIT):
+    """Poll a JavaScript expression until it is truthy; on timeout say what the page shows."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = driver.execute_script("return " + script)
+        if value:
+            return value
+        time.sleep(0.05)
+    errors = driver.execute_script("return document.getElementById('errors').innerText")
+    raise AssertionError(f"waited {timeout} s for {what}; the page's errors: {errors!r}")
+
+
+def open_page(driver, viewer):
+    driver.get(viewer.url)
+    wait_for(driver, "document.documentElement.getAttribute('data-npumem-ready') === '1'",
+             "the first drawn timeline")
+    assert driver.execute_script("return document.getElementById('errors').innerText") == ""
+
+
+INK_FRACTION = """
+const c = document.querySelectorAll('.lanes canvas')[arguments[0]];
+const r = window.devicePixelRatio || 1, ctx = c.getContext('2d');
+const x0 = Math.round(80 * r), y0 = Math.round(26 * r);
+const d = ctx.getImageData(x0, y0, c.width - x0 - Math.round(16 * r), c.height - y0 - Math.round(28 * r)).data;
+let inked = 0;
+for (let i = 3; i < d.length; i += 4) if (d[i] > 0) inked++;
+return inked / (d.length / 4);
+"""
+
+
+def report_peaks(path: str) -> tuple[str, str]:
+    run = subprocess.run([sys.executable, "-m", "npumem", "report", path],
+                         capture_output=True, text=True, timeout=120)
+    match = re.search(r"peak allocated ([\d.]+ \w+), peak reserved ([\d.]+ \w+)", run.stdout)
+    assert match, run.stdout[-1000:] + run.stderr[-1000:]
+    return match.groups()
+
+
+@pytest.mark.parametrize("viewer", [(SNAPSHOT,)], indirect=True)
+def test_a_snapshot_draws_and_every_view_answers(browser, viewer):
+    open_page(browser, viewer)
+    # The plot is drawn: categories, allocated and reserved ink a good part of it.
+    assert browser.execute_script(INK_FRACTION, 0) > 0.05
+    # The peaks written on the page are the report's own.
+    allocated, reserved = report_peaks(SNAPSHOT)
+    header = browser.find_element(By.ID, "sources").text
+    assert f"peak allocated {allocated}" in header and f"peak reserved {reserved}" in header
+
+    # A moment: click the middle of the timeline.
+    lane = browser.find_element(By.CSS_SELECTOR, ".lanes canvas")
+    ActionChains(browser).move_to_element(lane).click().perform()
+    live = wait_for(browser, "document.querySelector('#panel-moment .live-bytes')"
+                             " && document.querySelector('#panel-moment .live-bytes').textContent",
+                    "the moment panel")
+    t = browser.execute_script("return document.getElementById('panel-moment')"
+                               ".getAttribute('data-moment-t')")
+    answer = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "NV.api.get('/api/moment', {source: 0, t: arguments[0]}).then(done, e => done(String(e)));", t)
+    assert live == browser.execute_script("return NV.fmt.bytes(arguments[0])", answer["live_bytes"])
+    assert browser.find_elements(By.CSS_SELECTOR, "#panel-moment canvas.blockmap")
+    assert browser.find_elements(By.CSS_SELECTOR, "#panel-moment canvas.icicle")
+    assert browser.find_elements(By.CSS_SELECTOR, "#panel-moment table.bars tbody tr")
+
+    # An allocation: the largest block live there.
+    browser.find_element(By.CSS_SELECTOR, "#panel-moment .largest button").click()
+    wait_for(browser, "/^Allocation /.test(document.querySelector('#panel-allocation h3')"
+                      "?.textContent || '')", "the allocation panel")
+    text = browser.find_element(By.ID, "panel-allocation").text
+    assert re.search(r"size\s+[\d.]+ (B|KiB|MiB|GiB)", text) and "lifetime" in text
+
+    # A what-if: tune's first candidate, replayed to the end and drawn over the recording.
+    browser.find_element(By.ID, "tab-whatif").click()
+    pick = browser.find_element(By.ID, "whatif-pick")
+    pick.find_elements(By.TAG_NAME, "option")[2].click()
+    browser.find_element(By.CSS_SELECTOR, "#whatif-form button[type=submit]").click()
+    state = wait_for(browser, "document.querySelector('.whatif-run[data-done]')"
+                              " && document.querySelector('.whatif-run').getAttribute('data-done')",
+                     "the what-if replay", timeout=30)
+    run_text = browser.find_element(By.CSS_SELECTOR, ".whatif-run").text
+    assert state == "1", run_text
+    assert re.search(r"peak reserved [\d.]+ (B|KiB|MiB|GiB)", run_text)
+    assert browser.execute_script("return NV.timeline.state.whatifs.length") == 1
+
+    # Leaks and steps, and pinned host memory, answer without an error.
+    for tab in ("tab-leaks", "tab-host"):
+        browser.find_element(By.ID, tab).click()
+    panel = "document.getElementById('panel-host').textContent"
+    wait_for(browser, f"{panel}.length > 0 && !/Loading/.test({panel})", "the host panel")
+    assert browser.execute_script("return document.getElementById('errors').innerText") == ""
+
+    # Zoom with the wheel: the server answers a new, narrower range.
+    draws = int(browser.execute_script(
+        "return document.documentElement.getAttribute('data-npumem-draws')"))
+    span = browser.execute_script("const v = NV.timeline.state.view; return v.v1 - v.v0")
+    ActionChains(browser).scroll_from_origin(
+        webdriver.common.actions.wheel_input.ScrollOrigin.from_element(lane), 0, -400).perform()
+    wait_for(browser, f"+document.documentElement.getAttribute('data-npumem-draws') > {draws}",
+             "the zoomed timeline")
+    assert browser.execute_script("const v = NV.timeline.state.view; return v.v1 - v.v0") < span
+
+
+@pytest.mark.parametrize("viewer", [(OOM,)], indirect=True)
+def test_an_oom_snapshot_shows_the_oom_and_its_explanation(browser, viewer):
+    open_page(browser, viewer)
+    banner = browser.find_element(By.ID, "oom")
+    assert banner.is_displayed() and "Out of memory" in banner.text
+    assert "out of memory" in banner.find_element(By.CLASS_NAME, "oom-message").text.lower()
+    wait_for(browser, "document.querySelector('#oom .oom-explanation').textContent"
+                      " && !/Working out why/.test(document.querySelector('#oom .oom-explanation')"
+                      ".textContent)", "the OOM's explanation", timeout=30)
+    assert browser.execute_script(INK_FRACTION, 0) > 0.02
+
+
+@pytest.fixture
+def profile_folder(tmp_path):
+    """A profile folder as `npumem profile` leaves it for a torch script: its snapshot is
+    torch_snapshot.pickle."""
+    with gzip.open(SNAPSHOT, "rb") as src, open(tmp_path / "torch_snapshot.pickle", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return str(tmp_path)
+
+
+def test_a_profile_folder_opens(browser, profile_folder):
+    viewer = Viewer(profile_folder)
+    try:
+        open_page(browser, viewer)
+        assert browser.execute_script(INK_FRACTION, 0) > 0.05
+        assert "profile" in browser.find_element(By.ID, "sources").text
+    finally:
+        viewer.close()
+
+
+@pytest.mark.parametrize("viewer", [(SNAPSHOT, OTHER)], indirect=True)
+def test_two_sources_share_one_axis(browser, viewer):
+    open_page(browser, viewer)
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".lanes canvas")) == 2
+    assert browser.execute_script(INK_FRACTION, 0) > 0.02
+    assert browser.execute_script(INK_FRACTION, 1) > 0.02
+    header = browser.find_element(By.ID, "sources").text
+    assert "A: " in header and "B: " in header
+
+
+@pytest.mark.parametrize("viewer", [(SNAPSHOT,)], indirect=True)
+def test_a_wrong_token_gets_403_and_any_other_path_404(browser, viewer):
+    for url in (viewer.base + "?token=wrong", viewer.base + "api/info",
+                viewer.base + "static/app.js?token=wrong"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        assert refused.value.code == 403, url
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(viewer.base + "etc/passwd?token=" + viewer.token, timeout=10)
+    assert missing.value.code == 404
