@@ -46,7 +46,7 @@ def view(paths, port, host, no_browser):
             _fail("out of host memory (RAM) while reading the input")
         server.app = App(sources)
         for source in sources:
-            source.explain_oom_later()
+            source.analyze_later()
         address = serve_address(server)
         click.echo(f"serving {' and '.join(paths)} at {address}")
         sys.stdout.flush()

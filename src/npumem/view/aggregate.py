@@ -23,6 +23,7 @@ def bucket_ranges(source: Source, t0: float, t1: float, width: int):
     # entries strictly before each edge: the bucket [edge_k, edge_k+1) holds entries from the
     # count before edge_k to the count before edge_k+1
     before = _strictly_before(source, edges)
+    before[-1] = source.positions_before([t1])[0]     # the last bucket holds t1's entries too
     n = source.series.n
     starts = np.maximum(before[:-1] - 1, 0)                # with the level it starts at
     stops = np.maximum(before[1:], starts + 1)

@@ -20,7 +20,7 @@ def _analysis(source: Source) -> dict:
     known = source.extras.get("analysis")
     if known is not None:
         return known
-    with source.lock:
+    with source.analysis_lock:
         known = source.extras.get("analysis")
         if known is None:
             known = source.extras["analysis"] = _analyze(source)

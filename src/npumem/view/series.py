@@ -37,16 +37,17 @@ class Lifetimes:
     start_ends: dict[int, int]
 
 
-def lifetimes(a, free_code: int, start_addrs) -> Lifetimes:
+def lifetimes(a, free_code: int, start_addrs, allocs: np.ndarray,
+              rank: np.ndarray) -> Lifetimes:
     """Each alloc's end: the next entry at its address when that is a `free_code` entry (an
-    alloc over a live block leaves the first one counted for ever, as the report counts it)."""
+    alloc over a live block leaves the first one counted for ever, as the report counts it).
+    `allocs`: the allocs' positions; `rank`: each entry's number among the allocs."""
     name = {FREE_REQUESTED: "free_requested", FREE_COMPLETED: "free_completed"}[free_code]
     positions, first, actions, addrs = block_order(a, ("alloc", name))
     n = len(a)
-    allocs = np.flatnonzero(a.action == ALLOC).astype(index_type(n))
     ends = np.full(len(allocs), n, dtype=index_type(n))
     ended = np.flatnonzero((actions[:-1] == ALLOC) & (actions[1:] == free_code) & ~first[1:])
-    ends[np.searchsorted(allocs, positions[ended])] = positions[ended + 1]
+    ends[rank[positions[ended]]] = positions[ended + 1]
     start_ends = {}
     if len(start_addrs):
         # a block live before the trace ends at the first free of its address, if that comes
@@ -80,12 +81,15 @@ class Series:
         self.has_active = bool((action == FREE_COMPLETED).any() and
                                (action == FREE_REQUESTED).any())
         self.free_action = FREE_COMPLETED if (action == FREE_COMPLETED).any() else FREE_REQUESTED
-        # lifetimes: until free_requested (allocated), and until free_completed (active)
-        self.allocated_life = lifetimes(a, FREE_REQUESTED, list(self.start_live))
-        self.active_life = (lifetimes(a, FREE_COMPLETED, list(self.start_live))
-                            if self.has_active else self.allocated_life)
-        if not (action == FREE_REQUESTED).any():         # a trace of allocs and completions
-            self.allocated_life = self.active_life
+        # lifetimes: until free_requested (allocated); until free_completed (active) is made
+        # when a moment first needs it
+        self._allocs = np.flatnonzero(allocating).astype(index_type(n))
+        self._rank = np.cumsum(allocating, dtype=index_type(n))
+        self._rank -= 1
+        self._active_life = None
+        self.allocated_life = lifetimes(
+            a, FREE_REQUESTED if (action == FREE_REQUESTED).any() else FREE_COMPLETED,
+            list(self.start_live), self._allocs, self._rank)
         # allocated: + each alloc, - the free that ends a live block (as the report counts)
         change = np.where(allocating, size, 0)
         frees = self._ending_frees(self.allocated_life, a)
@@ -116,6 +120,14 @@ class Series:
         self.reserved = Levels(reserved)
         self.active = Levels(active) if self.has_active else None
         self.categories = self._categories(a, size)
+
+    @property
+    def active_life(self) -> Lifetimes:
+        if self._active_life is None:
+            self._active_life = (lifetimes(self.arrays, FREE_COMPLETED, list(self.start_live),
+                                           self._allocs, self._rank)
+                                 if self.has_active else self.allocated_life)
+        return self._active_life
 
     @staticmethod
     def _ending_frees(life: Lifetimes, a) -> np.ndarray:

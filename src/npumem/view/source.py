@@ -45,7 +45,8 @@ class Source:
         self.times = np.maximum.accumulate(times) if self.timed else None
         self.offset = 0.0          # added to this source's times to put it on the shared axis
         self.origin = 0.0          # the recorded time at 0 on that axis
-        self.lock = threading.Lock()       # what is made on first use (flame names, leaks)
+        self.lock = threading.Lock()       # what is made on first use (flame names)
+        self.analysis_lock = threading.Lock()     # the leak analysis (seconds, made once)
         self.extras: dict = {}
         self._info = self._describe()
 
@@ -84,9 +85,11 @@ class Source:
 
     def info(self) -> dict:
         t_min, t_max = self.t_range
+        steps = self._steps()
         info = dict(self._info, t_min=t_min, t_max=t_max, t_origin=self.origin,
-                    steps=[dict(step, t=float(self.t_of([step["entry"]])[0]))
-                           for step in self._info["steps"]],
+                    steps=[dict(step, t=t) for step, t in
+                           zip(steps, self.t_of([step["entry"] for step in steps]).tolist())],
+                    steps_pending=self.extras.get("analysis") is None,
                     annotations=[dict(note, t=note["t"] + self.offset)
                                  for note in self._info["annotations"]])
         if info["oom"] is not None:
@@ -112,7 +115,7 @@ class Source:
             "has_active": s.has_active,
             "categories": [c.name for c in s.categories],
             "segments": len(self.recording.segments), "segment_events": adds,
-            "oom": self._oom(), "steps": self._steps(), "annotations": self._annotations(),
+            "oom": self._oom(), "annotations": self._annotations(),
             "host": host, "flavour": self.recording.flavour,
             "notes": list(self.loaded.notes) + list(self.data.get("npumem_notes") or [])
             + list(self.recording.read_notes),
@@ -135,9 +138,11 @@ class Source:
         return {"entry": index, "message": message, "explanation": ""}
 
     def _steps(self) -> list[dict]:
-        from .panels import steps_of
-
-        steps = steps_of(self)
+        """The steps, once the background analysis (analyze_later) has found them."""
+        analysis = self.extras.get("analysis")
+        if analysis is None:
+            return []
+        steps = analysis["steps"]
         return [{"entry": int(at), "label": f"step {number}", "source": steps["source"]}
                 for number, at in enumerate(steps["starts"][:STEPS_SHOWN])]
 
@@ -153,6 +158,23 @@ class Source:
             out.append({"t": float(when), "label": str(note.get("name", "")) +
                         (f" ({str(stage).lower()})" if stage else "")})
         return out
+
+    def analyze_later(self) -> None:
+        """Steps and leaks (the report's analysis, the step inference included) and the OOM's
+        explanation, in the background: the first view does not wait for them."""
+        def work():
+            from .panels import steps_of
+            try:
+                steps_of(self)
+            except Exception as exc:          # the leaks route says it; the server goes on
+                self.extras["analysis_error"] = f"{type(exc).__name__}: {exc}"
+                self.extras["analysis"] = {"steps": {"starts": [], "source": None,
+                                                     "describe": str(exc)},
+                                           "rows": [], "heading": "", "growing": [],
+                                           "lines": [], "json": None}
+            self.explain_oom_later()
+
+        threading.Thread(target=work, name="npumem-view-analysis", daemon=True).start()
 
     def explain_oom_later(self) -> None:
         """The report's OOM explanation (a replay under each setting tune knows), made in the
