@@ -5,9 +5,9 @@ and gives most of it back before the next step begins. So a period is a step whe
 
 - the sequence of allocations, each told by its (size, stack), repeats with that period over
   most of the recording (at least MIN_COPIES copies, covering at least half its allocations);
-- memory returns to a level: of the bytes a copy allocates, at most half are still live when
-  the next copy begins (a step's temporaries and activations are freed within it; a leak keeps
-  a little of each step). One forward pass through identical layers repeats too, but each
+- memory returns to a level: of the bytes a copy allocates, at most half are still live two
+  copies later (a step's temporaries and activations are freed within it, what it hands to
+  the next step is freed there; a leak keeps a little of each step). One forward pass through identical layers repeats too, but each
   layer keeps its activations for the backward pass: memory climbs layer over layer and never
   comes back, so that is no step, and neither is a run cut short by an out-of-memory in its
   first steps.
@@ -64,7 +64,7 @@ def infer_steps(a) -> Steps:
         if kept > RETURNS:
             why = (f"{NO_STEPS} (a sequence of {period} allocations repeats {copies} times, but "
                    f"memory does not come back between repeats: {kept:.0%} of what each "
-                   f"allocates is still live at the next, as in one long step or a forward pass "
+                   f"allocates is still live two repeats later, as in one long step or a forward pass "
                    f"through identical layers)")
             continue
         return Steps(allocs[at].tolist(), INFERRED, "a repeating sequence of allocations",
@@ -126,15 +126,19 @@ def _low_point(levels: np.ndarray, period: int) -> int:
 
 
 def _kept(a, allocs: np.ndarray, at: np.ndarray) -> float:
-    """The share of the bytes allocated between the first and the last boundary `at` (indices
-    into `allocs`) that are still live at the boundary after their allocation."""
+    """The share of the bytes allocated between the first and the third-last boundary `at`
+    (indices into `allocs`) that are still live two boundaries after their allocation. What
+    one step hands to the next (a loop's carried state, a cache replaced each step) is gone
+    by then; what layer after layer keeps for the backward pass is not."""
+    if len(at) < 3:
+        return 1.0
     moves, owner, _ = live_changes(a)
-    ends = np.full(len(a), np.iinfo(np.int64).max, dtype=np.int64)   # where each alloc's block ends
+    ends = np.full(len(a), np.iinfo(np.int64).max, dtype=np.int64)   # where each block ends
     freed = moves != owner
     ends[owner[freed]] = moves[freed]
-    inside = allocs[at[0]:at[-1]]
+    inside = allocs[at[0]:at[-2]]
     bounds = allocs[at]
-    following = bounds[np.searchsorted(bounds, inside, side="right")]
+    later = bounds[np.searchsorted(bounds, inside, side="right") + 1]
     size = sizes(a)[inside].astype(np.float64)
     total = size.sum()
-    return float(size[ends[inside] >= following].sum() / total) if total else 0.0
+    return float(size[ends[inside] >= later].sum() / total) if total else 0.0
