@@ -9,6 +9,9 @@ rises as `trend` judges it (a robust slope, Mann-Kendall's test, the rise agains
 still rising in the later half), rises at a quarter of the boundaries at least (memory made now
 and then is no leak), and, where the steps differ in size (a varying batch or sequence),
 rises between steps of similar size too: growth that the variation explains is not growth.
+Where the steps were inferred, the site must also keep more allocations step after step: an
+inferred step may be one token of a generation, whose cache grows by design by replacing one
+buffer with a bigger one.
 
 The growth per step is the robust slope. Each leak carries its evidence: the steps, the live
 bytes at each boundary (thinned to MAX_SERIES points), the interval of the slope and its p.
@@ -118,12 +121,18 @@ def step_leaks(snapshot: dict, device: int = 0, starts: list[int] | Steps | None
     site_at = np.full(len(a), -1, dtype=index_type(len(a)))
     site_at[allocs], sites = _alloc_sites(a, allocs)
     series = _series(site_at[owner], moves, change, bounds, len(sites))
+    blocks = _series(site_at[owner], moves, np.sign(change), bounds, len(sites))
     step_sizes = _step_sizes(a, allocs, bounds)
     found, live = [], None
     for index in _candidates(series):
         y = series[index]
         t = trend(numbers, y)
         if not t.rising or not _similar_steps_rise(numbers, y, step_sizes):
+            continue
+        # An inferred step may be one token of a generation, whose KV cache grows by design
+        # (one buffer replaced by a bigger one each token): there, only a site that keeps
+        # more and more allocations is a leak.
+        if steps.inferred and trend(numbers, blocks[index]).slope <= 0:
             continue
         if live is None:                  # the blocks live at the end, once
             live = live_blocks(a, len(a), ("free_requested", "free_completed"))[1]
