@@ -42,7 +42,9 @@ class Source:
         times = self.a.time if len(self.a) else np.zeros(0)
         self.timed = bool(len(times)) and bool(np.any(times != times[0])) and \
             bool(np.all(np.isfinite(times)))
-        self.times = np.maximum.accumulate(times) if self.timed else None
+        if self.timed and not np.all(times[1:] >= times[:-1]):
+            times = np.maximum.accumulate(times)      # (a copy only where the clock fell back)
+        self.times = times if self.timed else None
         self.offset = 0.0          # added to this source's times to put it on the shared axis
         self.origin = 0.0          # the recorded time at 0 on that axis
         self.lock = threading.Lock()       # what is made on first use (flame names)
@@ -87,11 +89,12 @@ class Source:
         t_min, t_max = self.t_range
         steps = self._steps()
         info = dict(self._info, t_min=t_min, t_max=t_max, t_origin=self.origin,
+                    time_unit=self.time_unit,      # (two sources may both go by entry)
                     steps=[dict(step, t=t) for step, t in
                            zip(steps, self.t_of([step["entry"] for step in steps]).tolist())],
                     steps_pending=self.extras.get("analysis") is None,
                     annotations=[dict(note, t=note["t"] + self.offset)
-                                 for note in self._info["annotations"]])
+                                 for note in self._info["annotations"]] if self.timed else [])
         if info["oom"] is not None:
             info["oom"] = dict(info["oom"], t=float(self.t_of([info["oom"]["entry"]])[0]))
             explained = self.extras.get("oom_explanation")
@@ -165,6 +168,7 @@ class Source:
         def work():
             from .panels import steps_of
             try:
+                self.series.active_life            # (a moment's inactive blocks need it)
                 steps_of(self)
             except Exception as exc:          # the leaks route says it; the server goes on
                 self.extras["analysis_error"] = f"{type(exc).__name__}: {exc}"
