@@ -68,3 +68,54 @@ def test_every_verb_takes_bytes_written_with_b(tmp_path):
     result = _run("demo", "--size", "4096B")            # 1024 float32 elements
     assert result.exit_code == 0, result.output
     assert _run("replay", SNAPSHOT, "--memory", "17179869184B").exit_code == 0
+
+
+def test_tune_without_memory_on_a_run_that_finished_shows_savings_not_fits():
+    result = _run("tune", "tests/data/cpu_recordings/mlp_12_steps.jsonl.gz", "--allocator",
+                  "torch", "--scheduler", "serial")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "saving vs recorded" in lines[0] and "headroom" not in lines[0]
+    assert "fits [" not in result.output
+    # the recommendation once, as the last line, saying what to do
+    assert lines[-1] == ("answer: keep the settings the run used: leave "
+                         "PYTORCH_CUDA_ALLOC_CONF unset (the defaults)")
+    assert "use: export" not in result.output and "recommended:" not in result.output
+
+
+def test_tune_names_the_setting_once_as_a_line_to_run():
+    result = _run("tune", "tests/data/cuda_snapshots/gpt_generate.pickle.gz", "--memory", "1GiB")
+    assert result.exit_code == 0, result.output
+    last = result.output.splitlines()[-1]
+    assert last.startswith('answer: export PYTORCH_ALLOC_CONF="'), last
+    assert result.output.count("export ") == 1
+
+
+def test_a_default_setting_reads_as_what_to_do():
+    from npumem.alloc.torch_model import parse_config
+    from npumem.whatif.torch_tune import Candidate
+
+    candidate = Candidate(parse_config(""), None, env="PYTORCH_ALLOC_CONF")
+    assert candidate.instruction == "leave PYTORCH_ALLOC_CONF unset (the defaults)"
+    candidate = Candidate(parse_config("roundup_power2_divisions:[256:1,>:8]"), None,
+                          env="PYTORCH_CUDA_ALLOC_CONF")
+    assert candidate.instruction == ('export PYTORCH_CUDA_ALLOC_CONF='
+                                     '"roundup_power2_divisions:[256:1,>:8]"')
+
+
+def test_one_rule_names_the_variable_in_tune_replay_and_the_recording():
+    """The recordings were made with PyTorch 2.11, which reads PYTORCH_ALLOC_CONF first."""
+    from npumem.alloc.torch_model.config import settings_variable
+    from npumem.trace.snapshot import load_recording
+
+    assert settings_variable("cuda", "2.10") == "PYTORCH_ALLOC_CONF"
+    assert settings_variable("cuda", "2.13") == "PYTORCH_CUDA_ALLOC_CONF"
+    assert settings_variable("cuda", "2.8") == "PYTORCH_CUDA_ALLOC_CONF"
+    assert settings_variable("npu", "2.10") == "PYTORCH_NPU_ALLOC_CONF"
+    assert load_recording(SNAPSHOT).settings_variable == "PYTORCH_ALLOC_CONF"
+    replayed = _run("replay", SNAPSHOT, "--set", "expandable_segments=True")
+    assert "PYTORCH_ALLOC_CONF=expandable_segments:True" in replayed.output
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in replayed.output
+    npu = _run("replay", SNAPSHOT, "--allocator", "torch_npu", "--set",
+               "expandable_segments=True")
+    assert "PYTORCH_NPU_ALLOC_CONF=expandable_segments:True" in npu.output

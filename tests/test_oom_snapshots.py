@@ -148,8 +148,8 @@ def test_a_run_that_died_before_repeating_is_not_recommended_blindly(tmp_path):
     tuning = tune_recording(load_recording(str(path)))
     assert tuning.extension is None and tuning.best is None
     assert tuning.worth_trying is not None and tuning.worth_trying.config.expandable_segments
-    assert tuning.answer().startswith("answer: none certain on 40.00 MiB; try "
-                                      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert tuning.answer().startswith("answer: none certain on 40.00 MiB; worth a try: "
+                                      "export PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\"")
 
 
 @pytest.mark.parametrize("name", ["mlp", "lstm", "unet"])

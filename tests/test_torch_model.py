@@ -161,7 +161,7 @@ def test_an_oom_is_explained_and_fixed_by_a_setting(tmp_path):
     report = CliRunner().invoke(main, ["report", str(path)])
     assert report.exit_code == 0, report.output
     assert "out of memory at trace entry" in report.output and "reserved but unallocated" in report.output
-    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in report.output
+    assert 'PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"' in report.output
     tuned = CliRunner().invoke(main, ["tune", str(path), "--json"])
     assert tuned.exit_code == 0, tuned.output
     # the run died before it repeated a step: a setting to try, not a recommendation

@@ -85,25 +85,7 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
         click.echo(line)
     for note in recording.read_notes:                  # how the trace was read
         click.echo(f"note: {note}")
-    click.echo(f"{'settings':<52} {'peak reserved':>13} {'headroom':>10}  verdict")
-    over = False
-    for c in result.in_order():
-        headroom = format_size(c.headroom) if c.headroom is not None else "-"
-        over |= c.headroom is not None and c.headroom < 0
-        label = c.config.describe()
-        if c.as_recorded:
-            label = f"{label} (as recorded)" if label else "(as recorded)"
-        label = label or "(PyTorch's default settings)"
-        click.echo(f"{label:<52} "
-                   f"{format_size(c.decisive.peak_reserved_bytes):>13} {headroom:>10}  {c.verdict()}")
-    markers = {c.marker for c in result.candidates}
-    click.echo("(" + "; ".join(text for marker, text in (
-        ("recorded", "[recorded]: the recorded trace shows the verdict"),
-        ("extended", "[extended]: the run played on past its end shows it")) if marker in markers)
-        + ")")
-    if over:            # (a fit above the limit: see torch_tune._spare)
-        click.echo("(a negative headroom is a fit under a memory fraction: the fraction counts "
-                   "the bytes asked for, while expandable segments map whole pages)")
+    _echo_table(result)
     click.echo("")
     if result.best is not None:
         ran = {"cuda": "the CUDA run", "npu": "the NPU run"}.get(recording.recorded_flavour,
@@ -115,21 +97,55 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
                 if result.recorded_peak_reserved_bytes is not None else
                 "the recording has no caching-allocator segments to compare with (a CPU or "
                 "plain alloc/free trace)")
-        click.echo(f"recommended: {result.best.line}: predicted peak reserved "
+        click.echo(f"predicted peak reserved under the answer: "
                    f"{format_size(result.best.decisive.peak_reserved_bytes)}; {real}")
     for line in result.answer_lines()[:-1]:
         click.echo(f"  {line}")
-    if result.best is not None and result.best.config.describe():
-        click.echo(f"use: export {result.best.variable}="
-                   f"\"{result.best.config.describe()}\"")
-    click.echo(result.answer())
+    click.echo(result.answer())         # the recommendation, once, last
+
+
+def _echo_table(result) -> None:
+    """One row per setting. A run that finished under every setting, on no --memory, has no
+    verdict to give (on a CPU profile, "fits" would mean nothing): its rows say what each
+    setting saves against the one the run used. Otherwise each row's headroom and verdict."""
+    from ..units import format_size
+
+    def label(c) -> str:
+        text = c.config.describe()
+        if c.as_recorded:
+            return f"{text} (as recorded)" if text else "(as recorded)"
+        return text or "(PyTorch's default settings)"
+
+    rows = result.in_order()
+    if result.memory is None and all(c.finishes for c in rows):
+        recorded = result.recorded.decisive.peak_reserved_bytes
+        click.echo(f"{'settings':<52} {'peak reserved':>13} {'saving vs recorded':>19}")
+        for c in rows:
+            peak = c.decisive.peak_reserved_bytes
+            saving = "-" if c.as_recorded else format_size(recorded - peak)
+            click.echo(f"{label(c):<52} {format_size(peak):>13} {saving:>19}")
+        return
+    click.echo(f"{'settings':<52} {'peak reserved':>13} {'headroom':>10}  verdict")
+    over = False
+    for c in rows:
+        headroom = format_size(c.headroom) if c.headroom is not None else "-"
+        over |= c.headroom is not None and c.headroom < 0
+        click.echo(f"{label(c):<52} "
+                   f"{format_size(c.decisive.peak_reserved_bytes):>13} {headroom:>10}  {c.verdict()}")
+    markers = {c.marker for c in result.candidates}
+    click.echo("(" + "; ".join(text for marker, text in (
+        ("recorded", "[recorded]: the recorded trace shows the verdict"),
+        ("extended", "[extended]: the run played on past its end shows it")) if marker in markers)
+        + ")")
+    if over:            # (a fit above the limit: see torch_tune._spare)
+        click.echo("(a negative headroom is a fit under a memory fraction: the fraction counts "
+                   "the bytes asked for, while expandable segments map whole pages)")
 
 
 def _tune_pool(trace, as_json, scheduler, workers) -> None:
     """npumem's pool settings, each candidate replayed where --scheduler says."""
     import json
 
-    from ..whatif.sweep import settings_label
     from ..whatif.tune import tune as run_tune
     from ..units import format_size
 
@@ -153,8 +169,9 @@ def _tune_pool(trace, as_json, scheduler, workers) -> None:
                    f"{candidate.reserved_over_allocated:>6.3f} {candidate.device_allocs:>10}")
     if result.settings is None:
         raise CommandError(result.reason)
-    click.echo(f"\nrecommended: {settings_label(result.settings)} -> predicted peak reserved "
+    click.echo(f"\npredicted peak reserved under the answer: "
                f"{format_size(result.predicted_peak_reserved_bytes)}")
-    click.echo(f"why: {result.reason}")
-    if result.settings:
-        click.echo(f"use: export NPUMEM_ALLOC_CONF={result.settings}")
+    click.echo(f"  why: {result.reason}")
+    # the recommendation, once, last (as for PyTorch's settings)
+    click.echo(f"answer: export NPUMEM_ALLOC_CONF=\"{result.settings}\"" if result.settings else
+               "answer: leave NPUMEM_ALLOC_CONF unset (the defaults)")

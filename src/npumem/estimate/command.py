@@ -162,7 +162,8 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, torch_version
     try:
         settings = settings_for(device, list(overrides))
     except InvalidParamError as exc:          # the environment's own, where no --set was given
-        variable = "PYTORCH_NPU_ALLOC_CONF" if device == "npu" else "PYTORCH_CUDA_ALLOC_CONF"
+        from ..alloc.torch_model.config import settings_variable
+        variable = settings_variable("npu" if device == "npu" else "cuda")
         raise click.BadParameter(exc.message, param_hint="--set" if overrides else variable) \
             from None
     if len(fits) > 1:
@@ -355,7 +356,7 @@ def summary_lines(result) -> list[str]:
                      f"(conv_workspace.py){span}")
     best = result.recommended
     if best is not None:
-        lines.append(f"  recommended: {best.line} (peak reserved "
+        lines.append(f"  recommended: {best.instruction} (peak reserved "
                      f"{format_size(best.decisive.peak_reserved_bytes)})")
     else:
         lines.append("  no setting fits: " + "; ".join(result.tuning.reasons or ["reduce the batch"]))

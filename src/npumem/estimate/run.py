@@ -167,10 +167,13 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
                                script)
         with open(spec["out"], "rb") as handle:
             snapshot = pickle.load(handle)
-    recording = _recording(snapshot, script, flavour, config)
+    # the PyTorch the fake run modelled: its variable is the one the advice names
+    release = (run.get("versions") or {}).get("torch")
+    recording = _recording(snapshot, script, flavour, config, release=release)
     current = replay_recording(recording, config, capacity=UNLIMITED)
     # every candidate as it stands, not on top of the settings the user has: those are `current`
-    tuning = tune_recording(_recording(snapshot, script, flavour, defaults), memory=capacity)
+    tuning = tune_recording(_recording(snapshot, script, flavour, defaults, release=release),
+                            memory=capacity)
     low = high = None
     ranges = run.get("convolution_ranges") or []
     if ranges:
@@ -206,9 +209,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _recording(snapshot: dict, script: str, flavour: str, config, modelled: list | None = None):
+def _recording(snapshot: dict, script: str, flavour: str, config, modelled: list | None = None,
+               release: str | None = None):
     """The fake run's recording; `modelled`: new sizes for the modelled convolution workspaces,
-    in the order they were made (0 drops one)."""
+    in the order they were made (0 drops one); `release`: the PyTorch version it modelled."""
     data = snapshot
     if modelled is not None:
         sizes = iter(modelled)
@@ -229,9 +233,11 @@ def _recording(snapshot: dict, script: str, flavour: str, config, modelled: list
             traces.append(kept)
         data = {**snapshot, "device_traces": traces}
     if not any(data["device_traces"]):          # the script allocated nothing on the device
-        return PredictedRecording(script, 0, flavour, None, [], [], config=config)
+        return PredictedRecording(script, 0, flavour, None, [], [], config=config,
+                                  torch_release=release)
     base = recording_from_data(data, script, 0, flavour)
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Recording)}
+    values["torch_release"] = release
     return PredictedRecording(**values, config=config)
 
 

@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 from ..alloc.caching_allocator import CachingAllocator, OutOfMemoryError
 from ..alloc.resource import DeviceResource
 from ..alloc.settings import AllocatorSettings, describe_changes
+from ..alloc.torch_model.config import settings_variable
 from ..alloc.sizes import round_request, segment_size
 from ..constants import MemAttr
 from ..device.sim import SimBackend, SimConfig
@@ -60,7 +61,7 @@ class ReplayResult:
     def from_torch(cls, result, allocator: str) -> "ReplayResult":
         """The row for a replay through the PyTorch allocator model (a TorchReplay)."""
         live = result.peak_allocated_bytes
-        env = "PYTORCH_NPU_ALLOC_CONF" if result.flavour == "npu" else "PYTORCH_CUDA_ALLOC_CONF"
+        env = result.variable or settings_variable(result.flavour)     # one rule (config.py)
         return cls(
             trace=result.trace, allocator=allocator, events=result.events,
             peak_allocated_bytes=live, peak_reserved_bytes=result.peak_reserved_bytes,

@@ -23,6 +23,7 @@ from ..alloc.torch_model import (DEFAULT_POOL, DeviceMemory, ModelOutOfMemory,
                                  TorchAllocatorConfig, TorchAllocatorModel)
 from ..units import format_size
 from ..alloc.torch_model.allocator import allowed_bytes, round_size
+from ..alloc.torch_model.config import settings_variable
 from ..trace.snapshot import SEGMENT_ADD, SEGMENT_REMOVE, Recording, first_oom, read_pool_id
 from ..trace.snapshot.columns import arrays, highest_address, indices, rows, take
 from ..trace.snapshot.schema import oom_device_free
@@ -69,6 +70,7 @@ class TorchReplay:
     # the recording's own first OOM (oom_facts), so whoever shows it need not read the file
     # again: {} where the run did not die, None where this replay did not look
     recorded_oom: dict | None = None
+    variable: str = ""                    # the one the recording's PyTorch reads its settings from
 
     @property
     def faithful(self) -> bool:
@@ -348,7 +350,8 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
         recorded_device_frees=recorded_frees, unmatched_frees=counts.unmatched, oom=oom,
         divergence=divergence, misplaced_blocks=counts.misplaced,
         cache_hit_rate=counts.cache_hits / counts.requests if counts.requests else 0.0,
-        seconds=time.perf_counter() - started, notes=notes)
+        seconds=time.perf_counter() - started, notes=notes,
+        variable=settings_variable(config.flavour, recording.torch_version))
 
 
 def _core(recording: Recording, config: TorchAllocatorConfig, start, capacity: int | None,

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..alloc.torch_model import TorchAllocatorConfig, parse_config
-from ..alloc.torch_model.config import env_names
 from ..errors import InvalidParamError
 from ..units import format_size
 from .extend import STEPS, Extension, extend
@@ -75,6 +74,16 @@ class Candidate:
     def line(self) -> str:
         text = self.config.describe()
         return f"{self.variable}={text}" if text else f"{self.variable} unset"
+
+    @property
+    def instruction(self) -> str:
+        """What to do for these settings, as a person would say it: the shell line to run
+        (quoted: a list such as [256:1,>:8] must reach PyTorch whole), or to leave the
+        variable unset."""
+        text = self.config.describe()
+        if not text:
+            return f"leave {self.variable} unset (the defaults)"
+        return f"export {self.variable}=\"{text}\""
 
     @property
     def decisive(self) -> TorchReplay:
@@ -162,14 +171,15 @@ class TorchTuning:
         where = f" on {format_size(self.memory)}" if self.memory else ""
         if self.best is not None:
             if self.best.as_recorded:
-                return f"answer: keep the settings the run used{where}"
-            if not self.best.config.describe():
-                return f"answer: leave {self.best.variable} unset (PyTorch's default settings){where}"
-            return f"answer: set {self.best.line}"
+                kept = ("" if self.best.config.describe() else
+                        f": {self.best.instruction}")
+                return f"answer: keep the settings the run used{where}{kept}"
+            return f"answer: {self.best.instruction}"
         if self.worth_trying is not None:
-            return (f"answer: none certain{where}; try {self.worth_trying.line}: it gets past "
-                    f"the failed request ({_spare(self.worth_trying.headroom or 0)}), but the "
-                    f"rest of the run is unknown ({self.unextended})")
+            return (f"answer: none certain{where}; worth a try: {self.worth_trying.instruction}, "
+                    f"which gets past the failed request "
+                    f"({_spare(self.worth_trying.headroom or 0)}), but the rest of the run is "
+                    f"unknown ({self.unextended})")
         floor = self.live_floor()
         if floor > DEVICE_BYTES_LIMIT:
             return (f"answer: none fits{where}: the run asks for {format_size(floor)} live at "
@@ -308,9 +318,8 @@ def tune_recording(recording: Recording, memory: int | None = None,
     configs = list(_accepted(texts, base))
     work = _Work(recording, extension, capacity, capped)
     results = _each(work.judge, configs, workers, len(recording.entries), progress)
-    env = env_names(recording.flavour, recording.torch_version)[0]
     for candidate in results:         # the name that PyTorch reads without a warning
-        candidate.env = env
+        candidate.env = recording.settings_variable
     recorded = results[0]
     recorded.as_recorded = True
     finishing = [c for c in results if c.finishes]

@@ -471,6 +471,13 @@ def env_names(flavour: str = "cuda", torch_version: str | None = None) -> tuple[
     return (ENV_NAME["cuda"], GENERIC_ENV)
 
 
+def settings_variable(flavour: str = "cuda", torch_version: str | None = None) -> str:
+    """The one variable npumem names when it says what to set or leave unset (tune's answer,
+    replay's table, estimate's recommendation): the first one the recording's PyTorch reads,
+    so the advice works there without a deprecation warning."""
+    return env_names(flavour, torch_version)[0]
+
+
 def read_env(flavour: str = "cuda", environ=None,
              torch_version: str | None = None) -> tuple[str, str, list[str]]:
     """(variable, text, notes): the settings PyTorch would read from the environment, checked

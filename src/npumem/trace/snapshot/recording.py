@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ...alloc.torch_model.config import TorchAllocatorConfig, from_snapshot
+from ...alloc.torch_model.config import TorchAllocatorConfig, from_snapshot, settings_variable
 from .. import jsonl
 from ..file_checks import TraceFormatError, shown
 from ..textio import bounded_reader, max_snapshot_bytes, read_head
@@ -34,6 +34,9 @@ class Recording:
     recorded_flavour: str | None = None  # the allocator it was recorded on, where not `flavour`
     predicted: bool = False              # written by npumem estimate, not recorded on a device
     read_notes: list[str] = field(default_factory=list)   # what reading it changed (mending)
+    # the PyTorch that ran it where known outright (npumem estimate's modelled one); else the
+    # entries tell (torch_version)
+    torch_release: str | None = None
 
     def base_config(self) -> TorchAllocatorConfig:
         """The allocator settings this recording ran with, on the chip it is replayed for."""
@@ -45,6 +48,8 @@ class Recording:
         """The oldest PyTorch that writes this trace's entries as they are (docs/formats.md:
         `user_metadata` on every entry from 2.10, `pool_id` from 2.12); None when the entries
         do not tell."""
+        if self.torch_release is not None:
+            return self.torch_release
         actions = [e for e in self.entries[:1000] if e.get("action") == "alloc"]
         if not actions:
             return None
@@ -53,6 +58,12 @@ class Recording:
         if all("user_metadata" in e for e in actions):
             return "2.10"
         return None
+
+    @property
+    def settings_variable(self) -> str:
+        """The variable to name in advice about this recording's settings (config.py's
+        settings_variable: the one its PyTorch reads first)."""
+        return settings_variable(self.flavour, self.torch_version)
 
     @cached_property
     def free_action(self) -> str:
