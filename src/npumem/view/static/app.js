@@ -26,7 +26,8 @@ NV.legend = (function () {
     });
     var notes = [];
     S.lanes.slice(1).forEach(function (lane) {
-      if (!NV.timeline.sameUnit(lane)) notes.push("B counts " + (lane.src.time_unit === "entry" ? "entries" : "time") +
+      if (S.stretch) notes.push("B is stretched to A's length: the axis is A's time; the hover gives B's own.");
+      else if (!NV.timeline.sameUnit(lane)) notes.push("B counts " + (lane.src.time_unit === "entry" ? "entries" : "time") +
         " and A does not: B's lane shows the same fraction of its own recording.");
     });
     if (S.lanes.length > 1) notes.push("Both lanes share one byte scale; time counts from each recording's start.");
@@ -70,10 +71,11 @@ NV.app = (function () {
       var s = x[0], i = x[1], p = document.createElement("div");
       var at = F.time(s.oom.t - s.t_min, s.time_unit);
       p.innerHTML = "<strong>Out of memory" + (info.sources.length > 1 ? " in " + String.fromCharCode(65 + i) : "") +
-        "</strong> at " + F.esc(at) + ": <span class='oom-message'></span><p class='oom-explanation'></p>";
+        "</strong> at " + F.esc(at) + ": <span class='oom-message'></span><p class='oom-answer'></p>" +
+        "<details><summary>Why, and what each setting would have done (the report's explanation)</summary>" +
+        "<pre class='oom-explanation'></pre></details>";
       p.querySelector(".oom-message").textContent = s.oom.message || "";
-      p.querySelector(".oom-explanation").textContent = s.oom.explanation ||
-        (s.oom.explanation_pending ? "Working out why (the allocator model's state at the OOM)…" : "");
+      explain(p, s.oom);
       p.setAttribute("data-source", String(i));
       var b = document.createElement("button");
       b.type = "button"; b.textContent = "Show the moment before it";
@@ -85,6 +87,17 @@ NV.app = (function () {
     if (ooms.some(function (x) { return x[0].oom.explanation_pending; })) setTimeout(explanations, 1500);
   }
 
+  // The report's explanation is long (the stack, every setting's shortfall): its answer line is
+  // shown at once, the rest folded.
+  function explain(box, oom) {
+    var text = oom.explanation || "", pre = box.querySelector(".oom-explanation");
+    var answer = /^\s*answer:.*$/m.exec(text);
+    pre.textContent = text || (oom.explanation_pending ? "Working out why (the allocator model's state at the OOM)…"
+                                                        : "(no explanation)");
+    box.querySelector(".oom-answer").textContent = answer ? answer[0].trim() :
+      (oom.explanation_pending ? "Working out why…" : "");
+  }
+
   // The server explains an OOM in the background (a replay through the model): ask again until
   // it has, then fill the explanation in.
   function explanations() {
@@ -92,10 +105,10 @@ NV.app = (function () {
       var pending = false;
       fresh.sources.forEach(function (s, i) {
         if (!s.oom) return;
-        var el = document.querySelector("#oom [data-source='" + i + "'] .oom-explanation");
+        var el = document.querySelector("#oom [data-source='" + i + "']");
         if (s.oom.explanation_pending) { pending = true; return; }
         info.sources[i].oom = s.oom;
-        if (el) el.textContent = s.oom.explanation || "(no explanation)";
+        if (el) explain(el, s.oom);
       });
       if (pending) setTimeout(explanations, 1500);
     }).catch(function (err) { NV.api.showError("OOM explanation", err); });
@@ -199,6 +212,10 @@ NV.app = (function () {
       sources(info);
       oom(info);
       NV.timeline.init(info, moment, onRange);
+      if (info.sources.length > 1) {
+        document.getElementById("stretch-box").hidden = false;
+        document.getElementById("stretch").onchange = function (e) { NV.timeline.stretch(e.target.checked); NV.legend.update(); };
+      }
       NV.legend.update();
       NV.whatif.init(info);
       select("moment");

@@ -20,9 +20,10 @@ NV.timeline = (function () {
   // source shares them when its unit is the same; otherwise its lane shows the same fraction of
   // its own recording, and the legend says so.
   function spanOf(src) { return Math.max(src.t_max - src.t_min, 1); }
-  function sameUnit(lane) { return lane.src.time_unit === S.unit; }
-  function toLane(lane, v) { return sameUnit(lane) ? v : v / S.full * spanOf(lane.src); }
-  function fromLane(lane, r) { return sameUnit(lane) ? r : r / spanOf(lane.src) * S.full; }
+  function sameUnit(lane) { return lane.src.time_unit === S.unit && !(S.stretch && lane.index > 0); }
+  function firstSpan() { return spanOf(S.lanes[0].src); }
+  function toLane(lane, v) { return sameUnit(lane) ? v : v / firstSpan() * spanOf(lane.src); }
+  function fromLane(lane, r) { return sameUnit(lane) ? r : r / spanOf(lane.src) * firstSpan(); }
   function minSpan() { return S.unit === "entry" ? 8 : Math.max(S.full * 1e-9, 1); }
 
   function setView(v0, v1, why) {
@@ -163,8 +164,15 @@ NV.timeline = (function () {
 
     D.bytesAxis(ctx, y, M.left, w - M.right, ext.lo, ymax, Math.max(2, Math.floor((bottom - top) / 45)));
     D.timeAxis(ctx, x, sc.a, sc.b, lane.src.time_unit, top, bottom, w - M.left - M.right);
+    // Past the recording's end nothing is known: shaded, and nothing is drawn there.
+    var end = Math.min(Math.max(x(lane.src.t_max - t0), M.left), w - M.right);
+    if (end < w - M.right - 1) {
+      ctx.fillStyle = "#f1f1f1"; ctx.fillRect(end, top, w - M.right - end, bottom - top);
+      ctx.fillStyle = "#777"; ctx.textAlign = "left"; ctx.textBaseline = "top";
+      if (w - M.right - end > 110) ctx.fillText("end of recording", end + 6, top + 24);
+    }
     ctx.save();
-    ctx.beginPath(); ctx.rect(M.left, 0, w - M.left - M.right, bottom); ctx.clip();
+    ctx.beginPath(); ctx.rect(M.left, 0, end - M.left, bottom); ctx.clip();
 
     if (S.allocation && S.allocation.source === lane.src.id) {
       var la = x(S.allocation.t_alloc - t0);
@@ -333,7 +341,7 @@ NV.timeline = (function () {
       ctx.fillStyle = D.INK.oom; ctx.font = "700 12px system-ui, sans-serif";
       var nearRight = po > lane.canvas.clientWidth - M.right - 40;
       ctx.textAlign = nearRight ? "right" : "left";
-      ctx.fillText("OOM", nearRight ? po - 4 : po + 4, top + 14);
+      ctx.fillText("OOM", nearRight ? po - 4 : po + 4, top + 34);
     }
   }
 
@@ -544,6 +552,7 @@ NV.timeline = (function () {
     S.full = Math.max.apply(null, info.sources.map(function (s) {
       return s.time_unit === S.unit ? spanOf(s) : spanOf(first);
     }));
+    S.jointFull = S.full;
     var box = document.getElementById("lanes");
     box.innerHTML = "";
     S.lanes = info.sources.slice(0, 2).map(function (src, i) {
@@ -567,12 +576,20 @@ NV.timeline = (function () {
   }
 
   function fitY(on) { S.fitY = on; drawAll(); }
+  // Two runs of different lengths: B drawn over A's length (its own time scaled), so their
+  // shapes line up; the hover still gives B's own times.
+  function stretch(on) {
+    S.stretch = on;
+    S.full = on ? firstSpan() : S.jointFull;
+    setView(0, S.full, "now");
+    fetchOverview();
+  }
   function setMoment(m) { S.moment = m; drawAll(); }
   function setAllocation(a) { S.allocation = a; drawAll(); }
   function addWhatif(w) { S.whatifs.push(w); drawAll(); }
   function redraw() { drawAll(); }
 
   return { init: init, setView: setView, zoom: zoom, pan: pan, setMoment: setMoment,
-           setAllocation: setAllocation, addWhatif: addWhatif, redraw: redraw, state: S,
+           setAllocation: setAllocation, addWhatif: addWhatif, redraw: redraw, state: S, stretch: stretch,
            sameUnit: sameUnit };
 })();
