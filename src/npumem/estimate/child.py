@@ -186,8 +186,16 @@ def _estimated_traces(snapshot: dict, empty_cache_us: list) -> dict:
             at = next((i for i, entry in enumerate(trace) if entry["time_us"] > when), len(trace))
             trace.insert(at, {"action": "segment_free", "addr": 0, "size": 0, "stream": 0,
                               "time_us": when, "frames": []})
-    annotations = [a for a in snapshot.get("external_annotations", [])
-                   if a.get("device", 0) < len(devices) and devices[a["device"]].startswith(ESTIMATED)]
+    # each step mark on the trace it belongs to (numbered as the traces are now), placed by its
+    # time: the segment_free entries above, and the workspaces a model later drops, move the
+    # entry numbers the recorder wrote
+    annotations = []
+    for note in snapshot.get("external_annotations", []):
+        device = note.get("device", 0)
+        if device < len(devices) and devices[device].startswith(ESTIMATED):
+            name = devices[device]
+            note = {key: value for key, value in note.items() if key != "npumem_entry"}
+            annotations.append(dict(note, device=int(name.split(":")[1]) if ":" in name else 0))
     return {**snapshot, "device_traces": traces, "external_annotations": annotations}
 
 
