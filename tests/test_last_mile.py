@@ -119,3 +119,22 @@ def test_one_rule_names_the_variable_in_tune_replay_and_the_recording():
     npu = _run("replay", SNAPSHOT, "--allocator", "torch_npu", "--set",
                "expandable_segments=True")
     assert "PYTORCH_NPU_ALLOC_CONF=expandable_segments:True" in npu.output
+
+
+def test_a_leak_warning_at_reset_points_at_the_users_call():
+    import warnings
+
+    import npumem.acl as acl
+    import npumem.runtime as rt
+    from npumem.errors import LiveAllocationsWarning
+
+    for reset in (lambda: rt.reset_device(0), lambda: acl.rt.reset_device(0)):
+        rt.init()
+        rt.set_device(0)
+        rt.malloc(1024)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            reset()
+        rt.finalize()
+        leaks = [w for w in caught if issubclass(w.category, LiveAllocationsWarning)]
+        assert leaks and leaks[0].filename == __file__, leaks[0].filename

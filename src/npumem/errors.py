@@ -214,13 +214,28 @@ class StrictWarning(UserWarning):
     that does not match the two addresses, an unknown malloc policy)."""
 
 
+def user_stacklevel() -> int:
+    """The `stacklevel` that makes warnings.warn name the user's line: the first frame outside
+    npumem above the function that warns. A fixed level cannot: the same warning is reached
+    through the runtime, the pyACL shim, the memory API or a context manager, each at another
+    depth. Where every frame is npumem's (the CLI), the outermost one."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1          # 1: the function that calls warnings.warn
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def strict(message: str) -> None:
     """Warn about `message` under NPUMEM_STRICT=1; otherwise say nothing, as CANN does."""
     import os
     import warnings
 
     if os.environ.get("NPUMEM_STRICT", "") not in ("", "0"):
-        warnings.warn(message, StrictWarning, stacklevel=3)
+        warnings.warn(message, StrictWarning, stacklevel=user_stacklevel())
 
 
 def integer_argument(value, what: str) -> int:

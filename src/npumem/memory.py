@@ -24,7 +24,8 @@ from .alloc.summary import format_summary
 from .profile.torch_allocator import torch_memory_stats, torch_memory_summary
 from .device.sanitizer import SANITIZER
 from .constants import MemAttr
-from .errors import InvalidParamError, LiveAllocationsWarning, MemoryFreeError, integer_argument
+from .errors import (InvalidParamError, LiveAllocationsWarning, MemoryFreeError, integer_argument,
+                     user_stacklevel)
 from .observe import OBSERVERS, STEP_LISTENERS
 from .profile.snapshot import build_snapshot
 from .profile.tracker import Tracker
@@ -287,7 +288,8 @@ def _release_device(device: int) -> None:
         if live:
             total = sum(block.size for block in live)
             warnings.warn(f"caching pool of device {device}: {len(live)} block(s), {total} bytes, "
-                          "were still allocated", LiveAllocationsWarning, stacklevel=5)
+                          "were still allocated", LiveAllocationsWarning,
+                          stacklevel=user_stacklevel())
 
 
 def _finalize() -> None:

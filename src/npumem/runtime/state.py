@@ -23,6 +23,7 @@ from ..errors import (
     ContextNullError, ContextReleaseError, InvalidDeviceError, InvalidHandleError,
     InvalidParamError, AclError,
     RepeatFinalizeError, RepeatInitializeError, UninitializedError, LiveAllocationsWarning,
+    user_stacklevel,
     ACL_ERROR_INVALID_FILE, integer_argument,
 )
 from .handles import forget, lookup, new_handle
@@ -329,7 +330,8 @@ def _raise_release_errors(call: str, done: str, errors: list[AclError]) -> None:
 
 
 def _report_leaks(where: str, allocations: list[Allocation]) -> None:
-    warnings.warn(f"{where}: {summarize(allocations)}", LiveAllocationsWarning, stacklevel=4)
+    warnings.warn(f"{where}: {summarize(allocations)}", LiveAllocationsWarning,
+                  stacklevel=user_stacklevel())         # the user's reset or finalize
 
 
 def _read_config_file(path: str) -> dict:
