@@ -25,7 +25,11 @@ from .common import is_operator_memory, load_as_snapshot
 @click.option("--window", "window_text", default=None, metavar="START:END",
               help="Report on part of a recording: entry numbers (1000000:2000000) or times "
                    "from its start (90s:120s, 1500ms:, :2.5s), with what was live at START.")
-def report(path, html_out, top, snapshot_path, device, window_text):
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report of a snapshot or trace as JSON (peak, sites, "
+                   "fragmentation, leaks with their evidence, steps and their source): one "
+                   "object, or a list of them for a folder with two snapshots.")
+def report(path, html_out, top, snapshot_path, device, window_text, as_json):
     """Report on a profile folder, a snapshot pickle (npumem's or PyTorch's
     torch.cuda.memory._snapshot()) or any allocation trace npumem reads: peak, top sites, leaks,
     fragmentation. A JSON file of PyTorch's memory_stats() prints its summary table with hit
@@ -43,6 +47,11 @@ def report(path, html_out, top, snapshot_path, device, window_text):
             check_output(html_out, None if os.path.isdir(path) else path)
         except OutputPathError as exc:
             raise click.BadParameter(str(exc), param_hint="--html") from None
+    if as_json and os.path.isfile(path) and (
+            (path.endswith(".json") and not _is_trace(path)) or _is_usage_curve(path)
+            or is_operator_memory(path)):
+        raise click.BadParameter("reads snapshots and traces (not a memory_stats file, a "
+                                 "usage curve or Ascend profiler output)", param_hint="--json")
     if path.endswith(".json") and os.path.isfile(path) and not _is_trace(path):
         _no_window(window, "a memory_stats file")
         _report_torch_stats(path, snapshot_path)
@@ -86,6 +95,16 @@ def report(path, html_out, top, snapshot_path, device, window_text):
         snapshots = [(path, load_as_snapshot(path))]
     reports = [build_report(_part(data, device, window, name), f"npumem report of {name}")
                for name, data in snapshots]
+    if as_json:                  # the same analysis as the text, for scripts and CI
+        import json
+
+        from ..profile.report import report_json
+
+        found = [report_json(result, top) for result in reports]
+        click.echo(json.dumps(found[0] if len(found) == 1 else found, indent=1))
+        if html_out:
+            _write_page(html_out, render_html(reports[-1]))
+        return
     for result in reports:
         click.echo(format_report(result, top), nl=False)
     if html_out:

@@ -267,3 +267,51 @@ def _rest(report: Report, lines: list[str], limit: int) -> str:
         lines += [f"  {op.name:<20} {op.count:>7} run(s) {op.total_us / 1e3:>10.3f} ms"
                   for op in report.ops[:limit]]
     return "\n".join(lines) + "\n"
+
+
+def _site_json(site: SiteUsage) -> dict:
+    return {"where": site.where, "allocations": site.count, "bytes": site.bytes,
+            "callers": site.callers[:8]}
+
+
+def report_json(report: Report, limit: int = 10) -> dict:
+    """The report as data (`npumem report --json`): what the text says, from the same
+    analysis. `leaks` and `steps` are `leak_analysis.LeakAnalysis.to_json()`'s; without steps to
+    judge on, `live_at_end` lists what was allocated and still live (not leaks)."""
+    analysis = report.leak_analysis
+    leaks = analysis.to_json() if analysis is not None else {
+        "steps": {"count": 0, "source": None, "marker": None, "judged": False,
+                  "reason": "a live profile of npumem's runtime: leaks are what is live at exit"},
+        "leaks": []}
+    out = {
+        "title": report.title,
+        "notes": list(report.notes),
+        "devices": [{
+            "device": d.device, "events": d.events,
+            "peak_allocated_bytes": d.peak_allocated, "peak_reserved_bytes": d.peak_reserved,
+            "peak_time_us": d.peak_time_us, "peak_categories": dict(d.peak_categories),
+            "at_peak": [_site_json(s) for s in d.at_peak[:limit]],
+            "sites": [_site_json(s) for s in d.by_site[:limit]],
+            "live_bytes_at_each_step": list(report.step_growth.get(d.device) or [])}
+            for d in report.devices],
+        "fragmentation": {"known": not report.fragmentation_note,
+                          "note": report.fragmentation_note or None,
+                          "pools": [{"device": f.device, "reserved_bytes": f.reserved,
+                                     "allocated_bytes": f.allocated, "free_bytes": f.free,
+                                     "largest_free_bytes": f.largest_free,
+                                     "cached_bytes": f.cached,
+                                     "cached_segments": f.cached_segments,
+                                     "stranded_bytes": f.stranded,
+                                     "largest_stranded_bytes": f.largest_stranded,
+                                     "ratio": round(f.ratio, 4)}
+                                    for f in report.fragmentation]},
+        "leaks": leaks["leaks"],
+        "steps": leaks["steps"],
+        "oom": list(report.oom),
+    }
+    if "steps_by_device" in leaks:
+        out["steps_by_device"] = leaks["steps_by_device"]
+    if not report.step_leaks:             # what the list under the leak heading holds
+        out["live_at_end"] = {"heading": report.leak_heading,
+                              "sites": [_site_json(s) for s in report.leaks[:limit]]}
+    return out
