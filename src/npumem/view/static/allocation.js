@@ -17,11 +17,14 @@ NV.allocation = (function () {
                                                     : F.duration(a.t_free - a.t_alloc)) : "still live at the end of the recording";
       var rows = [
         ["size", F.bytes(a.size) + " (" + F.count(a.size) + " bytes)"],
+        ["asked for", a.requested !== undefined && a.requested !== null && a.requested !== a.size
+          ? F.bytes(a.requested) + " (the rest is the allocator's rounding)" : null],
+        ["the user's line", a.site || null],
         ["address", F.hex(a.address)], ["stream", a.stream], ["category", a.category || "–"],
         ["allocated at", rel(a.t_alloc)], ["freed at", freed ? rel(a.t_free) : "never"], ["lifetime", life],
       ];
       panel.innerHTML = "<h3>Allocation " + F.esc(a.id) + (info.sources.length > 1 ? " of " + String.fromCharCode(65 + sourceId) : "") + "</h3>" +
-        "<table class='kv'>" + rows.map(function (r) {
+        "<table class='kv'>" + rows.filter(function (r) { return r[1] !== null; }).map(function (r) {
           return "<tr><th>" + F.esc(r[0]) + "</th><td>" + F.esc(r[1]) + "</td></tr>";
         }).join("") + "</table>";
       var stack = a.stack || [];

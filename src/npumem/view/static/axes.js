@@ -11,7 +11,7 @@ NV.draw = (function () {
   var INK = { allocated: "#0b3c6e", reserved: "#111111", active: "#6a3d9a", device: "#888888",
               map: "#00805a", unmap: "#c0392b", step: "#555555", annotation: "#7b3294",
               oom: "#d00000", moment: "#005fcc", select: "rgba(0, 95, 204, 0.15)",
-              lifetime: "rgba(213, 94, 0, 0.14)" };
+              lifetime: "rgba(213, 94, 0, 0.05)" };
   var WHATIF = ["#d55e00", "#cc79a7", "#009e73", "#0072b2"];
 
   // Size the backing store to the element's CSS size times the pixel ratio; returns a context

@@ -24,13 +24,7 @@ NV.host = (function () {
         box.insertAdjacentHTML("beforeend", "<p class='muted'>No pinned host memory was recorded.</p>");
         return;
       }
-      if (r.segments) {
-        box.insertAdjacentHTML("beforeend", "<h3>Host segments</h3>");
-        NV.blockmap.render(appendDiv(box), r.segments.map(normalise), function () {});
-      }
-      var rest = {};
-      Object.keys(r).forEach(function (k) { if (k !== "segments" && k !== "host") rest[k] = r[k]; });
-      if (Object.keys(rest).length) generic(box, rest);
+      render(box, r, info.sources[sourceId]);
     }).catch(function (err) {
       loaded[sourceId] = false;
       box.innerHTML = "<p class='error-inline'>Pinned host memory could not be loaded: " + F.esc(err.message) + "</p>";
@@ -38,51 +32,69 @@ NV.host = (function () {
     });
   }
 
-  function appendDiv(box) { var d = document.createElement("div"); box.appendChild(d); return d; }
-
-  // Host segments may list blocks without offsets: lay them end to end.
-  function normalise(seg) {
-    var off = 0;
-    var blocks = (seg.blocks || []).map(function (b) {
-      var o = b.offset !== undefined ? b.offset : off;
-      off = o + b.size;
-      return { offset: o, size: b.size, state: b.state || (b.allocated ? "allocated" : "free"), alloc_id: b.alloc_id };
-    });
-    return { address: seg.address, size: seg.size || off, stream: seg.stream === undefined ? "–" : seg.stream,
-             pool: seg.pool === undefined ? "host" : seg.pool, blocks: blocks };
-  }
-
-  // Everything else the server read, as a table: lists of records as rows, numbers of bytes in
-  // binary units. Nothing is dropped because the page does not know its name.
-  function generic(box, obj) {
-    Object.keys(obj).forEach(function (k) {
-      var v = obj[k], h = document.createElement("h3");
-      h.textContent = k.replace(/_/g, " ");
-      box.appendChild(h);
-      if (Array.isArray(v) && v.length && typeof v[0] === "object") {
-        var cols = Object.keys(v[0]), t = document.createElement("table");
-        t.className = "generic";
-        t.innerHTML = "<thead><tr>" + cols.map(function (c) { return "<th>" + F.esc(c) + "</th>"; }).join("") + "</tr></thead>";
-        var body = document.createElement("tbody");
-        v.slice(0, 500).forEach(function (row) {
-          var tr = document.createElement("tr");
-          tr.innerHTML = cols.map(function (c) { return "<td>" + F.esc(cell(c, row[c])) + "</td>"; }).join("");
-          body.appendChild(tr);
-        });
-        t.appendChild(body); box.appendChild(t);
-        if (v.length > 500) box.insertAdjacentHTML("beforeend", "<p class='muted'>the first 500 of " + F.count(v.length) + "</p>");
-      } else {
-        var p = document.createElement("p");
-        p.textContent = typeof v === "object" ? JSON.stringify(v) : cell(k, v);
-        box.appendChild(p);
+  function render(box, r, src) {
+    var p = document.createElement("p");
+    p.textContent = F.count(r.segment_count) + " pinned segments, " + F.bytes(r.reserved) + " held; " +
+      F.count(r.entries) + " trace entries" + (r.actions && r.actions.length ? " (" + r.actions.join(", ") + ")" : "") + ".";
+    box.appendChild(p);
+    if (r.verified === false) {
+      box.insertAdjacentHTML("beforeend", "<p class='muted'>PyTorch documents these fields loosely: they are " +
+        "read defensively and shown as found, not yet checked against PyTorch's source.</p>");
+    }
+    var tl = r.timeline || {};
+    if (tl.t && tl.t.length) {
+      box.insertAdjacentHTML("beforeend", "<h3>Pinned bytes allocated over time</h3>");
+      var canvas = document.createElement("canvas");
+      canvas.className = "host-chart";
+      canvas.setAttribute("role", "img");
+      canvas.setAttribute("aria-label", "Pinned host bytes allocated over the recording, at most " +
+        F.bytes(Math.max.apply(null, tl.allocated)));
+      box.appendChild(canvas);
+      chart(canvas, tl, src);
+    }
+    var segs = r.segments || [];
+    if (segs.length) {
+      box.insertAdjacentHTML("beforeend", "<h3>Segments</h3>");
+      var t = document.createElement("table");
+      t.className = "generic";
+      t.innerHTML = "<thead><tr><th>address</th><th class='num'>size</th><th class='num'>allocated</th>" +
+        "<th class='num'>blocks</th><th>fields recorded</th></tr></thead>";
+      var body = document.createElement("tbody");
+      segs.forEach(function (s) {
+        var tr = document.createElement("tr");
+        [F.hex(s.address), F.bytes(s.size), F.bytes(s.allocated), F.count(s.blocks), (s.keys || []).join(", ")]
+          .forEach(function (v, i) {
+            var td = document.createElement("td");
+            if (i > 0 && i < 4) td.className = "num";
+            td.textContent = v; tr.appendChild(td);
+          });
+        body.appendChild(tr);
+      });
+      t.appendChild(body);
+      box.appendChild(t);
+      if (r.segment_count > segs.length) {
+        box.insertAdjacentHTML("beforeend", "<p class='muted'>the first " + F.count(segs.length) + " of " + F.count(r.segment_count) + "</p>");
       }
-    });
+    }
   }
 
-  function cell(key, v) {
-    if (typeof v === "number" && /size|bytes|total/.test(key)) return F.bytes(v);
-    if (typeof v === "number" && /addr/.test(key)) return F.hex(v);
-    return v === null || v === undefined ? "–" : typeof v === "object" ? JSON.stringify(v) : String(v);
+  // A step line of the pinned bytes, on the same kind of axes as the timeline.
+  function chart(canvas, tl, src) {
+    var D = NV.draw, g = D.fit(canvas, 160), ctx = g.ctx, w = g.w, h = g.h;
+    var left = 78, right = 14, top = 10, bottom = h - 24;
+    var t0 = tl.t[0], t1 = tl.t[tl.t.length - 1];
+    if (t1 <= t0) t1 = t0 + 1;
+    var ymax = Math.max.apply(null, tl.allocated.concat([1])) * 1.08;
+    var x = D.scale(t0, t1, left, w - right), y = D.scale(0, ymax, bottom, top);
+    D.bytesAxis(ctx, y, left, w - right, 0, ymax, 3);
+    var unit = src.time_unit, rel = D.scale(t0 - src.t_min, t1 - src.t_min, left, w - right);
+    D.timeAxis(ctx, rel, t0 - src.t_min, t1 - src.t_min, unit, top, bottom, w - left - right);
+    ctx.beginPath();
+    tl.t.forEach(function (t, i) {
+      var px = x(t), py = y(tl.allocated[i]);
+      if (i === 0) ctx.moveTo(px, py); else { ctx.lineTo(px, y(tl.allocated[i - 1])); ctx.lineTo(px, py); }
+    });
+    ctx.strokeStyle = D.INK.allocated; ctx.lineWidth = 1.5; ctx.stroke();
   }
 
   return { show: show };

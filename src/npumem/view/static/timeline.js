@@ -174,12 +174,15 @@ NV.timeline = (function () {
     ctx.save();
     ctx.beginPath(); ctx.rect(M.left, 0, end - M.left, bottom); ctx.clip();
 
+    // The open allocation's lifetime: a bar under the annotations, with its two ends marked
+    // down the plot (a long-lived one would hide the plot under a full-height shade).
     if (S.allocation && S.allocation.source === lane.src.id) {
-      var la = x(S.allocation.t_alloc - t0);
-      var lb = S.allocation.t_free === null || S.allocation.t_free === undefined
-        ? w : x(S.allocation.t_free - t0);
-      ctx.fillStyle = D.INK.lifetime;
-      ctx.fillRect(la, top, Math.max(lb - la, 2), bottom - top);
+      var la = x(S.allocation.t_alloc - t0), open = S.allocation.t_free === null || S.allocation.t_free === undefined;
+      var lb = open ? w : x(S.allocation.t_free - t0);
+      ctx.fillStyle = D.INK.lifetime; ctx.fillRect(la, top, Math.max(lb - la, 2), bottom - top);
+      ctx.fillStyle = "#d55e00"; ctx.fillRect(la, top + 10, Math.max(lb - la, 2), 4);
+      vline(ctx, la, top, bottom, "#d55e00", 1, [2, 2]);
+      if (!open) vline(ctx, lb, top, bottom, "#d55e00", 1, [2, 2]);
     }
     var d = lane.data;
     if (d && d.t && d.t.length) drawSeries(ctx, lane, d, x, y, t0, bottom);
