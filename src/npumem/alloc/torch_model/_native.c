@@ -58,10 +58,12 @@ typedef struct {
     uint64_t reserved;                               /* its device bytes */
     int alive;
 } Pool;
-/* one stream's growing address range, mapped in pages */
+/* one stream's growing address range, mapped in pages. No state per page: the allocator maps
+ * and unmaps only what it knows is unmapped and mapped, so the device's bytes in use are all
+ * the pages need; a page array sized by the addresses a file names cost gigabytes (issue 64) */
 typedef struct {
     uint64_t stream, page, max_pages, base;
-    uint8_t *pages; Py_ssize_t npages, cappages;     /* mapped or not, up to the last mapped */
+    uint64_t marked_end;                             /* pages below it marked (restored) mapped */
     int alive;
 } Expandable;
 typedef struct { uint64_t start, end; } Range;
@@ -297,7 +299,7 @@ static int device_claim(Model *m, uint64_t start, uint64_t size) {
 }
 
 static int fits(Model *m, uint64_t size) {
-    return m->capacity < 0 || m->used + size <= (uint64_t)m->capacity;
+    return m->capacity < 0 || (size <= (uint64_t)m->capacity && m->used <= (uint64_t)m->capacity - size);
 }
 
 /* cudaMalloc: 1 with *addr set, 0 when the device is full, -1 on error */
@@ -341,7 +343,7 @@ static uint64_t expandable_page(Model *m, int small) {
 static Py_ssize_t new_expandable(Model *m, uint64_t stream, uint64_t page, uint64_t space, int64_t base) {
     if (grow((void **)&m->segs, &m->capsegs, m->nsegs + 1, sizeof(Expandable)) < 0) return -1;
     Expandable *e = &m->segs[m->nsegs];
-    *e = (Expandable){stream, page, (space + page - 1) / page, 0, NULL, 0, 0, 1};
+    *e = (Expandable){stream, page, space / page + (space % page != 0), 0, 0, 1};
     uint64_t size = e->max_pages * page;
     if (base < 0) {                                   /* DeviceMemory._address("reserve") */
         e->base = m->fresh;
@@ -353,58 +355,53 @@ static Py_ssize_t new_expandable(Model *m, uint64_t stream, uint64_t page, uint6
     return m->nsegs++;
 }
 
-static int pages_upto(Expandable *e, Py_ssize_t end) {
-    if (grow((void **)&e->pages, &e->cappages, end, 1) < 0) return -1;
-    while (e->npages < end) e->pages[e->npages++] = 0;
-    return 0;
+/* pages [*begin, *end) under [ptr, ptr+size), rounded out; the caller keeps the range inside
+ * the segment, so neither the sum nor the product can wrap */
+static void pages_under(Expandable *e, uint64_t ptr, uint64_t size, uint64_t *begin, uint64_t *end) {
+    uint64_t from = ptr - e->base, to = from + size;
+    *begin = from / e->page;
+    *end = to / e->page + (to % e->page != 0);
 }
 
-static void pages_trim(Expandable *e) {
-    while (e->npages && !e->pages[e->npages - 1]) e->npages--;
-}
-
+/* pages a recording shows mapped before it began; ranges come in address order, so the pages
+ * any earlier range marked past this one's start are those below marked_end */
 static int mark_mapped(Model *m, Expandable *e, uint64_t ptr, uint64_t size) {
-    Py_ssize_t begin = (Py_ssize_t)((ptr - e->base) / e->page);
-    Py_ssize_t end = (Py_ssize_t)((ptr + size - e->base + e->page - 1) / e->page);
-    if (pages_upto(e, end) < 0) return -1;
-    for (Py_ssize_t i = begin; i < end; i++)
-        if (!e->pages[i]) { e->pages[i] = 1; m->used += e->page; }
+    uint64_t begin, end;
+    pages_under(e, ptr, size, &begin, &end);
+    if (begin < e->marked_end) begin = e->marked_end;
+    if (end > begin) {
+        m->used += (end - begin) * e->page;
+        e->marked_end = end;
+    }
     return 0;
 }
 
 /* map the pages under [ptr, ptr+size): *mapped 0 when the device has no room */
 static int seg_map(Model *m, Expandable *e, uint64_t ptr, uint64_t size, uint64_t *start, uint64_t *mapped) {
-    Py_ssize_t begin = (Py_ssize_t)((ptr - e->base) / e->page);
-    Py_ssize_t end = (Py_ssize_t)((ptr + size - e->base + e->page - 1) / e->page);
-    *start = e->base + (uint64_t)begin * e->page;
+    uint64_t begin, end;
+    pages_under(e, ptr, size, &begin, &end);
+    *start = e->base + begin * e->page;
     *mapped = 0;
     if (begin == end) return 0;
-    if (pages_upto(e, end) < 0) return -1;
-    for (Py_ssize_t i = begin; i < end; i++) {
-        if (!fits(m, e->page)) {                      /* cuMemCreate failed: undo this call */
-            for (Py_ssize_t undo = begin; undo < i; undo++) { e->pages[undo] = 0; m->used -= e->page; }
-            pages_trim(e);
-            return 0;
-        }
-        e->pages[i] = 1;
-        m->used += e->page;
-    }
-    *mapped = (uint64_t)(end - begin) * e->page;
+    uint64_t bytes = (end - begin) * e->page;
+    /* cuMemCreate page by page fails at the first page past the capacity, and the call undoes
+     * what it mapped: all or nothing */
+    if (!fits(m, bytes)) return 0;
+    m->used += bytes;
+    *mapped = bytes;
     return 0;
 }
 
 /* unmap the pages lying wholly inside [ptr, ptr+size) */
 static int seg_unmap(Model *m, Expandable *e, uint64_t ptr, uint64_t size, uint64_t *start, uint64_t *unmapped) {
-    Py_ssize_t begin = (Py_ssize_t)((ptr - e->base + e->page - 1) / e->page);
-    Py_ssize_t end = (Py_ssize_t)((ptr + size - e->base) / e->page);
+    uint64_t from = ptr - e->base, to = from + size;
+    uint64_t begin = from / e->page + (from % e->page != 0), end = to / e->page;
     *start = ptr;
     *unmapped = 0;
     if (begin >= end) return 0;
-    if (pages_upto(e, end) < 0) return -1;
-    for (Py_ssize_t i = begin; i < end; i++) { e->pages[i] = 0; m->used -= e->page; }
-    pages_trim(e);
-    *start = e->base + (uint64_t)begin * e->page;
-    *unmapped = (uint64_t)(end - begin) * e->page;
+    *start = e->base + begin * e->page;
+    *unmapped = (end - begin) * e->page;
+    m->used -= *unmapped;
     return 0;
 }
 
@@ -1023,7 +1020,6 @@ static void Model_dealloc(Model *m) {
     }
     PyMem_Free(m->pools);
     PyMem_Free(m->freeable);
-    for (Py_ssize_t i = 0; i < m->nsegs; i++) PyMem_Free(m->segs[i].pages);
     PyMem_Free(m->segs);
     PyMem_Free(m->events);
     live_free(&m->live);

@@ -94,48 +94,45 @@ class DeviceMemory:
 
 
 class ExpandableSegment:
-    """One stream's growing address range; physical pages of `page` bytes mapped on demand."""
+    """One stream's growing address range; physical pages of `page` bytes mapped on demand.
+
+    It keeps no state per page: the allocator maps only ranges it knows are unmapped and unmaps
+    only mapped ones, so the device's bytes in use say all the pages need. (A list of pages,
+    sized by the addresses a file names, cost gigabytes on a 5 KB snapshot: issue 64.)"""
 
     def __init__(self, device: DeviceMemory, stream: int, page: int, address_space: int,
                  base: int | None = None):
         self.device, self.stream, self.page = device, stream, page
         self.max_pages = -(-address_space // page)
         self.base = device.reserve(self.max_pages * page, at=base)
-        self.pages: list[bool] = []
+        self._marked_end = 0            # pages below it were marked mapped (restored)
+
+    def _pages(self, ptr: int, size: int) -> tuple[int, int]:
+        return (ptr - self.base) // self.page, -(-(ptr + size - self.base) // self.page)
 
     def mark_mapped(self, ptr: int, size: int) -> None:
-        """Pages a recording shows mapped before it began."""
-        begin = (ptr - self.base) // self.page
-        end = -(-(ptr + size - self.base) // self.page)
-        while len(self.pages) < end:
-            self.pages.append(False)
-        for index in range(begin, end):
-            if not self.pages[index]:
-                self.pages[index] = True
-                self.device.used += self.page
+        """Pages a recording shows mapped before it began. Ranges come in address order, so
+        the pages an earlier one marked past this one's start are those below _marked_end."""
+        begin, end = self._pages(ptr, size)
+        begin = max(begin, self._marked_end)
+        if end > begin:
+            self.device.used += (end - begin) * self.page
+            self._marked_end = end
 
     @property
     def size(self) -> int:
         return self.max_pages * self.page
 
     def map(self, ptr: int, size: int) -> tuple[int, int]:
-        """Map the pages under [ptr, ptr+size); (start, 0) when the device has no room."""
-        begin = (ptr - self.base) // self.page
-        end = -(-(ptr + size - self.base) // self.page)
-        if begin == end:
+        """Map the pages under [ptr, ptr+size); (start, 0) when the device has no room (the
+        driver maps page by page, fails at the first past the capacity, and the call undoes
+        what it mapped: all or nothing)."""
+        begin, end = self._pages(ptr, size)
+        mapped = (end - begin) * self.page
+        if begin == end or not self.device.fits(mapped):
             return self.base + begin * self.page, 0
-        while len(self.pages) < end:
-            self.pages.append(False)
-        for index in range(begin, end):
-            if not self.device.fits(self.page):       # cuMemCreate failed: undo this call
-                for undo in range(begin, index):
-                    self.pages[undo] = False
-                    self.device.used -= self.page
-                self._trim()
-                return self.base + begin * self.page, 0
-            self.pages[index] = True
-            self.device.used += self.page
-        return self.base + begin * self.page, (end - begin) * self.page
+        self.device.used += mapped
+        return self.base + begin * self.page, mapped
 
     def unmap(self, ptr: int, size: int) -> tuple[int, int]:
         """Unmap the pages lying wholly inside [ptr, ptr+size)."""
@@ -143,15 +140,8 @@ class ExpandableSegment:
         end = (ptr + size - self.base) // self.page
         if begin >= end:
             return ptr, 0
-        for index in range(begin, end):
-            self.pages[index] = False
-            self.device.used -= self.page
-        self._trim()
+        self.device.used -= (end - begin) * self.page
         return self.base + begin * self.page, (end - begin) * self.page
-
-    def _trim(self) -> None:
-        while self.pages and not self.pages[-1]:
-            self.pages.pop()
 
     def release(self) -> None:
         self.device.unreserve(self.base)
