@@ -56,6 +56,14 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, samp
     if interval_ms <= 0:
         raise click.BadParameter("must be positive", param_hint="--interval")
     sample = size_option(sample_bytes, "--sample-bytes") if sample_bytes is not None else 0
+    if target and target[0] != "-m":     # a pickle, a binary, a folder: one line, no report
+        from ..profile.script_check import not_a_script
+
+        problem = not_a_script(target[0])
+        if problem is not None:
+            from .errors import CommandError
+
+            raise CommandError(problem)
     stop_environment_session()           # NPUMEM_PROFILE=1 as well: this run is the profile
     created = not os.path.exists(out_dir)
     try:
@@ -167,14 +175,18 @@ def _echo_torch_memory(recorder, report, folder) -> bool:
         click.echo(f"npumem profile: PyTorch {recorder.device}:{device.device} peak allocated "
                    f"{format_size(device.peak_allocated)}{reserved}"
                    + (f" ({kinds})" if kinds else ""), err=True)
+    # the report's own leak analysis (leak_analysis), as `npumem report` prints it
+    analysis = report.leak_analysis
     for leak in report.step_leaks[:3]:
         click.echo(f"npumem profile: leak: {leak.describe()}", err=True)
-    if not report.step_leaks and report.step_growth:
-        click.echo("npumem profile: no leak: nothing grew step over step", err=True)
-    elif not report.step_growth:
-        click.echo(f"npumem profile: no steps (no optimizer.step(), profiler step or repeated "
-                   f"step), so no leak can be told: {format_size(report.leaked_bytes)} was "
-                   "still live at the end (summary.txt lists it by line)", err=True)
+    if analysis is not None and not report.step_leaks:
+        verdicts = "; ".join(analysis.verdict(device) for device in sorted(analysis.steps))
+        if analysis.any_judged:
+            click.echo(f"npumem profile: no leak: nothing grew step over step ({verdicts})",
+                       err=True)
+        else:
+            click.echo(f"npumem profile: {verdicts}; {format_size(report.leaked_bytes)} was "
+                       "still live at the end (summary.txt lists it by line)", err=True)
     pickle_path = folder / "torch_snapshot.pickle"
     replay = (f"npumem replay {pickle_path} --allocator torch" if recorder.device == "cpu" else
               f"npumem replay --check {pickle_path}")
