@@ -138,3 +138,60 @@ def test_a_leak_warning_at_reset_points_at_the_users_call():
         rt.finalize()
         leaks = [w for w in caught if issubclass(w.category, LiveAllocationsWarning)]
         assert leaks and leaks[0].filename == __file__, leaks[0].filename
+
+
+def _json_snapshot(tmp_path, data, name="snap.json", indent=None):
+    import json
+
+    path = tmp_path / name
+    path.write_text(json.dumps(data, indent=indent))
+    return str(path)
+
+
+def _snapshot_as_json_data():
+    import gzip
+    import pickle
+
+    def plain(value):                      # what json.dump makes of a snapshot (tuples: lists)
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(item) for item in value]
+        return value
+
+    with gzip.open(SNAPSHOT, "rb") as handle:
+        return plain(pickle.load(handle))
+
+
+@pytest.mark.parametrize("indent", [None, 1])
+def test_a_snapshot_written_as_json_is_read_as_its_pickle_is(tmp_path, indent):
+    path = _json_snapshot(tmp_path, _snapshot_as_json_data(), indent=indent)
+    as_json = _run("report", path)
+    as_pickle = _run("report", SNAPSHOT)
+    assert as_json.exit_code == 0, as_json.output
+    assert as_json.output.splitlines()[2] == as_pickle.output.splitlines()[2]
+    assert _run("replay", "--check", path).exit_code == 0
+
+
+@pytest.mark.parametrize("data, says", [
+    ({"segments": "x", "device_traces": []}, "at segments: must be a list, got 'x'"),
+    ({"segments": [], "device_traces": 5}, "at device_traces: must be a list"),
+    ({"segments": [], "device_traces": [[{"action": 5}]]}, "at device_traces[0][0]: "),
+])
+def test_a_json_snapshot_with_wrong_types_says_what_it_is_and_what_is_wrong(tmp_path, data, says):
+    path = _json_snapshot(tmp_path, data)
+    for verb in (["report", path], ["replay", path], ["tune", path]):
+        result = _run(*verb)
+        assert result.exit_code == 2, result.output
+        assert f"error: {path}: a memory snapshot written as JSON; {says}" in result.output
+        assert "action must be 'alloc' or 'free'" not in result.output
+        assert "memory_stats() values" not in result.output
+
+
+def test_an_empty_json_file_is_called_empty_by_every_verb(tmp_path):
+    path = tmp_path / "empty.json"
+    path.write_text("")
+    for verb in (["report", str(path)], ["replay", str(path)], ["tune", str(path)]):
+        result = _run(*verb)
+        assert result.exit_code == 2
+        assert result.output == f"error: {path}:1: the file is empty\n", result.output

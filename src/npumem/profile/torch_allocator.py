@@ -72,10 +72,13 @@ def torch_memory_stats(source=None, snapshot=None) -> dict:
 def _read_stats_file(path) -> dict:
     try:
         with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+            text = handle.read()
+        data = json.loads(text) if text.strip() else None
     except (OSError, ValueError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
         raise InvalidParamError(f"{path}: cannot read it as JSON: {reason}") from None
+    if data is None and not text.strip():      # as every other reader says it
+        raise InvalidParamError(f"{path}:1: the file is empty")
     if not isinstance(data, dict):
         raise InvalidParamError(f"{path}: holds a JSON {type(data).__name__}, not the dict "
                                 "torch.cuda.memory_stats() returns")

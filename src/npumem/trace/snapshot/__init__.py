@@ -21,7 +21,7 @@ from ...events import TraceEvent
 from ..file_checks import TraceFormatError
 from ..step_marks import hint, marks_before, step_positions
 from ..textio import open_for_writing
-from . import columns, pickle_writer
+from . import columns, json_dict, pickle_writer
 from .columns import (_CHUNK, ALLOC, FREE_REQUESTED, SEGMENT_ADD, SEGMENT_REMOVE, Entries, arrays,
                       having)
 from .recording import Recording, died_at, first_oom, load_data, load_recording, recording_from_data
@@ -52,9 +52,9 @@ def load_snapshot(path) -> dict:
 def sniff(head: bytes) -> bool:
     """A pickle: protocol 2 or later (PROTO), or a dict or list in protocol 0 (MARK DICT or
     LIST, PUT) or 1 (EMPTY_DICT or EMPTY_LIST, then BINPUT, LONG_BINPUT or a MARK): what is no
-    snapshot is then refused as such."""
+    snapshot is then refused as such. Or a snapshot dict written as one JSON object."""
     return head[:1] == b"\x80" or head.startswith((b"(dp", b"(lp", b"}q", b"}r", b"}(",
-                                                     b"]q", b"]r", b"]("))
+                                                     b"]q", b"]r", b"](")) or json_dict.sniff(head)
 
 
 def read(path: str, device: int | None = None) -> Iterator[TraceEvent]:

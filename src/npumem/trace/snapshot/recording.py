@@ -13,6 +13,7 @@ from ..file_checks import TraceFormatError, shown
 from ..textio import bounded_reader, max_snapshot_bytes, read_head
 from . import columns as entry_columns
 from .columns import SEGMENT_ADD, SEGMENT_REMOVE, holds, indices
+from . import json_dict
 from .json_form import read_snapshot
 from .schema import OOM_KEY, check_snapshot
 from .start_state import StartState, rebuild_start
@@ -119,8 +120,11 @@ def load_data(path: str) -> dict:
     """The snapshot's dict, read without running code (or from a JSONL file that holds a whole
     snapshot), its shape checked; TraceFormatError when it is not one. Each device trace is an
     `entry_columns.Entries`: the entries as columns, a dict each when asked for."""
-    if jsonl.holds_snapshot(read_head(path, 64)):
+    head = read_head(path, 4096)
+    if jsonl.holds_snapshot(head):
         return check_snapshot(read_snapshot(path), path)
+    if json_dict.sniff(head):                  # json.dump of a snapshot dict
+        return json_dict.load(path)
     if entry_columns.native is None:
         raise TraceFormatError(path, "", entry_columns.NOT_BUILT)
     try:
