@@ -14,6 +14,7 @@ on top of the reader's columns.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +88,7 @@ class Series:
         self._rank = np.cumsum(allocating, dtype=index_type(n))
         self._rank -= 1
         self._active_life = None
+        self._life_lock = threading.Lock()
         self.allocated_life = lifetimes(
             a, FREE_REQUESTED if (action == FREE_REQUESTED).any() else FREE_COMPLETED,
             list(self.start_live), self._allocs, self._rank)
@@ -123,11 +125,31 @@ class Series:
 
     @property
     def active_life(self) -> Lifetimes:
-        if self._active_life is None:
-            self._active_life = (lifetimes(self.arrays, FREE_COMPLETED, list(self.start_live),
-                                           self._allocs, self._rank)
-                                 if self.has_active else self.allocated_life)
+        """Each alloc's end as active (at its free_completed), made once (by the first moment,
+        or in the background after loading; a lock keeps two threads from making it twice)."""
+        with self._life_lock:
+            if self._active_life is None:
+                self._active_life = (self._completed_next() or lifetimes(
+                    self.arrays, FREE_COMPLETED, list(self.start_live), self._allocs,
+                    self._rank)) if self.has_active else self.allocated_life
         return self._active_life
+
+    def _completed_next(self) -> Lifetimes | None:
+        """Where every free_requested is followed at once by the free_completed of its block
+        (one stream: the common case), each active end is the allocated end plus one, with no
+        walk of the blocks; None otherwise."""
+        a, life = self.arrays, self.allocated_life
+        requested = np.flatnonzero(a.action == FREE_REQUESTED)
+        completed = np.count_nonzero(a.action == FREE_COMPLETED)
+        if len(requested) != completed or (len(requested) and requested[-1] + 1 >= self.n):
+            return None
+        after = requested + 1
+        if not (np.all(a.action[after] == FREE_COMPLETED) and
+                np.array_equal(a.addr[after], a.addr[requested])):
+            return None
+        ends = np.where(life.ends < self.n, life.ends + 1, life.ends)
+        return Lifetimes(life.allocs, ends.astype(life.ends.dtype),
+                         {addr: at + 1 for addr, at in life.start_ends.items()})
 
     @staticmethod
     def _ending_frees(life: Lifetimes, a) -> np.ndarray:
