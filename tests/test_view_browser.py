@@ -7,7 +7,6 @@ for a wrong token. Skipped, saying why, where selenium, chromium or chromedriver
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import shutil
@@ -25,6 +24,7 @@ webdriver = pytest.importorskip(
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -126,28 +126,51 @@ def report_peaks(path: str) -> tuple[str, str]:
     return match.groups()
 
 
+def assert_peaks_are_the_reports(driver, path: str, index: int = 0):
+    """The peaks the page writes for a source are those `npumem report` prints for its file."""
+    allocated, reserved = report_peaks(path)
+    line = driver.find_elements(By.CSS_SELECTOR, "#sources .source")[index].text
+    assert f"peak allocated {allocated}" in line and f"peak reserved {reserved}" in line, line
+
+
+def assert_a_moment_is_the_servers(driver, lane_index: int = 0, source: int = 0):
+    """Click a lane's middle: the moment panel's live bytes are /api/moment's for that time."""
+    lane = driver.find_elements(By.CSS_SELECTOR, ".lanes canvas")[lane_index]
+    driver.execute_script("document.getElementById('panel-moment').removeAttribute('data-moment-t')")
+    ActionChains(driver).move_to_element(lane).click().perform()
+    live = wait_for(driver, "document.querySelector('#panel-moment[data-moment-t] .live-bytes')"
+                            " && document.querySelector('#panel-moment .live-bytes').textContent",
+                    "the moment panel")
+    t = driver.execute_script("return document.getElementById('panel-moment')"
+                              ".getAttribute('data-moment-t')")
+    answer = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "NV.api.get('/api/moment', {source: arguments[1], t: arguments[0]})"
+        ".then(done, e => done({error: String(e)}));", t, source)
+    assert "error" not in answer, answer
+    assert live == driver.execute_script("return NV.fmt.bytes(arguments[0])", answer["live_bytes"])
+    return lane
+
+
+def draws(driver) -> int:
+    return int(driver.execute_script(
+        "return document.documentElement.getAttribute('data-npumem-draws')"))
+
+
+def span(driver) -> float:
+    return driver.execute_script("const v = NV.timeline.state.view; return v.v1 - v.v0")
+
+
 @pytest.mark.parametrize("viewer", [(SNAPSHOT,)], indirect=True)
 def test_a_snapshot_draws_and_every_view_answers(browser, viewer):
     open_page(browser, viewer)
     # The plot is drawn: categories, allocated and reserved ink a good part of it.
     assert browser.execute_script(INK_FRACTION, 0) > 0.05
     # The peaks written on the page are the report's own.
-    allocated, reserved = report_peaks(SNAPSHOT)
-    header = browser.find_element(By.ID, "sources").text
-    assert f"peak allocated {allocated}" in header and f"peak reserved {reserved}" in header
+    assert_peaks_are_the_reports(browser, SNAPSHOT)
 
     # A moment: click the middle of the timeline.
-    lane = browser.find_element(By.CSS_SELECTOR, ".lanes canvas")
-    ActionChains(browser).move_to_element(lane).click().perform()
-    live = wait_for(browser, "document.querySelector('#panel-moment .live-bytes')"
-                             " && document.querySelector('#panel-moment .live-bytes').textContent",
-                    "the moment panel")
-    t = browser.execute_script("return document.getElementById('panel-moment')"
-                               ".getAttribute('data-moment-t')")
-    answer = browser.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
-        "NV.api.get('/api/moment', {source: 0, t: arguments[0]}).then(done, e => done(String(e)));", t)
-    assert live == browser.execute_script("return NV.fmt.bytes(arguments[0])", answer["live_bytes"])
+    lane = assert_a_moment_is_the_servers(browser)
     assert browser.find_elements(By.CSS_SELECTOR, "#panel-moment canvas.blockmap")
     assert browser.find_elements(By.CSS_SELECTOR, "#panel-moment canvas.icicle")
     assert browser.find_elements(By.CSS_SELECTOR, "#panel-moment table.bars tbody tr")
@@ -179,15 +202,28 @@ def test_a_snapshot_draws_and_every_view_answers(browser, viewer):
     wait_for(browser, f"{panel}.length > 0 && !/Loading/.test({panel})", "the host panel")
     assert browser.execute_script("return document.getElementById('errors').innerText") == ""
 
-    # Zoom with the wheel: the server answers a new, narrower range.
-    draws = int(browser.execute_script(
-        "return document.documentElement.getAttribute('data-npumem-draws')"))
-    span = browser.execute_script("const v = NV.timeline.state.view; return v.v1 - v.v0")
-    ActionChains(browser).scroll_from_origin(
-        webdriver.common.actions.wheel_input.ScrollOrigin.from_element(lane), 0, -400).perform()
-    wait_for(browser, f"+document.documentElement.getAttribute('data-npumem-draws') > {draws}",
-             "the zoomed timeline")
-    assert browser.execute_script("const v = NV.timeline.state.view; return v.v1 - v.v0") < span
+    # Zoom with the wheel, with a drag across the lane and with a key; pan with an arrow: each
+    # time the server answers the new range and the page draws it.
+    def redrawn(action, what):
+        before, width = draws(browser), span(browser)
+        action()
+        wait_for(browser, f"+document.documentElement.getAttribute('data-npumem-draws') > {before}",
+                 what)
+        return width, span(browser)
+
+    before, after = redrawn(lambda: ActionChains(browser).scroll_from_origin(
+        webdriver.common.actions.wheel_input.ScrollOrigin.from_element(lane), 0, -400).perform(),
+        "the timeline zoomed by the wheel")
+    assert after < before
+    before, after = redrawn(lambda: ActionChains(browser).move_to_element_with_offset(lane, -200, 0)
+                            .click_and_hold().move_by_offset(150, 0).release().perform(),
+                            "the timeline zoomed to a dragged range")
+    assert after < before
+    before, after = redrawn(lambda: lane.send_keys("-"), "the timeline zoomed out by a key")
+    assert after > before
+    v0 = browser.execute_script("return NV.timeline.state.view.v0")
+    redrawn(lambda: lane.send_keys(Keys.ARROW_LEFT), "the timeline panned by a key")
+    assert browser.execute_script("return NV.timeline.state.view.v0") < v0
 
 
 @pytest.mark.parametrize("viewer", [(OOM,)], indirect=True)
@@ -200,15 +236,33 @@ def test_an_oom_snapshot_shows_the_oom_and_its_explanation(browser, viewer):
                       " && !/Working out why/.test(document.querySelector('#oom .oom-explanation')"
                       ".textContent)", "the OOM's explanation", timeout=30)
     assert browser.execute_script(INK_FRACTION, 0) > 0.02
+    assert_peaks_are_the_reports(browser, OOM)
+    browser.find_element(By.CSS_SELECTOR, "#oom button").click()
+    wait_for(browser, "document.querySelector('#panel-moment .live-bytes')", "the moment at the OOM")
+    assert browser.find_elements(By.CSS_SELECTOR, "#panel-moment canvas.blockmap")
+
+
+PROGRAM = """
+import npumem as npu
+npu.init()
+npu.set_device(0)
+kept = []
+for step in range(6):
+    scratch = npu.malloc(1 << 20)
+    kept.append(npu.malloc(256 << 10))
+    npu.free(scratch)
+"""
 
 
 @pytest.fixture
 def profile_folder(tmp_path):
-    """A profile folder as `npumem profile` leaves it for a torch script: its snapshot is
-    torch_snapshot.pickle."""
-    with gzip.open(SNAPSHOT, "rb") as src, open(tmp_path / "torch_snapshot.pickle", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    return str(tmp_path)
+    """The folder `npumem profile` writes for a program on npumem's runtime."""
+    (tmp_path / "program.py").write_text(PROGRAM)
+    run = subprocess.run([sys.executable, "-m", "npumem", "profile", "--stacks", "--out",
+                          str(tmp_path / "prof"), "--", "program.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert (tmp_path / "prof" / "snapshot.pickle").exists(), run.stdout + run.stderr
+    return str(tmp_path / "prof")
 
 
 def test_a_profile_folder_opens(browser, profile_folder):
@@ -217,6 +271,8 @@ def test_a_profile_folder_opens(browser, profile_folder):
         open_page(browser, viewer)
         assert browser.execute_script(INK_FRACTION, 0) > 0.05
         assert "profile" in browser.find_element(By.ID, "sources").text
+        assert_peaks_are_the_reports(browser, profile_folder)
+        assert_a_moment_is_the_servers(browser)
     finally:
         viewer.close()
 
@@ -229,6 +285,15 @@ def test_two_sources_share_one_axis(browser, viewer):
     assert browser.execute_script(INK_FRACTION, 1) > 0.02
     header = browser.find_element(By.ID, "sources").text
     assert "A: " in header and "B: " in header
+    assert_peaks_are_the_reports(browser, SNAPSHOT, 0)
+    assert_peaks_are_the_reports(browser, OTHER, 1)
+    assert_a_moment_is_the_servers(browser, lane_index=1, source=1)
+    # B stretched over A's length: the lanes are drawn again from the server's answers.
+    before = draws(browser)
+    browser.find_element(By.ID, "stretch").click()
+    wait_for(browser, f"+document.documentElement.getAttribute('data-npumem-draws') > {before}",
+             "the stretched lanes")
+    assert browser.execute_script(INK_FRACTION, 1) > 0.02
 
 
 @pytest.mark.parametrize("viewer", [(SNAPSHOT,)], indirect=True)
