@@ -93,8 +93,11 @@ class Source:
                     steps=[dict(step, t=t) for step, t in
                            zip(steps, self.t_of([step["entry"] for step in steps]).tolist())],
                     steps_pending=self.extras.get("analysis") is None,
-                    annotations=[dict(note, t=note["t"] + self.offset)
-                                 for note in self._info["annotations"]] if self.timed else [])
+                    annotations=[
+                        dict(note, t=float(self.t_of([note["entry"]])[0]) if "entry" in note
+                             else note["t"] + self.offset)
+                        for note in self._info["annotations"]
+                        if "entry" in note or self.timed])
         if info["oom"] is not None:
             info["oom"] = dict(info["oom"], t=float(self.t_of([info["oom"]["entry"]])[0]))
             explained = self.extras.get("oom_explanation")
@@ -120,6 +123,8 @@ class Source:
             "segments": len(self.recording.segments), "segment_events": adds,
             "oom": self._oom(), "annotations": self._annotations(),
             "host": host, "flavour": self.recording.flavour,
+            "devices": [number for number, trace in
+                        enumerate(self.data.get("device_traces") or []) if len(trace)],
             "notes": list(self.loaded.notes) + list(self.data.get("npumem_notes") or [])
             + list(self.recording.read_notes),
             "peak_allocated": int(s.allocated.values.max()) if s.n else 0,
@@ -150,7 +155,18 @@ class Source:
                 for number, at in enumerate(steps["starts"][:STEPS_SHOWN])]
 
     def _annotations(self) -> list[dict]:
+        """The snapshot's external annotations, and 2.14's `annotate` trace entries (their
+        user_metadata is the note)."""
+        from ..trace.snapshot.columns import ACTION_CODE
+
         out = []
+        notes = np.flatnonzero(self.a.action == ACTION_CODE["annotate"])[:ANNOTATIONS_SHOWN] \
+            if len(self.a) else []
+        for at in (notes.tolist() if len(notes) else []):
+            extra = self.a.extras[int(self.a.extra[at])]
+            text = extra.get("user_metadata") if isinstance(extra, dict) else None
+            out.append({"t": float(self.times[at]) if self.times is not None else float(at),
+                        "label": str(text or "annotate"), "entry": at})
         for note in self.recording.annotations[:ANNOTATIONS_SHOWN]:
             when = note.get("time_us")
             if not isinstance(when, (int, float)) or isinstance(when, bool):
