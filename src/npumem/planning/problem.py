@@ -102,6 +102,15 @@ def problem_from_arrays(lower, upper, size, ids=None, name: str = "",
 # Sizes and times up to this keep the planner's 64-bit sums exact (2**15 buffers of this size
 # would have to be live at once to overflow them); no device holds more.
 MAX_VALUE = 1 << 48
+# The per-value cap does not bound a sum: 2**15 buffers of 2**48 bytes overflow. Every offset,
+# top and live total the planner computes is at most the sum of all sizes, so that sum is
+# capped, with room to spare for a sum of two of them (issue 64).
+MAX_TOTAL = 1 << 61
+
+
+def _too_much(total: int) -> str:
+    return (f"the sizes up to here sum to {total} bytes, past 2**61 ({MAX_TOTAL}), more than "
+            "the planner's 64-bit offsets hold (and far more than any device holds)")
 
 
 def read_problem(path: str | os.PathLike) -> PlanningProblem:
@@ -124,6 +133,7 @@ def read_problem(path: str | os.PathLike) -> PlanningProblem:
 def _read_rows(path: str, handle) -> PlanningProblem:
     ids, lower, upper, size = [], [], [], []
     first_line: dict[str, int] = {}          # each id's line
+    total = 0
     with handle:
         reader = csv.reader(handle)
         header = [cell.strip().lower() for cell in next(reader, [])]
@@ -148,6 +158,9 @@ def _read_rows(path: str, handle) -> PlanningProblem:
             if max(abs(lo), abs(up), sz) > MAX_VALUE:
                 raise ProblemFormatError(path, line, f"buffer {row[0]}: lower, upper and size "
                                          f"must be at most 2**48 ({MAX_VALUE}), got {row[1:4]}")
+            total += sz
+            if total > MAX_TOTAL:
+                raise ProblemFormatError(path, line, f"buffer {row[0]}: {_too_much(total)}")
             name = row[0].strip()
             if name in first_line:
                 raise ProblemFormatError(path, line, f"buffer id {name!r} again (first on line "
@@ -171,7 +184,7 @@ def problem_from_trace(events: Iterable[TraceEvent], name: str = "",
     the trace was read."""
     open_at: dict[int, int] = {}              # address -> index of its live buffer
     lower, upper, size = [], [], []
-    clock = 0
+    clock = total = 0
     for clock, event in enumerate(events):
         index = open_at.pop(event.addr, None)
         if index is not None:
@@ -182,6 +195,9 @@ def problem_from_trace(events: Iterable[TraceEvent], name: str = "",
                 raise ProblemFormatError(name or "trace", f"event {clock}",
                                          f"an allocation of {nbytes} bytes: sizes must be at "
                                          f"most 2**48 ({MAX_VALUE}) to plan")
+            total += nbytes
+            if total > MAX_TOTAL:
+                raise ProblemFormatError(name or "trace", f"event {clock}", _too_much(total))
             open_at[event.addr] = len(lower)
             lower.append(clock), upper.append(-1)
             size.append(nbytes)
