@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-STEPS = 10
+STEPS = 8
 torch.manual_seed(0)
 
 

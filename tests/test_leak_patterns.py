@@ -58,13 +58,13 @@ def test_clean_loops_are_not_called_leaks(name):
 def test_the_json_carries_each_claim_with_its_evidence():
     snapshot, _ = recorded("retain_graph_and_append", True)
     out = json.loads(json.dumps(analyze_leaks(snapshot).to_json()))
-    assert out["steps"] == {"count": 10, "source": "marked", "marker": "optimizer.step",
+    assert out["steps"] == {"count": patterns.STEPS, "source": "marked", "marker": "optimizer.step",
                             "reason": None, "judged": True, "device": 0}
     first = out["leaks"][0]
     assert first["file"].endswith("leak_patterns.py") and isinstance(first["line"], int)
-    assert first["growth_per_step_bytes"] == 2048 and first["steps"] == 10
+    assert first["growth_per_step_bytes"] == 2048 and first["steps"] == patterns.STEPS
     evidence = first["evidence"]
-    assert [v for _, v in evidence["live_bytes_at_boundaries"]] == [2048 * k for k in range(1, 11)]
+    assert [v for _, v in evidence["live_bytes_at_boundaries"]] == [2048 * k for k in range(1, patterns.STEPS + 1)]
     assert evidence["p_value"] < 0.01 and evidence["growth_per_step_interval"] == [2048, 2048]
 
 

@@ -78,9 +78,17 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
                                  "replay it on an Ascend chip", param_hint="--soc/--cann")
     result = run_replays("tune", as_json, lambda update: tune_recording(
         recording, memory, steps=steps, progress=update, workers=workers))
+    # the leak analysis report and profile show: a run that grows says so first
+    from ..profile.leak_analysis import analyze_recording
+
+    leaks = analyze_recording(recording)
     if as_json:
-        click.echo(json.dumps(result.as_dict(), indent=2))
+        click.echo(json.dumps({**result.as_dict(), **leaks.to_json()}, indent=2))
         return
+    if leaks.leaks:
+        died = result.died_at is not None
+        click.echo(leaks.headline() + ("; no setting fits a leak" if died else
+                                       "; it will run out of any memory given time"))
     for line in oom_lines(recording, result.recorded.result):
         click.echo(line)
     for note in recording.read_notes:                  # how the trace was read

@@ -55,7 +55,11 @@ class LeakAnalysis:
             return None
         leak = self.leaks[0]
         inferred = " (steps inferred)" if leak.inferred else ""
-        return f"the run grows by {format_size(leak.per_step)} a step at {leak.where}{inferred}"
+        total = sum(other.per_step for other in self.leaks if other.device == leak.device)
+        if total <= leak.per_step * 1.001:
+            return f"the run grows by {format_size(leak.per_step)} a step at {leak.where}{inferred}"
+        return (f"the run grows by {format_size(total)} a step{inferred}, "
+                f"{format_size(leak.per_step)} of it at {leak.where}")
 
     def lines(self, limit: int = 10) -> list[str]:
         """The text report's leak section, without its heading."""
@@ -110,3 +114,12 @@ def analyze_leaks(snapshot: dict, devices: list[int] | None = None) -> LeakAnaly
             analysis.leaks += step_leaks(snapshot, device, steps)
     analysis.leaks.sort(key=lambda leak: (-leak.per_step, leak.where))
     return analysis
+
+
+def analyze_recording(recording) -> LeakAnalysis:
+    """The leak analysis of a `Recording` (one device's entries and annotations, as replay and
+    tune load a trace): the same as `analyze_leaks` of the snapshot it came from."""
+    device = getattr(recording, "device", 0) or 0
+    traces: list = [[] for _ in range(device)] + [recording.entries]
+    return analyze_leaks({"device_traces": traces,
+                          "external_annotations": list(recording.annotations or [])}, [device])
