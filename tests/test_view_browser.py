@@ -194,6 +194,18 @@ def test_a_snapshot_draws_and_every_view_answers(browser, viewer):
     assert state == "1", run_text
     assert re.search(r"peak reserved [\d.]+ (B|KiB|MiB|GiB)", run_text)
     assert browser.execute_script("return NV.timeline.state.whatifs.length") == 1
+    # A setting PyTorch would refuse: the page says why, in the run's line and at the top.
+    typed = browser.find_element(By.ID, "whatif-text")
+    typed.clear()
+    typed.send_keys("expandable_segments:Maybe")
+    browser.find_element(By.CSS_SELECTOR, "#whatif-form button[type=submit]").click()
+    wait_for(browser, "document.querySelectorAll('.whatif-run[data-done=error]').length",
+             "the refused setting's error")
+    refused = browser.find_elements(By.CSS_SELECTOR, ".whatif-run")[-1].text
+    assert "expandable_segments" in refused and "400" in refused, refused
+    assert "Maybe" in browser.find_element(By.ID, "errors").text
+    browser.execute_script("document.getElementById('errors').innerHTML = '';"
+                           "document.getElementById('errors').hidden = true")
 
     # Leaks and steps, and pinned host memory, answer without an error.
     for tab in ("tab-leaks", "tab-host"):

@@ -41,7 +41,7 @@ NV.allocation = (function () {
         });
         panel.appendChild(ol);
       }
-      NV.timeline.setAllocation({ source: sourceId, t_alloc: a.t_alloc, t_free: freed ? a.t_free : null });
+      NV.timeline.setAllocation({ id: a.id, source: sourceId, t_alloc: a.t_alloc, t_free: freed ? a.t_free : null });
     }).catch(function (err) {
       panel.innerHTML = "<p class='error-inline'>Allocation " + F.esc(id) + " could not be loaded: " + F.esc(err.message) + "</p>";
       NV.api.showError("allocation", err);

@@ -21,6 +21,8 @@ NV.legend = (function () {
     html.push(swatch("border-top:2px dashed " + D.INK.step + ";height:0", "step (dotted, ?: inferred)"));
     html.push("<span><b class='mark-up'>▲</b> segment mapped</span><span><b class='mark-down'>▼</b> unmapped</span>");
     if (info.sources.some(function (s) { return s.oom; })) html.push(swatch("background:" + D.INK.oom + ";width:3px", "out of memory"));
+    if (S.allocation) html.push(swatch("background:" + D.INK.lifetimeBar + ";height:4px",
+      "lifetime of allocation " + S.allocation.id + (info.sources.length > 1 ? " (" + String.fromCharCode(65 + S.allocation.source) + ")" : "")));
     S.whatifs.forEach(function (w) {
       if (w.visible) html.push(swatch("border-top:2px dashed " + w.colour + ";height:0", "what-if " + w.setting));
     });

@@ -11,7 +11,7 @@ NV.draw = (function () {
   var INK = { allocated: "#0b3c6e", reserved: "#111111", active: "#6a3d9a", device: "#888888",
               map: "#00805a", unmap: "#c0392b", step: "#555555", annotation: "#7b3294",
               oom: "#d00000", moment: "#005fcc", select: "rgba(0, 95, 204, 0.15)",
-              lifetime: "rgba(213, 94, 0, 0.05)" };
+              lifetime: "rgba(140, 81, 10, 0.05)", lifetimeBar: "#8c510a" };
   var WHATIF = ["#d55e00", "#cc79a7", "#009e73", "#0072b2"];
 
   // Size the backing store to the element's CSS size times the pixel ratio; returns a context
@@ -70,7 +70,7 @@ NV.draw = (function () {
       ctx.strokeStyle = "#999";
       ctx.beginPath(); ctx.moveTo(px, bottom); ctx.lineTo(px, bottom + 4); ctx.stroke();
       ctx.fillStyle = "#333";
-      var text = NV.fmt.timeTick(v, unit, step), half = ctx.measureText(text).width / 2;
+      var text = NV.fmt.timeTick(v, unit, step, Math.max(Math.abs(r0), Math.abs(r1))), half = ctx.measureText(text).width / 2;
       // Labels stay inside the plot's width rather than being cut at the canvas edge.
       var lx = Math.min(Math.max(px, x(r0) + half), x(r1) - half);
       ctx.fillText(text, lx, bottom + 6);

@@ -120,18 +120,18 @@ NV.blockmap = (function () {
   }
 
   // The largest allocated blocks, as a list of buttons: the keyboard's way to an allocation.
-  // Those with an allocation record come first: they are the ones a click can open.
+  // By size; where none of those has an allocation record (all live since before the trace),
+  // the largest that have one follow, so there is always something a click can open.
   function largest(segments, count) {
-    var known = [], unknown = [];
+    var all = [];
     (segments || []).forEach(function (seg) {
-      seg.blocks.forEach(function (b) {
-        if (b.state !== "allocated") return;
-        (b.alloc_id === null || b.alloc_id === undefined ? unknown : known).push({ seg: seg, block: b });
-      });
+      seg.blocks.forEach(function (b) { if (b.state === "allocated") all.push({ seg: seg, block: b }); });
     });
-    var bySize = function (a, b) { return b.block.size - a.block.size; };
-    known.sort(bySize); unknown.sort(bySize);
-    return known.slice(0, count).concat(unknown.slice(0, Math.max(count - known.length, 0)));
+    all.sort(function (a, b) { return b.block.size - a.block.size; });
+    var top = all.slice(0, count);
+    var known = function (x) { return x.block.alloc_id !== null && x.block.alloc_id !== undefined; };
+    if (!top.some(known)) top = top.concat(all.slice(count).filter(known).slice(0, 5));
+    return top;
   }
 
   return { render: render, largest: largest, summary: summary, pool: pool };

@@ -66,7 +66,9 @@ NV.fmt = (function () {
     return v.toFixed(d);
   }
 
-  function timeTick(v, unit, step) {
+  // One unit for a whole axis, from its largest value (171.04 s, not 171040 ms), and the
+  // decimals its step needs.
+  function timeTick(v, unit, step, largest) {
     if (unit === "entry") {
       var a = Math.abs(v);
       if (step >= 1e6 || a >= 1e7) return (v / 1e6).toFixed(step >= 1e6 ? 0 : 1) + "M";
@@ -74,7 +76,8 @@ NV.fmt = (function () {
       return String(Math.round(v));
     }
     // Decimals from the step, so ticks 0.1 s apart read "0.1 s", "0.2 s".
-    var unitScale = step >= 1e5 ? 1e6 : step >= 100 ? 1e3 : 1;
+    var big = Math.max(Math.abs(largest || v), step);
+    var unitScale = big >= 1e6 ? 1e6 : big >= 1e3 ? 1e3 : 1;
     var name = unitScale === 1e6 ? " s" : unitScale === 1e3 ? " ms" : " us";
     var d = Math.max(0, -Math.floor(Math.log10(step / unitScale) + 1e-9));
     return (v / unitScale).toFixed(Math.min(d, 6)) + name;

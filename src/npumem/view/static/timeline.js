@@ -180,9 +180,9 @@ NV.timeline = (function () {
       var la = x(S.allocation.t_alloc - t0), open = S.allocation.t_free === null || S.allocation.t_free === undefined;
       var lb = open ? w : x(S.allocation.t_free - t0);
       ctx.fillStyle = D.INK.lifetime; ctx.fillRect(la, top, Math.max(lb - la, 2), bottom - top);
-      ctx.fillStyle = "#d55e00"; ctx.fillRect(la, top + 10, Math.max(lb - la, 2), 4);
-      vline(ctx, la, top, bottom, "#d55e00", 1, [2, 2]);
-      if (!open) vline(ctx, lb, top, bottom, "#d55e00", 1, [2, 2]);
+      ctx.fillStyle = D.INK.lifetimeBar; ctx.fillRect(la, top + 10, Math.max(lb - la, 2), 4);
+      vline(ctx, la, top, bottom, D.INK.lifetimeBar, 1, [2, 2]);
+      if (!open) vline(ctx, lb, top, bottom, D.INK.lifetimeBar, 1, [2, 2]);
     }
     var d = lane.data;
     if (d && d.t && d.t.length) drawSeries(ctx, lane, d, x, y, t0, bottom);
@@ -314,12 +314,13 @@ NV.timeline = (function () {
       var px = x(s.t - t0);
       if (px < M.left - 1 || px > right + 1) return;
       vline(ctx, px, top, bottom, D.INK.step, 1, s.source === "marked" ? [4, 3] : [1, 3]);
-      if (px - lastLabel > 60) {
-        var text = s.label + (s.source === "inferred" ? "?" : "");
-        var wide = ctx.measureText(text).width;
+      var text = s.label + (s.source === "inferred" ? "?" : "");
+      var wide = ctx.measureText(text).width;
+      var lx = px + 2 + wide > right ? px - 2 - wide : px + 2;
+      if (lx > lastLabel + 8) {                 // lastLabel: where the previous label ends
         ctx.fillStyle = "#444";
-        ctx.fillText(text, px + 2 + wide > right ? px - 2 - wide : px + 2, top);
-        lastLabel = px;
+        ctx.fillText(text, lx, top);
+        lastLabel = lx + wide;
       }
     });
     // Annotations can be thousands (torch.compile marks each pass's start and end): a short
@@ -588,7 +589,7 @@ NV.timeline = (function () {
     fetchOverview();
   }
   function setMoment(m) { S.moment = m; drawAll(); }
-  function setAllocation(a) { S.allocation = a; drawAll(); }
+  function setAllocation(a) { S.allocation = a; drawAll(); NV.legend.update(); }
   function addWhatif(w) { S.whatifs.push(w); drawAll(); }
   function redraw() { drawAll(); }
 
