@@ -43,6 +43,7 @@ def predicted(tmp_path_factory):
     (folder / "leaky.py").write_text(LEAKY)
     done = npumem("estimate", "--gpu", "h100", "--out", folder / "out", "--", folder / "leaky.py")
     assert done.returncode == 0, done.stderr
+    assert "  leak: the run grows by " in done.stdout and "leaky.py:9 in <module>" in done.stdout
     return folder / "out" / "predicted.pickle"
 
 

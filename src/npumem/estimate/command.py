@@ -345,6 +345,9 @@ def summary_lines(result) -> list[str]:
                     f" (short by {format_size(current.peak_reserved_bytes - result.capacity)})")
                  + "".join(f"; {caveat}" for caveat in caveats))
     lines += uncertain_lines(result.uncertain)
+    if result.leaks is not None and result.leaks.leaks:    # the analysis report and tune show
+        lines.append(f"  leak: {result.leaks.headline()} (the more steps it runs, the higher "
+                     f"its peak; npumem report of --out's predicted.pickle gives the evidence)")
     convolutions = run.get("convolutions") or {}
     if convolutions.get("modelled"):
         measured = f"{convolutions['measured']:,} measured on an H200 and " \

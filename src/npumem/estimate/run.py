@@ -68,6 +68,7 @@ class Estimate:
     composition: dict = field(default_factory=dict)
     snapshot: dict | None = None        # the fake run's recording (PyTorch snapshot, no segments)
     config: TorchAllocatorConfig | None = None   # the settings as the model reads them
+    leaks: object = None                # profile.leak_analysis.LeakAnalysis of the predicted run
 
     @property
     def fits(self) -> bool:
@@ -107,6 +108,7 @@ class Estimate:
                 "by_line": self.composition.get("line", []),
                 "kernel_workspaces": self.composition.get("kernels", {}),
                 "models": self.run.get("versions"),
+                **(self.leaks.to_json() if self.leaks is not None else {}),
                 "fake_run": {k: self.run.get(k) for k in ("ops", "seconds", "op_seconds", "attention", "answers",
                                                           "unsupported", "convolutions",
                                                           "convolution_reasons",
@@ -181,8 +183,11 @@ def estimate(script: str, args: list[str], device: str = "cuda", gpu: str | None
             return replay_recording(_recording(snapshot, script, flavour, config, sizes),
                                     config, capacity=UNLIMITED).peak_reserved_bytes
         low, high = peak([r[1] for r in ranges]), peak([r[2] for r in ranges])
+    from ..profile.leak_analysis import analyze_recording
+
     return Estimate(script, target, capacity, settings, run, current, tuning, low, high,
-                    composition(recording.entries), snapshot if keep_snapshot else None, config)
+                    composition(recording.entries), snapshot if keep_snapshot else None, config,
+                    analyze_recording(recording))
 
 
 def _run_child(command: list[str], env: dict, stdout=None) -> int:
