@@ -129,3 +129,18 @@ def run_threads(worker, count: int = 8) -> list:
     for thread in threads:
         thread.join()
     return errors
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    """The end of a run that skipped tests: each group, what it needs and the command that runs
+    it (tests/skip_summary.py), so "N skipped" is never all a user is told. A wrapper, outermost:
+    printed after -ra's list of skips, where it is seen, just above the counts."""
+    from .skip_summary import summary_lines
+
+    yield
+    lines = summary_lines(terminalreporter.stats.get("skipped", []))
+    if lines:
+        terminalreporter.write_sep("-", "skipped, by what they need")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -195,3 +195,22 @@ def test_an_empty_json_file_is_called_empty_by_every_verb(tmp_path):
         result = _run(*verb)
         assert result.exit_code == 2
         assert result.output == f"error: {path}:1: the file is empty\n", result.output
+
+
+def test_the_run_ends_naming_each_group_skipped_and_the_command_that_runs_it():
+    from types import SimpleNamespace
+
+    from .skip_summary import CPU_TORCH, summary_lines
+
+    def skipped(reason):
+        return SimpleNamespace(longrepr=("tests/x.py", 1, f"Skipped: {reason}"))
+
+    reports = ([skipped("could not import 'torch': No module named 'torch'")] * 3
+               + [skipped("../shared is absent"), skipped("../shared/data not beside the repo")]
+               + [skipped("no CUDA device"), skipped("fits")])
+    lines = summary_lines(reports)
+    assert lines[0].startswith("3 skipped, needing PyTorch, which is not installed: " + CPU_TORCH)
+    assert lines[1].startswith("2 skipped, reading the project's own recordings in ../shared")
+    assert any(line.startswith("1 skipped, needing a CUDA GPU") for line in lines)
+    assert "1 skipped: fits" in lines
+    assert summary_lines([]) == []
