@@ -30,7 +30,11 @@ NV.api = (function () {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
     }
-    return fetch(url(path, params), init).then(function (r) {
+    return fetch(url(path, params), init).catch(function (err) {
+      if (err.name === "AbortError") throw err;
+      // fetch rejects only when nothing answered at all.
+      throw new Error("the viewer's server does not answer (was npumem view stopped?)");
+    }).then(function (r) {
       return r.text().then(function (text) {
         if (!r.ok) throw failure(r, text);
         try { return JSON.parse(text); } catch (e) {

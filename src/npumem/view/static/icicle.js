@@ -107,7 +107,13 @@ NV.icicle = (function () {
     draw();
   }
 
-  function short(name) { var s = String(name); return s.length > 48 ? "…" + s.slice(-47) : s; }
+  // A frame keeps its end (file:line and function); a note such as "(no Python stack: ...)"
+  // keeps its start.
+  function short(name) {
+    var s = String(name);
+    if (s.length <= 48) return s;
+    return s.charAt(0) === "(" || s.indexOf("/") < 0 ? s.slice(0, 47) + "…" : "…" + s.slice(-47);
+  }
   function label(n) { return short(n.name) + "  " + NV.fmt.bytes(n.bytes); }
 
   return { render: render };
