@@ -370,15 +370,3 @@ def test_serving_line_and_ctrl_c(tmp_path):
     assert process.returncode == 0
     assert out.strip() == "stopped" and "Traceback" not in err
 
-
-def test_active_ends_found_without_a_walk_are_the_walks():
-    from npumem.view.series import FREE_COMPLETED, lifetimes
-
-    for path in (GPT, JSONL):
-        series = App(open_sources([path])).sources[0].series
-        quick = series._completed_next()
-        assert quick is not None
-        walked = lifetimes(series.arrays, FREE_COMPLETED, list(series.start_live),
-                           series._allocs, series._rank)
-        assert np.array_equal(quick.ends, walked.ends)
-        assert quick.start_ends == walked.start_ends

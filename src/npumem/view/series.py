@@ -14,7 +14,6 @@ on top of the reader's columns.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,16 +81,17 @@ class Series:
         self.has_active = bool((action == FREE_COMPLETED).any() and
                                (action == FREE_REQUESTED).any())
         self.free_action = FREE_COMPLETED if (action == FREE_COMPLETED).any() else FREE_REQUESTED
-        # lifetimes: until free_requested (allocated); until free_completed (active) is made
-        # when a moment first needs it
+        # lifetimes: until free_requested (allocated) and until free_completed (active; made
+        # now: the walk reuses the blocks' sort just made, 0.3 s at 10M entries, where a first
+        # click would otherwise wait for it)
         self._allocs = np.flatnonzero(allocating).astype(index_type(n))
         self._rank = np.cumsum(allocating, dtype=index_type(n))
         self._rank -= 1
-        self._active_life = None
-        self._life_lock = threading.Lock()
         self.allocated_life = lifetimes(
             a, FREE_REQUESTED if (action == FREE_REQUESTED).any() else FREE_COMPLETED,
             list(self.start_live), self._allocs, self._rank)
+        self._active_life = (lifetimes(a, FREE_COMPLETED, list(self.start_live), self._allocs,
+                                       self._rank) if self.has_active else self.allocated_life)
         # allocated: + each alloc, - the free that ends a live block (as the report counts)
         change = np.where(allocating, size, 0)
         frees = self._ending_frees(self.allocated_life, a)
@@ -125,31 +125,7 @@ class Series:
 
     @property
     def active_life(self) -> Lifetimes:
-        """Each alloc's end as active (at its free_completed), made once (by the first moment,
-        or in the background after loading; a lock keeps two threads from making it twice)."""
-        with self._life_lock:
-            if self._active_life is None:
-                self._active_life = (self._completed_next() or lifetimes(
-                    self.arrays, FREE_COMPLETED, list(self.start_live), self._allocs,
-                    self._rank)) if self.has_active else self.allocated_life
         return self._active_life
-
-    def _completed_next(self) -> Lifetimes | None:
-        """Where every free_requested is followed at once by the free_completed of its block
-        (one stream: the common case), each active end is the allocated end plus one, with no
-        walk of the blocks; None otherwise."""
-        a, life = self.arrays, self.allocated_life
-        requested = np.flatnonzero(a.action == FREE_REQUESTED)
-        completed = np.count_nonzero(a.action == FREE_COMPLETED)
-        if len(requested) != completed or (len(requested) and requested[-1] + 1 >= self.n):
-            return None
-        after = requested + 1
-        if not (np.all(a.action[after] == FREE_COMPLETED) and
-                np.array_equal(a.addr[after], a.addr[requested])):
-            return None
-        ends = np.where(life.ends < self.n, life.ends + 1, life.ends)
-        return Lifetimes(life.allocs, ends.astype(life.ends.dtype),
-                         {addr: at + 1 for addr, at in life.start_ends.items()})
 
     @staticmethod
     def _ending_frees(life: Lifetimes, a) -> np.ndarray:

@@ -184,7 +184,6 @@ class Source:
         def work():
             from .panels import steps_of
             try:
-                self.series.active_life            # (a moment's inactive blocks need it)
                 steps_of(self)
             except Exception as exc:          # the leaks route says it; the server goes on
                 self.extras["analysis_error"] = f"{type(exc).__name__}: {exc}"
