@@ -37,6 +37,16 @@ class _Commands(click.Group):
         except AclError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except ValueError as exc:
+            # a damaged file found deep in a verb (the allocator model's start state, a report
+            # of a trace it cannot follow): the reader's error names the file and the entry
+            from ..planning.problem import ProblemFormatError
+            from ..trace import TraceFormatError
+            from ..trace.snapshot import SnapshotError
+            if not isinstance(exc, (TraceFormatError, SnapshotError, ProblemFormatError)):
+                raise
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
         except MemoryError:
             click.echo("error: out of host memory (RAM); try a smaller input or --size", err=True)
             sys.exit(2)

@@ -93,7 +93,7 @@ def report(path, html_out, top, snapshot_path, device, window_text, as_json):
             snapshots = snapshots[1:]             # a plain PyTorch script: npumem saw nothing
     else:
         snapshots = [(path, load_as_snapshot(path))]
-    reports = [build_report(_part(data, device, window, name), f"npumem report of {name}")
+    reports = [_built(build_report, _part(data, device, window, name), name)
                for name, data in snapshots]
     if as_json:                  # the same analysis as the text, for scripts and CI
         import json
@@ -234,3 +234,15 @@ def _report_torch_stats(path: str, snapshot_path: str | None) -> None:
         raise CommandError(exc.message) from None        # the sentence, not the ACL code
     except SnapshotError as exc:
         raise CommandError(str(exc)) from None
+
+
+def _built(build_report, data, name):
+    """build_report of a file's data; a recording the allocator model cannot follow (its start
+    state, say) is refused naming the file, which the data read from it no longer knows."""
+    from ..trace import TraceFormatError
+
+    try:
+        return build_report(data, f"npumem report of {name}")
+    except TraceFormatError as exc:
+        where = f":{exc.position}" if exc.position else ""
+        raise CommandError(f"{name}{where}: {exc.reason}") from None

@@ -527,6 +527,41 @@ def impossible_grant(entries) -> tuple[int, str] | None:
     return None
 
 
+_RANGED = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+           "segment_map", "segment_unmap")
+
+
+def impossible_range(entries) -> tuple[int, str] | None:
+    """The first block or segment entry whose range runs past the 64-bit address space, as
+    (entry index, what is wrong), or None. Such a range has no place in the allocator model:
+    rebuilt into the state at the first entry, it overlaps whatever lies at low addresses once
+    its end wraps, and puts two blocks at one address (issue 64). (Sizes no device holds are
+    impossible_grant's: the report shows those as written.)"""
+    a = arrays(entries)
+    if a.addr.dtype == object or a.size.dtype == object:     # (numbers past 64 bits)
+        for index, entry in enumerate(entries):
+            addr, size = entry.get("addr", 0), entry.get("size", 0)
+            if entry.get("action") in _RANGED and addr + size > 2**64:
+                return index, _past_the_end(entry["action"], addr, size)
+        return None
+    chunk = 1 << 18
+    for begin in range(0, len(a), chunk):               # (bounded temporaries)
+        ranged = begin + np.flatnonzero(having(a.action[begin:begin + chunk], *_RANGED))
+        # addr + size > 2**64, without the sum: size > 2**64 - 1 - addr
+        bad = a.size[ranged] > ~a.addr[ranged]
+        if bad.any():
+            index = int(ranged[np.argmax(bad)])
+            return index, _past_the_end(ACTIONS[a.action[index]], int(a.addr[index]),
+                                        int(a.size[index]))
+    return None
+
+
+def _past_the_end(action: str, addr: int, size: int) -> str:
+    return (f"{'an' if action[0] in 'aeiou' else 'a'} {action} of {size} bytes at 0x{addr:x} "
+            f"runs past the end of the 64-bit address space (to 0x{addr + size:x}), so the "
+            "recording is damaged")
+
+
 def positions_where(mask: np.ndarray) -> np.ndarray:
     """np.flatnonzero(mask) as `index_type` (int32 for a trace under 2**31 entries), made a
     million at a time: no int64 array of them all on the way."""
@@ -570,5 +605,11 @@ def levels(start, changes, at: np.ndarray, length: int) -> np.ndarray:
     """For each of `length` entries, `start` plus the `changes` made at the sorted positions
     `at` up to and including it: a running total that moves at few entries."""
     steps = np.diff(np.r_[0, np.clip(at, 0, length), length])
+    # a total past int64 (a damaged file's sizes; no device holds 2**63 bytes) is counted in
+    # floats, approximately, rather than overflowing
+    reach = abs(int(start)) + float(np.abs(changes.astype(np.float64)).sum())
+    if changes.dtype == object or reach >= 2.0**62:
+        changes = changes.astype(np.float64)
+        start = float(start)
     return np.repeat(np.r_[np.array([start], dtype=changes.dtype), start + np.cumsum(changes)],
                      steps)

@@ -28,7 +28,9 @@ import numpy as np
 from ...alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
                                            round_size)
 from ...alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
-from .columns import (_CHUNK, ACTIONS, ALLOC, SEGMENT_ADD, SEGMENT_REMOVE, arrays, having,
+from ..file_checks import TraceFormatError
+from .columns import (_CHUNK, ACTIONS, ALLOC, DEVICE_BYTES_LIMIT, SEGMENT_ADD, SEGMENT_REMOVE,
+                      arrays, having, impossible_range,
                       indices, native, natural, positions_where, rows)
 
 
@@ -218,6 +220,38 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     segment entries name."""
     if not recording.segments and not recording.recorded_segment_events():
         return StartState([], {})     # allocs and frees only (a CPU recording): nothing before
+    wrong = impossible_range(recording.entries)
+    if wrong is not None:
+        raise TraceFormatError(recording.path, f"entry {wrong[0]}", wrong[1])
+    state = _rebuild_start(recording, config, pools)
+    _check_segments(recording.path, state.segments)
+    return state
+
+
+def _check_segments(path: str, segments: list[StartSegment]) -> None:
+    """Refuse a start state the allocator model cannot hold: segments that overlap (the dump's
+    and the trace's segment entries contradict one another), one past the address space, or
+    more bytes in all than any device holds. Otherwise the model would keep two blocks at one
+    address, and fail one of its own checks far from the cause (issue 64)."""
+    end = total = 0
+    for segment in sorted(segments, key=lambda s: s.addr):
+        total += segment.size
+        where = f"the segment at 0x{segment.addr:x} ({segment.size} bytes) at the first entry"
+        if segment.addr < end:
+            raise TraceFormatError(path, "segments", f"{where} overlaps the one before it, "
+                                   f"which ends at 0x{end:x}: the dump's segments and the "
+                                   "trace's segment entries contradict one another")
+        end = segment.addr + segment.size
+        if end > 2**64:
+            raise TraceFormatError(path, "segments", f"{where} runs past the end of the 64-bit "
+                                   "address space")
+        if total > DEVICE_BYTES_LIMIT:
+            raise TraceFormatError(path, "segments", f"{where} brings the segments held at the "
+                                   f"first entry to {total} bytes, more than any device holds "
+                                   "(2**48)")
+
+
+def _rebuild_start(recording, config: TorchAllocatorConfig, pools: bool) -> StartState:
     nodes = _PoolNodes()
     ranges, live = _end_state(recording, nodes)
     free_action = recording.free_action
