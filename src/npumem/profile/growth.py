@@ -3,9 +3,10 @@
 A leak into a global list does not wait for the end of the run to show: its site's live bytes
 climb step after step. The tracker's events are replayed to each checkpoint: the ends of the
 program's steps (its `npumem.memory.step()` calls, else its most frequent `profile.range`), or,
-without either, evenly spaced moments of the run. A site grows when its live bytes never fall
-between checkpoints, end higher than they began and rose more than once; memory a run allocates
-once and keeps (weights, caches) rises once, so it is not reported.
+without either, evenly spaced moments of the run. A site grows when its live bytes at the
+checkpoints rise as a trend (`trend`: a robust slope, Mann-Kendall's test, the rise against
+the scatter), end higher than they began and rose more than once; memory a run allocates once
+and keeps (weights, caches) rises once, so it is not reported.
 
     for probable in tracker.growth():      # any time, also while the program runs
         print(probable.describe())
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from ..units import format_size
 from .leaks import site_of
+from .trend import trend
 
 CHECKPOINTS_WITHOUT_STEPS = 10
 
@@ -105,7 +107,9 @@ def find_growth(events: list, annotations: list) -> list[Growth]:
         values = [point.get(site, 0) for point in series]
         steps = list(zip(values, values[1:]))
         rises = sum(b > a for a, b in steps)
-        if rises >= 2 and all(b >= a for a, b in steps) and values[-1] > values[0]:
+        # a trend, as a recording's leaks are judged (trend.py): robust to a free now and
+        # then, and to memory made once
+        if rises >= 2 and values[-1] > values[0] and trend(range(len(values)), values).rising:
             found.append(Growth(site, values[0], values[-1], rises, len(steps), seconds,
                                 unit.split(" ")[0]))
     return sorted(found, key=lambda g: -g.per_unit)
