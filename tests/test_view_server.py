@@ -370,3 +370,16 @@ def test_serving_line_and_ctrl_c(tmp_path):
     assert process.returncode == 0
     assert out.strip() == "stopped" and "Traceback" not in err
 
+
+
+def test_a_damaged_recording_is_refused_in_one_line(tmp_path):
+    from npumem.trace.snapshot import save
+
+    entries = [{"action": "alloc", "addr": 4096, "size": 1 << 60, "stream": 0, "time_us": 1},
+               {"action": "free_requested", "addr": 4096, "size": 1 << 60, "stream": 0,
+                "time_us": 2}]
+    path = tmp_path / "made_up.pickle"
+    save({"segments": [], "device_traces": [entries]}, str(path))
+    result = CliRunner().invoke(main, ["view", str(path), "--no-browser"])
+    assert result.exit_code == 2 and result.output.startswith("error: ")
+    assert "more than any device holds" in result.output and "Traceback" not in result.output

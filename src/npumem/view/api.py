@@ -23,11 +23,22 @@ def open_sources(paths: list[str], progress=None) -> list[Source]:
     """Each path loaded and precomputed (SourceError for one that cannot be), on one axis:
     each source's time from its own first entry, so two runs line up at their starts; where
     one of two has no time stamps, both go by entry number."""
+    from ..trace import TraceFormatError
+    from .sources import SourceError
+
     sources = []
     for number, path in enumerate(paths):
         if progress:
             progress(f"reading {path}")
-        sources.append(Source(number, load(path)))
+        loaded = load(path)
+        try:
+            sources.append(Source(number, loaded))
+        except TraceFormatError as exc:
+            raise SourceError(str(exc)) from None
+        except (ValueError, TypeError, OverflowError, KeyError, IndexError) as exc:
+            # a file that reads but holds what no recording can (hostile or damaged): one
+            # line, never a traceback
+            raise SourceError(f"{path}: cannot be shown: {exc}") from None
     if len(sources) > 1 and not all(source.timed for source in sources):
         for source in sources:
             source.timed, source.times = False, None

@@ -33,6 +33,9 @@ class Source:
         except TraceFormatError as exc:
             raise SourceError(str(exc)) from None
         self.device = self.recording.device
+        # an allocation of more than any device holds: the file is damaged or made up, and
+        # no curve drawn from it would mean anything (replay and plan refuse it too)
+        self.recording.refuse_if_damaged()
         traces = self.data.get("device_traces") or []
         self.entries = traces[self.device] if self.device < len(traces) else []
         start_live, start_reserved = start_of(self.data, self.device) if len(self.entries) \
