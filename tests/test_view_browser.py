@@ -7,7 +7,9 @@ for a wrong token. Skipped, saying why, where selenium, chromium or chromedriver
 
 from __future__ import annotations
 
+import gzip
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -285,6 +287,41 @@ def test_a_profile_folder_opens(browser, profile_folder):
         assert "profile" in browser.find_element(By.ID, "sources").text
         assert_peaks_are_the_reports(browser, profile_folder)
         assert_a_moment_is_the_servers(browser)
+    finally:
+        viewer.close()
+
+
+@pytest.fixture
+def pinned_snapshot(tmp_path):
+    """The H100 snapshot with pinned host memory added as PyTorch 2.14 writes it beside the
+    device's (host_segments, host_traces), in the shape the server reads."""
+    with gzip.open(SNAPSHOT, "rb") as f:
+        data = pickle.load(f)
+    start = data["device_traces"][0][0]["time_us"]
+    data["host_segments"] = [{"address": 0x7f0000000000, "total_size": 4 << 20,
+                              "allocated_size": 3 << 20,
+                              "blocks": [{"address": 0x7f0000000000, "size": 3 << 20,
+                                          "state": "active_allocated"},
+                                         {"address": 0x7f0000300000, "size": 1 << 20,
+                                          "state": "inactive"}]}]
+    data["host_traces"] = [{"action": "alloc", "addr": 0x7f0000000000 + i * (1 << 20),
+                            "size": 1 << 20, "time_us": start + 1000 * i} for i in range(3)]
+    path = tmp_path / "pinned.pickle"
+    path.write_bytes(pickle.dumps(data))
+    return str(path)
+
+
+def test_pinned_host_memory_is_shown(browser, pinned_snapshot):
+    viewer = Viewer(pinned_snapshot)
+    try:
+        open_page(browser, viewer)
+        browser.find_element(By.ID, "tab-host").click()
+        text = wait_for(browser, "document.querySelector('#panel-host table')"
+                                 " && document.getElementById('panel-host').innerText",
+                        "the pinned host memory panel")
+        assert "1 pinned segment, 4.00 MiB held; 3 trace entries" in text, text
+        assert browser.find_elements(By.CSS_SELECTOR, "#panel-host canvas.host-chart")
+        assert browser.execute_script("return document.getElementById('errors').innerText") == ""
     finally:
         viewer.close()
 

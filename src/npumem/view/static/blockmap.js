@@ -31,9 +31,9 @@ NV.blockmap = (function () {
     var F = NV.fmt, s = summary(segments);
     var p = document.createElement("p");
     p.className = "blockmap-summary";
-    p.textContent = F.count(segments.length) + " segments, " + F.bytes(s.reserved) + " reserved: " +
-      F.bytes(s.allocated) + " allocated, " + F.bytes(s.free) + " free in " + F.count(s.pieces) +
-      " pieces (largest " + F.bytes(s.largestFree) + ")" + (s.inactive ? ", " + F.bytes(s.inactive) + " inactive" : "") + ".";
+    p.textContent = F.plural(segments.length, "segment") + ", " + F.bytes(s.reserved) + " reserved: " +
+      F.bytes(s.allocated) + " allocated, " + F.bytes(s.free) + " free in " + F.plural(s.pieces, "piece") +
+      " (largest " + F.bytes(s.largestFree) + ")" + (s.inactive ? ", " + F.bytes(s.inactive) + " inactive" : "") + ".";
     box.appendChild(p);
     var pools = {};
     segments.forEach(function (seg) { pools[pool(seg.pool) || "–"] = true; });

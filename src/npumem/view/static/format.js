@@ -83,6 +83,8 @@ NV.fmt = (function () {
     return (v / unitScale).toFixed(Math.min(d, 6)) + name;
   }
 
+  function plural(n, one, many) { return count(n) + " " + (n === 1 ? one : many || one + "s"); }
+
   function count(n) { return n === null || n === undefined ? "–" : Number(n).toLocaleString("en-US"); }
 
   function hex(n) {
@@ -97,5 +99,5 @@ NV.fmt = (function () {
   }
 
   return { bytes: bytes, bytesShort: bytesShort, bytesStep: bytesStep, niceStep: niceStep,
-           time: time, duration: duration, timeTick: timeTick, count: count, hex: hex, esc: esc };
+           time: time, duration: duration, timeTick: timeTick, count: count, plural: plural, hex: hex, esc: esc };
 })();

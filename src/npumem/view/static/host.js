@@ -34,8 +34,8 @@ NV.host = (function () {
 
   function render(box, r, src) {
     var p = document.createElement("p");
-    p.textContent = F.count(r.segment_count) + " pinned segments, " + F.bytes(r.reserved) + " held; " +
-      F.count(r.entries) + " trace entries" + (r.actions && r.actions.length ? " (" + r.actions.join(", ") + ")" : "") + ".";
+    p.textContent = F.plural(r.segment_count, "pinned segment") + ", " + F.bytes(r.reserved) + " held; " +
+      F.plural(r.entries, "trace entry", "trace entries") + (r.actions && r.actions.length ? " (" + r.actions.join(", ") + ")" : "") + ".";
     box.appendChild(p);
     if (r.verified === false) {
       box.insertAdjacentHTML("beforeend", "<p class='muted'>PyTorch documents these fields loosely: they are " +
@@ -89,12 +89,15 @@ NV.host = (function () {
     D.bytesAxis(ctx, y, left, w - right, 0, ymax, 3);
     var unit = src.time_unit, rel = D.scale(t0 - src.t_min, t1 - src.t_min, left, w - right);
     D.timeAxis(ctx, rel, t0 - src.t_min, t1 - src.t_min, unit, top, bottom, w - left - right);
+    ctx.save();
+    ctx.beginPath(); ctx.rect(left, 0, w - left - right, bottom); ctx.clip();
     ctx.beginPath();
     tl.t.forEach(function (t, i) {
       var px = x(t), py = y(tl.allocated[i]);
       if (i === 0) ctx.moveTo(px, py); else { ctx.lineTo(px, y(tl.allocated[i - 1])); ctx.lineTo(px, py); }
     });
     ctx.strokeStyle = D.INK.allocated; ctx.lineWidth = 1.5; ctx.stroke();
+    ctx.restore();
   }
 
   return { show: show };

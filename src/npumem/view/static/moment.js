@@ -33,7 +33,7 @@ NV.moment = (function () {
       head.innerHTML = (info.sources.length > 1 ? "<strong>" + String.fromCharCode(65 + sourceId) + "</strong> · " : "") +
         "at <strong>" + F.esc(F.time(m.t - src.t_min, src.time_unit)) + "</strong> from the start" +
         (src.time_unit === "us" ? "" : "") + " · live <strong class='live-bytes'>" + F.esc(F.bytes(m.live_bytes)) + "</strong>" +
-        (m.live_count !== undefined ? " in " + F.esc(F.count(m.live_count)) + " blocks" : "") +
+        (m.live_count !== undefined ? " in " + F.esc(F.plural(m.live_count, "block")) : "") +
         (m.entry !== undefined ? " <span class='muted'>(after entry " + F.esc(F.count(m.entry)) + ")</span>" : "");
       panel.appendChild(head);
       categories(section(panel, "By category"), m.by_category || [], m.live_bytes);
