@@ -81,11 +81,22 @@ def infer_steps(a) -> Steps:
 def _tokens(a, allocs: np.ndarray) -> np.ndarray:
     """Each allocation as a small integer: equal for equal (size, stack)."""
     size = sizes(a)[allocs]
-    stack = a.stack_at(allocs).astype(np.int64)
+    stack = _stack_ids(a, a.stack_at(allocs).astype(np.int64))
     if size.dtype == object:            # sizes past int64 (a hostile file): by size alone
         return np.unique(size.astype(str), return_inverse=True)[1]
     pairs = np.stack([size.astype(np.int64), stack], axis=1)
     return np.unique(pairs, axis=0, return_inverse=True)[1].ravel()
+
+
+def _stack_ids(a, stacks: np.ndarray) -> np.ndarray:
+    """Each stack index as the id of its frames' content (a list of entry dicts may hold equal
+    stacks as different objects)."""
+    used, inverse = np.unique(stacks, return_inverse=True)
+    ids: dict = {}
+    canonical = np.array([ids.setdefault(tuple((f.get("filename"), f.get("line"), f.get("name"))
+                                               for f in (a.stacks[i] or ())), len(ids))
+                          for i in used.tolist()], dtype=np.int64)
+    return canonical[inverse.ravel()]
 
 
 def _candidates(tokens: np.ndarray) -> list[int]:
