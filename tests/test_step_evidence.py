@@ -101,3 +101,32 @@ def test_a_monotone_rise_through_identical_layers_has_no_steps():
 def test_too_few_steps_are_not_judged():
     analysis = analyze_leaks(loop(4, leak=4096, marks="ProfilerStep#0"))
     assert analysis.leaks == [] and "too few to judge" in analysis.verdict(0)
+
+
+REAL = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "data" / "snapshots"
+OWN = __import__("pathlib").Path(__file__).resolve().parent / "data"
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason="../shared/data/snapshots not beside the repo")
+def test_real_recordings_that_do_not_leak_get_no_leak():
+    """PyTorch users' CUDA snapshots: a compiled transformer's forward pass (memory rises
+    layer over layer: no steps) and a CNN's training run (steps inferred: nothing grows)."""
+    from npumem.cli.common import load_as_snapshot
+
+    files = sorted(REAL.glob("*.pickle"))
+    assert files
+    for path in files:
+        analysis = analyze_leaks(load_as_snapshot(str(path)))
+        assert analysis.leaks == [], (path.name, analysis.lines())
+
+
+def test_the_projects_oom_recordings_get_no_leak():
+    """Runs that died on an H200 (the default setting's snapshots): cut in their first steps,
+    or in the middle of a generation whose KV cache grows by design."""
+    from npumem.cli.common import load_as_snapshot
+
+    files = sorted((OWN / "cuda_oom_h200" / "snapshots").glob("*/*_default.pickle.gz"))
+    files += sorted((OWN / "cuda_snapshots").glob("*.pickle.gz"))
+    assert len(files) >= 30
+    for path in files:
+        assert analyze_leaks(load_as_snapshot(str(path))).leaks == [], path
