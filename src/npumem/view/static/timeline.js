@@ -6,7 +6,9 @@
 var NV = window.NV || (window.NV = {});
 
 NV.timeline = (function () {
-  var D = NV.draw, F = NV.fmt;
+  var D = NV.draw, F = NV.fmt, P = NV.plot;
+  var edges = P.edges, stepPath = P.stepPath, stepBack = P.stepBack, line = P.line, vline = P.vline,
+      drawSegmentMarks = P.segmentMarks;
   var M = { left: 78, right: 14, top: 24, bottom: 26 };   // plot margins, CSS pixels
   var S = {
     info: null, lanes: [], full: 1, unit: "us", view: { v0: 0, v1: 1 }, overview: [],
@@ -206,25 +208,6 @@ NV.timeline = (function () {
     if (!d) { ctx.fillStyle = "#666"; ctx.fillText("loading…", M.left + 4, top + 8); }
   }
 
-  // Bucket i covers [t[i], t[i+1]): drawn as steps, so a spike stays as wide as its bucket.
-  function edges(d, x, t0) {
-    var n = d.t.length, xs = new Float64Array(n + 1);
-    for (var i = 0; i < n; i++) xs[i] = x(d.t[i] - t0);
-    xs[n] = x((n > 1 ? d.t[n - 1] + (d.bucket || d.t[n - 1] - d.t[n - 2]) : d.t1) - t0);
-    return xs;
-  }
-
-  function stepPath(ctx, xs, vals, y, moveFirst) {
-    for (var i = 0; i < vals.length; i++) {
-      var py = y(vals[i] || 0);
-      if (i === 0 && moveFirst) ctx.moveTo(xs[0], py); else ctx.lineTo(xs[i], py);
-      ctx.lineTo(xs[i + 1], py);
-    }
-  }
-  function stepBack(ctx, xs, vals, y) {
-    for (var i = vals.length - 1; i >= 0; i--) { var py = y(vals[i] || 0); ctx.lineTo(xs[i + 1], py); ctx.lineTo(xs[i], py); }
-  }
-
   function drawSeries(ctx, lane, d, x, y, t0, bottom) {
     var xs = edges(d, x, t0), n = d.t.length;
     var cats = lane.src.categories || [], byCat = d.by_category || {};
@@ -262,13 +245,6 @@ NV.timeline = (function () {
     line(ctx, xs, d.reserved && d.reserved.max, y, D.INK.reserved, 1.5, []);
   }
 
-  function line(ctx, xs, vals, y, colour, width, dash) {
-    if (!vals || !vals.length) return;
-    ctx.beginPath(); stepPath(ctx, xs, vals, y, true);
-    ctx.strokeStyle = colour; ctx.lineWidth = width; ctx.setLineDash(dash); ctx.stroke();
-    ctx.setLineDash([]); ctx.lineWidth = 1;
-  }
-
   function drawWhatifs(ctx, lane, x, y, t0) {
     S.whatifs.forEach(function (wf) {
       if (wf.source !== lane.src.id || !wf.visible || !wf.result.t.length) return;
@@ -291,18 +267,6 @@ NV.timeline = (function () {
     ctx.beginPath(); ctx.moveTo(M.left, py); ctx.lineTo(w - M.right, py); ctx.stroke(); ctx.setLineDash([]);
     ctx.fillStyle = "#555"; ctx.textAlign = "right"; ctx.textBaseline = "bottom";
     ctx.fillText("device total " + F.bytes(total), w - M.right - 4, py - 2);
-  }
-
-  // Segments mapped (▲) and unmapped (▼) along the bottom edge.
-  function drawSegmentMarks(ctx, d, x, t0, bottom) {
-    (d.segments_marks || []).forEach(function (m) {
-      var px = x(m.t - t0), up = m.kind === "map";
-      ctx.fillStyle = up ? D.INK.map : D.INK.unmap;
-      ctx.beginPath();
-      if (up) { ctx.moveTo(px - 4, bottom); ctx.lineTo(px + 4, bottom); ctx.lineTo(px, bottom - 7); }
-      else { ctx.moveTo(px - 4, bottom - 7); ctx.lineTo(px + 4, bottom - 7); ctx.lineTo(px, bottom); }
-      ctx.fill();
-    });
   }
 
   function drawMarks(ctx, lane, x, t0, top, bottom) {
@@ -347,12 +311,6 @@ NV.timeline = (function () {
       ctx.textAlign = nearRight ? "right" : "left";
       ctx.fillText("OOM", nearRight ? po - 4 : po + 4, top + 34);
     }
-  }
-
-  function vline(ctx, px, top, bottom, colour, width, dash) {
-    ctx.strokeStyle = colour; ctx.lineWidth = width; ctx.setLineDash(dash);
-    ctx.beginPath(); ctx.moveTo(Math.round(px) + 0.5, top); ctx.lineTo(Math.round(px) + 0.5, bottom); ctx.stroke();
-    ctx.setLineDash([]); ctx.lineWidth = 1;
   }
 
   // One colour per category name across both sources.
