@@ -401,7 +401,8 @@ def _step_leaks(report: Report) -> str:
         where = f"<details open><summary><code>{escape(leak.where)}</code></summary>{stack}</details>"
         kinds = ", ".join(f"{kind} {format_size(n)}" for kind, n in
                           sorted(leak.categories.items(), key=lambda kv: -kv[1]))
-        rows.append([f"+{escape(format_size(leak.per_step))}", str(leak.steps),
+        steps = f"{leak.steps} inferred" if getattr(leak, "inferred", False) else str(leak.steps)
+        rows.append([f"+{escape(format_size(leak.per_step))}", steps,
                      escape(format_size(leak.live)), escape(kinds), where])
     return _table(["per step", "steps", "live at end", "categories", "the user's line"], rows,
                   {0, 1, 2})
@@ -447,6 +448,10 @@ def render_html(report: Report, extra: str = "", curves: dict | None = None) -> 
     if curves:
         out += usage_sections(curves)
     out.append(f"<h2>{escape(report.leak_heading)}</h2>")
+    analysis = report.leak_analysis       # on which steps leaks were judged, or why they were not
+    if analysis is not None and analysis.steps:
+        out += [f"<p class=sub>{escape(analysis.verdict(device))}</p>"
+                for device in sorted(analysis.steps)]
     if report.step_leaks:
         out.append(_step_leaks(report))
     rows = []
