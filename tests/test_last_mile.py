@@ -214,3 +214,62 @@ def test_the_run_ends_naming_each_group_skipped_and_the_command_that_runs_it():
     assert any(line.startswith("1 skipped, needing a CUDA GPU") for line in lines)
     assert "1 skipped: fits" in lines
     assert summary_lines([]) == []
+
+
+def _holes_by_hand(action, addr, size):
+    """trace/mending.py's rule, address by address: the oracle of story_holes."""
+    state = {}                                # addr -> ("live", position, size) or ("freed",)
+    found = {name: [] for name in ("before", "double", "missed_at", "missed_block",
+                                   "freed_at", "freed_block")}
+    for i, (code, a, s) in enumerate(zip(action, addr, size)):
+        story = state.get(a)
+        if code == "alloc":
+            if story and story[0] == "live":
+                found["missed_at"].append(i)
+                found["missed_block"].append(story[1])
+            state[a] = ("live", i, s)
+        else:
+            if story and story[0] == "live" and s != story[2]:
+                found["freed_at"].append(i)
+                found["freed_block"].append(story[1])
+            elif not story or story[0] != "live":
+                found["double" if story else "before"].append(i)
+            state[a] = ("freed",)
+    return found
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_story_of_every_address_survives_its_move_out_of_the_hash(seed):
+    """Freed addresses leave story_holes' hash for a sorted list (a trace that never reuses an
+    address must not keep them all there): a free, an alloc or a double free long after still
+    reads the address's story right."""
+    import numpy as np
+
+    from npumem.trace.snapshot.columns import ALLOC, FREE_COMPLETED, native
+
+    if native is None:
+        pytest.skip("the C reader is not built")
+    rng = np.random.default_rng(seed)
+    action, addr, size = [], [], []
+    live = []
+    for step in range(40_000):
+        roll = rng.random()
+        if roll < 0.5 or not live:                       # a fresh address, mostly
+            a = int(rng.integers(0, 6_000)) * 64 if roll < 0.05 else (step + 10_000) * 64
+            action.append("alloc"), addr.append(a), size.append(int(rng.integers(1, 4)))
+            live.append((a, size[-1]))
+        else:
+            a, s = live.pop(int(rng.integers(0, len(live))))
+            if rng.random() < 0.02:
+                s += 1                                   # a free naming another size
+            action.append("free"), addr.append(a), size.append(s)
+            if rng.random() < 0.05:                      # freed again, later
+                live.append((a, s))
+    codes = np.array([ALLOC if x == "alloc" else FREE_COMPLETED for x in action], np.uint8)
+    *found, _ = native.story_holes(codes, np.array(addr, np.uint64), np.array(size, np.uint64),
+                                   ALLOC)
+    got = [np.frombuffer(f, dtype=np.int64).tolist() for f in found]
+    want = _holes_by_hand(action, addr, size)
+    assert got == [want[k] for k in ("before", "double", "missed_at", "missed_block",
+                                     "freed_at", "freed_block")]
+    assert got[1] and got[2]                            # the cases were met
