@@ -199,6 +199,7 @@ NV.timeline = (function () {
     }
     if (S.hover && S.hover.lane === lane) vline(ctx, S.hover.px, top, bottom, "rgba(0,0,0,0.35)", 1, []);
     ctx.restore();
+    drawOom(ctx, lane, x, t0, top, bottom);
 
     ctx.fillStyle = "#111";
     ctx.textAlign = "left"; ctx.textBaseline = "top";
@@ -297,20 +298,29 @@ NV.timeline = (function () {
       var px = Math.round(x(a.t - t0)) + 0.5;
       ctx.strokeStyle = D.INK.annotation;
       ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + 8); ctx.stroke();
-      if (anns.length <= 60 && px - lastLabel > 150) {
-        var label = a.label.length > 28 ? a.label.slice(0, 27) + "…" : a.label;
+      var label = a.label.length > 28 ? a.label.slice(0, 27) + "…" : a.label;
+      var wide = ctx.measureText(label).width;
+      if (anns.length <= 60 && px + 3 > lastLabel + 8 && px + 3 + wide <= right) {
         ctx.fillStyle = D.INK.annotation; ctx.fillText(label, px + 3, top + 19);
-        lastLabel = px;
+        lastLabel = px + 3 + wide;              // where this label ends
       }
     });
-    if (src.oom) {
-      var po = x(src.oom.t - t0);
-      vline(ctx, po, top, bottom, D.INK.oom, 2, []);
-      ctx.fillStyle = D.INK.oom; ctx.font = "700 12px system-ui, sans-serif";
-      var nearRight = po > lane.canvas.clientWidth - M.right - 40;
-      ctx.textAlign = nearRight ? "right" : "left";
-      ctx.fillText("OOM", nearRight ? po - 4 : po + 4, top + 34);
-    }
+  }
+
+  // The OOM, drawn over everything and kept inside the plot: it is often the recording's last
+  // entry, on the plot's right edge.
+  function drawOom(ctx, lane, x, t0, top, bottom) {
+    var oom = lane.src.oom, right = lane.canvas.clientWidth - M.right;
+    if (!oom) return;
+    var po = x(oom.t - t0);
+    if (po < M.left - 2 || po > right + 2) return;
+    po = Math.min(Math.max(po, M.left + 1), right - 1);
+    vline(ctx, po, top, bottom, D.INK.oom, 2, []);
+    ctx.fillStyle = D.INK.oom; ctx.font = "700 12px system-ui, sans-serif";
+    var nearRight = po > right - 40;
+    ctx.textAlign = nearRight ? "right" : "left";
+    ctx.fillText("OOM", nearRight ? po - 4 : po + 4, top + 34);
+    ctx.font = "12px system-ui, sans-serif";
   }
 
   // One colour per category name across both sources.
