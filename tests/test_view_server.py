@@ -251,6 +251,9 @@ def test_every_input_kind(tmp_path):
         assert max(line["allocated"]["max"]) == info["peak_allocated"] > 0
         app.moment({"t": str(info["t_max"])}, None)
     assert list(kinds.values()) == ["profile", "predicted", "jsonl", "msprof", "snapshot"]
+    usage = App(open_sources([MSPROF])).usage({}, None)          # msprof's own totals too
+    assert {"PTA", "GE", "APP"} <= {curve["component"] for curve in usage["curves"]}
+    assert App(open_sources([JSONL])).usage({}, None)["curves"] == []
 
 
 def test_an_oom_snapshot_marks_and_explains_it():

@@ -64,6 +64,7 @@ class App:
             ("GET", "/api/job"): self.job,
             ("GET", "/api/leaks"): self.leaks,
             ("GET", "/api/host"): self.host,
+            ("GET", "/api/usage"): self.usage,
         }
 
     def route(self, method: str, path: str, query: dict, body: bytes | None):
@@ -147,6 +148,11 @@ class App:
 
         return host(self.source(query))
 
+    def usage(self, query, body) -> dict:
+        from .panels import usage
+
+        return usage(self.source(query))
+
 
 def _number(query: dict, name: str) -> float | None:
     text = query.get(name)
@@ -169,3 +175,4 @@ def _integer(query: dict, name: str, default):
         return int(text)
     except ValueError:
         raise RequestError(f"{name} must be a whole number, not {text[:40]!r}") from None
+

@@ -107,3 +107,31 @@ def host(source: Source) -> dict:
     from .host import host_memory
 
     return host_memory(source)
+
+
+MB = 1 << 20
+
+
+def usage(source: Source) -> dict:
+    """msprof's memory_record.csv beside the operators: each component's (PTA, GE, APP, ...)
+    allocated and reserved bytes over time, on the timeline's axis; {"curves": []} where
+    there is none. These are the totals the NPU's allocators kept, which the operators'
+    allocations alone do not tell (no segments)."""
+    from ..trace import TraceFormatError
+    from ..trace.msprof import usage_curves
+
+    path = source.loaded.usage
+    if not path:
+        return {"curves": [], "file": None}
+    try:
+        curves = usage_curves(path)
+    except TraceFormatError as exc:
+        return {"curves": [], "file": path, "error": str(exc)}
+    out = []
+    for (component, device), samples in curves.items():
+        timed = [row for row in samples if row[0] is not None]
+        out.append({"component": component, "device": device,
+                    "t": [row[0] + source.offset for row in timed],
+                    "allocated": [None if row[1] is None else int(row[1] * MB) for row in timed],
+                    "reserved": [None if row[2] is None else int(row[2] * MB) for row in timed]})
+    return {"curves": out, "file": path}

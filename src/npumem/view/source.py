@@ -126,6 +126,7 @@ class Source:
             "segments": len(self.recording.segments), "segment_events": adds,
             "oom": self._oom(), "annotations": self._annotations(),
             "host": host, "flavour": self.recording.flavour,
+            "usage": bool(self.loaded.usage),
             "devices": [number for number, trace in
                         enumerate(self.data.get("device_traces") or []) if len(trace)],
             "notes": list(self.loaded.notes) + list(self.data.get("npumem_notes") or [])

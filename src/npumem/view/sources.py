@@ -30,6 +30,7 @@ class Loaded:
     kind: str                    # one of KINDS
     data: dict                   # the snapshot dict (device traces as columns)
     notes: list[str] = field(default_factory=list)
+    usage: str | None = None     # msprof: its memory_record.csv (each component's totals)
 
 
 def load(path: str) -> Loaded:
@@ -60,7 +61,7 @@ def _folder(path: str) -> Loaded:
     if outputs:
         return _msprof(path, outputs[0].operator,
                        [f"{len(outputs) - 1} more profiler output(s) under {path} not shown"]
-                       if len(outputs) > 1 else [])
+                       if len(outputs) > 1 else [], outputs[0].record)
     raise SourceError(f"{path} has neither torch_snapshot.pickle nor snapshot.pickle (an npumem "
                       "profile folder) nor an Ascend profiler's operator_memory.csv")
 
@@ -80,7 +81,9 @@ def _file(file: str, given: str) -> Loaded:
                 "npumem estimate")
             return Loaded(given, file, "predicted" if predicted else "snapshot", data)
         if is_operator_memory(file):
-            return _msprof(given, file, [])
+            from ..profile.ascend import files_beside
+
+            return _msprof(given, file, [], files_beside(file).record)
         fmt = detect_format(file)
         mended = read_mended(file)
         data = from_events(mended.entries)
@@ -92,7 +95,7 @@ def _file(file: str, given: str) -> Loaded:
         raise SourceError(f"{file}: out of host memory (RAM) while reading it") from None
 
 
-def _msprof(given: str, csv: str, notes: list[str]) -> Loaded:
+def _msprof(given: str, csv: str, notes: list[str], usage: str | None = None) -> Loaded:
     from ..trace import TraceFormatError
     from ..trace.msprof import to_snapshot
     from ..trace.snapshot.schema import check_snapshot
@@ -104,4 +107,4 @@ def _msprof(given: str, csv: str, notes: list[str]) -> Loaded:
         data.setdefault("segments", [])
     except TraceFormatError as exc:
         raise SourceError(str(exc)) from None
-    return Loaded(given, csv, "msprof", data, notes + list(more))
+    return Loaded(given, csv, "msprof", data, notes + list(more), usage)
