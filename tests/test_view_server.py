@@ -386,3 +386,9 @@ def test_a_damaged_recording_is_refused_in_one_line(tmp_path):
     result = CliRunner().invoke(main, ["view", str(path), "--no-browser"])
     assert result.exit_code == 2 and result.output.startswith("error: ")
     assert "more than any device holds" in result.output and "Traceback" not in result.output
+
+
+def test_a_device_the_snapshot_lacks_is_named():
+    result = CliRunner().invoke(main, ["view", GPT, "--device", "3", "--no-browser"])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: ") and "no device 3" in result.output

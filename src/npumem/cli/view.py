@@ -15,7 +15,10 @@ import click
               help="Address to bind. Anything but 127.0.0.1 lets other machines reach it "
                    "(they still need the token).")
 @click.option("--no-browser", is_flag=True, help="Do not open a browser; just print the address.")
-def view(paths, port, host, no_browser):
+@click.option("--device", type=click.IntRange(min=0), default=None,
+              help="The device of a multi-device snapshot to show (default: the one that ran "
+                   "out of memory, else the first with trace entries).")
+def view(paths, port, host, no_browser, device):
     """Open a snapshot, profile folder, trace, msprof folder or estimate's predicted.pickle
     in the browser: the timeline at any zoom, what is live at a moment, each allocation,
     what-if replays of tune's settings, leaks and steps. With two PATHs, compares them on one
@@ -39,7 +42,7 @@ def view(paths, port, host, no_browser):
         _fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
     try:
         try:
-            sources = open_sources(list(paths))
+            sources = open_sources(list(paths), device=device)
         except SourceError as exc:
             _fail(str(exc))
         except MemoryError:

@@ -19,10 +19,11 @@ class RequestError(ValueError):
         self.status = status
 
 
-def open_sources(paths: list[str], progress=None) -> list[Source]:
+def open_sources(paths: list[str], progress=None, device: int | None = None) -> list[Source]:
     """Each path loaded and precomputed (SourceError for one that cannot be), on one axis:
     each source's time from its own first entry, so two runs line up at their starts; where
-    one of two has no time stamps, both go by entry number."""
+    one of two has no time stamps, both go by entry number. `device`: the device to show
+    (default: the one that ran out of memory, else the first with entries)."""
     from ..trace import TraceFormatError
     from .sources import SourceError
 
@@ -32,7 +33,9 @@ def open_sources(paths: list[str], progress=None) -> list[Source]:
             progress(f"reading {path}")
         loaded = load(path)
         try:
-            sources.append(Source(number, loaded))
+            sources.append(Source(number, loaded, device))
+        except SourceError:
+            raise
         except TraceFormatError as exc:
             raise SourceError(str(exc)) from None
         except (ValueError, TypeError, OverflowError, KeyError, IndexError) as exc:

@@ -21,7 +21,7 @@ STEPS_SHOWN = 20000
 
 
 class Source:
-    def __init__(self, number: int, loaded: Loaded):
+    def __init__(self, number: int, loaded: Loaded, device: int | None = None):
         from ..profile.analysis import start_of
         from ..trace import TraceFormatError
         from ..trace.snapshot import recording_from_data
@@ -29,7 +29,7 @@ class Source:
         self.id, self.loaded = number, loaded
         self.path, self.kind, self.data = loaded.path, loaded.kind, loaded.data
         try:
-            self.recording = recording_from_data(self.data, loaded.file)
+            self.recording = recording_from_data(self.data, loaded.file, device)
         except TraceFormatError as exc:
             raise SourceError(str(exc)) from None
         self.device = self.recording.device
