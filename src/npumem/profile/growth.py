@@ -107,9 +107,12 @@ def find_growth(events: list, annotations: list) -> list[Growth]:
         values = [point.get(site, 0) for point in series]
         steps = list(zip(values, values[1:]))
         rises = sum(b > a for a, b in steps)
-        # a trend, as a recording's leaks are judged (trend.py): robust to a free now and
-        # then, and to memory made once
-        if rises >= 2 and values[-1] > values[0] and trend(range(len(values)), values).rising:
+        # over steps, a trend, as a recording's leaks are judged (trend.py): robust to a free
+        # now and then, and to memory made once; over moments of time (no steps to compare),
+        # a rise that never falls, reported as probable only
+        rising = (trend(range(len(values)), values).rising if unit.startswith("step") else
+                  all(b >= a for a, b in steps))
+        if rises >= 2 and values[-1] > values[0] and rising:
             found.append(Growth(site, values[0], values[-1], rises, len(steps), seconds,
                                 unit.split(" ")[0]))
     return sorted(found, key=lambda g: -g.per_unit)

@@ -108,7 +108,12 @@ def _candidates(tokens: np.ndarray) -> list[int]:
     if not len(gaps):
         return []
     values, counts = np.unique(gaps, return_counts=True)
-    return values[np.argsort(-counts, kind="stable")[:CANDIDATES]].tolist()
+    # the most frequent distances (a short step's), and those that span the most allocations:
+    # a long step's requests each repeat once a step, so its distance is rarer than the gaps
+    # within it, but covers more
+    often = values[np.argsort(-counts, kind="stable")[:CANDIDATES // 2]]
+    spanning = values[np.argsort(-(counts * values), kind="stable")[:CANDIDATES // 2]]
+    return list(dict.fromkeys(often.tolist() + spanning.tolist()))
 
 
 def _repeating_region(tokens: np.ndarray, period: int) -> tuple[int, int] | None:

@@ -36,7 +36,7 @@ MIN_RISE_SHARE = 0.25    # boundaries at which a leaking site rises, at least
 MIN_RISES = 3
 SIMILAR = 0.10           # steps whose sizes differ by at most this are "of similar size"
 VARYING = 0.10           # steps vary in size when their spread is wider than this
-MAX_BOUNDARIES = 2000    # boundaries judged, at most (evenly thinned)
+MAX_BOUNDARIES = 512     # boundaries judged, at most (evenly thinned)
 MAX_SERIES = 64          # boundary values kept as evidence
 
 
