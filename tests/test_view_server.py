@@ -392,3 +392,23 @@ def test_a_device_the_snapshot_lacks_is_named():
     result = CliRunner().invoke(main, ["view", GPT, "--device", "3", "--no-browser"])
     assert result.exit_code == 2
     assert result.output.startswith("error: ") and "no device 3" in result.output
+
+
+def test_pinned_host_memory_as_read(tmp_path):
+    from npumem.trace.snapshot import load_snapshot, save
+
+    data = load_snapshot(GPT)
+    start = int(data["device_traces"][0][0]["time_us"])
+    data["host_segments"] = [{"address": 1 << 40, "total_size": 4 << 20,
+                              "allocated_size": 3 << 20, "blocks": []}]
+    data["host_traces"] = [{"action": "alloc", "addr": (1 << 40) + i * (1 << 20),
+                            "size": 1 << 20, "time_us": start + 1000 * i} for i in range(3)] + [
+        {"action": "free_requested", "addr": 1 << 40, "size": 1 << 20, "time_us": start + 5000}]
+    path = tmp_path / "pinned.pickle"
+    save(data, str(path))
+    app = App(open_sources([str(path)]))
+    assert app.info({}, None)["sources"][0]["host"]
+    host = app.host({}, None)
+    assert host["host"] and host["segments"][0]["size"] == 4 << 20
+    assert host["timeline"]["allocated"] == [1 << 20, 2 << 20, 3 << 20, 2 << 20]
+    assert host["timeline"]["t"] == [0.0, 1000.0, 2000.0, 5000.0]
