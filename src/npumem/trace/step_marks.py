@@ -8,6 +8,10 @@ pre-allocation marks them as `npumem.memory.step()` did in the program.
   "npumem.memory.step", with the index of the trace entry it came before (`npumem_entry`:
   exact where time stamps in whole µs tie).
 - A profiler Chrome trace holds the same scopes as "user_annotation" spans (`chrome`).
+- torch.optim opens `Optimizer.step#SGD.step` around every optimizer step, and a user's own
+  `record_function("train_step")` names a step too; PyTorch 2.14 writes `annotate` trace
+  entries whose user_metadata may name one. `step_kind` says which names are steps; the leak
+  analysis reads them in profile/steps.py.
 """
 
 from __future__ import annotations
