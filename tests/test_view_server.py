@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from npumem.cli import main
 from npumem.profile.analysis import analyze_snapshot
 from npumem.profile.report import build_report
-from npumem.view.api import App, RequestError, open_sources
+from npumem.view.api import App, open_sources
 from npumem.view.levels import BLOCK, Levels
 from npumem.view.server import ViewServer, new_token
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.snapshot.columns import (ACTION_CODE, ALLOC, FREE_COMPLETED, FREE_REQUESTED,
-                                      SEGMENT_ADD, SEGMENT_REMOVE, arrays, block_order, exact,
-                                      having, index_type, levels, sizes)
+from ..trace.snapshot.columns import (ALLOC, FREE_COMPLETED, FREE_REQUESTED, SEGMENT_ADD,
+                                      SEGMENT_REMOVE, arrays, block_order, having, index_type,
+                                      levels, positions_where, sizes)
 from .levels import Levels
 
 OTHER = "other"
@@ -80,11 +80,10 @@ class Series:
         allocating = action == ALLOC
         self.has_active = bool((action == FREE_COMPLETED).any() and
                                (action == FREE_REQUESTED).any())
-        self.free_action = FREE_COMPLETED if (action == FREE_COMPLETED).any() else FREE_REQUESTED
         # lifetimes: until free_requested (allocated) and until free_completed (active; made
         # now: the walk reuses the blocks' sort just made, 0.3 s at 10M entries, where a first
         # click would otherwise wait for it)
-        self._allocs = np.flatnonzero(allocating).astype(index_type(n))
+        self._allocs = positions_where(allocating)            # (int32 below 2**31 entries)
         self._rank = np.cumsum(allocating, dtype=index_type(n))
         self._rank -= 1
         self.allocated_life = lifetimes(
@@ -100,7 +99,10 @@ class Series:
         allocated += base
         if self.has_active:
             # (as the report: every free_completed counts, so that the curves are its curves)
-            change = np.where(allocating, size, np.where(action == FREE_COMPLETED, -size, 0))
+            change = np.where(allocating, size, 0)
+            completed = positions_where(action == FREE_COMPLETED)
+            change[completed] = -size[completed]
+            del completed
             active = np.cumsum(change, out=change)
             active += base
         else:
@@ -203,9 +205,3 @@ class Series:
             raise KeyError(alloc)
         end = int(life.ends[k])
         return None if end >= self.n else end
-
-    def bytes_of(self, positions: np.ndarray) -> np.ndarray:
-        return exact(self.arrays.size[positions])
-
-
-ACTION_NAMES = {code: name for name, code in ACTION_CODE.items()}
