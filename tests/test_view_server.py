@@ -167,6 +167,39 @@ def test_a_moment_adds_up_to_the_timeline(gpt):
         assert allocated == moment["live_bytes"]
 
 
+def test_the_peaks_moment_is_the_reports():
+    from npumem.profile.analysis import by_category, live_after, start_of
+    from npumem.trace.snapshot.schema import check_snapshot
+
+    entries, t = [], 0
+    for step in range(4):
+        for slot, (kind, size, asked) in enumerate((("parameter", 1024, 1000),
+                                                    ("activation", 512, 300),
+                                                    ("temporary", 512, 50))):
+            t += 1
+            entries.append({"action": "alloc", "addr": (1 << 20) + (step << 12) + (slot << 10),
+                            "size": size, "requested_size": asked, "stream": 0, "time_us": t,
+                            "category": kind})
+        t += 1                                   # the temporary dies within its step
+        entries.append({"action": "free_requested", "addr": (1 << 20) + (step << 12) + (2 << 10),
+                        "size": 512, "stream": 0, "time_us": t})
+    data = check_snapshot({"segments": [], "device_traces": [entries]}, "made")
+    from npumem.view.source import Source
+    from npumem.view.sources import Loaded
+    from npumem.view.moment import moment
+
+    source = Source(0, Loaded("made", "made", "snapshot", data))
+    info = source.info()
+    device = analyze_snapshot(data)[0]
+    assert info["peak_entry"] == device.peak_entry
+    at_peak = moment(source, info["peak_t"])
+    assert at_peak["live_bytes"] == device.peak_allocated
+    expected = by_category(live_after(start_of(data, 0)[0], data["device_traces"][0],
+                                      device.peak_entry))
+    assert {row["name"]: row["requested"] for row in at_peak["by_category"]} == expected
+    assert expected == device.peak_categories
+
+
 def test_a_flame_starts_at_the_users_line(gpt):
     moment = gpt.get(f"/api/moment?t={gpt.get('/api/info')['sources'][0]['t_max']}")
     names = [child["name"] for child in moment["flame"]["children"]]

@@ -33,14 +33,18 @@ def moment(source: Source, t: float) -> dict:
     sizes = a.size[live].astype(np.int64)
     start_sizes = [int(s.start_live[addr]["size"]) for addr in start_addrs]
     total = int(sizes.sum()) + sum(start_sizes)
+    asked = a.requested[live].astype(np.int64)
+    asked = np.where(asked != 0, asked, sizes)          # (the report's requested_size or size)
     return {"t": t, "entry": position, "live_bytes": total,
             "live_count": len(live) + len(start_addrs),
-            "by_category": _by_category(source, live, sizes, sum(start_sizes)),
+            "by_category": _by_category(source, live, sizes, asked, sum(start_sizes)),
             "flame": _flame(source, live, sizes, start_addrs, total),
             "segments": _segments(source, position, live, start_addrs)}
 
 
-def _by_category(source: Source, live, sizes, start_bytes: int) -> list[dict]:
+def _by_category(source: Source, live, sizes, asked, start_bytes: int) -> list[dict]:
+    """Live bytes by category (the blocks' sizes, which add up to the allocated total), and the
+    bytes asked for (`requested`: what the report's "by category" lines count)."""
     a = source.a
     known = source.extras.get("category_kinds")
     if known is None:          # each distinct extra's category, once per source
@@ -50,12 +54,18 @@ def _by_category(source: Source, live, sizes, start_bytes: int) -> list[dict]:
         known = source.extras["category_kinds"] = (
             index, np.array([index[name] for name in names], dtype=np.int64))
     index, kinds = known
-    totals = np.bincount(kinds[a.extra[live]], weights=sizes, minlength=len(index)) \
-        if len(live) else np.zeros(len(index))
-    out = {name: int(totals[k]) for name, k in index.items()}
-    if start_bytes:
-        out[OTHER] = out.get(OTHER, 0) + start_bytes
-    return sorted(({"name": name, "bytes": n} for name, n in out.items() if n),
+    of = kinds[a.extra[live]]
+    totals = np.bincount(of, weights=sizes, minlength=len(index)) if len(live) else \
+        np.zeros(len(index))
+    requested = np.bincount(of, weights=asked, minlength=len(index)) if len(live) else \
+        np.zeros(len(index))
+    out = {name: [int(totals[k]), int(requested[k])] for name, k in index.items()}
+    if start_bytes:                  # (blocks live before the trace: their size is what was asked)
+        row = out.setdefault(OTHER, [0, 0])
+        row[0] += start_bytes
+        row[1] += start_bytes
+    return sorted(({"name": name, "bytes": n, "requested": asked_bytes}
+                   for name, (n, asked_bytes) in out.items() if n),
                   key=lambda row: -row["bytes"])
 
 

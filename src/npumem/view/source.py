@@ -101,6 +101,8 @@ class Source:
                              else note["t"] + self.offset)
                         for note in self._info["annotations"]
                         if "entry" in note or self.timed])
+        if info["peak_entry"] is not None:
+            info["peak_t"] = float(self.t_of([info["peak_entry"]])[0])
         if info["oom"] is not None:
             info["oom"] = dict(info["oom"], t=float(self.t_of([info["oom"]["entry"]])[0]))
             explained = self.extras.get("oom_explanation")
@@ -132,6 +134,9 @@ class Source:
             "notes": list(self.loaded.notes) + list(self.data.get("npumem_notes") or [])
             + list(self.recording.read_notes),
             "peak_allocated": int(s.allocated.values.max()) if s.n else 0,
+            # the report's peak: the first entry at the highest allocated (its moment is the
+            # report's "live at the allocated peak")
+            "peak_entry": int(np.argmax(s.allocated.values)) if s.n else None,
             "peak_reserved": int(s.reserved.values.max()) if s.n else 0,
         }
 
