@@ -19,6 +19,7 @@ import json
 import mimetypes
 import os
 import re
+import socket
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -72,6 +73,8 @@ class ViewServer(ThreadingHTTPServer):
     def __init__(self, address, app: "api.App", token: str):
         self.app, self.token = app, token
         self.files = static_files()
+        if ":" in address[0]:                      # --host ::1
+            self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
 
 
