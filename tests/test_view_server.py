@@ -445,3 +445,36 @@ def test_pinned_host_memory_as_read(tmp_path):
     assert host["host"] and host["segments"][0]["size"] == 4 << 20
     assert host["timeline"]["allocated"] == [1 << 20, 2 << 20, 3 << 20, 2 << 20]
     assert host["timeline"]["t"] == [0.0, 1000.0, 2000.0, 5000.0]
+
+
+def test_a_growing_site_is_the_reports_leak():
+    from npumem.trace.snapshot.schema import check_snapshot
+    from npumem.view.source import Source
+    from npumem.view.sources import Loaded
+    from npumem.view.panels import leaks
+
+    kept = [{"filename": "/home/user/train.py", "line": 42, "name": "step"}]
+    temporary = [{"filename": "/home/user/train.py", "line": 30, "name": "step"}]
+    entries, notes, t = [], [], 0
+    for step in range(12):
+        t += 1
+        notes.append({"name": "npumem.memory.step", "stage": "START", "time_us": t, "device": 0})
+        for at, frames, size in (((2 << 30) + step * 4096, kept, 4096),
+                                 ((1 << 30), temporary, 1 << 20)):
+            t += 1
+            entries.append({"action": "alloc", "addr": at, "size": size, "stream": 0,
+                            "time_us": t, "frames": frames})
+        t += 1
+        entries.append({"action": "free_requested", "addr": 1 << 30, "size": 1 << 20,
+                        "stream": 0, "time_us": t, "frames": temporary})
+    data = check_snapshot({"segments": [], "device_traces": [entries],
+                           "external_annotations": notes}, "made")
+    source = Source(0, Loaded("made", "made", "snapshot", data))
+    answer = leaks(source)
+    report = build_report(data, "made")
+    assert answer["heading"] == report.leak_heading == "Leaks: growing step over step"
+    assert [row["where"] for row in answer["growing"]] == [
+        leak.where for leak in report.step_leaks] == ["/home/user/train.py:42 in step"]
+    assert answer["growing"][0]["describe"] == report.step_leaks[0].describe()
+    assert answer["steps"]["source"] == "marked" and answer["steps"]["count"] == 12
+    assert len(source.info()["steps"]) == 12

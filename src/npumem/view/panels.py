@@ -1,6 +1,6 @@
 """The side panels: steps and leaks from the one analysis `npumem report` uses
-(profile.step_leaks and the report's own choice of what to list), and PyTorch 2.14's pinned
-host memory."""
+(profile.leak_analysis and the report's own choice of what to list), msprof's component
+totals, and PyTorch 2.14's pinned host memory."""
 
 from __future__ import annotations
 
@@ -28,35 +28,24 @@ def _analysis(source: Source) -> dict:
 
 
 def _analyze(source: Source) -> dict:
-    """The report's leak analysis of the device shown: its steps, its growing sites, and the
-    list the report prints under its leak heading (with the heading)."""
+    """The report's leak analysis of the device shown (profile.leak_analysis, the one `report`,
+    `tune` and `diff` use): its steps, its growing sites, and the list the report prints under
+    its leak heading, with the heading (the report's own choice, report._snapshot_leaks)."""
     from ..profile import report
+    from ..profile.leak_analysis import analyze_leaks
 
-    data = _one_device(source)
     if not len(source.entries):
         return {"steps": {"starts": [], "source": None, "describe": "the recording has no trace"},
                 "rows": [], "heading": "", "growing": [], "lines": [], "json": None}
-    try:                           # issue 61's one analysis of steps and leaks
-        from ..profile.leak_analysis import analyze_leaks
-    except ImportError:
-        analyze_leaks = None
-    if analyze_leaks is not None:
-        analysis = analyze_leaks(data, [source.device])
-        steps = analysis.steps.get(source.device)
-        rows, heading, growing = report._snapshot_leaks(data, analysis)
-        found = {"starts": [int(x) for x in steps.starts] if steps else [],
-                 "source": steps.source if steps else None,
-                 "describe": steps.describe() if steps else "no steps"}
-        return {"steps": found, "rows": rows, "heading": heading, "growing": growing,
-                "lines": analysis.lines(LEAKS_SHOWN),
-                "json": analysis.to_json() if hasattr(analysis, "to_json") else None}
-    from ..profile.step_leaks import step_starts
-
-    starts = [int(x) for x in step_starts(data, source.device)]
-    rows, heading, growing = report._snapshot_leaks(data, {source.device: starts})
-    return {"steps": {"starts": starts, "source": "marked" if starts else None,
-                      "describe": f"{len(starts)} steps" if starts else "no steps found"},
-            "rows": rows, "heading": heading, "growing": growing, "lines": [], "json": None}
+    data = _one_device(source)
+    analysis = analyze_leaks(data, [source.device])
+    steps = analysis.steps.get(source.device)
+    rows, heading, growing = report._snapshot_leaks(data, analysis)
+    found = {"starts": [int(x) for x in steps.starts] if steps else [],
+             "source": steps.source if steps else None,
+             "describe": steps.describe() if steps else "no steps"}
+    return {"steps": found, "rows": rows, "heading": heading, "growing": growing,
+            "lines": analysis.lines(LEAKS_SHOWN), "json": analysis.to_json()}
 
 
 def leaks(source: Source) -> dict:
@@ -83,12 +72,8 @@ def leaks(source: Source) -> dict:
 
 
 def _leak_json(source: Source, leak) -> dict:
-    if hasattr(leak, "to_json"):
-        row = leak.to_json()
-    else:
-        row = {"where": leak.where, "growth_per_step_bytes": leak.per_step,
-               "steps": leak.steps, "live_bytes": leak.live, "allocations": leak.count,
-               "categories": leak.categories, "stack": leak.stack}
+    """A growing site as the report's JSON has it, with the report's line."""
+    row = leak.to_json()
     row["describe"] = leak.describe()
     return row
 
