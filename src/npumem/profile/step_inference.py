@@ -6,7 +6,7 @@ and gives most of it back before the next step begins. So a period is a step whe
 - the sequence of allocations, each told by its (size, stack), repeats with that period over
   most of the recording (at least MIN_COPIES copies, covering at least half its allocations);
 - memory returns to a level: of the bytes a copy allocates, at most half are still live two
-  copies later (a step's temporaries and activations are freed within it, what it hands to
+  copies later (the median copy) (a step's temporaries and activations are freed within it, what it hands to
   the next step is freed there; a leak keeps a little of each step). One forward pass through identical layers repeats too, but each
   layer keeps its activations for the backward pass: memory climbs layer over layer and never
   comes back, so that is no step, and neither is a run cut short by an out-of-memory in its
@@ -142,10 +142,11 @@ def _low_point(levels: np.ndarray, period: int) -> int:
 
 
 def _kept(a, allocs: np.ndarray, at: np.ndarray) -> float:
-    """The share of the bytes allocated between the first and the third-last boundary `at`
-    (indices into `allocs`) that are still live two boundaries after their allocation. What
-    one step hands to the next (a loop's carried state, a cache replaced each step) is gone
-    by then; what layer after layer keeps for the backward pass is not."""
+    """Of the bytes each copy allocates (between boundaries `at`, indices into `allocs`), the
+    share still live two boundaries later: the median over the copies, so that what the first
+    steps make once (a library's workspace, optimizer state) does not count. What one step
+    hands to the next (a loop's carried state, a cache replaced each step) is gone by then;
+    what layer after layer keeps for the backward pass is not."""
     if len(at) < 3:
         return 1.0
     moves, owner, _ = live_changes(a)
@@ -154,7 +155,11 @@ def _kept(a, allocs: np.ndarray, at: np.ndarray) -> float:
     ends[owner[freed]] = moves[freed]
     inside = allocs[at[0]:at[-2]]
     bounds = allocs[at]
-    later = bounds[np.searchsorted(bounds, inside, side="right") + 1]
+    copy = np.searchsorted(bounds, inside, side="right") - 1          # the copy each is in
+    later = bounds[copy + 2]
     size = sizes(a)[inside].astype(np.float64)
-    total = size.sum()
-    return float(size[ends[inside] >= later].sum() / total) if total else 0.0
+    made = np.bincount(copy, weights=size, minlength=len(at) - 2)
+    kept = np.bincount(copy, weights=np.where(ends[inside] >= later, size, 0.0),
+                       minlength=len(at) - 2)
+    shares = kept[made > 0] / made[made > 0]
+    return float(np.median(shares)) if len(shares) else 0.0
