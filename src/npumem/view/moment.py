@@ -20,6 +20,7 @@ DEPTH = 32               # flame levels, at most
 STACKS = 4000            # distinct stacks a flame is built from (the largest; the rest: other)
 BLOCKS = 1000            # blocks listed per segment
 SEGMENTS = 2000          # segments listed, at most
+ALL_BLOCKS = 50_000      # blocks listed in all, at most (the answer stays a few MiB)
 _ADD = {ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"]}
 _REMOVE = {ACTION_CODE["segment_free"], ACTION_CODE["segment_unmap"]}
 _MAP = ACTION_CODE["segment_map"]
@@ -186,11 +187,12 @@ def _segments(source: Source, position: int, live, start_addrs) -> list[dict]:
                 np.full(len(start_addrs), -1, np.int64)]
     order = np.argsort(addrs, kind="stable")
     addrs, block_sizes, states, ids = addrs[order], block_sizes[order], states[order], ids[order]
-    out = []
+    out, budget = [], ALL_BLOCKS
     for start, size, stream, pool in _merged(held)[:SEGMENTS]:
         first = int(np.searchsorted(addrs, np.uint64(start)))
         stop = int(np.searchsorted(addrs, np.uint64(start + size)))
-        shown = min(stop, first + BLOCKS)             # (a Python loop: bounded)
+        shown = min(stop, first + min(BLOCKS, budget))      # (a Python loop: bounded)
+        budget -= shown - first
         blocks, cursor = [], start
         for at, n, state, alloc in zip(addrs[first:shown].tolist(),
                                        block_sizes[first:shown].tolist(),
