@@ -75,11 +75,11 @@ class LeakAnalysis:
             if t is not None:
                 shown = ", ".join(format_size(v) for _, v in leak.series[:6])
                 out.append(f"    evidence: live at the step boundaries {shown}"
-                           f"{', ...' if len(leak.series) > 6 else ''} ({len(leak.series)} shown); "
+                           f"{', ...' if len(leak.series) > 6 else ''} "
+                           f"({len(leak.series)} in --json); "
                            f"growth per step {format_size(max(t.low, 0))} to "
                            f"{format_size(t.high)} (95%), p={t.p_value:.2g}, "
                            f"confidence {t.confidence}")
-            out += [f"    inside {frame}" for frame in leak.inner[-3:]]
             out += [f"    called from {frame}" for frame in leak.stack[:8]]
         if len(self.leaks) > limit:
             out.append(f"... and {len(self.leaks) - limit} more growing site(s)")
