@@ -30,6 +30,7 @@ def main(out: str) -> int:
     from npumem.profile.leak_analysis import analyze_leaks
     from tests import leak_patterns as patterns
 
+    os.makedirs(out, exist_ok=True)
     failures = 0
     for program in patterns.LEAKING + patterns.CLEAN:
         name, leaking = program.__name__, program in patterns.LEAKING
