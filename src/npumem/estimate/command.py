@@ -359,8 +359,8 @@ def summary_lines(result) -> list[str]:
                      f"(conv_workspace.py){span}")
     best = result.recommended
     if best is not None:
-        lines.append(f"  recommended: {best.instruction} (peak reserved "
-                     f"{format_size(best.decisive.peak_reserved_bytes)})")
+        lines.append(f"  recommended: {best.instruction}; peak reserved "
+                     f"{format_size(best.decisive.peak_reserved_bytes)}")
     else:
         lines.append("  no setting fits: " + "; ".join(result.tuning.reasons or ["reduce the batch"]))
     composition = result.composition
