@@ -109,11 +109,14 @@ class Handler(BaseHTTPRequestHandler):
             self._json(exc.status, {"error": exc.message})
         except api.RequestError as exc:
             self._json(exc.status, {"error": str(exc)})
-        except BrokenPipeError:
-            pass
+        except ConnectionError:                  # the browser went away (a newer request)
+            self.close_connection = True
         except Exception as exc:                 # a bug: the page says so, the server goes on
             traceback.print_exc()
-            self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
+            try:
+                self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
+            except ConnectionError:
+                self.close_connection = True
 
     def _allowed(self, query: dict) -> bool:
         expected = self.server.token
