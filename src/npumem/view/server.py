@@ -96,27 +96,27 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {key: values[-1] for key, values in parse_qs(url.query).items()}
         try:
-            if not self._allowed(query):
-                raise ApiError(403, "a token is needed: open the address npumem view printed")
-            body = self._body() if method == "POST" else None
-            if url.path.startswith("/api/"):
-                self._json(200, self.server.app.route(method, url.path, query, body))
-            elif method == "GET" and (url.path == "/" or url.path.startswith("/static/")):
-                self._static(url.path, "token" in query)
-            else:
-                raise ApiError(404, f"no such page: {url.path}")
-        except ApiError as exc:
-            self._json(exc.status, {"error": exc.message})
-        except api.RequestError as exc:
-            self._json(exc.status, {"error": str(exc)})
+            try:
+                if not self._allowed(query):
+                    raise ApiError(403, "a token is needed: open the address npumem view printed")
+                body = self._body() if method == "POST" else None
+                if url.path.startswith("/api/"):
+                    self._json(200, self.server.app.route(method, url.path, query, body))
+                elif method == "GET" and (url.path == "/" or url.path.startswith("/static/")):
+                    self._static(url.path, "token" in query)
+                else:
+                    raise ApiError(404, f"no such page: {url.path}")
+            except ApiError as exc:
+                self._json(exc.status, {"error": exc.message})
+            except api.RequestError as exc:
+                self._json(exc.status, {"error": str(exc)})
+            except ConnectionError:
+                raise
+            except Exception as exc:             # a bug: the page says so, the server goes on
+                traceback.print_exc()
+                self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
         except ConnectionError:                  # the browser went away (a newer request)
             self.close_connection = True
-        except Exception as exc:                 # a bug: the page says so, the server goes on
-            traceback.print_exc()
-            try:
-                self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
-            except ConnectionError:
-                self.close_connection = True
 
     def _allowed(self, query: dict) -> bool:
         expected = self.server.token
