@@ -23,7 +23,7 @@ GROUPS = (
     (("a gpu is recorded instead", "this machine has a gpu"),
      "testing what a machine without a GPU does, and this one has a GPU",
      "nothing to install: they run on a machine without one"),
-    (("cuda", "gpu", "needs 2 devices", "is not available here"),
+    (("no cuda", "cuda gpu", " devices", "is not available here"),
      "needing a CUDA GPU (or two devices)",
      "python -m pytest on a machine with an NVIDIA GPU and PyTorch for CUDA"),
     (("chromium", "chromedriver", "selenium", "node.js"),

@@ -273,3 +273,15 @@ def test_the_story_of_every_address_survives_its_move_out_of_the_hash(seed):
     assert got == [want[k] for k in ("before", "double", "missed_at", "missed_block",
                                      "freed_at", "freed_block")]
     assert got[1] and got[2]                            # the cases were met
+
+
+def test_a_skip_that_says_its_own_remedy_is_shown_as_it_is():
+    from types import SimpleNamespace
+
+    from .skip_summary import summary_lines
+
+    reason = "set NPUMEM_CUDA_TORCH_PYTHON to a Python whose torch is a CUDA build to compare"
+    lines = summary_lines([SimpleNamespace(longrepr=("t.py", 1, f"Skipped: {reason}"))] * 2)
+    assert lines == [f"2 skipped: {reason}"]
+    lines = summary_lines([SimpleNamespace(longrepr=("t.py", 1, "Skipped: needs 4 devices"))])
+    assert lines[0].startswith("1 skipped, needing a CUDA GPU")
