@@ -190,10 +190,14 @@ def read_for_report(path: str) -> None:
     from npumem.profile import load_snapshot
     from npumem.profile.report import build_report, format_report
     from npumem.trace.formats import holds_snapshot, read_mended
+    from npumem.trace import TraceFormatError
     from npumem.trace.snapshot import from_events
 
     data = load_snapshot(path) if holds_snapshot(path) else from_events(read_mended(path).entries)
-    format_report(build_report(data, path), 5)
+    try:
+        format_report(build_report(data, path), 5)
+    except TraceFormatError as exc:      # named by the file's data: the CLI adds the file's name
+        raise TraceFormatError(path, exc.position, exc.reason) from None
 
 
 def read_for_replay(path: str) -> None:
@@ -250,6 +254,22 @@ def read_stats(path: str) -> None:
     torch_memory_summary(path)
 
 
+def read_for_tune(path: str) -> None:
+    """`npumem tune FILE`: every candidate setting replayed through the model, in-process."""
+    from npumem.whatif.torch_replay import load_for_model
+    from npumem.whatif.torch_tune import tune_recording
+
+    tune_recording(load_for_model(path), steps=1, workers=1)
+
+
+def read_for_python_replay(path: str) -> None:
+    """`npumem replay --check FILE` through the Python model (the native one is the default
+    where it covers the replay): its asserts are the invariants a damaged file must not reach."""
+    from npumem.whatif.torch_replay import load_for_model, replay_recording
+
+    replay_recording(load_for_model(path), check=True, native=False)
+
+
 def _pickled(data: dict, protocol: int = 4) -> bytes:
     return pickle.dumps(data, protocol=protocol)
 
@@ -270,6 +290,19 @@ TARGETS: dict[str, tuple[Callable[[], bytes], Callable[[str], None], str]] = {
     "memory-record": (memory_record_seed, read_usage_curve, "csv"),
     "plan": (plan_seed, read_plan, "csv"),
     "stats": (stats_seed, read_stats, "json"),
+    # structure-aware hostile files (issue 64): each input made anew by mutate_hostile
+    "hostile-report": (lambda: _pickled(snapshot_seed()), read_for_report, "hostile-pickle"),
+    "hostile-replay": (lambda: _pickled(snapshot_seed()), read_for_replay, "hostile-pickle"),
+    "hostile-python-replay": (lambda: _pickled(snapshot_seed()), read_for_python_replay,
+                              "hostile-pickle"),
+    "hostile-tune": (lambda: _pickled(snapshot_seed()), read_for_tune, "hostile-pickle"),
+    "hostile-jsonl-snapshot": (jsonl_snapshot_seed, read_for_report, "hostile-jsonl-snapshot"),
+    "hostile-jsonl-snapshot-replay": (jsonl_snapshot_seed, read_for_replay,
+                                      "hostile-jsonl-snapshot"),
+    "hostile-jsonl-report": (jsonl_seed, read_for_report, "hostile-jsonl"),
+    "hostile-jsonl-replay": (jsonl_seed, read_for_replay, "hostile-jsonl"),
+    "hostile-jsonl-pool": (jsonl_seed, read_for_pool_replay, "hostile-jsonl"),
+    "hostile-plan": (plan_seed, read_plan, "hostile-csv"),
 }
 
 
@@ -394,7 +427,12 @@ HOSTILE_PICKLES = [
 
 
 def mutate(rng: random.Random, data: bytes, structure: str) -> bytes:
-    """A mutated copy of a seed: half structure-aware, half blind; sometimes gzipped."""
+    """A mutated copy of a seed: half structure-aware, half blind; sometimes gzipped. For a
+    "hostile-*" structure, a hostile file made anew (mutate_hostile), now and then with a few
+    blind mutations on top."""
+    if structure.startswith("hostile-"):
+        data = mutate_hostile(rng, structure[len("hostile-"):])
+        return mutate_bytes(rng, data) if rng.random() < 0.1 else data
     try:
         if rng.random() < 0.5:
             if structure == "json":
@@ -436,3 +474,243 @@ def check_one(read: Callable[[str], None], path: str, data: bytes) -> None:
             raise ReaderCrash(f"the error does not name the file: {exc}") from exc
     except Exception as exc:        # noqa: BLE001 - any other exception is the bug we look for
         raise ReaderCrash(f"{type(exc).__name__}: {exc}"[:500]) from exc
+
+
+# --- hostile snapshots and traces, structure-aware (issue 64) -------------------------------
+#
+# Mutations of PyTorch's snapshot shape that the value mutator above rarely reaches: addresses
+# and sizes at the edges of 64 bits, segments that contradict their blocks and their trace,
+# entries repeated, reordered and moved between pools, and, at the opcode level, the
+# STACK_GLOBAL, memo and FRAME opcodes spliced in and strings that do not decode.
+
+EDGE_ADDRS = [0, 512, 1 << 47, 1 << 48, (1 << 53) - 512, 1 << 62, (1 << 63) - 512, 1 << 63,
+              (1 << 63) + 512, (1 << 64) - 512, (1 << 64) - 1]
+EDGE_SIZES = [0, 1, 511, 512, 1 << 20, (1 << 20) + 1, 2 << 20, 20 << 20, 1 << 40, 1 << 47,
+              (1 << 48) - 512, 1 << 48, 1 << 62, 1 << 63, (1 << 64) - 512, (1 << 64) - 1]
+ACTIONS = ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+           "segment_map", "segment_unmap", "oom", "snapshot"]
+BAD_STRINGS = ["\udcff", "\ud800x", "a\x00b", "\ufffe", "é" * 3, "", "x" * 300]
+
+
+def _edge(rng: random.Random, values: list[int]) -> int:
+    value = rng.choice(values)
+    return max(0, min((1 << 64) - 1, value + rng.choice([0, 0, 0, -512, 512, 1])))
+
+
+def _near(rng: random.Random, entries: list[dict]) -> int:
+    """An address near one the trace already uses: inside, at or past the end of its block."""
+    entry = rng.choice(entries)
+    step = rng.choice([0, 512, 1 << 20, 2 << 20, 20 << 20, entry.get("size", 0)])
+    return max(0, min((1 << 64) - 1, entry.get("addr", 0) + rng.choice([-1, 0, 1, 2]) * step))
+
+
+def _hostile_entry(rng: random.Random, entries: list[dict], edges: float) -> dict:
+    """An entry of any action at an address the trace uses (mostly) or at an edge of 64 bits,
+    with a plausible size (mostly) or an edge one."""
+    entry = {"action": rng.choice(ACTIONS),
+             "addr": _near(rng, entries) if rng.random() >= edges else _edge(rng, EDGE_ADDRS),
+             "size": rng.choice([512, 1024, 1 << 20, 2 << 20, 20 << 20, 3 << 20])
+             if rng.random() >= edges else _edge(rng, EDGE_SIZES),
+             "stream": rng.choice([0, 0, 0, 7, (1 << 64) - 1]), "time_us": rng.randrange(1 << 20)}
+    if rng.random() < 0.2:
+        entry["pool_id"] = rng.choice([(0, 0), (1, 1), (0, 5)])
+    return entry
+
+
+def _contradict_segment(rng: random.Random, segment: dict) -> None:
+    """A segment whose numbers disagree with its blocks, or its blocks with one another."""
+    blocks = segment.setdefault("blocks", [])
+    kind = rng.randrange(7)
+    if kind == 0:
+        segment["total_size"] = _edge(rng, EDGE_SIZES)
+    elif kind == 1:
+        segment["address"] = _edge(rng, EDGE_ADDRS)
+        for block in blocks:            # blocks moved along, so they lie inside it
+            block["address"] = min((1 << 64) - 1, segment["address"] + block["address"] % 4096)
+    elif kind == 2 and blocks:
+        rng.choice(blocks)["size"] = _edge(rng, EDGE_SIZES)
+    elif kind == 3 and blocks:          # overlapping blocks
+        blocks.append(dict(rng.choice(blocks)))
+    elif kind == 4 and blocks:
+        rng.choice(blocks)["state"] = rng.choice(["active_allocated", "inactive",
+                                                  "active_pending_free", "unmapped", "x"])
+    elif kind == 5:
+        segment["is_expandable"] = not segment.get("is_expandable")
+        segment["segment_type"] = rng.choice(["large", "small"])
+    else:
+        segment["stream"] = rng.choice([1, 7, (1 << 64) - 1])
+        segment["segment_pool_id"] = rng.choice([(0, 0), (1, 1), (0, 5), ((1 << 63), 0)])
+
+
+def hostile_snapshot(rng: random.Random, entries: int = 60) -> dict:
+    """A small snapshot whose segments and trace break the allocator's rules in ways a damaged
+    or hostile file might: edge addresses and sizes, segments that contradict their blocks,
+    entries repeated, shuffled, duplicated into other pools."""
+    data = snapshot_seed()
+    if rng.random() < 0.4:
+        data["allocator_settings"] = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        for segment in data["segments"]:
+            segment["is_expandable"] = True
+    trace = data["device_traces"][0]
+    # how often a number is at an edge of 64 bits: in half the files never, as most such
+    # files are refused at their first edge and the model's invariants lie past that
+    edges = rng.choice([0, 0, 0.02, 0.1])
+    for _ in range(rng.choice([0, 0, 1, 2])):     # (most contradictions are refused at once)
+        _contradict_segment(rng, rng.choice(data["segments"]))
+    while len(trace) < entries:
+        kind = rng.random()
+        if kind < 0.4:
+            trace.append(_hostile_entry(rng, trace, edges))
+        elif kind < 0.7:                 # a run of entries again (a loop, or a pickler gone wrong)
+            at = rng.randrange(len(trace))
+            trace.extend(dict(e) for e in trace[at:at + rng.randint(1, 8)])
+        else:                            # an alloc and its free, mostly near other blocks
+            addr = _near(rng, trace) if rng.random() >= edges else _edge(rng, EDGE_ADDRS)
+            size = rng.choice([512, 1 << 20, 20 << 20]) if rng.random() >= edges else \
+                _edge(rng, EDGE_SIZES)
+            trace += [{"action": "alloc", "addr": addr, "size": size, "stream": 0},
+                      {"action": "free_requested", "addr": addr, "size": size, "stream": 0},
+                      {"action": "free_completed", "addr": addr, "size": size, "stream": 0}]
+    for _ in range(rng.randint(0, 3)):   # a few entries moved
+        i, j = rng.randrange(len(trace)), rng.randrange(len(trace))
+        trace[i], trace[j] = trace[j], trace[i]
+    if rng.random() < 0.2:
+        trace[0]["frames"] = [{"filename": rng.choice(BAD_STRINGS), "line": 1,
+                               "name": rng.choice(BAD_STRINGS)}]
+    return data
+
+
+def hostile_jsonl(rng: random.Random, events: int = 60) -> bytes:
+    """npumem's JSONL events with each field, in turn, at an edge: addresses near 2**63 and
+    2**64, sizes up to 2**64, times out of order, invalid strings for the action."""
+    lines, live = [], []
+    for i in range(events):
+        if live and rng.random() < 0.45:
+            addr, size = live.pop(rng.randrange(len(live)))
+            event = {"t_us": i, "action": "free", "addr": addr, "size": size, "stream": 0}
+        else:
+            addr = _edge(rng, EDGE_ADDRS) if rng.random() < 0.5 else 4096 * i
+            size = _edge(rng, EDGE_SIZES) if rng.random() < 0.5 else 512
+            live.append((addr, size))
+            event = {"t_us": i, "action": "alloc", "addr": addr, "size": size, "stream": 0}
+        field = rng.choice(["t_us", "action", "addr", "size", "stream", None, None])
+        if field == "action":
+            event[field] = rng.choice(BAD_STRINGS + ["free", "alloc"])
+        elif field == "t_us":
+            event[field] = rng.choice([-1, 1e300, 2 ** 63, i * 1e-9])
+        elif field:
+            event[field] = _edge(rng, EDGE_ADDRS + EDGE_SIZES)
+        lines.append(json.dumps(event))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def hostile_plan(rng: random.Random, rows: int = 200) -> bytes:
+    """A plan CSV whose sizes and times sit at the reader's caps, so that sums of them would
+    pass 2**63."""
+    out = [["id", "lower", "upper", "size"]]
+    for i in range(rows):
+        lower = rng.choice([0, i, rng.randrange(1 << 20), (1 << 48) - 2])
+        upper = lower + rng.choice([1, 2, rows, 1 << 20])
+        out.append([f"b{i}", lower, upper, rng.choice([1, 512, (1 << 48) - 1, 1 << 48])])
+    return _csv(out)
+
+
+def splice_opcodes(rng: random.Random, data: bytes) -> bytes:
+    """A pickle's bytes with an opcode of PyTorch's snapshot shape spliced in at an opcode
+    boundary: a STACK_GLOBAL of strings that do not decode, a memo get or put of an index far
+    past the memo, a FRAME of a wrong length, a string of invalid UTF-8."""
+    import pickletools
+
+    bounds = [pos for _, _, pos in pickletools.genops(data)] or [0]
+    at = rng.choice(bounds)
+    text = rng.choice([b"\xed\xb3\xbf", b"\xff", b"\xc3", b"os", b"\x00", b"builtins"])
+    pieces = [
+        b"\x8c" + bytes([len(text)]) + text + b"\x8c\x01x\x93",               # STACK_GLOBAL
+        b"\x8c" + bytes([len(text)]) + text,                                   # a bad string
+        b"\x94", b"h\xff", b"j\xff\xff\xff\x7f", b"r\xff\xff\xff\x7f", b"g999999\n",  # memo
+        b"\x95" + rng.choice([0, 1, 7, 1 << 40, (1 << 63) - 1]).to_bytes(8, "little"),  # FRAME
+        b"X\xff\xff\xff\x7f", b"\x8d" + ((1 << 63) - 1).to_bytes(8, "little"),
+        b"c" + text + b"\nx\n",
+    ]
+    return data[:at] + rng.choice(pieces) + data[at:]
+
+
+def _as_jsonl_snapshot(data: dict) -> bytes:
+    """A snapshot dict as npumem's JSONL form of one: a header line, then an entry a line."""
+    from npumem.trace import jsonl
+    from npumem.trace.snapshot import json_form
+
+    header = {jsonl.SNAPSHOT_KEY: 1, **{k: v for k, v in data.items() if k != "device_traces"}}
+    lines = [json.dumps(json_form._to_json(header))]
+    lines += [json.dumps({"device": 0, **entry}) for entry in data["device_traces"][0]]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def mutate_hostile(rng: random.Random, structure: str) -> bytes:
+    """One hostile file of a structure: "pickle", "jsonl-snapshot", "jsonl" or "csv"."""
+    if structure == "jsonl-snapshot":
+        return _as_jsonl_snapshot(hostile_snapshot(rng, rng.choice([20, 60, 200])))
+    if structure == "jsonl":
+        return hostile_jsonl(rng, rng.choice([20, 60, 200]))
+    if structure == "csv":
+        return hostile_plan(rng, rng.choice([20, 200, 2000]))
+    data = pickle.dumps(hostile_snapshot(rng, rng.choice([20, 60, 200])),
+                        protocol=rng.choice([2, 4, 5]))
+    return splice_opcodes(rng, data) if rng.random() < 0.15 else data
+
+
+# --- the shapes the campaign of issue 64 found, built on purpose ---------------------------
+
+def expandable_giant() -> dict:
+    """A snapshot of expandable segments whose one mapped range is 2**47 bytes long, at an
+    address near 2**62, with a recorded out-of-memory: every verb that explains the OOM
+    replays it, and the model kept a list entry per 2 MiB page of that range (2**26 of them,
+    gigabytes, from a 3 KB file)."""
+    base, size = 1 << 62, 1 << 47
+    data = snapshot_seed()
+    data["allocator_settings"] = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    data["segments"] = [{
+        "device": 0, "address": base, "total_size": size, "stream": 0, "segment_type": "large",
+        "allocated_size": 2 << 20, "active_size": 2 << 20, "requested_size": 2 << 20,
+        "is_expandable": True,
+        "blocks": [{"address": base, "size": 2 << 20, "requested_size": 2 << 20,
+                    "state": "active_allocated"},
+                   {"address": base + (2 << 20), "size": size - (2 << 20), "state": "inactive"}]}]
+    data["device_traces"] = [[
+        {"action": "alloc", "addr": base + (4 << 20), "size": 2 << 20, "stream": 0},
+        {"action": "free_requested", "addr": base + (4 << 20), "size": 2 << 20, "stream": 0},
+        {"action": "free_completed", "addr": base + (4 << 20), "size": 2 << 20, "stream": 0},
+        {"action": "oom", "addr": 0, "size": 1 << 40, "stream": 0, "device_free": 0}]]
+    return data
+
+
+def overlapping_segments() -> dict:
+    """The seed with a trace that frees a 1 TiB segment at 0 (so one was there at the start)
+    and a block inside it: two segments overlap once the trace is undone, and the model kept
+    two free blocks at one address (a KeyError, or an assert in _try_merge)."""
+    data = snapshot_seed()
+    data["device_traces"][0][-1:-1] = [
+        {"action": "alloc", "addr": 1024, "size": 20 << 20, "stream": 0},
+        {"action": "free_requested", "addr": 1024, "size": 20 << 20, "stream": 0},
+        {"action": "free_completed", "addr": 1024, "size": 20 << 20, "stream": 0},
+        {"action": "segment_free", "addr": 0, "size": 1 << 40, "stream": 7},
+        {"action": "segment_free", "addr": 1024, "size": 20 << 20, "stream": 0}]
+    return data
+
+
+def surrogate_pickles() -> list[bytes]:
+    """Pickles that name a class with strings that have no UTF-8 form, or none at all: each must
+    be refused with the name escaped, never a crash (the 12-byte segfault of issue 64 first)."""
+    return [
+        bytes.fromhex("80048c03edb3bf8c01789 32e".replace(" ", "")),   # a lone low surrogate
+        b"\x80\x04\x8c\x03\xed\xa0\x80\x8c\x03\xed\xb3\xbf\x93.",      # both names surrogates
+        b"\x80\x04\x8c\x01x\x8c\x03\xed\xa0\x80\x93.",                 # the name alone
+        b"\x80\x02c\xff\xfe\n\xed\xb3\xbf\n.",                         # GLOBAL of raw bytes
+        b"\x80\x04\x8c\x00\x8c\x00\x93.",                              # empty names
+        b"\x80\x04\x8c\x03a\x00b\x8c\x01x\x93.",                       # a NUL inside
+        b"\x80\x04X\x03\x00\x00\x00\xed\xb3\xbf\x8c\x01x\x93.",        # BINUNICODE
+        b"\x80\x04\x8d\x03\x00\x00\x00\x00\x00\x00\x00\xed\xb3\xbf\x8c\x01x\x93.",  # BINUNICODE8
+        b"\x80\x02V\\udcff\n\x8c\x01x\x93.",                           # UNICODE, escaped
+        b"\x80\x04\x8c\x03\xed\xb3\xbf\x94\x8c\x01xh\x00\x93.",        # a memoized name
+        b"\x80\x04K\x01\x8c\x01x\x93.",                                # a number as the module
+    ]

@@ -1,6 +1,9 @@
 """Every file reader, fed thousands of mutated files: only clear errors that name the file.
 
 NPUMEM_FUZZ_COUNT sets the inputs per reader (default 2500); NPUMEM_FUZZ_SEED the first seed.
+The hostile-* targets (issue 64: structure-aware hostile snapshots, traces and plans, each
+read through the allocator model) take NPUMEM_FUZZ_HOSTILE_COUNT (default 20: each costs a
+replay or a tune); bench/fuzz_hostile.py runs them longer, with RSS and time.
 A failure prints the seed and the input, and leaves the file in the test's tmp folder.
 """
 
@@ -12,6 +15,7 @@ import pytest
 from .fuzzing import TARGETS, ReaderCrash, check_one, mutate
 
 COUNT = int(os.environ.get("NPUMEM_FUZZ_COUNT", "2500"))
+HOSTILE_COUNT = int(os.environ.get("NPUMEM_FUZZ_HOSTILE_COUNT", "20"))
 SEED = int(os.environ.get("NPUMEM_FUZZ_SEED", "0"))
 
 
@@ -22,7 +26,7 @@ def test_mutated_files_get_clear_errors(name, tmp_path):
     check_one(read, str(tmp_path / "seed.bin"), seed)        # the seed itself reads cleanly
     rng = random.Random(f"{name}:{SEED}")
     crashes = []
-    for index in range(COUNT):
+    for index in range(HOSTILE_COUNT if structure.startswith("hostile-") else COUNT):
         data = mutate(rng, seed, structure)
         path = str(tmp_path / f"input{index}.bin")
         try:

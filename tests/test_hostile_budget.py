@@ -1,0 +1,95 @@
+"""Hostile files of issue 64, each run through every verb in a child process watched for RSS
+and CPU time: a crash, a traceback or a file that eats memory or time fails the test instead
+of taking the machine or the run with it.
+
+The budget (docs/reliability.md): a file of a few KB ends within a few seconds and 100 MiB
+above what the process held before it read the file, however large the addresses, sizes and
+counts written in it.
+"""
+
+import os
+import pickle
+
+import pytest
+
+from .fuzzing import (_as_jsonl_snapshot, expandable_giant, overlapping_segments,
+                      surrogate_pickles)
+from .hostile_runs import run
+
+BUDGET_MIB = 100          # RSS above the parent's, which the forked child starts with
+CPU_SECONDS = 20          # generous: the machine may be shared; the files take well under 1 s
+
+
+def _parent_rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def _ends_cleanly(verb: str, path: str):
+    base = _parent_rss_mib()
+    ended = run(verb, path, memory=(int(base) + 4 * BUDGET_MIB) << 20, seconds=CPU_SECONDS)
+    assert ended.clean, str(ended) + "\n" + ended.stderr[-2000:]
+    assert "out of host memory" not in ended.stderr, str(ended)
+    assert ended.rss_mib - base < BUDGET_MIB, f"{ended} (the parent held {base:.0f} MiB)"
+    return ended
+
+
+@pytest.mark.parametrize("index", range(len(surrogate_pickles())))
+def test_a_name_with_no_utf8_form_is_refused_not_a_segfault(tmp_path, index):
+    """The 12-byte pickle killed report, replay --check and tune with SIGSEGV: the refusal
+    formatted PyUnicode_AsUTF8's NULL. Each sibling (both names, the name alone, GLOBAL's raw
+    bytes, NUL, every string opcode, a memoized name, a number for a name) is one line."""
+    path = tmp_path / "class.pickle"
+    path.write_bytes(surrogate_pickles()[index])
+    for verb in (["report", "replay --check", "tune"] if index == 0 else ["report"]):
+        ended = _ends_cleanly(verb, str(path))
+        assert ended.status == 2 and "it asks for" in ended.stderr, str(ended)
+        assert ended.stderr.count("\n") == 1, ended.stderr
+    if index == 0:
+        assert "it asks for \\udcff.x" in ended.stderr
+
+
+VERBS = ["report", "replay", "replay --check", "convert", "diff", "tune"]
+
+
+@pytest.mark.parametrize("form", ["pickle", "jsonl"])
+def test_a_giant_expandable_range_costs_what_the_file_holds(tmp_path, form):
+    """A 2**47-byte mapped range near 2**62 with a recorded OOM: the model kept a list entry
+    per 2 MiB page (2**26 of them), and report and tune ran past 30 s and hundreds of MiB."""
+    path = tmp_path / f"giant.{form}"
+    data = expandable_giant()
+    path.write_bytes(pickle.dumps(data) if form == "pickle" else _as_jsonl_snapshot(data))
+    for verb in VERBS:
+        ended = _ends_cleanly(verb, str(path))
+        assert ended.status in (0, 1), str(ended)          # (1: --check's divergence)
+
+
+def test_segments_that_overlap_at_the_start_are_refused_in_one_line(tmp_path):
+    path = tmp_path / "overlap.pickle"
+    path.write_bytes(pickle.dumps(overlapping_segments()))
+    for verb in VERBS:
+        ended = _ends_cleanly(verb, str(path))
+        assert ended.status == 2 and "overlaps the one before it" in ended.stderr, str(ended)
+        assert "0x400" in ended.stderr and str(path) in ended.stderr
+
+
+def test_a_range_past_the_address_space_is_refused_naming_the_entry(tmp_path):
+    data = overlapping_segments()
+    data["device_traces"][0].insert(2, {"action": "free_completed", "addr": (1 << 64) - 512,
+                                        "size": 1024, "stream": 0})
+    path = tmp_path / "wraps.pickle"
+    path.write_bytes(pickle.dumps(data))
+    for verb in VERBS:
+        ended = _ends_cleanly(verb, str(path))
+        assert ended.status == 2 and "entry 2: a free_completed of 1024 bytes" in ended.stderr
+        assert "past the end of the 64-bit address space" in ended.stderr
+
+
+def test_a_plan_whose_sizes_sum_past_int64_is_refused(tmp_path):
+    """33,000 rows of 2**48 bytes, all live at once: an OverflowError in the sweep."""
+    path = tmp_path / "plan.csv"
+    path.write_text("id,lower,upper,size\n" + "".join(f"b{i},0,10,{1 << 48}\n"
+                                                      for i in range(33000)))
+    ended = _ends_cleanly("plan", str(path))
+    assert ended.status == 2 and f"{path}:8194: buffer b8192: the sizes up to here sum" in \
+        ended.stderr, str(ended)
