@@ -34,7 +34,7 @@ from .replay_settings import (check_check_options, check_planner_lag, check_step
                    "$PYTORCH_ALLOC_CONF for other traces, read in PyTorch's order).")
 @click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2",
               help="Replay once per value (repeatable: every combination).")
-@click.option("--memory", default=None, help="Device memory, e.g. 16GiB. Default: 64GiB for "
+@click.option("--memory", default=None, help="Device memory, e.g. 16GiB, or bytes (11198791680). Default: 64GiB for "
               "pool and device; for torch, what the recording shows the device had where it "
               "ran out (its OOM entry says how much it had), else no limit.")
 @click.option("--check", is_flag=True, help="Compare the torch model's segment events and peak "

@@ -18,7 +18,7 @@ from .common import npu_chip_options, npu_pad, profile_input, run_replays, sched
 @click.option("--allocator", default=None, help="torch (PyTorch's settings; the default for "
               "PyTorch snapshots), torch_npu, or pool (npumem's pool settings; the default for "
               "other traces).")
-@click.option("--memory", default=None, help="Replay on a device of this size (e.g. 16GiB) and "
+@click.option("--memory", default=None, help="Replay on a device of this size (16GiB, or bytes: 11198791680) and "
               "list the settings that finish: which settings would have avoided an OOM.")
 @click.option("--json", "as_json", is_flag=True, help="Print the recommendation as JSON.")
 @click.option("--steps", "steps", default=3, show_default=True, type=click.IntRange(0, 100),

@@ -95,7 +95,7 @@ def _fit_values(text: str | None) -> tuple[str, list[str]] | None:
 @click.option("--gpu", default=None, help="The target: h100 (default for cuda), h100-pcie, h200, "
               "a100-80, a100-40, l4, rtx4090, 910b (default for npu).")
 @click.option("--memory", default=None, help="The memory the script may use (default: the "
-              "target's, less the CUDA context), e.g. 40GiB.")
+              "target's, less the CUDA context), e.g. 40GiB, or bytes (42949672960).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY:VALUE",
               help="An allocator setting on top of the environment's PYTORCH_CUDA_ALLOC_CONF "
                    "(repeatable), e.g. --set expandable_segments:True.")
