@@ -22,7 +22,7 @@ FLOORS = [
     ("kernel", ["kernel"]),
     ("api", ["memory", "accelerator", "acl"]),
     ("ops", ["ops", "zero_copy", "precision", "mixed_precision", "pipeline", "kvcache", "bridges"]),
-    ("tools", ["estimate", "demo"]),
+    ("tools", ["estimate", "demo", "view"]),
     ("entry", ["__init__", "profile_hook", "cli", "__main__"]),
 ]
 FLOOR = {room: level for level, (_, rooms) in enumerate(FLOORS) for room in rooms}

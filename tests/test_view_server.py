@@ -295,7 +295,8 @@ def test_an_oom_snapshot_marks_and_explains_it():
     info = app.info({}, None)["sources"][0]
     assert info["oom"]["entry"] == 111 and "out of memory" in info["oom"]["message"]
     assert info["oom"]["t"] == info["t_max"] and info["oom"]["explanation_pending"]
-    source.analyze_later()
+    from npumem.view.panels import analyze_later
+    analyze_later(source)
     import time
     for _ in range(600):
         if source.extras.get("oom_explanation") is not None:

@@ -28,7 +28,8 @@ def view(paths, port, host, no_browser, device):
     from ..file_paths import not_a_file
     from ..view.api import App, open_sources
     from ..view.server import ViewServer, new_token, serve_address
-    from ..view.sources import SourceError
+    from ..view.errors import SourceError
+    from ..view.panels import analyze_later
 
     if len(paths) > 2:
         raise click.UsageError("give one path, or two to compare")
@@ -49,7 +50,7 @@ def view(paths, port, host, no_browser, device):
             _fail("out of host memory (RAM) while reading the input")
         server.app = App(sources)
         for source in sources:
-            source.analyze_later()
+            analyze_later(source)
         address = serve_address(server)
         click.echo(f"serving {' and '.join(paths)} at {address}")
         sys.stdout.flush()

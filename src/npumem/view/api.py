@@ -7,16 +7,11 @@ from __future__ import annotations
 import json
 import math
 
+from .errors import RequestError, SourceError
 from .source import Source
 from .sources import load
 
 MAX_PATHS = 2
-
-
-class RequestError(ValueError):
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 def open_sources(paths: list[str], progress=None, device: int | None = None) -> list[Source]:
@@ -25,7 +20,6 @@ def open_sources(paths: list[str], progress=None, device: int | None = None) -> 
     one of two has no time stamps, both go by entry number. `device`: the device to show
     (default: the one that ran out of memory, else the first with entries)."""
     from ..trace import TraceFormatError
-    from .sources import SourceError
 
     sources = []
     for number, path in enumerate(paths):

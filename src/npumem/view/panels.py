@@ -9,6 +9,24 @@ from .source import Source
 LEAKS_SHOWN = 50
 
 
+def analyze_later(source: Source) -> None:
+    """Steps and leaks (the report's analysis, the step inference included), then the OOM's
+    explanation, in the background: the first view does not wait for them."""
+    import threading
+
+    def work():
+        try:
+            steps_of(source)
+        except Exception as exc:          # the leaks route says it; the server goes on
+            source.extras["analysis"] = {
+                "steps": {"starts": [], "source": None, "describe": str(exc)}, "rows": [],
+                "heading": f"the leak analysis failed: {type(exc).__name__}: {exc}",
+                "growing": [], "lines": [], "json": None}
+        source.explain_oom_later()
+
+    threading.Thread(target=work, name="npumem-view-analysis", daemon=True).start()
+
+
 def steps_of(source: Source) -> dict:
     """{"starts": [entry positions], "source": "marked"|"inferred"|None, "describe": str},
     found once per source, as the report finds them (with the leaks, where one analysis

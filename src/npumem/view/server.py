@@ -26,6 +26,7 @@ from importlib import resources
 from urllib.parse import parse_qs, urlsplit
 
 from . import api
+from .errors import RequestError
 
 STATIC_PACKAGE = "npumem.view"
 STATIC_FOLDER = "static"
@@ -108,7 +109,7 @@ class Handler(BaseHTTPRequestHandler):
                     raise ApiError(404, f"no such page: {url.path}")
             except ApiError as exc:
                 self._json(exc.status, {"error": exc.message})
-            except api.RequestError as exc:
+            except RequestError as exc:
                 self._json(exc.status, {"error": str(exc)})
             except ConnectionError:
                 raise

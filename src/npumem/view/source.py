@@ -14,7 +14,8 @@ import numpy as np
 
 from ..trace.snapshot.columns import SEGMENT_ADD, arrays, having
 from .series import Series
-from .sources import Loaded, SourceError
+from .errors import SourceError
+from .sources import Loaded
 
 ANNOTATIONS_SHOWN = 5000          # annotations /api/info lists at most
 STEPS_SHOWN = 20000
@@ -155,7 +156,7 @@ class Source:
         return {"entry": index, "message": message, "explanation": ""}
 
     def _steps(self) -> list[dict]:
-        """The steps, once the background analysis (analyze_later) has found them."""
+        """The steps, once the background analysis (panels.analyze_later) has found them."""
         analysis = self.extras.get("analysis")
         if analysis is None:
             return []
@@ -186,23 +187,6 @@ class Source:
             out.append({"t": float(when), "label": str(note.get("name", "")) +
                         (f" ({str(stage).lower()})" if stage else "")})
         return out
-
-    def analyze_later(self) -> None:
-        """Steps and leaks (the report's analysis, the step inference included) and the OOM's
-        explanation, in the background: the first view does not wait for them."""
-        def work():
-            from .panels import steps_of
-            try:
-                steps_of(self)
-            except Exception as exc:          # the leaks route says it; the server goes on
-                self.extras["analysis_error"] = f"{type(exc).__name__}: {exc}"
-                self.extras["analysis"] = {"steps": {"starts": [], "source": None,
-                                                     "describe": str(exc)},
-                                           "rows": [], "heading": "", "growing": [],
-                                           "lines": [], "json": None}
-            self.explain_oom_later()
-
-        threading.Thread(target=work, name="npumem-view-analysis", daemon=True).start()
 
     def explain_oom_later(self) -> None:
         """The report's OOM explanation (a replay under each setting tune knows), made in the

@@ -14,11 +14,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .errors import SourceError
+
 KINDS = ("snapshot", "profile", "jsonl", "trace", "msprof", "predicted")
-
-
-class SourceError(ValueError):
-    """A path the viewer cannot open: the message is the line the user reads."""
 
 
 @dataclass
@@ -71,7 +69,7 @@ def _file(file: str, given: str) -> Loaded:
     from ..trace import TraceFormatError
     from ..trace.formats import detect_format, holds_snapshot, read_mended
     from ..trace.snapshot import from_events
-    from ..cli.common import is_operator_memory
+    from ..profile.ascend import is_operator_file
 
     try:
         if holds_snapshot(file):
@@ -80,7 +78,7 @@ def _file(file: str, given: str) -> Loaded:
             predicted = isinstance(meta, dict) and str(meta.get("source", "")).startswith(
                 "npumem estimate")
             return Loaded(given, file, "predicted" if predicted else "snapshot", data)
-        if is_operator_memory(file):
+        if is_operator_file(file):        # msprof: each allocation named by its operator
             from ..profile.ascend import files_beside
 
             return _msprof(given, file, [], files_beside(file).record)

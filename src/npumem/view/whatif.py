@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .api import RequestError
+from .errors import RequestError
 from .source import Source
 
 POINTS = 8000             # points of the replayed curve, at most (each kept point a local peak)
