@@ -1,4 +1,6 @@
-"""What-if replays as background jobs with progress (filled in by whatif.py)."""
+"""Background jobs (a what-if replay: whatif.py) with their progress, polled by /api/job. Each
+job runs in a daemon thread of its own (Ctrl-C does not wait for one); a job's state is read
+and written under its lock."""
 
 from __future__ import annotations
 
