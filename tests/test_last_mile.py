@@ -285,3 +285,14 @@ def test_a_skip_that_says_its_own_remedy_is_shown_as_it_is():
     assert lines == [f"2 skipped: {reason}"]
     lines = summary_lines([SimpleNamespace(longrepr=("t.py", 1, "Skipped: needs 4 devices"))])
     assert lines[0].startswith("1 skipped, needing a CUDA GPU")
+
+
+def test_a_json_snapshot_too_large_to_read_whole_says_to_save_the_pickle(tmp_path, monkeypatch):
+    from npumem.trace.snapshot import json_dict
+
+    monkeypatch.setattr(json_dict, "JSON_LIMIT", 1000)
+    path = _json_snapshot(tmp_path, _snapshot_as_json_data())
+    result = _run("report", path)
+    assert result.exit_code == 2
+    assert "a memory snapshot written as JSON, of more than 1000 B" in result.output
+    assert "torch.cuda.memory._dump_snapshot" in result.output

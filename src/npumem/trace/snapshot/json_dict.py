@@ -10,6 +10,7 @@ import json
 import re
 
 from ..file_checks import TraceFormatError
+from ...units import format_size
 from ..textio import bounded_reader, json_refusal, max_snapshot_bytes
 
 BOM = b"\xef\xbb\xbf"
@@ -17,6 +18,8 @@ BOM = b"\xef\xbb\xbf"
 # but a dict rebuilt by hand may put them in any order
 _KEY = re.compile(rb'"(?:segments|device_traces)"\s*:')
 _OWN_FORM = b'{"npumem_snapshot"'          # npumem's JSONL form of a snapshot (json_form.py)
+JSON_LIMIT = 512 << 20                     # bytes of JSON text read whole (a pickle has no limit
+                                           # but NPUMEM_MAX_SNAPSHOT_BYTES: it is read in columns)
 
 
 def sniff(head: bytes) -> bool:
@@ -31,10 +34,17 @@ def load(path: str) -> dict:
     snapshot as JSON, then what is wrong with it."""
     from .schema import check_snapshot
 
-    chunks = []
+    chunks, total = [], 0
     with bounded_reader(path, max_snapshot_bytes()) as reader:
         buffer = bytearray(1 << 20)
         while count := reader.readinto(buffer):
+            total += count
+            if total > JSON_LIMIT:
+                raise TraceFormatError(path, "", f"a memory snapshot written as JSON, of more than "
+                                       f"{format_size(JSON_LIMIT)}: JSON is read whole into Python "
+                                       "objects, about ten times its size; save it as the pickle "
+                                       "torch.cuda.memory._dump_snapshot(path) writes, which "
+                                       "npumem reads in columns")
             chunks.append(bytes(buffer[:count]))
     text = b"".join(chunks).removeprefix(BOM)
     try:
