@@ -247,3 +247,18 @@ def integer_argument(value, what: str) -> int:
         except TypeError:
             pass
     raise InvalidParamError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
+
+
+class CommandError(Exception):
+    """An `npumem` command cannot go on: `message` is the line the user reads (without
+    "error: "), `exit_code` the status the command ends with (2: bad input, the default). Verbs
+    raise it; the command group (npumem.cli) prints it and exits, in that one place. Here, on
+    the ground floor, so that a verb outside the cli package (estimate) raises it too."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        return self.message

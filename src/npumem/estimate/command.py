@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from ..cli.errors import CommandError
+from ..errors import CommandError
 from ..units import format_size
 
 
