@@ -243,7 +243,7 @@ class NativeCore:
         self.model.restore([(s.addr, s.size, s.stream, s.small, slot(s.pool), blocks(s))
                             for s in segments if not s.expandable])
         for (stream, pool, small), ranges in expandable_groups(segments).items():
-            base, space = restored_range(ranges, capacity)
+            base, space = restored_range(ranges, capacity, segments)
             self.model.restore_expandable(stream, small, slot(pool), base, space,
                                           [(r.addr, r.size, blocks(r)) for r in ranges])
 

@@ -164,14 +164,19 @@ def expandable_groups(segments) -> dict[tuple, list]:
     return {key: sorted(ranges, key=lambda r: r.addr) for key, ranges in groups.items()}
 
 
-def restored_range(ranges, capacity: int | None) -> tuple[int, int]:
+def restored_range(ranges, capacity: int | None, segments=()) -> tuple[int, int]:
     """(base, bytes of addresses) of an expandable segment rebuilt from its mapped `ranges`
     (address order, StartSegment-shaped): from the lowest address the trace maps (it may map
     below the pages mapped at its start: c10 maps the lowest room first), with room for 9/8 of
-    the device, as a new one reserves."""
+    the device, as a new one reserves, up to the next of the other `segments` at the start
+    (the whole state): a reserved range never runs into another segment's addresses, where
+    the model would keep two blocks at one address (the device size assumed may be larger
+    than the one recorded)."""
     base = min([ranges[0].addr] + [r.lowest for r in ranges if r.lowest is not None])
     end = ranges[-1].addr + ranges[-1].size
-    return base, max(address_space(capacity), end - base)
+    space = max(address_space(capacity), end - base)
+    above = min((s.addr for s in segments if s.addr >= end), default=None)
+    return base, space if above is None else min(space, above - base)
 
 
 def address_space(capacity: int | None) -> int:
@@ -736,7 +741,8 @@ class TorchAllocatorModel:
                 self._restore_blocks(segment.blocks, segment.stream, pool, None, live)
                 self._hold(pool, segment.size)
         for (stream, pool_id, small), ranges in expandable_groups(segments).items():
-            self._restore_expandable(stream, self._pool_for(pool_id, small), ranges, live)
+            self._restore_expandable(stream, self._pool_for(pool_id, small), ranges, live,
+                                     segments)
         stats = self.stats
         stats.reserved = stats.peak_reserved = self.total_allocated
         stats.peak_allocated, stats.peak_requested = stats.allocated, stats.requested
@@ -771,9 +777,9 @@ class TorchAllocatorModel:
             previous = block
         return previous
 
-    def _restore_expandable(self, stream: int, pool: BlockPool, ranges, live) -> None:
+    def _restore_expandable(self, stream: int, pool: BlockPool, ranges, live, segments) -> None:
         page = self.expandable_page(pool.small)
-        base, space = restored_range(ranges, self.device.capacity)
+        base, space = restored_range(ranges, self.device.capacity, segments)
         segment = ExpandableSegment(self.device, stream, page, space, base=base)
         self.expandable.append(segment)
         previous, cursor = None, base

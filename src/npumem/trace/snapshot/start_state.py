@@ -249,6 +249,27 @@ def _check_segments(path: str, segments: list[StartSegment]) -> None:
             raise TraceFormatError(path, "segments", f"{where} brings the segments held at the "
                                    f"first entry to {total} bytes, more than any device holds "
                                    "(2**48)")
+    # an expandable segment's addresses, from the lowest the trace maps to the end of its last
+    # mapped range, are its own: no other segment lies among them (the model rebuilds it as one
+    # range, its gaps unmapped blocks)
+    groups: dict[tuple, list[StartSegment]] = {}
+    for segment in segments:
+        if segment.expandable:
+            groups.setdefault((segment.stream, segment.pool, segment.small), []).append(segment)
+    starts = sorted(segment.addr for segment in segments)
+    for group in groups.values():
+        low = min([s.addr for s in group] + [s.lowest for s in group if s.lowest is not None])
+        high = max(s.addr + s.size for s in group)
+        if bisect_left(starts, high) - bisect_left(starts, low) == len(group):
+            continue                      # (only its own segments start in that span)
+        for other in segments:
+            if low <= other.addr < high and not any(other is s for s in group):
+                raise TraceFormatError(path, "segments", f"the segment at 0x{other.addr:x} "
+                                       f"({other.size} bytes) at the first entry lies inside "
+                                       f"the addresses of an expandable segment of stream "
+                                       f"{group[0].stream} ([0x{low:x}, 0x{high:x})): the "
+                                       "dump's segments and the trace's segment entries "
+                                       "contradict one another")
 
 
 def _rebuild_start(recording, config: TorchAllocatorConfig, pools: bool) -> StartState:
