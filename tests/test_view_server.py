@@ -316,6 +316,9 @@ def test_two_runs_share_one_axis():
     assert app.timeline({"source": "1", "width": "20"}, None)["source"] == 1
     mixed = App(open_sources([GPT, JSONL]))      # both timed: still by time
     assert mixed.info({}, None)["aligned"] == "start"
+    # what grew between them: npumem diff's own lines
+    printed = CliRunner().invoke(main, ["diff", GPT, OOM, "--top", "5"]).output
+    assert "\n".join(app.diff({"top": "5"}, None)["lines"]) in printed
 
 
 def test_categories_are_stacked():

@@ -62,6 +62,7 @@ class App:
             ("GET", "/api/leaks"): self.leaks,
             ("GET", "/api/host"): self.host,
             ("GET", "/api/usage"): self.usage,
+            ("GET", "/api/diff"): self.diff,
         }
 
     def route(self, method: str, path: str, query: dict, body: bytes | None):
@@ -144,6 +145,19 @@ class App:
         from .panels import host
 
         return host(self.source(query))
+
+    def diff(self, query, body) -> dict:
+        """With two sources: what `npumem diff A B` prints (what grew between them, by site)."""
+        from ..profile import diff
+
+        if len(self.sources) != 2:
+            raise RequestError("a diff needs two paths: npumem view A B", 404)
+        before, after = self.sources
+        top = max(1, min(_integer(query, "top", 20), 200))
+        known = before.extras.get(("diff", top))
+        if known is None:
+            known = before.extras[("diff", top)] = diff(before.data, after.data, top)
+        return {"before": before.path, "after": after.path, "lines": known.splitlines()}
 
     def usage(self, query, body) -> dict:
         from .panels import usage
