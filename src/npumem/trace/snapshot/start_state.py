@@ -366,8 +366,10 @@ def _rebuild_start(recording, config: TorchAllocatorConfig, pools: bool) -> Star
         state.pools = {index: pool_of[node]
                        for index, node in zip(mine.tolist(), entry_nodes[mine].tolist())}
     del entry_nodes
-    for index in indices(entries, "oom"):     # a refused request: no segment to tell
-        pool = read_pool_id(entries[index].get("pool_id")) or _between(entries, state.pools, index)
+    ooms = indices(entries, "oom")
+    between = _between(a, state.pools, ooms) if ooms else {}
+    for index in ooms:                        # a refused request: no segment to tell
+        pool = read_pool_id(entries[index].get("pool_id")) or between.get(index)
         if pool not in (None, DEFAULT_POOL):
             state.pools[index] = pool
     state.captured = _during_captures(entries, state.pools)
@@ -463,13 +465,24 @@ def _block_nodes(a, actions: tuple[str, str], low: int, high: int, ranges: _Segm
         nodes.told(node, read_pool_id(a.extras[a.extra[position]].get("pool_id")))
 
 
-def _between(entries: list[dict], pools: dict[int, tuple], index: int) -> tuple | None:
-    """The pool of the requests just before and after entry `index` on its stream, if one."""
-    stream = int(entries[index].get("stream") or 0)
-    sides = [next((pools.get(i) for i in around if entries[i]["action"] == "alloc"
-                   and int(entries[i].get("stream") or 0) == stream), None)
-             for around in (range(index - 1, -1, -1), range(index + 1, len(entries)))]
-    return sides[0] if sides[0] == sides[1] else None
+def _between(a, pools: dict[int, tuple], ooms: list[int]) -> dict[int, tuple]:
+    """For each entry of `ooms`, the pool of the requests just before and after it on its
+    stream, where they agree: by a bisect in each stream's requests (a walk from each OOM to
+    its neighbours cost entries times OOMs, minutes on a trace of refused requests)."""
+    allocs = np.flatnonzero(a.action == ALLOC)
+    streams = a.stream[allocs]
+    by_stream = {}
+    for stream in np.unique(a.stream[ooms]).tolist():
+        by_stream[stream] = allocs[streams == stream]
+    out = {}
+    for index, stream in zip(ooms, a.stream[ooms].tolist()):
+        mine = by_stream[stream]
+        at = int(np.searchsorted(mine, index))
+        before = pools.get(int(mine[at - 1])) if at else None
+        after = pools.get(int(mine[at])) if at < len(mine) else None   # (an oom is no alloc)
+        if before == after:
+            out[index] = before
+    return out
 
 
 def _during_captures(entries, pools: dict[int, tuple]) -> set[int]:
