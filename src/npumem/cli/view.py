@@ -55,16 +55,35 @@ def view(paths, port, host, no_browser, device):
         click.echo(f"serving {' and '.join(paths)} at {address}")
         sys.stdout.flush()
         if not no_browser:
-            import webbrowser
-            try:
-                webbrowser.open(address)
-            except Exception:           # no browser here: the address is printed
-                pass
+            _open_browser(address)
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         click.echo("stopped")
     finally:
         server.server_close()
+
+
+def _open_browser(address: str) -> None:
+    """Open the page where a graphical browser can be: in a thread (a browser that takes its
+    time does not hold the server back), and never a console browser (lynx, w3m), which
+    would take over the terminal the server prints to; elsewhere the printed address is it."""
+    import os
+    import threading
+    import webbrowser
+
+    graphical = sys.platform in ("darwin", "win32") or any(
+        os.environ.get(name) for name in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER"))
+    if not graphical:
+        click.echo("(no display here: open the address above in a browser)", err=True)
+        return
+
+    def open_page():
+        try:
+            webbrowser.open(address)
+        except Exception:               # no browser after all: the address is printed
+            pass
+
+    threading.Thread(target=open_page, name="npumem-view-browser", daemon=True).start()
 
 
 def _fail(message: str):
