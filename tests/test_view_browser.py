@@ -110,10 +110,9 @@ def open_page(driver, viewer):
 
 
 INK_FRACTION = """
-const c = document.querySelectorAll('.lanes canvas')[arguments[0]];
-const r = window.devicePixelRatio || 1, ctx = c.getContext('2d');
-const x0 = Math.round(80 * r), y0 = Math.round(26 * r);
-const d = ctx.getImageData(x0, y0, c.width - x0 - Math.round(16 * r), c.height - y0 - Math.round(28 * r)).data;
+const u = NV.timeline.state.lanes[arguments[0]].plot, c = u.ctx.canvas, b = u.bbox;
+if (!c.closest('.lanes .lane')) return -1;
+const d = u.ctx.getImageData(Math.round(b.left), Math.round(b.top), Math.round(b.width), Math.round(b.height)).data;
 let inked = 0;
 for (let i = 3; i < d.length; i += 4) if (d[i] > 0) inked++;
 return inked / (d.length / 4);
@@ -137,7 +136,7 @@ def assert_peaks_are_the_reports(driver, path: str, index: int = 0):
 
 def assert_a_moment_is_the_servers(driver, lane_index: int = 0, source: int = 0):
     """Click a lane's middle: the moment panel's live bytes are /api/moment's for that time."""
-    lane = driver.find_elements(By.CSS_SELECTOR, ".lanes canvas")[lane_index]
+    lane = driver.find_elements(By.CSS_SELECTOR, ".lanes .lane")[lane_index]
     driver.execute_script("document.getElementById('panel-moment').removeAttribute('data-moment-t')")
     ActionChains(driver).move_to_element(lane).click().perform()
     live = wait_for(driver, "document.querySelector('#panel-moment[data-moment-t] .live-bytes')"
@@ -320,7 +319,7 @@ def test_pinned_host_memory_is_shown(browser, pinned_snapshot):
                                  " && document.getElementById('panel-host').innerText",
                         "the pinned host memory panel")
         assert "1 pinned segment, 4.00 MiB held; 3 trace entries" in text, text
-        assert browser.find_elements(By.CSS_SELECTOR, "#panel-host canvas.host-chart")
+        assert browser.find_elements(By.CSS_SELECTOR, "#panel-host .host-chart canvas")
         assert browser.execute_script("return document.getElementById('errors').innerText") == ""
     finally:
         viewer.close()
@@ -329,7 +328,7 @@ def test_pinned_host_memory_is_shown(browser, pinned_snapshot):
 @pytest.mark.parametrize("viewer", [(SNAPSHOT, OTHER)], indirect=True)
 def test_two_sources_share_one_axis(browser, viewer):
     open_page(browser, viewer)
-    assert len(browser.find_elements(By.CSS_SELECTOR, ".lanes canvas")) == 2
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".lanes .lane canvas")) == 2
     assert browser.execute_script(INK_FRACTION, 0) > 0.02
     assert browser.execute_script(INK_FRACTION, 1) > 0.02
     header = browser.find_element(By.ID, "sources").text

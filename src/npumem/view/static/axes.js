@@ -1,5 +1,5 @@
-// Canvas plumbing shared by the timeline, the overview, the icicle and the block map: a sharp
-// canvas at any device pixel ratio, linear scales, and axes with units.
+// Drawing shared by the page: a sharp canvas at any device pixel ratio and linear scales for the
+// hand-drawn icicle and block map; axes with units and step paths for the uPlot charts.
 "use strict";
 var NV = window.NV || (window.NV = {});
 
@@ -39,47 +39,49 @@ NV.draw = (function () {
     return f;
   }
 
-  // Y axis in bytes: gridlines and labels in binary units.
-  function bytesAxis(ctx, y, left, right, ymin, ymax, count) {
-    var step = NV.fmt.bytesStep(ymax - ymin, count || 4);
-    ctx.save();
-    ctx.textAlign = "right";
-    ctx.textBaseline = "middle";
-    for (var v = Math.ceil(ymin / step) * step; v <= ymax * 1.0001; v += step) {
-      var py = Math.round(y(v)) + 0.5;
-      ctx.strokeStyle = v === 0 ? "#999" : "#e6e6e6";
-      ctx.beginPath(); ctx.moveTo(left, py); ctx.lineTo(right, py); ctx.stroke();
-      ctx.fillStyle = "#333";
-      ctx.fillText(NV.fmt.bytesShort(v, step), left - 6, py);
-    }
-    ctx.restore();
+  // Axes for uPlot (the timeline, the overview, the pinned host chart): bytes up the side in
+  // binary units, ticks a 1-2-5 step of the unit that keeps labels short; time along the bottom
+  // in the source's unit from its start, one unit for the whole axis. uPlot places them.
+  var AXIS = 72;                                  // the byte axis' width: lanes line up with it
+  var FONT = "12px system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
+  var ENTRY_STEPS = [];
+  for (var p = 1; p <= 1e10; p *= 10) ENTRY_STEPS.push(p, 2 * p, 5 * p);
+
+  function bytesAxis() {
+    return {
+      scale: "y", size: AXIS, gap: 6, font: FONT, stroke: "#333", ticks: { show: false },
+      grid: { stroke: "#e6e6e6", width: 1 },
+      splits: function (u, i, lo, hi) {
+        var rows = Math.max(2, Math.floor(u.bbox.height / uPlot.pxRatio / 45));
+        var step = NV.fmt.bytesStep(hi - lo, rows), out = [];
+        for (var v = Math.ceil(lo / step) * step; v <= hi * 1.0001; v += step) out.push(v);
+        return out;
+      },
+      values: function (u, splits) {
+        var step = splits.length > 1 ? splits[1] - splits[0] : 0;
+        return splits.map(function (v) { return NV.fmt.bytesShort(v, step); });
+      },
+    };
   }
 
-  // X axis in the source's time unit, values relative to the recording's start.
-  function timeAxis(ctx, x, r0, r1, unit, top, bottom, width) {
-    var count = Math.max(2, Math.floor(width / 110));
-    var step = NV.fmt.niceStep((r1 - r0) / count);
-    if (unit === "entry") step = Math.max(1, step);
-    ctx.save();
-    ctx.textAlign = "center";
-    ctx.textBaseline = "top";
-    for (var v = Math.ceil(r0 / step) * step; v <= r1; v += step) {
-      var px = Math.round(x(v)) + 0.5;
-      ctx.strokeStyle = "#f0f0f0";
-      ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, bottom); ctx.stroke();
-      ctx.strokeStyle = "#999";
-      ctx.beginPath(); ctx.moveTo(px, bottom); ctx.lineTo(px, bottom + 4); ctx.stroke();
-      ctx.fillStyle = "#333";
-      var text = NV.fmt.timeTick(v, unit, step, Math.max(Math.abs(r0), Math.abs(r1))), half = ctx.measureText(text).width / 2;
-      // Labels stay inside the plot's width rather than being cut at the canvas edge.
-      var lx = Math.min(Math.max(px, x(r0) + half), x(r1) - half);
-      ctx.fillText(text, lx, bottom + 6);
-    }
-    ctx.restore();
+  function timeAxis(unit) {
+    return {
+      scale: "x", space: 110, gap: 4, font: FONT, stroke: "#333", size: 26,
+      grid: { stroke: "#f0f0f0", width: 1 }, ticks: { stroke: "#999", width: 1, size: 4 },
+      incrs: unit === "entry" ? ENTRY_STEPS : undefined,
+      values: function (u, splits, i, space, step) {
+        var sc = u.scales.x, largest = Math.max(Math.abs(sc.min || 0), Math.abs(sc.max || 0));
+        return splits.map(function (v) { return NV.fmt.timeTick(v, unit, step, largest); });
+      },
+    };
   }
+
+  // A series drawn as steps: bucket i covers [x[i], x[i+1]).
+  var stepped = null;
+  function steps() { return stepped || (stepped = uPlot.paths.stepped({ align: 1 })); }
 
   function categoryColour(index) { return CATEGORY[index % CATEGORY.length]; }
 
-  return { fit: fit, scale: scale, bytesAxis: bytesAxis, timeAxis: timeAxis, INK: INK,
-           WHATIF: WHATIF, categoryColour: categoryColour };
+  return { fit: fit, scale: scale, bytesAxis: bytesAxis, timeAxis: timeAxis, steps: steps, INK: INK,
+           WHATIF: WHATIF, categoryColour: categoryColour, AXIS: AXIS, FONT: FONT };
 })();

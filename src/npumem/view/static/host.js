@@ -44,13 +44,13 @@ NV.host = (function () {
     var tl = r.timeline || {};
     if (tl.t && tl.t.length) {
       box.insertAdjacentHTML("beforeend", "<h3>Pinned bytes allocated over time</h3>");
-      var canvas = document.createElement("canvas");
-      canvas.className = "host-chart";
-      canvas.setAttribute("role", "img");
-      canvas.setAttribute("aria-label", "Pinned host bytes allocated over the recording, at most " +
+      var el = document.createElement("div");
+      el.className = "host-chart";
+      el.setAttribute("role", "img");
+      el.setAttribute("aria-label", "Pinned host bytes allocated over the recording, at most " +
         F.bytes(Math.max.apply(null, tl.allocated)));
-      box.appendChild(canvas);
-      chart(canvas, tl, src);
+      box.appendChild(el);
+      chart(el, tl, src);
     }
     var segs = r.segments || [];
     if (segs.length) {
@@ -78,26 +78,20 @@ NV.host = (function () {
     }
   }
 
-  // A step line of the pinned bytes, on the same kind of axes as the timeline.
-  function chart(canvas, tl, src) {
-    var D = NV.draw, g = D.fit(canvas, 160), ctx = g.ctx, w = g.w, h = g.h;
-    var left = 78, right = 14, top = 10, bottom = h - 24;
-    var t0 = tl.t[0], t1 = tl.t[tl.t.length - 1];
-    if (t1 <= t0) t1 = t0 + 1;
+  // A step line of the pinned bytes, a uPlot chart on the same axes as the timeline's.
+  function chart(el, tl, src) {
+    var D = NV.draw, xs = tl.t.map(function (t) { return t - src.t_min; });
     var ymax = Math.max.apply(null, tl.allocated.concat([1])) * 1.08;
-    var x = D.scale(t0, t1, left, w - right), y = D.scale(0, ymax, bottom, top);
-    D.bytesAxis(ctx, y, left, w - right, 0, ymax, 3);
-    var unit = src.time_unit, rel = D.scale(t0 - src.t_min, t1 - src.t_min, left, w - right);
-    D.timeAxis(ctx, rel, t0 - src.t_min, t1 - src.t_min, unit, top, bottom, w - left - right);
-    ctx.save();
-    ctx.beginPath(); ctx.rect(left, 0, w - left - right, bottom); ctx.clip();
-    ctx.beginPath();
-    tl.t.forEach(function (t, i) {
-      var px = x(t), py = y(tl.allocated[i]);
-      if (i === 0) ctx.moveTo(px, py); else { ctx.lineTo(px, y(tl.allocated[i - 1])); ctx.lineTo(px, py); }
-    });
-    ctx.strokeStyle = D.INK.allocated; ctx.lineWidth = 1.5; ctx.stroke();
-    ctx.restore();
+    // The panel may be hidden while it loads: its width is the page's until it is shown.
+    var width = Math.min(el.clientWidth || el.parentNode.clientWidth || document.body.clientWidth - 40, 1100);
+    new uPlot({
+      width: width, height: 160, padding: [10, 14, 0, 0], legend: { show: false },
+      scales: { x: { time: false }, y: { auto: false, range: function () { return [0, ymax]; } } },
+      axes: [D.timeAxis(src.time_unit), D.bytesAxis()],
+      series: [{}, { label: "pinned allocated", stroke: D.INK.allocated, width: 1.5, paths: D.steps(),
+                     points: { show: false } }],
+      cursor: { y: false, points: { show: false }, drag: { x: false, y: false } },
+    }, [xs, tl.allocated], el);
   }
 
   return { show: show };
