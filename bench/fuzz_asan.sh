@@ -13,8 +13,13 @@ minutes=${1:-6}
 shift || true
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/npumem-asan-XXXXXX)
-(cd "$here" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) |
-    tar -xf - -C "$work"
+# the working tree as it is (NPUMEM_ASAN_REV=commit: that commit instead)
+if [ -n "$NPUMEM_ASAN_REV" ]; then
+    (cd "$here" && git archive "$NPUMEM_ASAN_REV") | tar -xf - -C "$work"
+else
+    (cd "$here" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) |
+        tar -xf - -C "$work"
+fi
 cd "$work"
 CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g" \
 LDFLAGS="-fsanitize=address,undefined" python setup.py -q build_ext --inplace >/dev/null
