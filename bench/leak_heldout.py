@@ -135,9 +135,127 @@ def ema_training():
     return ema
 
 
+def gru_history_kept_with_growing_batches():
+    """Written after the first run (a second held-out set): per-sample embeddings kept with
+    their graph while the batch grows each step."""
+    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 2))
+    MODELS.append(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kept = []
+    for step in range(STEPS):
+        x = torch.randn(4 + 2 * step, 12)
+        out = model(x)
+        out.sum().backward(retain_graph=True)
+        kept.append(out)
+        opt.step()
+        opt.zero_grad()
+    return kept
+
+
+def gan_two_optimizers():
+    """Written after the first run: two optimizers step each iteration (two marks a step)."""
+    gen, disc = nn.Linear(8, 16), nn.Linear(16, 1)
+    g_opt, d_opt = torch.optim.Adam(gen.parameters()), torch.optim.Adam(disc.parameters())
+    for _ in range(STEPS):
+        fake = gen(torch.randn(8, 8))
+        disc(fake.detach()).mean().backward()
+        d_opt.step()
+        d_opt.zero_grad()
+        disc(fake).mean().backward()
+        g_opt.step()
+        g_opt.zero_grad()
+
+
+def curriculum_lengths():
+    """Written after the first run: the sequence length grows by schedule; the last batch is
+    kept past the step (as `x` in the loop), no leak."""
+    model = nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        x = torch.randn(2, 8 + 3 * step + (step % 3), 16)
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def predictions_concatenated():
+    """Third held-out set (written after the rules were final, run once): all predictions
+    concatenated into one growing tensor."""
+    model = nn.Linear(10, 5)
+    MODELS.append(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    preds = torch.zeros(0, 5)
+    for _ in range(STEPS):
+        out = model(torch.randn(6, 10))
+        out.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        preds = torch.cat([preds, out.detach()])
+    return preds
+
+
+def gradients_kept_by_step():
+    """Third held-out set: a copy of every gradient kept for later analysis."""
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 3))
+    MODELS.append(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    history = {}
+    for step in range(STEPS):
+        nn.functional.cross_entropy(model(torch.randn(4, 10)), torch.randint(0, 3, (4,))).backward()
+        history[step] = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+        opt.zero_grad()
+    return history
+
+
+def memory_bank_never_dequeued():
+    """Third held-out set: an inference loop that banks every feature (no marks)."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh())
+    bank = []
+    with torch.no_grad():
+        for _ in range(STEPS + 4):
+            feats = model(torch.randn(5, 16))
+            bank.append(feats / feats.norm(dim=1, keepdim=True))
+    return bank
+
+
+def memory_bank_fixed_size():
+    """Third held-out set, clean: a MoCo-style queue trimmed to its size every step."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    queue = torch.zeros(0, 32)
+    for _ in range(STEPS):
+        feats = model(torch.randn(5, 16))
+        feats.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        queue = torch.cat([queue, feats.detach()])[-20:].clone()
+    return queue
+
+
+def periodic_validation():
+    """Third held-out set, clean: validation under no_grad every third step, kept as numbers."""
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 3))
+    opt = torch.optim.AdamW(model.parameters())
+    scores = []
+    for step in range(STEPS):
+        nn.functional.cross_entropy(model(torch.randn(4, 10)), torch.randint(0, 3, (4,))).backward()
+        opt.step()
+        opt.zero_grad()
+        if step % 3 == 2:
+            with torch.no_grad():
+                scores.append(model(torch.randn(16, 10)).argmax(-1).float().mean().item())
+    return scores
+
+
+THIRD = [predictions_concatenated, gradients_kept_by_step, memory_bank_never_dequeued,
+         memory_bank_fixed_size, periodic_validation]
+
 LEAKING = [conv_feature_maps_on_self, lstm_hidden_not_detached, predictions_by_step,
-           attention_weights_hook, hard_examples_with_graph]
-CLEAN = [encoder_varying_lengths, fixed_batch_inference, ema_training]
+           attention_weights_hook, hard_examples_with_graph, gru_history_kept_with_growing_batches,
+           predictions_concatenated, gradients_kept_by_step, memory_bank_never_dequeued]
+CLEAN = [encoder_varying_lengths, fixed_batch_inference, ema_training, gan_two_optimizers,
+         curriculum_lengths, memory_bank_fixed_size, periodic_validation]
 
 
 def main() -> int:
@@ -152,7 +270,8 @@ def main() -> int:
         with TensorRecorder() as recorder:
             kept = program()
             snapshot = recorder.snapshot()
-        steps = STEPS + 4 if program is attention_weights_hook else STEPS
+        steps = STEPS + 4 if program in (attention_weights_hook, memory_bank_never_dequeued) \
+            else STEPS
         truth = held_bytes([kept, CACHE]) / steps if program in LEAKING else 0.0
         CACHE.clear()
         analysis = analyze_leaks(snapshot)

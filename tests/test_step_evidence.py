@@ -130,3 +130,38 @@ def test_the_projects_oom_recordings_get_no_leak():
     assert len(files) >= 30
     for path in files:
         assert analyze_leaks(load_as_snapshot(str(path))).leaks == [], path
+
+
+def batches(sizes: list[int], leak: int = 0):
+    """Marked steps whose batch is `size` KiB: the input (train.py:30) stays live until the
+    next step's replaces it, temporaries of 4x its size; `leak` bytes kept each step."""
+    trace, notes, t, addr, last = [], [], 0, 1 << 30, None
+    for size in sizes:
+        t += 10
+        notes.append({"name": "ProfilerStep#1", "stage": "START", "device": 0, "time_us": t - 1})
+        trace.append(entry("alloc", addr, size << 10, t, line=30))
+        if last is not None:
+            trace += [entry("free_requested", *last, t), entry("free_completed", *last, t)]
+        last, addr = (addr, size << 10), addr + (64 << 20)
+        trace.append(entry("alloc", addr, 4 * size << 10, t + 1))
+        trace += [entry("free_requested", addr, 4 * size << 10, t + 2),
+                  entry("free_completed", addr, 4 * size << 10, t + 2)]
+        addr += 64 << 20
+        if leak:
+            trace.append(entry("alloc", addr, leak, t + 3, line=20))
+            addr += 1 << 20
+        t += 5
+    return {"segments": [], "device_traces": [trace], "external_annotations": notes}
+
+
+@pytest.mark.parametrize("sizes", [
+    [8, 9, 11, 10, 12, 14, 13, 15, 16, 18, 17, 20],        # lengths that happen to rise
+    [8, 31, 4, 16, 9, 2, 27, 12, 5, 20, 7, 24]])           # a varying batch
+def test_a_tensor_that_follows_the_batch_size_is_no_leak(sizes):
+    analysis = analyze_leaks(batches(sizes))
+    assert analysis.any_judged and analysis.leaks == [], analysis.lines()
+
+
+def test_a_leak_under_a_varying_batch_is_still_found():
+    leak, = analyze_leaks(batches([8, 31, 4, 16, 9, 2, 27, 12, 5, 20, 7, 24], leak=4096)).leaks
+    assert leak.where == "train.py:20 in step" and leak.per_step == 4096

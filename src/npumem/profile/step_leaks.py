@@ -8,7 +8,8 @@ between boundaries, so they neither hide a leak nor make one. A site leaks when 
 rises as `trend` judges it (a robust slope, Mann-Kendall's test, the rise against the scatter,
 still rising in the later half), rises at a quarter of the boundaries at least (memory made now
 and then is no leak), and, where the steps differ in size (a varying batch or sequence),
-rises between steps of similar size too: growth that the variation explains is not growth.
+follows the steps' order at least as closely as their size: growth that the variation
+explains is not growth.
 Where the steps were inferred, the site must also keep more allocations step after step: an
 inferred step may be one token of a generation, whose cache grows by design by replacing one
 buffer with a bigger one.
@@ -34,8 +35,9 @@ from .trend import MIN_POINTS, Trend, trend
 
 MIN_RISE_SHARE = 0.25    # boundaries at which a leaking site rises, at least
 MIN_RISES = 3
-SIMILAR = 0.10           # steps whose sizes differ by at most this are "of similar size"
+SIMILAR = 0.10           # sizes closer than this say nothing of how bytes follow size
 VARYING = 0.10           # steps vary in size when their spread is wider than this
+EXPLAINS = 0.5           # size explains the bytes when it leaves less than this of step order's
 MAX_BOUNDARIES = 512     # boundaries judged, at most (evenly thinned)
 MAX_SERIES = 64          # boundary values kept as evidence
 
@@ -127,7 +129,7 @@ def step_leaks(snapshot: dict, device: int = 0, starts: list[int] | Steps | None
     for index in _candidates(series):
         y = series[index]
         t = trend(numbers, y)
-        if not t.rising or not _similar_steps_rise(numbers, y, step_sizes):
+        if not t.rising or not _grows_beyond_size(numbers, y, step_sizes, t):
             continue
         # An inferred step may be one token of a generation, whose KV cache grows by design
         # (one buffer replaced by a bigger one each token): there, only a site that keeps
@@ -164,27 +166,38 @@ def _candidates(series: np.ndarray) -> list[int]:
 
 
 def _step_sizes(a, allocs: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """Bytes each step allocates (from one boundary to the next): how big a step was."""
+    """How big the step before each boundary was: the bytes it allocated (from the boundary
+    before to this one; the first, from the trace's start). What is live at a boundary is what
+    the steps before it kept, so it is their size a batch or a sequence length shows in."""
     size = sizes(a)[allocs].astype(np.float64)
     total = np.r_[0.0, np.cumsum(size)]
-    at = np.searchsorted(allocs, bounds)
-    return np.diff(np.r_[total[at], total[-1]])[:len(bounds)]
+    at = total[np.searchsorted(allocs, bounds)]
+    return np.diff(np.r_[0.0, at])
 
 
-def _similar_steps_rise(x: np.ndarray, y: np.ndarray, step_sizes: np.ndarray) -> bool:
-    """Where steps vary in size, the site must rise between steps of similar size as well: the
-    median slope over pairs of steps (at the boundaries that begin them) whose sizes are within
-    SIMILAR of each other is positive, over three such pairs at least."""
+def _grows_beyond_size(x: np.ndarray, y: np.ndarray, step_sizes: np.ndarray,
+                       t: Trend) -> bool:
+    """Where steps vary in size (a varying batch or sequence length), the live bytes must
+    follow the steps' order at least as closely as their size: a tensor kept from the last
+    batch follows the batch's size, up or down, and is no leak, even where the sizes happen to
+    rise; a leak adds with every step whatever its size. Closeness is the robust scatter of
+    what each line (bytes against step, `t`, and bytes against size) leaves unexplained, and
+    size must leave clearly less (EXPLAINS): where the size itself grows step by step (a graph
+    kept across steps makes the backward pass longer, a batch that grows), both lines explain
+    the bytes alike, and the steps' order is taken."""
     size = step_sizes[:len(y)]
     middle = np.median(size)
     if middle <= 0 or (np.percentile(size, 90) - np.percentile(size, 10)) <= VARYING * middle:
         return True
     i, j = np.triu_indices(len(y), 1)
-    near = np.abs(size[i] - size[j]) <= SIMILAR * np.maximum(size[i], size[j])
-    if near.sum() < 3:
-        return False
-    i, j = i[near], j[near]
-    return float(np.median((y[j] - y[i]) / (x[j] - x[i]))) > 0
+    apart = np.abs(size[j] - size[i]) > SIMILAR * np.maximum(size[i], size[j])
+    if not apart.any():
+        return True
+    i, j = i[apart], j[apart]
+    per_byte = float(np.median((y[j] - y[i]) / (size[j] - size[i])))
+    left = y - per_byte * size
+    by_size = 1.4826 * float(np.median(np.abs(left - np.median(left))))
+    return not by_size < EXPLAINS * t.scatter
 
 
 def _leak(entries, live, site_at, index: int, where: str, t: Trend, numbers, y, steps: Steps,
