@@ -296,6 +296,9 @@ NV.timeline = (function () {
     var r = uPlot.pxRatio, ctx = u.ctx;
     ctx.save();
     ctx.setTransform(r, 0, 0, r, 0, 0);
+    // uPlot leaves its last series' dash and its axes' alignment set: start from plain ink.
+    ctx.setLineDash([]); ctx.lineWidth = 1; ctx.globalAlpha = 1;
+    ctx.textAlign = "left"; ctx.textBaseline = "alphabetic";
     ctx.font = "11px system-ui, sans-serif";
     var g = { ctx: ctx, L: u.bbox.left / r, T: u.bbox.top / r, W: u.bbox.width / r, H: u.bbox.height / r };
     g.R = g.L + g.W; g.B = g.T + g.H;
@@ -328,7 +331,8 @@ NV.timeline = (function () {
       var open = a.t_free === null || a.t_free === undefined;
       var la = g.x(a.t_alloc - t0), lb = open ? g.R + 10 : g.x(a.t_free - t0);
       ctx.fillStyle = D.INK.lifetime; ctx.fillRect(la, g.T, Math.max(lb - la, 2), g.H);
-      ctx.fillStyle = D.INK.lifetimeBar; ctx.fillRect(la, g.T + 10, Math.max(lb - la, 2), 4);
+      // The bar sits under the annotations' ticks and labels (the top 20 pixels).
+      ctx.fillStyle = D.INK.lifetimeBar; ctx.fillRect(la, g.T + 22, Math.max(lb - la, 2), 4);
       vline(g, la, D.INK.lifetimeBar, 1, [2, 2]);
       if (!open) vline(g, lb, D.INK.lifetimeBar, 1, [2, 2]);
     }
