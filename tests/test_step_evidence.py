@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from npumem.profile.leak_analysis import analyze_leaks
-from npumem.profile.steps import find_steps
+from npumem.profile.step_inference import find_steps
 from npumem.trace.step_marks import step_kind
 
 MiB = 1 << 20

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from ..units import format_size
 from .step_leaks import StepLeak, step_leaks
-from .steps import NO_STEPS, Steps, find_steps
+from .step_inference import find_steps
+from .steps import NO_STEPS, Steps
 from .trend import MIN_POINTS
 
 

@@ -1,4 +1,5 @@
-"""A step inferred from a recording that marks none: only where the recording repeats one.
+"""A recording's steps (`find_steps`): those the run marked, else one inferred where the recording
+repeats it.
 
 A loop's step makes the same requests, of the same sizes from the same lines, in the same order,
 and gives most of it back before the next step begins. So a period is a step when:
@@ -22,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace.snapshot.columns import ALLOC, sizes
+from ..trace.snapshot.columns import ALLOC, arrays, sizes
 from .live_totals import live_before, live_changes
-from .steps import INFERRED, NO_STEPS, Steps
+from .steps import INFERRED, NO_STEPS, Steps, marked_steps
 
 MIN_COPIES = 4           # repeats of a step before it is believed
 MIN_PERIOD = 3           # allocations in a step, at least
@@ -163,3 +164,15 @@ def _kept(a, allocs: np.ndarray, at: np.ndarray) -> float:
                        minlength=len(at) - 2)
     shares = kept[made > 0] / made[made > 0]
     return float(np.median(shares)) if len(shares) else 0.0
+
+
+def find_steps(snapshot: dict, device: int) -> Steps:
+    """`device`'s steps: marked, else inferred, else none with the reason."""
+    traces = snapshot.get("device_traces") or []
+    entries = traces[device] if device < len(traces) else []
+    if not len(entries):
+        return Steps(reason="the recording has no trace: leaks are not judged")
+    marked = marked_steps(snapshot, device)
+    if marked is not None:
+        return marked
+    return infer_steps(arrays(entries))

@@ -2,7 +2,7 @@
 steps, as a trend.
 
 For each site (the user's line, `leak_site`), its live bytes are taken at every step boundary
-(`steps.find_steps`: marked by the run, or inferred where the recording repeats a step), never
+(`step_inference.find_steps`: marked by the run, or inferred where the recording repeats a step), never
 at every event and never at the end: the frees at the end of a run or at an out-of-memory are
 between boundaries, so they neither hide a leak nor make one. A site leaks when its series
 rises as `trend` judges it (a robust slope, Mann-Kendall's test, the rise against the scatter,
@@ -30,7 +30,8 @@ from ..units import format_size
 from .analysis import callers, live_blocks
 from .leak_site import LeakSite, frame_text, leak_site
 from .live_totals import live_changes
-from .steps import Steps, find_steps
+from .step_inference import find_steps
+from .steps import Steps
 from .trend import MIN_POINTS, Trend, trend
 
 MIN_RISE_SHARE = 0.25    # boundaries at which a leaking site rises, at least
@@ -94,7 +95,7 @@ class StepLeak:
 
 
 def step_starts(snapshot: dict, device: int) -> list[int]:
-    """Entry positions of `device`'s trace where a step begins (`steps.find_steps`)."""
+    """Entry positions of `device`'s trace where a step begins (`step_inference.find_steps`)."""
     return find_steps(snapshot, device).starts
 
 

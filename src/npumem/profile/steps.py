@@ -59,20 +59,6 @@ class Steps:
                 "reason": self.reason or None}
 
 
-def find_steps(snapshot: dict, device: int) -> Steps:
-    """`device`'s steps: marked, else inferred, else none with the reason."""
-    traces = snapshot.get("device_traces") or []
-    entries = traces[device] if device < len(traces) else []
-    if not len(entries):
-        return Steps(reason="the recording has no trace: leaks are not judged")
-    marked = marked_steps(snapshot, device)
-    if marked is not None:
-        return marked
-    from .step_inference import infer_steps
-
-    return infer_steps(arrays(entries))
-
-
 def marked_steps(snapshot: dict, device: int) -> Steps | None:
     """The steps the run marked, or None where it marked none."""
     entries = (snapshot.get("device_traces") or [[]])[device]
