@@ -24,6 +24,7 @@ import numpy as np
 
 from ..alloc.torch_model import DEFAULT_POOL, ModelOutOfMemory, TorchAllocatorModel
 from ..alloc.torch_model.allocator import (SegmentEvent, address_space, expandable_groups,
+                                           expandable_page,
                                            out_of_memory_error, restored_range)
 from ..alloc.torch_model.config import NO_LIMIT
 from ..trace.snapshot.columns import ACTION_CODE, SEGMENT_ADD, SEGMENT_REMOVE
@@ -202,7 +203,7 @@ class NativeCore:
     def __init__(self, config, capacity: int | None, allowed: int | None, fresh_base: int,
                  expected: list[tuple[int, int]], segments, allocated: int,
                  pools: dict[int, tuple] | None = None, captured=(), entries: int = 0):
-        self.allowed = allowed
+        self.allowed, self.config = allowed, config
         self.model = NativeModel(
             config.pad, list(config.roundup_power2_divisions), config.max_split_size,
             config.max_non_split_rounding_size, config.large_segment_size, config.page_size_1g,
@@ -243,7 +244,8 @@ class NativeCore:
         self.model.restore([(s.addr, s.size, s.stream, s.small, slot(s.pool), blocks(s))
                             for s in segments if not s.expandable])
         for (stream, pool, small), ranges in expandable_groups(segments).items():
-            base, space = restored_range(ranges, capacity, segments)
+            base, space = restored_range(ranges, capacity, segments,
+                                         expandable_page(self.config, small))
             self.model.restore_expandable(stream, small, slot(pool), base, space,
                                           [(r.addr, r.size, blocks(r)) for r in ranges])
 

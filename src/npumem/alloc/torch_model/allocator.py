@@ -164,19 +164,29 @@ def expandable_groups(segments) -> dict[tuple, list]:
     return {key: sorted(ranges, key=lambda r: r.addr) for key, ranges in groups.items()}
 
 
-def restored_range(ranges, capacity: int | None, segments=()) -> tuple[int, int]:
+def restored_range(ranges, capacity: int | None, segments=(), page: int = 1) -> tuple[int, int]:
     """(base, bytes of addresses) of an expandable segment rebuilt from its mapped `ranges`
     (address order, StartSegment-shaped): from the lowest address the trace maps (it may map
     below the pages mapped at its start: c10 maps the lowest room first), with room for 9/8 of
     the device, as a new one reserves, up to the next of the other `segments` at the start
     (the whole state): a reserved range never runs into another segment's addresses, where
     the model would keep two blocks at one address (the device size assumed may be larger
-    than the one recorded)."""
+    than the one recorded). Whole `page`s: the segment reserves its space in pages. (A start
+    state whose own pages run into the next segment is refused before it comes here:
+    start_state._check_segments.)"""
     base = min([ranges[0].addr] + [r.lowest for r in ranges if r.lowest is not None])
     end = ranges[-1].addr + ranges[-1].size
-    space = max(address_space(capacity), end - base)
+    space = -(-max(address_space(capacity), end - base) // page) * page
     above = min((s.addr for s in segments if s.addr >= end), default=None)
-    return base, space if above is None else min(space, above - base)
+    return base, space if above is None else min(space, (above - base) // page * page)
+
+
+def expandable_page(config: TorchAllocatorConfig, small: bool) -> int:
+    """The granule an expandable segment of the small or the large pool maps in
+    (torch_npu: NPUCachingAllocator.cpp l.2461-2465)."""
+    if small:
+        return SMALL_BUFFER
+    return EXTRA_LARGE_BUFFER if config.page_size_1g else config.expandable_large_page
 
 
 def address_space(capacity: int | None) -> int:
@@ -382,9 +392,7 @@ class TorchAllocatorModel:
     def expandable_page(self, small: bool) -> int:
         """The granule an expandable segment of the small or the large pool maps in
         (torch_npu: NPUCachingAllocator.cpp l.2461-2465)."""
-        if small:
-            return SMALL_BUFFER
-        return EXTRA_LARGE_BUFFER if self.config.page_size_1g else self.config.expandable_large_page
+        return expandable_page(self.config, small)
 
     def _should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
@@ -779,7 +787,7 @@ class TorchAllocatorModel:
 
     def _restore_expandable(self, stream: int, pool: BlockPool, ranges, live, segments) -> None:
         page = self.expandable_page(pool.small)
-        base, space = restored_range(ranges, self.device.capacity, segments)
+        base, space = restored_range(ranges, self.device.capacity, segments, page)
         segment = ExpandableSegment(self.device, stream, page, space, base=base)
         self.expandable.append(segment)
         previous, cursor = None, base

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...alloc.torch_model.allocator import (DEFAULT_POOL, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE,
-                                           round_size)
+                                           expandable_page, round_size)
 from ...alloc.torch_model.config import NO_LIMIT, TorchAllocatorConfig
 from ..file_checks import TraceFormatError
 from .columns import (_CHUNK, ACTIONS, ALLOC, DEVICE_BYTES_LIMIT, SEGMENT_ADD, SEGMENT_REMOVE,
@@ -224,15 +224,18 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     if wrong is not None:
         raise TraceFormatError(recording.path, f"entry {wrong[0]}", wrong[1])
     state = _rebuild_start(recording, config, pools)
-    _check_segments(recording.path, state.segments)
+    _check_segments(recording.path, state.segments, config if pools else None)
     return state
 
 
-def _check_segments(path: str, segments: list[StartSegment]) -> None:
+def _check_segments(path: str, segments: list[StartSegment],
+                    config: TorchAllocatorConfig | None) -> None:
     """Refuse a start state the allocator model cannot hold: segments that overlap (the dump's
     and the trace's segment entries contradict one another), one past the address space, or
     more bytes in all than any device holds. Otherwise the model would keep two blocks at one
-    address, and fail one of its own checks far from the cause (issue 64)."""
+    address, and fail one of its own checks far from the cause (issue 64). With a `config`
+    (the model's start: pools inferred, so each expandable segment is one group), also
+    refuse a segment among an expandable segment's addresses or pages."""
     end = total = 0
     for segment in sorted(segments, key=lambda s: s.addr):
         total += segment.size
@@ -252,15 +255,27 @@ def _check_segments(path: str, segments: list[StartSegment]) -> None:
     # an expandable segment's addresses, from the lowest the trace maps to the end of its last
     # mapped range, are its own: no other segment lies among them (the model rebuilds it as one
     # range, its gaps unmapped blocks)
+    if config is None:
+        return
     groups: dict[tuple, list[StartSegment]] = {}
     for segment in segments:
         if segment.expandable:
             groups.setdefault((segment.stream, segment.pool, segment.small), []).append(segment)
     starts = sorted(segment.addr for segment in segments)
-    for group in groups.values():
+    for (stream, _, small), group in groups.items():
         low = min([s.addr for s in group] + [s.lowest for s in group if s.lowest is not None])
         high = max(s.addr + s.size for s in group)
-        if bisect_left(starts, high) - bisect_left(starts, low) == len(group):
+        # it maps whole pages from its lowest address: those are its own too
+        page = expandable_page(config, small)
+        pages_end = low + -(-(high - low) // page) * page
+        above = bisect_left(starts, high)
+        if above < len(starts) and starts[above] < pages_end:
+            raise TraceFormatError(path, "segments", f"the segment at 0x{starts[above]:x} at "
+                                   f"the first entry lies inside the {page}-byte pages of an "
+                                   f"expandable segment of stream {stream} ([0x{low:x}, "
+                                   f"0x{pages_end:x})): the dump's segments and the trace's "
+                                   "segment entries contradict one another")
+        if above - bisect_left(starts, low) == len(group):
             continue                      # (only its own segments start in that span)
         for other in segments:
             if low <= other.addr < high and not any(other is s for s in group):
