@@ -21,7 +21,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path[:0] = [os.path.join(os.path.dirname(HERE), "src"), os.path.dirname(HERE)]   # (this tree's)
 
 from tests.fuzzing import TARGETS, mutate  # noqa: E402
 from tests.hostile_runs import CRASH, run_reader  # noqa: E402
