@@ -7,7 +7,7 @@ import pytest
 from npumem.alloc.caching_allocator import CachingAllocator, OutOfMemoryError
 from npumem.alloc.settings import AllocatorSettings
 from npumem.alloc.sizes import SMALL_SIZE, round_request
-from npumem.alloc.stats import FOLD_AT, POOLS, PoolStats
+from npumem.alloc.stats import POOLS, PoolStats
 from npumem.device import SimBackend, SimConfig
 from npumem.errors import InvalidParamError, MemoryFreeError
 from npumem.units import MiB, align_up
@@ -269,37 +269,47 @@ def _recount(events):
     return out
 
 
-def test_statistics_log_folds_exactly_in_one_batch_or_event_by_event():
-    """The pool logs allocations and frees and folds them later (numpy for big batches, plain
-    Python for small ones): both must give a direct recount's current, peak and total."""
+def test_statistics_counts_match_a_recount_event_by_event():
+    """The pool's counts (in C) against a direct recount in Python, the oracle: current, peak
+    and total increases of every stat and pool after each of a few thousand events."""
     rng = random.Random(3)
     events, live = [], []
-    for _ in range(3000):
+    stats = PoolStats()
+    for step in range(3000):
         if live and rng.random() < 0.45:
             size, requested, small = live.pop(rng.randrange(len(live)))
             events.append((-size, -requested, small))
+            stats.free(size, requested, small)
         else:
             requested = rng.randrange(0, 4 << 20)
             size = round_request(requested, "npu")
             live.append((size, requested, size <= SMALL_SIZE))
             events.append(live[-1])
-    batch, single = PoolStats(), PoolStats()
-    for event in events:
-        batch.log += event
-        single.log += event
-        single.fold()
-    batch.fold()
-    for (name, pool), expected in _recount(events).items():
-        for stats in (batch, single):
-            stat = stats.stat(name, pool)
-            assert (stat.current, stat.peak, stat.allocated) == expected, (name, pool)
+            stats.alloc(*live[-1])
+        if step % 500 == 0 or step == 2999:
+            for (name, pool), expected in _recount(events).items():
+                stat = stats.stat(name, pool)
+                assert (stat.current, stat.peak, stat.allocated) == expected, (name, pool, step)
 
 
-def test_pool_statistics_stay_exact_across_log_folds():
+def test_statistics_counts_refuse_what_they_cannot_count():
+    stats = PoolStats()
+    with pytest.raises(ValueError, match="sizes must be"):
+        stats.alloc(-1, 0, True)
+    with pytest.raises(ValueError, match="sizes must be"):
+        stats.free(1 << 60, 0, False)
+    with pytest.raises(TypeError):
+        stats.alloc(64, 64)
+    with pytest.raises(ValueError, match="no stat's"):
+        stats.counts.add(1, True, 5)
+    assert stats.stat("allocation").allocated == 0      # nothing was counted
+
+
+def test_pool_statistics_stay_exact_over_many_events():
     backend = SimBackend(SimConfig(memory=256 * MiB))
     pool = CachingAllocator(backend, 0)
     rng, live, peak = random.Random(5), [], 0
-    for _ in range(FOLD_AT):           # several automatic folds (three log entries per event)
+    for _ in range(6000):
         if live and rng.random() < len(live) / 100:
             pool.deallocate(live.pop(rng.randrange(len(live))))
         else:

@@ -34,7 +34,7 @@ from .resource import MemoryResource
 from .segments import SegmentStrategy
 from .settings import AllocatorSettings
 from .sizes import MIN_BLOCK, SMALL_SIZE, round_request
-from .stats import FOLD_AT, POOLS, PoolStats, Stat
+from .stats import POOLS, PoolStats, Stat
 
 
 class OutOfMemoryError(MemoryAllocationError):
@@ -74,6 +74,7 @@ class CachingAllocator(MemoryResource):
         self._record_event = record_event
         self.lock = threading.RLock()
         self.stats = PoolStats(self.lock)
+        self._count_alloc, self._count_free = self.stats.alloc, self.stats.free   # hot path's
         self.capacity = self._device_memory()[1]
         self.limit = int(self.capacity * self.settings.per_process_memory_fraction)
         self._allocated: dict[int, Block] = {}
@@ -160,15 +161,9 @@ class CachingAllocator(MemoryResource):
             block.requested = nbytes
             block.small = small = size <= SMALL_SIZE
             self._allocated[start] = block
-            stats = self.stats
-            log = stats.log
-            log.append(block.size)      # three appends: cheaper than += of a tuple
-            log.append(nbytes)
-            log.append(small)
-            if len(log) >= FOLD_AT:
-                stats.fold()
+            self._count_alloc(block.size, nbytes, small)
             if pending:
-                stats.note_active_peak()
+                self.stats.note_active_peak()
             if OBSERVERS.active:
                 for observer in OBSERVERS.active:
                     observer.on_memory(self, "alloc", self.device, start, block.size, nbytes, stream)
@@ -199,10 +194,7 @@ class CachingAllocator(MemoryResource):
             predictor = self._predictor
             if predictor is not None and predictor.learner is not None:
                 predictor.learn_free(pointer, block.stream)
-            log = self.stats.log
-            log.append(-block.size)
-            log.append(-block.requested)
-            log.append(block.small)
+            self._count_free(block.size, block.requested, block.small)
             if self._other_streams:
                 streams = self._other_streams.pop(pointer, None)
                 if streams and self._record_event is not None:

@@ -8,19 +8,15 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
+from ._pool_stats import Counts
 
 POOLS = ("all", "small_pool", "large_pool")
-# The first three change on every allocate and free: the allocator logs them (see PoolStats).
+# The first three change on every allocate and free (PoolStats.alloc / PoolStats.free).
 TRACKED = ("allocation", "allocated_bytes", "requested_bytes", "segment", "reserved_bytes",
            "pending", "pending_bytes")
 COUNTERS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
             "num_cache_misses", "num_sync_all_streams")     # num_cache_hits is derived
 _INDEX = {name: 3 * i for i, name in enumerate(TRACKED)}
-_LOGGED = 9                 # indices below this come from the event log
-FOLD_AT = 3 * 2048          # log entries (three per event) that trigger a fold: at 2048 events
-                            # the arrays stay in cache (74 ns per event folded, 120 at 8192)
-_NUMPY_FROM = 3 * 64        # smaller logs fold in plain Python
 _POOL = {pool: j for j, pool in enumerate(POOLS)}
 
 
@@ -40,96 +36,38 @@ class Stat:
 class PoolStats:
     """The tracked stats for every pool, plus event counters.
 
-    Values live in flat lists indexed 3 * stat + pool (pool 0 all, 1 small, 2 large): current,
-    peak and grown (sum of increases); freed = grown - current.
-
-    Allocations and frees are not counted one by one: the allocator appends
-    (±size, ±requested, small) to `log`, and the log is folded into the counts — with numpy
-    cumulative sums, so peaks stay exact — before any read and every FOLD_AT entries. Counting
-    six values per event in Python cost more than the rest of a cache-hit allocate+free.
+    The counts live in C (`_pool_stats.Counts`), in slots 3 * stat + pool (pool 0 all, 1 small,
+    2 large): current, peak and grown (sum of increases); freed = grown - current. An allocate
+    or a free is one call, `alloc(size, requested, small)` or `free(...)`, which the allocator
+    binds once: counting in Python, or logging the events and folding the log with numpy, cost
+    more than the rest of a cache-hit allocate+free. Peaks are exact at every moment.
 
     `active` is derived exactly: a block is active from allocate until its memory can be reused,
     i.e. while allocated or pending (freed, waiting for other streams' events).
     """
 
     def __init__(self, lock=None):
-        size = 3 * len(TRACKED)
-        self.now, self.peaks, self.grown = [0] * size, [0] * size, [0] * size
-        self.log: list[int] = []
-        self.lock = lock or threading.RLock()      # the allocator's: the log changes under it
+        self.counts = Counts(3 * len(TRACKED))
+        self.alloc, self.free = self.counts.alloc, self.counts.free
+        self.lock = lock or threading.RLock()      # the allocator's: the counts change under it
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.active_peak = [0, 0, 0]
         self.active_bytes_peak = [0, 0, 0]
 
-    def fold(self) -> None:
-        """Count the logged allocations and frees."""
-        with self.lock:
-            log = self.log
-            if not log:
-                return
-            self.log = []
-            if len(log) < _NUMPY_FROM:
-                for i in range(0, len(log), 3):
-                    size, requested, small = log[i], log[i + 1], log[i + 2]
-                    count = 1 if size > 0 else -1
-                    for k, amount in ((0, count), (3, size), (6, requested)):
-                        self._count(k, small, amount)
-                return
-            events = np.fromiter(log, dtype=np.int64, count=len(log)).reshape(-1, 3).T
-            sizes = events[0]
-            # rows: allocation count, allocated_bytes, requested_bytes (stats 0, 3 and 6) of
-            # every event, then the same masked to the small pool's events. A masked row stands
-            # still at the large pool's events, so its running sums and peaks are the small
-            # pool's own, and the large pool's running sums are the difference: one cumulative
-            # sum and no compacted copies per pool.
-            changes = np.empty((6, len(sizes)), dtype=np.int64)
-            np.sign(sizes, out=changes[0])
-            changes[1], changes[2] = sizes, events[1]
-            np.multiply(changes[:3], events[2], out=changes[3:])
-            running = np.cumsum(changes, axis=1)
-            last, highest = running[:, -1].copy(), running.max(axis=1)   # (running changes below)
-            grown = (np.abs(changes).sum(axis=1) + last) // 2      # the sums of the increases
-            running[:3] -= running[3:]
-            large = (last[:3] - last[3:], running[:3].max(axis=1), grown[:3] - grown[3:])
-            for pool, (pool_last, pool_highest, pool_grown) in (
-                    (0, (last[:3], highest[:3], grown[:3])),
-                    (1, (last[3:], highest[3:], grown[3:])), (2, large)):
-                for row in range(3):
-                    index = 3 * row + pool
-                    start = self.now[index]
-                    self.now[index] = start + int(pool_last[row])
-                    self.peaks[index] = max(self.peaks[index], start + int(pool_highest[row]))
-                    self.grown[index] += int(pool_grown[row])
-
-    def _count(self, k: int, small: bool, amount: int) -> None:
-        now, peaks = self.now, self.peaks
-        for index in (k, k + 1 if small else k + 2):
-            now[index] += amount
-            if amount > 0:
-                self.grown[index] += amount
-                if now[index] > peaks[index]:
-                    peaks[index] = now[index]
-
     def add(self, name: str, small: bool, amount: int) -> None:
-        """Change a stat the allocator does not log (segments, reserved, pending)."""
-        self._count(_INDEX[name], small, amount)
-
-    def _index(self, name: str, pool: str) -> int:
-        index = _INDEX[name] + _POOL[pool]
-        if index < _LOGGED and self.log:
-            self.fold()
-        return index
+        """Change a stat other than the three alloc and free change (segments, reserved,
+        pending)."""
+        self.counts.add(_INDEX[name], small, amount)
 
     def current(self, name: str, pool: str = "all") -> int:
-        return self.now[self._index(name, pool)]
+        return self.counts.get(_INDEX[name] + _POOL[pool])[0]
 
     def peak(self, name: str, pool: str = "all") -> int:
-        return self.peaks[self._index(name, pool)]
+        return self.counts.get(_INDEX[name] + _POOL[pool])[1]
 
     def stat(self, name: str, pool: str = "all") -> Stat:
-        index = self._index(name, pool)
-        now, grown = self.now[index], self.grown[index]
-        return Stat(now, self.peaks[index], grown, grown - now)
+        now, peak, grown = self.counts.get(_INDEX[name] + _POOL[pool])
+        return Stat(now, peak, grown, grown - now)
 
     def note_active_peak(self) -> None:
         """Called after an allocation while blocks are pending: active may peak above allocated."""
@@ -164,8 +102,7 @@ class PoolStats:
         return 1 - self.counters["num_cache_misses"] / allocations if allocations else 1.0
 
     def reset_peaks(self) -> None:
-        self.fold()
-        self.peaks = list(self.now)
+        self.counts.reset_peaks()
         self.active_peak = [0, 0, 0]
         self.active_bytes_peak = [0, 0, 0]
         self.note_active_peak()
