@@ -113,8 +113,11 @@ INK_FRACTION = """
 const u = NV.timeline.state.lanes[arguments[0]].plot, c = u.ctx.canvas, b = u.bbox;
 if (!c.closest('.lanes .lane')) return -1;
 const d = u.ctx.getImageData(Math.round(b.left), Math.round(b.top), Math.round(b.width), Math.round(b.height)).data;
-let inked = 0;
-for (let i = 3; i < d.length; i += 4) if (d[i] > 0) inked++;
+let inked = 0;                  // coloured or dark ink: not the light grey gridlines
+for (let i = 0; i < d.length; i += 4) {
+  const hi = Math.max(d[i], d[i + 1], d[i + 2]), lo = Math.min(d[i], d[i + 1], d[i + 2]);
+  if (d[i + 3] > 0 && (hi - lo > 40 || hi < 120)) inked++;
+}
 return inked / (d.length / 4);
 """
 
@@ -169,6 +172,11 @@ def test_a_snapshot_draws_and_every_view_answers(browser, viewer):
     assert browser.execute_script(INK_FRACTION, 0) > 0.05
     # The peaks written on the page are the report's own.
     assert_peaks_are_the_reports(browser, SNAPSHOT)
+    # Everything the page loaded, its charting library included, came from the viewer itself.
+    loaded = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)")
+    assert any("/static/uPlot.iife.min.js" in url for url in loaded), loaded
+    assert all(url.startswith(viewer.base) for url in loaded if not url.startswith("data:")), loaded
 
     # A moment: click the middle of the timeline.
     lane = assert_a_moment_is_the_servers(browser)
