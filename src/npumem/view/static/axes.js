@@ -1,5 +1,5 @@
-// Drawing shared by the page: a sharp canvas at any device pixel ratio and linear scales for the
-// hand-drawn icicle and block map; axes with units and step paths for the uPlot charts.
+// Drawing shared by the page: a sharp canvas at any device pixel ratio for the hand-drawn
+// icicle and block map; axes with units and step paths for the uPlot charts.
 "use strict";
 var NV = window.NV || (window.NV = {});
 
@@ -32,20 +32,20 @@ NV.draw = (function () {
     return { ctx: ctx, w: w, h: h };
   }
 
-  function scale(d0, d1, r0, r1) {
-    var k = d1 === d0 ? 0 : (r1 - r0) / (d1 - d0);
-    var f = function (v) { return r0 + (v - d0) * k; };
-    f.invert = function (p) { return k === 0 ? d0 : d0 + (p - r0) / k; };
-    return f;
-  }
-
   // Axes for uPlot (the timeline, the overview, the pinned host chart): bytes up the side in
   // binary units, ticks a 1-2-5 step of the unit that keeps labels short; time along the bottom
   // in the source's unit from its start, one unit for the whole axis. uPlot places them.
   var AXIS = 72;                                  // the byte axis' width: lanes line up with it
+  var RIGHT = 30;         // room on the right for half a time label centred on the plot's edge
   var FONT = "12px system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
-  var ENTRY_STEPS = [];
-  for (var p = 1; p <= 1e10; p *= 10) ENTRY_STEPS.push(p, 2 * p, 5 * p);
+  // Tick steps of 1, 2 and 5 times a power of ten (not uPlot's 2.5, which one decimal would
+  // print as "0.3 ms"): from a thousandth of a microsecond, or from one entry.
+  var TIME_STEPS = [], ENTRY_STEPS = [];
+  for (var e = -3; e <= 13; e++) [1, 2, 5].forEach(function (m) {
+    var step = +(m + "e" + e);                   // exact decimals: 0.002, not 0.0020000000000000005
+    TIME_STEPS.push(step);
+    if (e >= 0) ENTRY_STEPS.push(step);
+  });
 
   function bytesAxis() {
     return {
@@ -68,7 +68,7 @@ NV.draw = (function () {
     return {
       scale: "x", space: 110, gap: 4, font: FONT, stroke: "#333", size: 26,
       grid: { stroke: "#f0f0f0", width: 1 }, ticks: { stroke: "#999", width: 1, size: 4 },
-      incrs: unit === "entry" ? ENTRY_STEPS : undefined,
+      incrs: unit === "entry" ? ENTRY_STEPS : TIME_STEPS,
       values: function (u, splits, i, space, step) {
         var sc = u.scales.x, largest = Math.max(Math.abs(sc.min || 0), Math.abs(sc.max || 0));
         return splits.map(function (v) { return NV.fmt.timeTick(v, unit, step, largest); });
@@ -82,6 +82,6 @@ NV.draw = (function () {
 
   function categoryColour(index) { return CATEGORY[index % CATEGORY.length]; }
 
-  return { fit: fit, scale: scale, bytesAxis: bytesAxis, timeAxis: timeAxis, steps: steps, INK: INK,
-           WHATIF: WHATIF, categoryColour: categoryColour, AXIS: AXIS, FONT: FONT };
+  return { fit: fit, bytesAxis: bytesAxis, timeAxis: timeAxis, steps: steps, INK: INK,
+           WHATIF: WHATIF, categoryColour: categoryColour, AXIS: AXIS, RIGHT: RIGHT, FONT: FONT };
 })();

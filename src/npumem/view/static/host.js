@@ -85,7 +85,7 @@ NV.host = (function () {
     // The panel may be hidden while it loads: its width is the page's until it is shown.
     var width = Math.min(el.clientWidth || el.parentNode.clientWidth || document.body.clientWidth - 40, 1100);
     new uPlot({
-      width: width, height: 160, padding: [10, 14, 0, 0], legend: { show: false },
+      width: width, height: 160, padding: [10, D.RIGHT, 0, 0], legend: { show: false },
       scales: { x: { time: false }, y: { auto: false, range: function () { return [0, ymax]; } } },
       axes: [D.timeAxis(src.time_unit), D.bytesAxis()],
       series: [{}, { label: "pinned allocated", stroke: D.INK.allocated, width: 1.5, paths: D.steps(),

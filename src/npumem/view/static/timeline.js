@@ -9,7 +9,7 @@ var NV = window.NV || (window.NV = {});
 
 NV.timeline = (function () {
   var D = NV.draw, F = NV.fmt;
-  var PAD = [24, 14, 0, 0];                       // top, right, bottom, left: room for step labels
+  var PAD = [24, D.RIGHT, 0, 0];                  // top, right, bottom, left: room for step labels
   var S = {
     info: null, lanes: [], full: 1, unit: "us", view: { v0: 0, v1: 1 }, overview: [],
     moment: null, allocation: null, whatifs: [], drag: null, ext: { lo: 0, hi: 1 },
