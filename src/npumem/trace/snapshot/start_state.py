@@ -220,12 +220,18 @@ def rebuild_start(recording, config: TorchAllocatorConfig, pools: bool = True) -
     segment entries name."""
     if not recording.segments and not recording.recorded_segment_events():
         return StartState([], {})     # allocs and frees only (a CPU recording): nothing before
-    wrong = impossible_range(recording.entries)
-    if wrong is not None:
-        raise TraceFormatError(recording.path, f"entry {wrong[0]}", wrong[1])
-    state = _rebuild_start(recording, config, pools)
-    _check_segments(recording.path, state.segments, config if pools else None)
-    return state
+    # once per recording and settings: tune replays each setting a few times, and report's
+    # OOM explanation runs tune (about 90 rebuilds of one state where the walk is the cost)
+    known = vars(recording).setdefault("_start_states", {})    # (kept on the recording)
+    key = (config, pools, len(recording.entries), len(recording.segments))
+    if key not in known:
+        wrong = impossible_range(recording.entries)
+        if wrong is not None:
+            raise TraceFormatError(recording.path, f"entry {wrong[0]}", wrong[1])
+        state = _rebuild_start(recording, config, pools)
+        _check_segments(recording.path, state.segments, config if pools else None)
+        known[key] = state
+    return known[key]
 
 
 def _check_segments(path: str, segments: list[StartSegment],
