@@ -2,7 +2,7 @@
 
 NPUMEM_FUZZ_COUNT sets the inputs per reader (default 2500); NPUMEM_FUZZ_SEED the first seed.
 The hostile-* targets (issue 64: structure-aware hostile snapshots, traces and plans, each
-read through the allocator model) take NPUMEM_FUZZ_HOSTILE_COUNT (default 20: each costs a
+read through the allocator model) take NPUMEM_FUZZ_HOSTILE_COUNT (default 12: each costs a
 replay or a tune); bench/fuzz_hostile.py runs them longer, with RSS and time.
 A failure prints the seed and the input, and leaves the file in the test's tmp folder.
 """
@@ -15,7 +15,7 @@ import pytest
 from .fuzzing import TARGETS, ReaderCrash, check_one, mutate
 
 COUNT = int(os.environ.get("NPUMEM_FUZZ_COUNT", "2500"))
-HOSTILE_COUNT = int(os.environ.get("NPUMEM_FUZZ_HOSTILE_COUNT", "20"))
+HOSTILE_COUNT = int(os.environ.get("NPUMEM_FUZZ_HOSTILE_COUNT", "12"))
 SEED = int(os.environ.get("NPUMEM_FUZZ_SEED", "0"))
 
 

@@ -93,3 +93,32 @@ def test_a_plan_whose_sizes_sum_past_int64_is_refused(tmp_path):
     ended = _ends_cleanly("plan", str(path))
     assert ended.status == 2 and f"{path}:8194: buffer b8192: the sizes up to here sum" in \
         ended.stderr, str(ended)
+
+
+def _strings_that_do_not_encode() -> list[tuple[str, bytes]]:
+    """Files whose names, keys and values hold lone surrogates or bytes no UTF-8 decodes,
+    where a message would show them: every C reader's path to a message."""
+    entry = {"action": "alloc", "addr": 4096, "size": 512, "stream": 0}
+    return [
+        ("jsonl", b'{"t_us": 0, "action": "\\udcff", "addr": 4096, "size": 512, "stream": 0}\n'),
+        ("jsonl", b'{"t_us": 0, "action": "all\xed\xb3\xbfoc", "addr": 4096, "size": 512}\n'),
+        ("jsonl", b'{"t_us": 0, "action": "alloc", "addr": 4096, "size": 512, "\xff": 1}\n'),
+        ("pickle", pickle.dumps({"segments": [], "device_traces": [[{**entry,
+                                                                     "action": "\udcff"}]]})),
+        ("pickle", pickle.dumps({"segments": [], "device_traces": [[{**entry,
+                                                                     "\udcff": 1}]]})),
+        ("pickle", pickle.dumps({"segments": [], "device_traces": [[{**entry, "frames": [
+            {"filename": "\udcff.py", "line": "\udcff", "name": "x"}]}]]})),
+        ("pickle", pickle.dumps({"\udcff": [], "\ud800": 1})),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_strings_that_do_not_encode())))
+def test_strings_that_do_not_encode_reach_messages_escaped(tmp_path, index):
+    form, data = _strings_that_do_not_encode()[index]
+    path = tmp_path / f"strings.{form}"
+    path.write_bytes(data)
+    for verb in ("report", "replay") if form == "jsonl" else ("report",):
+        ended = _ends_cleanly(verb, str(path))       # (a key npumem does not use: read as is)
+        assert ended.status == 0 or (ended.status == 2 and ended.stderr.count("\n") == 1), \
+            str(ended)
