@@ -25,7 +25,7 @@ CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-f
 LDFLAGS="-fsanitize=address,undefined" python setup.py -q build_ext --inplace >/dev/null
 asan=$(gcc -print-file-name=libasan.so)
 ubsan=$(gcc -print-file-name=libubsan.so)
-targets=${NPUMEM_ASAN_TARGETS:-hostile-report,hostile-replay,hostile-python-replay,hostile-tune,hostile-jsonl-report,hostile-jsonl-replay,hostile-jsonl-pool,hostile-plan,pickle,jsonl-snapshot}
+targets=${NPUMEM_ASAN_TARGETS:-hostile-report,hostile-replay,hostile-python-replay,hostile-tune,hostile-jsonl-snapshot,hostile-jsonl-report,hostile-jsonl-replay,hostile-jsonl-pool,hostile-plan,pickle}
 LD_PRELOAD="$asan $ubsan" ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONPATH="$work/src:$work" \
     python bench/fuzz_hostile.py --memory-mib 0 --count 100000000 --minutes "$minutes" \
