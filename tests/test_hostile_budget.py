@@ -122,3 +122,22 @@ def test_strings_that_do_not_encode_reach_messages_escaped(tmp_path, index):
         ended = _ends_cleanly(verb, str(path))       # (a key npumem does not use: read as is)
         assert ended.status == 0 or (ended.status == 2 and ended.stderr.count("\n") == 1), \
             str(ended)
+
+
+def test_segments_past_int64_together_are_refused_not_an_overflow(tmp_path):
+    """Two dump segments of nearly 2**63 bytes each: the report's running total of reserved
+    bytes raised OverflowError (columns.levels)."""
+    def segment(addr, size):
+        return {"device": 0, "address": addr, "total_size": size, "stream": 0,
+                "segment_type": "large", "allocated_size": 0, "active_size": 0,
+                "requested_size": 0, "is_expandable": False,
+                "blocks": [{"address": addr, "size": size, "state": "inactive"}]}
+    trace = [{"action": "alloc", "addr": 4096, "size": 512, "stream": 0},
+             {"action": "free_completed", "addr": 4096, "size": 512, "stream": 0}]
+    path = tmp_path / "sums.pickle"
+    path.write_bytes(pickle.dumps({"segments": [segment(4096, (1 << 63) - 8192),
+                                                segment(1 << 63, (1 << 63) - 4096)],
+                                   "device_traces": [trace]}))
+    for verb in ("report", "replay", "tune"):
+        ended = _ends_cleanly(verb, str(path))
+        assert ended.status == 2 and "more than any device holds (2**48)" in ended.stderr

@@ -255,9 +255,8 @@ def _check_segments(path: str, segments: list[StartSegment],
             raise TraceFormatError(path, "segments", f"{where} runs past the end of the 64-bit "
                                    "address space")
         if total > DEVICE_BYTES_LIMIT:
-            raise TraceFormatError(path, "segments", f"{where} brings the segments held at the "
-                                   f"first entry to {total} bytes, more than any device holds "
-                                   "(2**48)")
+            raise TraceFormatError(path, "segments", f"{where} brings the bytes held then to "
+                                   f"{total}, more than any device holds (2**48)")
     # an expandable segment's addresses, from the lowest the trace maps to the end of its last
     # mapped range, are its own: no other segment lies among them (the model rebuilds it as one
     # range, its gaps unmapped blocks)
