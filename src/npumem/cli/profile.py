@@ -56,6 +56,9 @@ def profile(out_dir, force, stacks, interval_ms, max_entries, torch_memory, samp
     if interval_ms <= 0:
         raise click.BadParameter("must be positive", param_hint="--interval")
     sample = size_option(sample_bytes, "--sample-bytes") if sample_bytes is not None else 0
+    if target and target[0].startswith("-") and target[0] != "-m" and not os.path.exists(
+            target[0]):                  # an option of profile's own that it does not have
+        raise click.NoSuchOption(target[0].partition("=")[0])
     if target and target[0] != "-m":     # a pickle, a binary, a folder: one line, no report
         from ..profile.script_check import not_a_script
 

@@ -1,0 +1,148 @@
+"""What a demanding new user tripped on, trying issues 61, 62 and 63 from the README: each a
+regression test of one fix (no timing assertions)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import struct
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+
+from npumem.cli import main
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+GPT = os.path.join(DATA, "cuda_snapshots", "gpt_train.pickle.gz")
+JSONL = os.path.join(DATA, "cpu_recordings", "mlp_12_steps.jsonl.gz")
+
+
+def _one_line_refusal(result, folder) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert not os.path.exists(folder)
+    return lines[0]
+
+
+# --- npumem profile: what is not a script ----------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "json", "no-extension", "csv"])
+def test_profile_refuses_a_recording_that_python_would_compile(tmp_path, kind):
+    """A JSONL trace or a JSON snapshot is a dict literal to Python: it compiled, ran as a
+    script and left an empty report ('0 leaked allocation(s)')."""
+    line = json.dumps({"action": "alloc", "addr": 4096, "size": 512, "stream": 0}) + "\n"
+    target = tmp_path / {"jsonl": "run.jsonl", "jsonl.gz": "run.jsonl.gz", "json": "snap.json",
+                         "no-extension": "trace", "csv": "log.csv"}[kind]
+    if kind == "jsonl.gz":
+        target.write_bytes(gzip.compress(line.encode() * 3))
+    elif kind == "json":
+        target.write_text(json.dumps({"segments": [], "device_traces": [[]]}))
+    elif kind == "csv":
+        target.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,2,allocate,0x1,8,0\n")
+    else:
+        target.write_text(line * 3)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["profile", "--out", str(out), "--", str(target)])
+    message = _one_line_refusal(result, out)
+    assert message.startswith(f"error: {target} is a recording (")
+    assert "not a script" in message and "npumem report" in message
+
+
+def test_profile_still_runs_a_script_whose_first_line_is_a_string(tmp_path):
+    script = tmp_path / "doc.py"
+    script.write_text('"A docstring on one line, which is JSON too."\nprint("ran")\n')
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["profile", "--no-torch", "--out", str(out), "--",
+                                       str(script)])
+    assert result.exit_code == 0, result.output
+    assert "ran" in result.output
+
+
+def test_profile_refuses_a_gzip_file_that_is_not_a_recording(tmp_path):
+    target = tmp_path / "blob.gz"
+    target.write_bytes(gzip.compress(b"print(1)\n"))
+    out = tmp_path / "out"
+    message = _one_line_refusal(CliRunner().invoke(
+        main, ["profile", "--out", str(out), "--", str(target)]), out)
+    assert message == (f"error: {target} is gzip-compressed, not a Python script (if it is a "
+                       "recording, npumem report, replay, tune and view read it)")
+
+
+@pytest.mark.parametrize("option", ["--bogus", "--stack", "--bogus=3"])
+def test_profile_names_an_option_it_does_not_have(tmp_path, option):
+    """It said 'no such script: --bogus' (the option was taken for the script)."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["profile", "--out", str(out), option, "--", "train.py"])
+    assert result.exit_code == 2, result.output
+    name = option.partition("=")[0]
+    assert f"No such option '{name}'" in result.output
+    assert "no such script" not in result.output and not out.exists()
+
+
+# --- npumem view's server ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served():
+    from npumem.view.api import App, open_sources
+    from npumem.view.server import ViewServer, new_token
+
+    token = new_token()
+    server = ViewServer(("127.0.0.1", 0), App(open_sources([JSONL])), token)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}", token
+    server.shutdown()
+    server.server_close()
+
+
+def _call(url, method="GET", data=None):
+    request = urllib.request.Request(url, method=method, data=data)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_a_connection_reset_between_requests_prints_nothing(served, capfd):
+    """A browser that resets an idle keep-alive connection printed socketserver's
+    'Exception occurred during processing of request' and a traceback in the terminal."""
+    server, base, token = served
+    host, port = server.server_address[:2]
+    capfd.readouterr()
+    for request in (b"", f"GET /api/info?token={token} HTTP/1.1\r\nHost: x\r\n\r\n".encode()):
+        connection = socket.create_connection((host, port), timeout=30)
+        if request:
+            connection.sendall(request)
+            assert connection.recv(12).startswith(b"HTTP/1.1 200")
+        time.sleep(0.2)      # the server waits in readline for the next request line
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        connection.close()   # a reset, not a close
+    assert _call(f"{base}/api/info?token={token}")[0] == 200    # the server goes on
+    time.sleep(0.2)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "OPTIONS"])
+def test_other_methods_need_the_token_then_are_refused_in_json(served, method):
+    """They were answered 501 in an HTML page, token or not."""
+    _, base, token = served
+    status, body = _call(f"{base}/api/info", method, b"{}")
+    assert status == 403 and "token" in json.loads(body)["error"]
+    status, body = _call(f"{base}/?token={token}", method, b"{}")
+    assert status == 405 and "GET and POST" in json.loads(body)["error"]
+
+
+def test_head_is_answered_as_get_without_a_body(served):
+    _, base, token = served
+    assert _call(f"{base}/api/info", "HEAD") == (403, b"")
+    status, body = _call(f"{base}/?token={token}", "HEAD")
+    assert status == 200 and body == b""
