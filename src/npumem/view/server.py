@@ -78,6 +78,15 @@ class ViewServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
 
+    def handle_error(self, request, client_address):
+        """A browser that drops or resets a connection between two requests (Chrome closes
+        idle keep-alive sockets) is no error: quiet. Anything else is printed as before."""
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
 
 class Handler(BaseHTTPRequestHandler):
     server: ViewServer
@@ -93,6 +102,15 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self._answer("POST")
 
+    def do_HEAD(self):                 # as GET, without the body (_send leaves it out)
+        self._answer("GET")
+
+    def _other(self):                  # PUT, DELETE, ...: the token first, then 405, in JSON
+        self.close_connection = True   # a body it sent is not read: no next request after it
+        self._answer(self.command)
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _other
+
     def _answer(self, method: str) -> None:
         url = urlsplit(self.path)
         query = {key: values[-1] for key, values in parse_qs(url.query).items()}
@@ -105,6 +123,8 @@ class Handler(BaseHTTPRequestHandler):
                     self._json(200, self.server.app.route(method, url.path, query, body))
                 elif method == "GET" and (url.path == "/" or url.path.startswith("/static/")):
                     self._static(url.path, "token" in query)
+                elif method not in ("GET", "POST"):
+                    raise ApiError(405, f"{method} is not answered: the viewer takes GET and POST")
                 else:
                     raise ApiError(404, f"no such page: {url.path}")
             except ApiError as exc:
