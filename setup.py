@@ -7,8 +7,8 @@ places a file in: build_py puts it at the root of the wheel, and for an editable
 folder its `install` command targets.
 
 It also builds the C extensions: the snapshot reader, the JSONL trace reader, the native
-allocator model, the native pool for replays, the pool's statistics counts, the greedy
-placement and the planner's search."""
+allocator model, the native pool for replays, the pool's statistics counts and free list, the
+greedy placement and the planner's search."""
 
 import os
 
@@ -64,6 +64,11 @@ POOL_REPLAY = Extension("npumem.alloc._pool_replay", ["src/npumem/alloc/_pool_re
 POOL_STATS = Extension("npumem.alloc._pool_stats", ["src/npumem/alloc/_pool_stats.c"],
                        extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
+# The caching pool's index of free blocks (src/npumem/alloc/_free_list.c): best and first fit,
+# the split on allocate and the merge on free.
+FREE_LIST = Extension("npumem.alloc._free_list", ["src/npumem/alloc/_free_list.c"],
+                      extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
+
 # Greedy placement in a given order (src/npumem/planning/_placement.c): the planner's greedy
 # stage and the predictive pool's step layouts.
 PLACEMENT = Extension("npumem.planning._placement", ["src/npumem/planning/_placement.c"],
@@ -75,4 +80,4 @@ SEARCH = Extension("npumem.planning._search", ["src/npumem/planning/_search.c"],
 
 setup(cmdclass={"build_py": BuildWithProfileHook},
       ext_modules=[SNAPSHOT_READER, JSONL_READER, NATIVE_MODEL, POOL_REPLAY, POOL_STATS,
-                   PLACEMENT, SEARCH])
+                   FREE_LIST, PLACEMENT, SEARCH])

@@ -12,7 +12,7 @@ loop of calls over a chunk of the requests, with no timer or lambda per call (a 
 and a lambda add about 0.8 us to torch's side); the paths take turns chunk by chunk, so drift in
 a shared machine's speed hits them all alike. Reports the median over chunks of the time per
 pair (the typical call) and the mean (which includes work amortized over many calls, such as
-the pool folding its statistics log). Targets (issue 42): pool <= 1.5x torch, public API <= 2x
+a garbage collection). Targets (issue 42): pool <= 1.5x torch, public API <= 2x
 torch; statistics adaptor <= +30%.
 
 Predictive hits (predictive:True) are timed on a repeated step of those sizes, against the
