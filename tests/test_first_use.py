@@ -146,3 +146,39 @@ def test_head_is_answered_as_get_without_a_body(served):
     assert _call(f"{base}/api/info", "HEAD") == (403, b"")
     status, body = _call(f"{base}/?token={token}", "HEAD")
     assert status == 200 and body == b""
+
+
+# --- a leak freed before the recording ended -------------------------------------------------
+
+def test_a_leak_freed_when_the_run_ended_keeps_its_line():
+    """A list of losses grows step over step and is let go when the script ends (estimate's
+    predicted.pickle records that): the leak's JSON had file and line None, and its text said
+    '(0 B live in 0 allocation(s))'."""
+    from npumem.profile.leak_analysis import analyze_leaks
+    from tests.test_step_evidence import entry, loop
+
+    snapshot = loop(8, leak=4096, marks="ProfilerStep#0")
+    trace = snapshot["device_traces"][0]
+    kept = [e for e in trace if e["action"] == "alloc" and e["frames"][0]["line"] == 20]
+    t = trace[-1]["time_us"] + 10
+    for e in kept:                       # the script ends: its list goes
+        trace += [entry("free_requested", e["addr"], e["size"], t),
+                  entry("free_completed", e["addr"], e["size"], t)]
+    leak, = analyze_leaks(snapshot).leaks
+    data = leak.to_json()
+    assert (data["file"], data["line"], data["function"]) == ("train.py", 20, "step")
+    assert data["growth_per_step_bytes"] == 4096 and data["live_bytes"] == 0
+    text = leak.describe()
+    assert text.endswith("at train.py:20 in step (all of it freed before the recording ended)")
+    assert "0 allocation(s)" not in text
+
+
+@pytest.mark.parametrize("count, said", [(1, "only 1 allocation,"), (2, "only 2 allocations,")])
+def test_too_few_allocations_for_steps_is_said_in_good_english(count, said):
+    """It said '(only 1 allocations)' on RMM and msprof logs of one allocation."""
+    from npumem.profile.step_inference import find_steps
+    from tests.test_step_evidence import entry
+
+    trace = [entry("alloc", 4096 * (k + 1), 512, k) for k in range(count)]
+    reason = find_steps({"segments": [], "device_traces": [trace]}, 0).reason
+    assert said in reason and "too few for a step to repeat 4 times" in reason

@@ -41,7 +41,8 @@ def infer_steps(a) -> Steps:
     allocs = np.flatnonzero(a.action == ALLOC)[:MAX_ALLOCATIONS]
     n = len(allocs)
     if n < MIN_COPIES * MIN_PERIOD:
-        return Steps(reason=f"{NO_STEPS} (only {n} allocations)")
+        return Steps(reason=f"{NO_STEPS} (only {n} allocation{'' if n == 1 else 's'}, too few "
+                            f"for a step to repeat {MIN_COPIES} times)")
     tokens = _tokens(a, allocs)
     levels = live_before(a, allocs)
     tried = []

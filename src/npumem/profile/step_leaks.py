@@ -70,9 +70,11 @@ class StepLeak:
                           sorted(self.categories.items(), key=lambda kv: -kv[1]))
         inside = f", allocated in {self.allocated_in}" if self.allocated_in else ""
         steps = "inferred steps" if self.inferred else "steps"
+        held = (f"{format_size(self.live)} live in {self.count} allocation(s)"
+                f"{': ' + kinds if kinds else ''}" if self.count else
+                "all of it freed before the recording ended")
         return (f"+{format_size(self.per_step)} per step over {self.steps} {steps} at "
-                f"{self.where}{inside} ({format_size(self.live)} live in {self.count} "
-                f"allocation(s){': ' + kinds if kinds else ''})")
+                f"{self.where}{inside} ({held})")
 
     def to_json(self) -> dict:
         frame = (self.site.user or self.site.library or self.site.native) if self.site else None
@@ -207,8 +209,12 @@ def _leak(entries, live, site_at, index: int, where: str, t: Trend, numbers, y, 
     kinds = Counter()
     for e in mine:
         kinds[e.get("category") or "other"] += e.get("size", 0)
-    frames = mine[-1].get("frames") or [] if mine else []
-    site = leak_site(frames, mine[-1].get("user_metadata") if mine else None)
+    # the site's stack from what of it is live at the end; where it was all freed before the
+    # recording ended (a list of losses let go when the script finished), from its last
+    # allocation: the leak is still named by file and line
+    last = mine[-1] if mine else take(entries, np.flatnonzero(site_at == index)[-1:])[0]
+    frames = last.get("frames") or []
+    site = leak_site(frames, last.get("user_metadata"))
     chosen = site.user or site.library or site.native
     inner = frames[:frames.index(chosen)] if chosen in frames else []
     thin = np.unique(np.linspace(0, len(y) - 1, min(len(y), MAX_SERIES)).astype(np.int64))
