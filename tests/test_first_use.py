@@ -182,3 +182,16 @@ def test_too_few_allocations_for_steps_is_said_in_good_english(count, said):
     trace = [entry("alloc", 4096 * (k + 1), 512, k) for k in range(count)]
     reason = find_steps({"segments": [], "device_traces": [trace]}, 0).reason
     assert said in reason and "too few for a step to repeat 4 times" in reason
+
+
+def test_whatif_on_an_oom_snapshot_keeps_tunes_verdict():
+    """Where the run died, tune's table has verdicts, and so has the what-if (only a run that
+    finished on no --memory trades them for the saving)."""
+    from npumem.view.api import open_sources
+    from npumem.view.whatif import _tune_verdict, check_setting
+
+    oom = os.path.join(DATA, "cuda_oom_h200", "snapshots", "mlp", "116MiB_default.pickle.gz")
+    source, = open_sources([oom])
+    config = check_setting(source, "expandable_segments:True")
+    verdict = _tune_verdict(source, config, "expandable_segments:True", lambda done: None)[0]
+    assert verdict.startswith(("fits [", "OOM ")), verdict

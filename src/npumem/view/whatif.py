@@ -134,5 +134,21 @@ def _tune_verdict(source: Source, config, text: str, progress):
                             progress=update)
     chosen = next((c for c in tuning.candidates
                    if c.config.describe() == config.describe()), tuning.recorded)
-    return (chosen.verdict(), tuning.answer(), int(chosen.decisive.peak_reserved_bytes),
-            tuning.recorded_peak_reserved_bytes)
+    return (_verdict(tuning, chosen), tuning.answer(),
+            int(chosen.decisive.peak_reserved_bytes), tuning.recorded_peak_reserved_bytes)
+
+
+def _verdict(tuning, chosen) -> str:
+    """tune's verdict on the setting, as tune's table gives it: where no --memory was given
+    and both finish (a run that did not die, a CPU profile), "fits" would mean nothing, so
+    what the setting saves against the settings the run used, as tune's table says."""
+    from ..units import format_size
+
+    if tuning.memory is not None or not all(c.finishes for c in tuning.candidates):
+        return chosen.verdict()
+    if chosen.as_recorded:
+        return "as recorded"
+    saving = (tuning.recorded.decisive.peak_reserved_bytes
+              - chosen.decisive.peak_reserved_bytes)
+    return (f"saves {format_size(saving)} against the recorded settings" if saving >= 0 else
+            f"reserves {format_size(-saving)} more than the recorded settings")
