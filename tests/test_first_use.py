@@ -195,3 +195,23 @@ def test_whatif_on_an_oom_snapshot_keeps_tunes_verdict():
     config = check_setting(source, "expandable_segments:True")
     verdict = _tune_verdict(source, config, "expandable_segments:True", lambda done: None)[0]
     assert verdict.startswith(("fits [", "OOM ")), verdict
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_a_script_that_raises_shows_its_own_traceback_from_its_own_line(tmp_path, how):
+    """The traceback began in npumem/profile/run.py's exec (and runpy's frames for -m), where
+    `python train.py` shows only the script's frames."""
+    import subprocess
+    import sys
+
+    (tmp_path / "boom.py").write_text("x = 1\nraise RuntimeError('boom')\n")
+    target = ["--", "boom.py"] if how == "script" else ["-m", "boom"]
+    done = subprocess.run([sys.executable, "-m", "npumem", "profile", "--no-torch", "--out",
+                           str(tmp_path / "out"), *target], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    start = lines.index("Traceback (most recent call last):")
+    assert lines[start + 1].startswith(f'  File "{tmp_path / "boom.py"}", line 2, in <module>')
+    assert "RuntimeError: boom" in lines and "npumem" not in lines[start + 1]
+    assert "runpy" not in done.stderr and "run_target" not in done.stderr

@@ -67,12 +67,24 @@ def run_target(target: list[str]) -> RunOutcome:
         return RunOutcome(1, main.__dict__, False)
     except KeyboardInterrupt:
         return RunOutcome(130, main.__dict__, True)
-    except BaseException:                 # noqa: BLE001 - the script's own error: show it, go on
-        traceback.print_exc()
+    except BaseException as exc:          # noqa: BLE001 - the script's own error: show it, go on
+        _print_script_error(exc)
         return RunOutcome(1, main.__dict__, False)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         sys.modules["__main__"] = saved_main
+
+
+def _print_script_error(exc: BaseException) -> None:
+    """The script's traceback as `python script.py` prints it: from the script's first frame,
+    without npumem's own frames (run_target's exec) or runpy's (-m) above it."""
+    import runpy
+
+    own = {os.path.abspath(__file__), __file__, getattr(runpy, "__file__", None), "<frozen runpy>"}
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in own:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
 
 
 class _NotThere(Exception):
