@@ -215,3 +215,24 @@ def test_a_script_that_raises_shows_its_own_traceback_from_its_own_line(tmp_path
     assert lines[start + 1].startswith(f'  File "{tmp_path / "boom.py"}", line 2, in <module>')
     assert "RuntimeError: boom" in lines and "npumem" not in lines[start + 1]
     assert "runpy" not in done.stderr and "run_target" not in done.stderr
+
+
+@pytest.mark.parametrize("verb", ["report", "view"])
+def test_a_gz_name_on_a_file_that_is_not_gzip_is_said(tmp_path, verb):
+    """It said 'unknown trace format' and listed the formats, of a file whose name promised
+    gzip."""
+    fake = tmp_path / "snap.pickle.gz"
+    fake.write_text("hi\n")
+    result = CliRunner().invoke(main, [verb, *(["--no-browser"] if verb == "view" else []),
+                                       str(fake)])
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: {fake}:1: named .gz but not gzip-compressed, and "
+                                     "not a trace npumem reads either (a file renamed, or saved "
+                                     "uncompressed under a .gz name?)")
+
+
+def test_view_of_a_usage_curve_says_there_is_nothing_to_view():
+    curve = os.path.join(DATA, "msprof", "worker0_20250101080000000_ascend_pt",
+                         "ASCEND_PROFILER_OUTPUT", "memory_record.csv")
+    result = CliRunner().invoke(main, ["view", "--no-browser", curve])
+    assert result.exit_code == 2 and "nothing to replay, convert or view" in result.output
