@@ -236,3 +236,39 @@ def test_view_of_a_usage_curve_says_there_is_nothing_to_view():
                          "ASCEND_PROFILER_OUTPUT", "memory_record.csv")
     result = CliRunner().invoke(main, ["view", "--no-browser", curve])
     assert result.exit_code == 2 and "nothing to replay, convert or view" in result.output
+
+
+# --- npumem report: options that did nothing --------------------------------------------------
+
+MSPROF = os.path.join(DATA, "msprof", "worker0_20250101080000000_ascend_pt")
+
+
+def test_report_json_of_an_ascend_profiler_folder_is_refused_not_text():
+    """It printed the text report, exit 0, to a script that asked for JSON (a single
+    operator_memory.csv was refused already)."""
+    result = CliRunner().invoke(main, ["report", "--json", MSPROF])
+    assert result.exit_code == 2
+    assert "Invalid value for --json: reads snapshots and traces" in result.output
+    assert "npumem report of" not in result.output
+
+
+@pytest.mark.parametrize("path", [GPT, MSPROF])
+def test_report_snapshot_without_memory_stats_is_refused(path):
+    """--snapshot goes with a memory_stats file; anywhere else it was dropped silently."""
+    result = CliRunner().invoke(main, ["report", path, "--snapshot", GPT])
+    assert result.exit_code == 2
+    assert (f"Invalid value for --snapshot: goes with a memory_stats JSON file (for the "
+            f"fragmentation its totals lack); {path} is not one: drop --snapshot") in result.output
+
+
+@pytest.mark.parametrize("path", [MSPROF, os.path.join(MSPROF, "ASCEND_PROFILER_OUTPUT",
+                                                       "memory_record.csv")])
+def test_report_device_on_what_is_reported_whole_is_refused(path):
+    result = CliRunner().invoke(main, ["report", "--device", "0", path])
+    assert result.exit_code == 2
+    assert "Invalid value for --device:" in result.output and "reported whole" in result.output
+
+
+def test_report_device_still_picks_a_snapshots_device():
+    result = CliRunner().invoke(main, ["report", "--device", "0", GPT])
+    assert result.exit_code == 0 and result.output.startswith("npumem report of")

@@ -54,10 +54,16 @@ def report(path, html_out, top, snapshot_path, device, window_text, as_json):
                                  "usage curve or Ascend profiler output)", param_hint="--json")
     if path.endswith(".json") and os.path.isfile(path) and not _is_trace(path):
         _no_window(window, "a memory_stats file")
+        _no_device(device, "a memory_stats file")
         _report_torch_stats(path, snapshot_path)
         return
+    if snapshot_path is not None:        # it was dropped without a word
+        raise click.BadParameter(f"goes with a memory_stats JSON file (for the fragmentation "
+                                 f"its totals lack); {path} is not one: drop --snapshot",
+                                 param_hint="--snapshot")
     if os.path.isfile(path) and _is_usage_curve(path):
         _no_window(window, "a usage curve")
+        _no_device(device, "a usage curve")
         click.echo(_usage_summary(path), nl=False)
         if html_out:
             from ..profile.html import render_usage_html
@@ -69,6 +75,7 @@ def report(path, html_out, top, snapshot_path, device, window_text, as_json):
         from ..profile.ascend import files_beside
 
         _no_window(window, "Ascend profiler output")
+        _no_device(device, "Ascend profiler output")
         _report_ascend([files_beside(path)], top, html_out)
         return
     if os.path.isdir(path):
@@ -80,7 +87,12 @@ def report(path, html_out, top, snapshot_path, device, window_text, as_json):
 
             outputs = find_outputs(path)
             if outputs:                           # a torch_npu (or msprof) profiler output
+                if as_json:                       # it printed text, exit 0, to a JSON reader
+                    raise click.BadParameter("reads snapshots and traces (not a memory_stats "
+                                             "file, a usage curve or Ascend profiler output)",
+                                             param_hint="--json")
                 _no_window(window, "Ascend profiler output")
+                _no_device(device, "Ascend profiler output")
                 _report_ascend(outputs, top, html_out)
                 return
             raise CommandError(f"{path} has neither torch_snapshot.pickle nor snapshot.pickle "
@@ -126,6 +138,12 @@ def _no_window(window, what: str) -> None:
     if window is not None:
         raise click.BadParameter(f"{what} has no entries to cut: --window reads snapshots and "
                                  "traces", param_hint="--window")
+
+
+def _no_device(device, what: str) -> None:
+    if device is not None:               # it was dropped without a word
+        raise click.BadParameter(f"{what} is reported whole: --device picks a device of a "
+                                 "snapshot or trace", param_hint="--device")
 
 
 def _cut(data: dict, window, path: str) -> dict:
