@@ -8,7 +8,7 @@ folder its `install` command targets.
 
 It also builds the C extensions: the snapshot reader, the JSONL trace reader, the native
 allocator model, the native pool for replays, the pool's statistics counts and free list, the
-greedy placement and the planner's search."""
+statistics adaptor's counts, the greedy placement and the planner's search."""
 
 import os
 
@@ -69,6 +69,13 @@ POOL_STATS = Extension("npumem.alloc._pool_stats", ["src/npumem/alloc/_pool_stat
 FREE_LIST = Extension("npumem.alloc._free_list", ["src/npumem/alloc/_free_list.c"],
                       extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-unused-function"])
 
+# The statistics adaptor's counts and its counted allocate and free
+# (src/npumem/alloc/_statistics_adaptor.c).
+STATISTICS_ADAPTOR = Extension("npumem.alloc._statistics_adaptor",
+                               ["src/npumem/alloc/_statistics_adaptor.c"],
+                               extra_compile_args=["-O2", "-std=c99", "-Wall",
+                                                   "-Wno-unused-function"])
+
 # Greedy placement in a given order (src/npumem/planning/_placement.c): the planner's greedy
 # stage and the predictive pool's step layouts.
 PLACEMENT = Extension("npumem.planning._placement", ["src/npumem/planning/_placement.c"],
@@ -80,4 +87,4 @@ SEARCH = Extension("npumem.planning._search", ["src/npumem/planning/_search.c"],
 
 setup(cmdclass={"build_py": BuildWithProfileHook},
       ext_modules=[SNAPSHOT_READER, JSONL_READER, NATIVE_MODEL, POOL_REPLAY, POOL_STATS,
-                   FREE_LIST, PLACEMENT, SEARCH])
+                   FREE_LIST, STATISTICS_ADAPTOR, PLACEMENT, SEARCH])

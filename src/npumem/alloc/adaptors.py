@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import datetime
-import itertools
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from time import perf_counter_ns
 
 from ..errors import MemoryFreeError
 from ..units import format_size
+from ._statistics_adaptor import StatisticsCounts
 from .resource import MemoryResource
 
 
@@ -57,95 +57,20 @@ class Adaptor(MemoryResource):
         return entry
 
 
-class StatisticsAdaptor(Adaptor):
+class StatisticsAdaptor(StatisticsCounts, Adaptor):
     """Counts, bytes (current, peak, total) and latency of every call.
 
-    The calls only append to logs (list.append is atomic, so no lock is taken on the hot path);
-    `stats()` folds the logs into the totals, as does every 8192nd change. Counting in place
-    under a lock cost over a third of a pool's cache-hit allocate+free.
+    `allocate`, `deallocate`, `stats()` and `reset_peak()` are StatisticsCounts', in C
+    (_statistics_adaptor.c): in Python, timing and counting each call cost over half of a pool's
+    cache-hit allocate+free. The counts change under the GIL with no Python code in between, so
+    no lock is taken; peaks are exact (a free's bytes leave the count before the upstream frees
+    them, so memory handed back to another thread is never counted twice). Only an Exception
+    from the upstream is a counted failure, and it propagates with the counts intact. The
+    counts are also attributes: allocations, frees, failures, current_bytes, peak_bytes,
+    total_bytes, alloc_ns, free_ns, max_alloc_ns (read-only).
     """
 
-    FOLD_AT = 8192
-
-    def __init__(self, upstream: MemoryResource):
-        super().__init__(upstream)
-        self._sizes: dict[int, int] = {}
-        self._changes: list[int] = []       # +bytes per allocate, -bytes per free, in order
-        self._alloc_ns: list[int] = []
-        self._free_ns: list[int] = []
-        self.allocations = self.frees = self.failures = 0
-        self.current_bytes = self.peak_bytes = self.total_bytes = 0
-        self.alloc_ns = self.free_ns = self.max_alloc_ns = 0
-
-    def allocate(self, nbytes: int, stream=None) -> int:
-        start = perf_counter_ns()
-        try:
-            pointer = self._upstream.allocate(nbytes, stream)
-        except Exception:
-            with self.lock:
-                self.failures += 1
-            raise
-        self._alloc_ns.append(perf_counter_ns() - start)
-        self._sizes[pointer] = nbytes
-        changes = self._changes
-        changes.append(nbytes)
-        if len(changes) >= self.FOLD_AT:
-            with self.lock:
-                self._fold()
-        return pointer
-
-    def deallocate(self, pointer: int, nbytes: int | None = None, stream=None) -> None:
-        # The bytes leave the count before the upstream frees them, so an allocation that gets
-        # them back on another thread cannot be counted on top of them (peaks stay true).
-        size = self._sizes.get(pointer, 0)
-        self._changes.append(-size)
-        start = perf_counter_ns()
-        try:
-            self._free_upstream(self._sizes, pointer, nbytes, stream)
-        except Exception:
-            self._changes.append(size)
-            raise
-        self._free_ns.append(perf_counter_ns() - start)
-
-    @staticmethod
-    def _drain(log: list[int]) -> list[int]:
-        """Take what is in `log` now; appends racing with this stay for the next fold."""
-        count = len(log)
-        taken = log[:count]
-        del log[:count]
-        return taken
-
-    def _fold(self) -> None:
-        """Count the logged calls (the caller holds the lock)."""
-        alloc_ns, free_ns = self._drain(self._alloc_ns), self._drain(self._free_ns)
-        changes = self._drain(self._changes)
-        self.allocations += len(alloc_ns)
-        self.alloc_ns += sum(alloc_ns)
-        self.max_alloc_ns = max(self.max_alloc_ns, max(alloc_ns, default=0))
-        self.frees += len(free_ns)
-        self.free_ns += sum(free_ns)
-        if changes:
-            running = list(itertools.accumulate(changes, initial=self.current_bytes))
-            self.peak_bytes = max(self.peak_bytes, max(running))
-            self.current_bytes = running[-1]
-            self.total_bytes += sum(change for change in changes if change > 0)
-
-    def stats(self) -> dict:
-        with self.lock:
-            self._fold()
-            return {
-                "allocations": self.allocations, "frees": self.frees, "failures": self.failures,
-                "current_bytes": self.current_bytes, "peak_bytes": self.peak_bytes,
-                "total_bytes": self.total_bytes, "live": len(self._sizes),
-                "mean_alloc_us": self.alloc_ns / self.allocations / 1e3 if self.allocations else 0.0,
-                "max_alloc_us": self.max_alloc_ns / 1e3,
-                "mean_free_us": self.free_ns / self.frees / 1e3 if self.frees else 0.0,
-            }
-
-    def reset_peak(self) -> None:
-        with self.lock:
-            self._fold()
-            self.peak_bytes = self.current_bytes
+    # Adaptor.__init__ stores the upstream in StatisticsCounts' `_upstream` slot.
 
 
 @dataclass
