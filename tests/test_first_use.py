@@ -272,3 +272,23 @@ def test_report_device_on_what_is_reported_whole_is_refused(path):
 def test_report_device_still_picks_a_snapshots_device():
     result = CliRunner().invoke(main, ["report", "--device", "0", GPT])
     assert result.exit_code == 0 and result.output.startswith("npumem report of")
+
+
+def test_a_profiles_step_annotations_are_named_by_what_marked_them(tmp_path):
+    """The page labelled a profile's steps 'npumem.memory.step (start)' where the report says
+    they were marked by optimizer.step."""
+    from npumem.view.api import open_sources
+    from tests.test_step_evidence import entry
+
+    trace = [entry("alloc", 4096 * (k + 1), 512, 10 * k) for k in range(6)]
+    notes = [{"name": "npumem.memory.step", "stage": "START", "device": 0, "time_us": 10.0 * k,
+              "source": "optimizer.step"} for k in range(3)]
+    notes.append({"name": "npumem.memory.step", "stage": "START", "device": 0, "time_us": 35.0})
+    path = tmp_path / "profiled.pickle"
+    import pickle
+
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace],
+                                   "external_annotations": notes}))
+    source, = open_sources([str(path)])
+    labels = [note["label"] for note in source.info()["annotations"]]
+    assert labels == ["optimizer.step (start)"] * 3 + ["npumem.memory.step (start)"]

@@ -184,7 +184,11 @@ class Source:
             if self.times is None:                # an entry axis: the first entry at or after
                 continue
             stage = note.get("stage")
-            out.append({"t": float(when), "label": str(note.get("name", "")) +
+            name = str(note.get("name", ""))
+            if name == "npumem.memory.step" and isinstance(note.get("source"), str) and \
+                    note["source"]:       # a profile's step, named by what marked it, as the
+                name = note["source"]     # report names it ("marked by optimizer.step")
+            out.append({"t": float(when), "label": name +
                         (f" ({str(stage).lower()})" if stage else "")})
         return out
 
