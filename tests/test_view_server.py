@@ -443,17 +443,27 @@ def test_pinned_host_memory_as_read(tmp_path):
 
     data = load_snapshot(GPT)
     start = int(data["device_traces"][0][0]["time_us"])
-    data["host_segments"] = [{"address": 1 << 40, "total_size": 4 << 20,
-                              "allocated_size": 3 << 20, "blocks": []}]
-    data["host_traces"] = [{"action": "alloc", "addr": (1 << 40) + i * (1 << 20),
-                            "size": 1 << 20, "time_us": start + 1000 * i} for i in range(3)] + [
-        {"action": "free_requested", "addr": 1 << 40, "size": 1 << 20, "time_us": start + 5000}]
+    # 2.14.1's shape (docs/formats.md, "Pinned host memory"): one segment per pinned allocation
+    # with the device segment's keys and one block; one flat list of device-shaped entries
+    data["host_segments"] = [
+        {"device": 0, "address": (1 << 40) + i * (1 << 20), "total_size": 1 << 20,
+         "allocated_size": 1 << 20, "active_size": 1 << 20, "requested_size": 1 << 20,
+         "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
+         "frames": [], "blocks": [{"address": (1 << 40) + i * (1 << 20), "size": 1 << 20,
+                                   "requested_size": 1 << 20, "state": "active_allocated",
+                                   "frames": []}]} for i in (1, 2)]
+    data["host_traces"] = [
+        {"action": action, "addr": (1 << 40) + i * (1 << 20), "size": 1 << 20, "stream": 0,
+         "time_us": start + when, "compile_context": "N/A", "user_metadata": ""}
+        for action, i, when in [("alloc", 0, 0), ("alloc", 1, 1000), ("alloc", 2, 2000),
+                                ("free_requested", 0, 5000)]]
     path = tmp_path / "pinned.pickle"
     save(data, str(path))
     app = App(open_sources([str(path)]))
     assert app.info({}, None)["sources"][0]["host"]
     host = app.host({}, None)
-    assert host["host"] and host["segments"][0]["size"] == 4 << 20
+    assert host["host"] and host["segment_count"] == 2 and host["reserved"] == 2 << 20
+    assert [s["allocated"] for s in host["segments"]] == [1 << 20, 1 << 20]
     assert host["timeline"]["allocated"] == [1 << 20, 2 << 20, 3 << 20, 2 << 20]
     assert host["timeline"]["t"] == [0.0, 1000.0, 2000.0, 5000.0]
 

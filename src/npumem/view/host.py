@@ -1,10 +1,11 @@
 """/api/host: pinned host memory, which PyTorch 2.14 adds to a snapshot as `host_segments` and
-`host_traces` when recorded with record_pinned_host_memory=True (docs/formats.md).
+`host_traces` when recorded with record_pinned_host_memory=True.
 
-The keys' contents are read as the device's are shaped (segments: dicts with an address, a
-size and blocks; traces: entries with an action, an address, a size and a time), defensively:
-docs/formats.md lists their contents as not yet verified against PyTorch's source, so every
-field is optional and anything else is passed on as found (`raw_keys`), never trusted.
+Their shape is the device's (docs/formats.md, "Pinned host memory", read from 2.14.1's compiled
+`_memory_snapshot_pickled`): each host segment is a dict with the device segment's keys and one
+block (a pinned allocation is its own segment); `host_traces` is one flat list of trace entries
+with the device entries' keys. Still read defensively: a key missing or of the wrong type reads
+as 0, and a list of lists (one per device, as `device_traces`) is accepted too.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def host_memory(source: Source) -> dict:
             "reserved": sum(s["size"] for s in shown),
             "entries": len(entries), "timeline": _timeline(source, entries),
             "actions": sorted({str(e.get("action")) for e in entries})[:20],
-            "verified": False}
+            "shape": "2.14"}
 
 
 def _entries(traces) -> list[dict]:

@@ -37,10 +37,6 @@ NV.host = (function () {
     p.textContent = F.plural(r.segment_count, "pinned segment") + ", " + F.bytes(r.reserved) + " held; " +
       F.plural(r.entries, "trace entry", "trace entries") + (r.actions && r.actions.length ? " (" + r.actions.join(", ") + ")" : "") + ".";
     box.appendChild(p);
-    if (r.verified === false) {
-      box.insertAdjacentHTML("beforeend", "<p class='muted'>PyTorch documents these fields loosely: they are " +
-        "read defensively and shown as found, not yet checked against PyTorch's source.</p>");
-    }
     var tl = r.timeline || {};
     if (tl.t && tl.t.length) {
       box.insertAdjacentHTML("beforeend", "<h3>Pinned bytes allocated over time</h3>");
