@@ -292,3 +292,15 @@ def test_a_profiles_step_annotations_are_named_by_what_marked_them(tmp_path):
     source, = open_sources([str(path)])
     labels = [note["label"] for note in source.info()["annotations"]]
     assert labels == ["optimizer.step (start)"] * 3 + ["npumem.memory.step (start)"]
+
+
+def test_a_loop_of_one_tensor_an_iteration_is_told_how_to_mark_its_steps():
+    """'no sequence of allocations repeats 4 times or more' was said of one allocation
+    repeated hundreds of times (a step must hold 3 at least)."""
+    from npumem.profile.step_inference import find_steps
+    from tests.test_step_evidence import entry
+
+    trace = [entry("alloc", 4096 * (k + 1), 4000, k) for k in range(50)]
+    reason = find_steps({"segments": [], "device_traces": [trace]}, 0).reason
+    assert "no sequence of 3 allocations or more repeats 4 times or more" in reason
+    assert "npumem.memory.step()" in reason

@@ -73,7 +73,9 @@ def infer_steps(a) -> Steps:
                      f"the same {period} allocations (sizes and lines) repeat {len(at)} times "
                      f"and memory returns to a level between them", period)
     if not tried:
-        why = f"{NO_STEPS} (no sequence of allocations repeats {MIN_COPIES} times or more)"
+        why = (f"{NO_STEPS} (no sequence of {MIN_PERIOD} allocations or more repeats "
+               f"{MIN_COPIES} times or more: a loop whose step makes fewer, one tensor an "
+               f"iteration, needs its steps marked, e.g. npumem.memory.step())")
     elif why == NO_STEPS:
         why = (f"{NO_STEPS} (what repeats covers {best / n:.0%} of the allocations, "
                f"less than {COVERAGE:.0%})")
