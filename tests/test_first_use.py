@@ -235,7 +235,7 @@ def test_view_of_a_usage_curve_says_there_is_nothing_to_view():
     curve = os.path.join(DATA, "msprof", "worker0_20250101080000000_ascend_pt",
                          "ASCEND_PROFILER_OUTPUT", "memory_record.csv")
     result = CliRunner().invoke(main, ["view", "--no-browser", curve])
-    assert result.exit_code == 2 and "nothing to replay, convert or view" in result.output
+    assert result.exit_code == 2 and "nothing to replay, convert, diff or view" in result.output
 
 
 # --- npumem report: options that did nothing --------------------------------------------------

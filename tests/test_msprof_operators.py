@@ -226,7 +226,7 @@ def test_npu_module_mem_alone_is_summarized_and_refused_by_convert(tmp_path):
     assert report.exit_code == 0 and "RUNTIME on NPU:0: 2 sample(s), over 0.500 ms; peak " \
         "reserved 112.00 MiB" in report.output
     converted = _cli("convert", path, tmp_path / "x.jsonl")
-    assert converted.exit_code == 2 and "nothing to replay, convert or view" in converted.output
+    assert converted.exit_code == 2 and "nothing to replay, convert, diff or view" in converted.output
     older = tmp_path / "npu_module_mem.csv"     # torch_npu before mid-2025: no Device_id column
     older.write_text("Component,Timestamp(us),Total Reserved(MB),Device\nHCCL,5.0,64.0,NPU:1\n")
     assert is_module_memory(older.read_bytes())

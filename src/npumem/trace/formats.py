@@ -41,17 +41,17 @@ def detect_format(path: str | os.PathLike) -> str:
     if msprof.is_usage_curve(head):
         raise TraceFormatError(path, "1", "a memory usage curve (msprof memory_record.csv: totals "
                                "over time, no allocations), so there is nothing to replay, "
-                               "convert or view; `npumem report` summarizes it, and msprof's "
-                               "operator_memory.csv holds the allocations")
+                               "convert, diff or view; `npumem report` summarizes it, and "
+                               "msprof's operator_memory.csv holds the allocations")
     if msprof.is_module_memory(head):
         raise TraceFormatError(path, "1", "reserved memory by CANN component (msprof / torch_npu "
                                "npu_module_mem.csv: totals over time, no allocations), so there "
-                               "is nothing to replay, convert or view; `npumem report` "
+                               "is nothing to replay, convert, diff or view; `npumem report` "
                                "summarizes it")
     if b'"allocated_bytes.all.current"' in head or b'"reserved_bytes.all.current"' in head:
         raise TraceFormatError(path, "1", "PyTorch's memory_stats() (totals, no allocations), so "
-                               "there is nothing to replay, convert or view; `npumem report` "
-                               "reads it")
+                               "there is nothing to replay, convert, diff or view; `npumem "
+                               "report` reads it")
     if path.lower().endswith(".gz"):
         with open(path, "rb") as handle:
             if handle.read(2) != b"\x1f\x8b":
