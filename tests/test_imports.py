@@ -129,3 +129,25 @@ def test_the_map_sees_imports_inside_functions_and_of_submodules():
     modules = _imports()
     assert "npumem.trace.snapshot.columns" in modules["npumem.trace.snapshot.recording"]
     assert "npumem.whatif.torch_replay" in modules["npumem.whatif.torch_tune"]
+
+
+def test_an_unbuilt_pool_says_what_to_do():
+    """A checkout used before `pip install -e .`: the pool's C parts missing give one clear
+    ImportError naming the fix, not "cannot import name '_free_list'"."""
+    import subprocess
+    import sys
+
+    hide = (
+        "import sys, importlib.abc\n"
+        "class Hide(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'npumem.alloc._free_list':\n"
+        "            raise ImportError('No module named ' + repr(name))\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "try:\n"
+        "    import npumem.alloc.block\n"
+        "except ImportError as error:\n"
+        "    print(error)\n")
+    out = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert "needs its C extension _free_list" in out and "pip install -e ." in out

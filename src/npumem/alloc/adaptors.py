@@ -17,8 +17,10 @@ from time import perf_counter_ns
 
 from ..errors import MemoryFreeError
 from ..units import format_size
-from ._statistics_adaptor import StatisticsCounts
+from .built import native
 from .resource import MemoryResource
+
+StatisticsCounts = native("_statistics_adaptor").StatisticsCounts
 
 
 class Adaptor(MemoryResource):

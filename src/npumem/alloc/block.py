@@ -9,7 +9,9 @@ starts. The FreeList is C (`_free_list.c`): its take and merge run on every allo
 
 from __future__ import annotations
 
-from . import _free_list
+from .built import native
+
+_free_list = native("_free_list")
 
 
 class Block:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import threading
 
-from ._pool_stats import Counts
+from .built import native
+
+Counts = native("_pool_stats").Counts
 
 POOLS = ("all", "small_pool", "large_pool")
 # The first three change on every allocate and free (PoolStats.alloc / PoolStats.free).
