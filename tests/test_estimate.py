@@ -183,9 +183,13 @@ def test_bad_arguments_are_usage_errors(tmp_path):
                           (["--set", "expandable_segments:maybe", str(script)], "--set"),
                           (["--assume", "int=x", str(script)], "int takes an integer"),
                           (["--memory", "0", str(script)], "--memory"),
-                          ([str(tmp_path / "missing.py")], "no such file"),
+                          ([str(tmp_path / "missing.py")], "no such script"),
                           ([os.path.join(HERE, "data", "cuda_snapshots", "mlp.pickle.gz")],
-                           "not a Python script"),
+                           "a recording (a pickle), not a script"),
+                          ([os.path.join(HERE, "data", "cpu_recordings")], "is a folder"),
+                          (["--bogus", str(script)], "No such option"),
+                          ([os.path.join(HERE, "data", "cpu_recordings", "cnn_accum.jsonl.gz")],
+                           "not a script"),
                           (["--fit", "B=1,2", str(script)], "no {B}")):
         result = runner.invoke(main, ["estimate", *args])
         assert result.exit_code == 2, (args, result.output)

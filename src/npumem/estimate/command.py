@@ -134,17 +134,15 @@ def estimate_command(device, gpu, memory, overrides, assume, fits, torch_version
         npumem estimate --gpu a100-40 -- train.py --batch 32
     """
     from ..errors import InvalidParamError
+    from ..profile.script_check import not_a_script
     from .run import settings_for
     from .targets import TARGETS, target as find_target
 
-    if not os.path.isfile(script):
-        what = "is a folder" if os.path.isdir(script) else "no such file"
-        raise click.BadParameter(f"{script}: {what} (give the Python script to estimate)",
-                                 param_hint="SCRIPT")
-    with open(script, "rb") as handle:
-        if b"\0" in handle.read(8192):
-            raise click.BadParameter(f"{script} is a binary file, not a Python script (npumem "
-                                     "report, replay and tune read recordings)", param_hint="SCRIPT")
+    if script.startswith("-") and not os.path.exists(script):
+        raise click.NoSuchOption(script.partition("=")[0])   # an option estimate does not have
+    problem = not_a_script(script)      # a recording, a binary, a folder: one line, nothing run
+    if problem is not None:
+        raise click.BadParameter(problem, param_hint="SCRIPT")
     try:
         chosen = find_target(gpu, device or "cuda")
     except KeyError as exc:
