@@ -4,6 +4,7 @@ from what the recording repeats, recommending only what survives."""
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import pytest
@@ -19,6 +20,7 @@ from .capped_recordings import capped, truth
 from .torch_recorder import record
 
 MiB = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
 STACK = [{"filename": "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py",
           "line": 125, "name": "forward"},
          {"filename": "/home/user/train.py", "line": 42, "name": "train_step"},
@@ -141,6 +143,20 @@ def test_where_no_setting_fits_tune_says_by_how_much(tmp_path):
     assert last.startswith("answer: none fits on 100.00 MiB: the run, played on, needs about"), last
     assert "short by:" in result.output and "recommended:" not in result.output
     assert "played on for 3 more periods" in result.output
+
+
+def test_what_a_capped_run_needs_is_never_less_than_the_cap_it_died_under():
+    """Under a memory fraction, expandable segments' retry (unmap, then map the request) can
+    need more than the run reserves with no cap: the bytes 'needed' were once the uncapped
+    peak, 54 MiB on a 57 MiB cap, and tune said both '0 B short' and 'none fits'."""
+    recording = load_recording(os.path.join(HERE, "data", "cuda_oom_h200", "snapshots",
+                                            "gpt_generate", "57MiB_default.pickle.gz"))
+    tuning = tune_recording(recording)
+    assert tuning.best is None and tuning.worth_trying is None
+    for candidate in tuning.candidates:
+        assert candidate.needed is None or candidate.needed > tuning.memory, candidate.name
+        assert replay_recording(recording, candidate.config, allowed=candidate.needed).oom \
+            is None if candidate.needed else True
 
 
 def test_a_run_that_died_before_repeating_is_not_recommended_blindly(tmp_path):

@@ -424,14 +424,20 @@ def _least_that_fits(recording: Recording, config: TorchAllocatorConfig,
     """About the fewest bytes on which the run fits under `config` (None: on none, as with a
     request larger than the model's addresses), and the requested bytes live at its peak
     (`limit`: _Work.limit, a device's bytes or a fraction's). The bytes lie
-    between `capacity` (too few) and the peak it reserves with no limit (enough), to within
+    between `capacity` (too few) and the peak it reserves with no limit, to within
     1/2**NEED_PROBES of the gap. A limit makes the allocator free its cache and retry, so the
-    run can fit on less than it reserves when nothing stops it."""
+    run can fit on less than it reserves when nothing stops it; and under a memory fraction that
+    retry can need more than the unlimited peak (expandable segments unmap, then map the request
+    anew): the upper end is doubled until the run fits there."""
     low = capacity
     unlimited = replay_recording(recording, config, capacity=UNLIMITED)
     if unlimited.oom is not None:         # (a request past the addresses it has): no bytes do
         return None, unlimited.peak_allocated_bytes
-    high = unlimited.peak_reserved_bytes
+    high = max(unlimited.peak_reserved_bytes, capacity + 2 * MiB)
+    while replay_recording(recording, config, **limit(high)).oom is not None:
+        if high > DEVICE_BYTES_LIMIT:
+            return None, unlimited.peak_allocated_bytes
+        low, high = high, 2 * high
     for _ in range(NEED_PROBES):
         if high - low <= 2 * MiB:
             break
