@@ -18,7 +18,7 @@ NV.legend = (function () {
       if (i < 0) { S.categories.push(c); i = S.categories.length - 1; }
       html.push(swatch("background:" + D.categoryColour(i) + ";opacity:.8", c));
     });
-    html.push(swatch("border-top:2px dashed " + D.INK.step + ";height:0", "step (dotted, ?: inferred)"));
+    html.push(swatch("border-top:2px dashed " + D.INK.step + ";height:0", "step (dashed; dotted with ? where inferred)"));
     html.push("<span><b class='mark-up'>▲</b> segment mapped</span><span><b class='mark-down'>▼</b> unmapped</span>");
     if (info.sources.some(function (s) { return s.oom; })) html.push(swatch("background:" + D.INK.oom + ";width:3px", "out of memory"));
     if (S.allocation) html.push(swatch("background:" + D.INK.lifetimeBar + ";height:4px",

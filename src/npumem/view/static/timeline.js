@@ -407,8 +407,13 @@ NV.timeline = (function () {
   // each along the top, with a label only where there is room; the hover names them.
   function annotationMarks(g, src) {
     var ctx = g.ctx, t0 = src.t_min, lastLabel = -1e9;
+    // an annotation that marks a step already drawn there (a profile's optimizer.step) is not
+    // named twice
+    var stepAt = {};
+    (src.steps || []).forEach(function (s) { stepAt[Math.round(g.x(s.t - t0))] = true; });
     var anns = (src.annotations || []).filter(function (a) {
-      var px = g.x(a.t - t0); return px >= g.L - 1 && px <= g.R + 1;
+      var px = g.x(a.t - t0), at = Math.round(px);
+      return px >= g.L - 1 && px <= g.R + 1 && !stepAt[at] && !stepAt[at - 1] && !stepAt[at + 1];
     });
     ctx.textBaseline = "bottom"; ctx.textAlign = "left"; ctx.font = "11px system-ui, sans-serif";
     anns.forEach(function (a) {
