@@ -296,3 +296,9 @@ def test_a_json_snapshot_too_large_to_read_whole_says_to_save_the_pickle(tmp_pat
     assert result.exit_code == 2
     assert "a memory snapshot written as JSON, of more than 1000 B" in result.output
     assert "torch.cuda.memory._dump_snapshot" in result.output
+
+
+def test_a_setting_that_reserves_more_reads_as_more_not_a_negative_saving():
+    result = _run("tune", "tests/data/cuda_snapshots/lstm.pickle.gz")
+    assert result.exit_code == 0, result.output
+    assert "2.00 MiB more" in result.output and "-2.00 MiB" not in result.output

@@ -130,7 +130,8 @@ def _echo_table(result) -> None:
         click.echo(f"{'settings':<52} {'peak reserved':>13} {'saving vs recorded':>19}")
         for c in rows:
             peak = c.decisive.peak_reserved_bytes
-            saving = "-" if c.as_recorded else format_size(recorded - peak)
+            saving = ("-" if c.as_recorded else format_size(recorded - peak)
+                      if peak <= recorded else f"{format_size(peak - recorded)} more")
             click.echo(f"{label(c):<52} {format_size(peak):>13} {saving:>19}")
         return
     click.echo(f"{'settings':<52} {'peak reserved':>13} {'headroom':>10}  verdict")
