@@ -167,3 +167,17 @@ def test_blocks_in_a_cycle_through_the_c_free_list_are_collected():
     del segment, block
     gc.collect()
     assert blocks() == before
+
+
+def test_a_size_past_64_bits_fits_nothing_and_a_negative_one_is_refused():
+    """A hostile trace's size (past 2**64 once rounded) finds no block, as the Python statement
+    says, instead of an OverflowError reaching the replay."""
+    import pytest
+
+    from npumem.alloc.block import FreeList
+
+    free = FreeList()
+    assert free.take(1 << 70, 512) is None and free.fit(1 << 70) is None
+    assert free.at_least(1 << 70) == []
+    with pytest.raises(OverflowError):
+        free.take(-1, 512)

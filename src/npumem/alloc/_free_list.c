@@ -224,9 +224,27 @@ static Py_ssize_t fit_slot(FreeList *f, uint64_t size, PyObject *below, int firs
     return i;
 }
 
-static int fit_args(PyObject *size_arg, PyObject *first_arg, uint64_t *size, int *first_fit) {
+/* A size past 64 bits (a hostile trace's) is one no block has: read as the largest, so that
+ * nothing fits, as in the Python statement, rather than raising OverflowError. */
+static int size_arg_u64(PyObject *size_arg, uint64_t *size) {
     *size = PyLong_AsUnsignedLongLong(size_arg);
-    if (*size == (uint64_t)-1 && PyErr_Occurred()) return -1;
+    if (*size == (uint64_t)-1 && PyErr_Occurred()) {
+        int overflow = 0;
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError) || !PyLong_Check(size_arg))
+            return -1;
+        PyErr_Clear();
+        PyLong_AsLongLongAndOverflow(size_arg, &overflow);    /* its sign, without raising */
+        if (overflow <= 0) {
+            PyErr_SetString(PyExc_OverflowError, "a negative size");
+            return -1;
+        }
+        *size = UINT64_MAX;
+    }
+    return 0;
+}
+
+static int fit_args(PyObject *size_arg, PyObject *first_arg, uint64_t *size, int *first_fit) {
+    if (size_arg_u64(size_arg, size) < 0) return -1;
     *first_fit = PyObject_IsTrue(first_arg);
     return *first_fit < 0 ? -1 : 0;
 }
@@ -422,8 +440,8 @@ static PyObject *slice(FreeList *f, Py_ssize_t from, int reversed) {
 }
 
 static PyObject *FreeList_at_least(FreeList *f, PyObject *size_arg) {
-    uint64_t size = PyLong_AsUnsignedLongLong(size_arg);
-    if (size == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    uint64_t size;
+    if (size_arg_u64(size_arg, &size) < 0) return NULL;
     return slice(f, lower_bound(f, size, 0), 0);
 }
 
