@@ -22,6 +22,8 @@ from ..device.sim import SimBackend, SimConfig
 from ..errors import MemoryAllocationError
 from ..units import GiB, format_size
 from ..events import TraceEvent
+from ..trace.file_checks import TraceFormatError
+from ..trace.snapshot.columns import DEVICE_BYTES_LIMIT
 
 ALLOCATORS = ("pool", "torch", "torch_npu", "device")
 
@@ -144,6 +146,11 @@ def replay(events: Iterable[TraceEvent], allocator: str = "pool",
                 pointer, size = live.pop(event.addr)
                 resource.deallocate(pointer)
                 allocated -= size
+            if event.size > DEVICE_BYTES_LIMIT:     # as the torch replays refuse it (issue 64)
+                raise TraceFormatError(trace_name or "trace", f"event {count - 1}",
+                                       f"an allocation of {event.size} bytes succeeded: more "
+                                       "than any device holds (2**48 bytes), so the recording "
+                                       "is damaged")
             start = clock()
             try:
                 pointer = resource.allocate(event.size, event.stream)
