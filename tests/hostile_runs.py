@@ -22,6 +22,8 @@ from typing import Callable
 VERBS = {
     "report": ["report", "FILE"],
     "replay": ["replay", "FILE", "--scheduler", "serial"],
+    "replay --allocator pool": ["replay", "FILE", "--allocator", "pool", "--scheduler",
+                                "serial"],
     "replay --check": ["replay", "--check", "FILE", "--scheduler", "serial"],
     "convert": ["convert", "FILE", "OUT.jsonl"],
     "diff": ["diff", "FILE", "FILE"],

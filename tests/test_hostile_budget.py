@@ -141,3 +141,14 @@ def test_segments_past_int64_together_are_refused_not_an_overflow(tmp_path):
     for verb in ("report", "replay", "tune"):
         ended = _ends_cleanly(verb, str(path))
         assert ended.status == 2 and "more than any device holds (2**48)" in ended.stderr
+
+
+def test_a_pool_replay_of_an_allocation_past_int64_is_refused(tmp_path):
+    """A recorded 2**64 - 1 byte allocation reached the pool's C free list (OverflowError)."""
+    path = tmp_path / "huge.jsonl"
+    path.write_text('{"t_us": 0, "action": "alloc", "addr": 0, "size": 512, "stream": 0}\n'
+                    '{"t_us": 1, "action": "alloc", "addr": 4096, "size": 18446744073709551615,'
+                    ' "stream": 0}\n')
+    for verb in ("replay --allocator pool", "replay", "tune"):
+        ended = _ends_cleanly(verb, str(path))
+        assert ended.status == 2 and "more than any device holds" in ended.stderr, str(ended)
