@@ -412,7 +412,10 @@ class CachingAllocator(MemoryResource):
             report = [_snapshot(block) for block in live]    # freeing merges them: sizes change
             self._closing = True       # to profilers these stay live: their owner never freed them
             for block in live:
-                self.deallocate(block.start)
+                # a finalizer the garbage collector runs meanwhile (a tensor's) may have freed
+                # it already, and its Block may since stand for another piece
+                if self._allocated.get(block.start) is block:
+                    self.deallocate(block.start)
             self._closing = False
             self._free_completed_pending(wait=True)
             if self._predictor is not None:
