@@ -41,6 +41,7 @@ def view(paths, port, host, no_browser, device):
         server = ViewServer((host, port), None, token)
     except OSError as exc:
         _fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
+    serving = False
     try:
         try:
             sources = open_sources(list(paths), device=device)
@@ -56,8 +57,12 @@ def view(paths, port, host, no_browser, device):
         sys.stdout.flush()
         if not no_browser:
             _open_browser(address)
+        serving = True
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
+        if not serving:                  # the viewer never came up: not a normal end
+            click.echo(f"stopped while reading {' and '.join(paths)}", err=True)
+            sys.exit(130)
         click.echo("stopped")
     finally:
         server.server_close()
