@@ -17,7 +17,7 @@ GROUPS = (
      "needing PyTorch, which is not installed",
      f"{CPU_TORCH} && python -m pytest   (the CPU wheel: no CUDA packages)"),
     (("../shared",),
-     "reading the project's own recordings in ../shared, a folder beside the repository that "
+     "reading real users' recordings in ../shared, a folder beside the repository that "
      "a clone does not have",
      "nothing to install: tests/data holds the recordings a clone is tested with"),
     (("a gpu is recorded instead", "this machine has a gpu"),

@@ -210,7 +210,7 @@ def test_the_run_ends_naming_each_group_skipped_and_the_command_that_runs_it():
                + [skipped("no CUDA device"), skipped("fits")])
     lines = summary_lines(reports)
     assert lines[0].startswith("3 skipped, needing PyTorch, which is not installed: " + CPU_TORCH)
-    assert lines[1].startswith("2 skipped, reading the project's own recordings in ../shared")
+    assert lines[1].startswith("2 skipped, reading real users' recordings in ../shared")
     assert any(line.startswith("1 skipped, needing a CUDA GPU") for line in lines)
     assert "1 skipped: fits" in lines
     assert summary_lines([]) == []
