@@ -165,3 +165,12 @@ def test_a_tensor_that_follows_the_batch_size_is_no_leak(sizes):
 def test_a_leak_under_a_varying_batch_is_still_found():
     leak, = analyze_leaks(batches([8, 31, 4, 16, 9, 2, 27, 12, 5, 20, 7, 24], leak=4096)).leaks
     assert leak.where == "train.py:20 in step" and leak.per_step == 4096
+
+
+def test_steps_looked_for_in_part_of_a_long_run_say_so(monkeypatch):
+    import npumem.profile.step_inference as inference
+
+    monkeypatch.setattr(inference, "MAX_ALLOCATIONS", 30)
+    steps = find_steps(loop(20), 0)                 # 60 allocations, half of them looked at
+    assert steps.source == "inferred"
+    assert "looked for in the first 30 of 60 allocations only" in steps.reason

@@ -38,7 +38,12 @@ MAX_ALLOCATIONS = 400_000
 
 def infer_steps(a) -> Steps:
     """The repeating step of the trace `a` (Arrays), or Steps with the reason there is none."""
-    allocs = np.flatnonzero(a.action == ALLOC)[:MAX_ALLOCATIONS]
+    allocs = np.flatnonzero(a.action == ALLOC)
+    # a bound on the work: past it, steps (and so leaks) are judged on the run's beginning only,
+    # and every reason below says so
+    cut = (f"; looked for in the first {MAX_ALLOCATIONS:,} of {len(allocs):,} allocations only"
+           if len(allocs) > MAX_ALLOCATIONS else "")
+    allocs = allocs[:MAX_ALLOCATIONS]
     n = len(allocs)
     if n < MIN_COPIES * MIN_PERIOD:
         return Steps(reason=f"{NO_STEPS} (only {n} allocation{'' if n == 1 else 's'}, too few "
@@ -71,7 +76,7 @@ def infer_steps(a) -> Steps:
             continue
         return Steps(allocs[at].tolist(), INFERRED, "a repeating sequence of allocations",
                      f"the same {period} allocations (sizes and lines) repeat {len(at)} times "
-                     f"and memory returns to a level between them", period)
+                     f"and memory returns to a level between them{cut}", period)
     if not tried:
         why = (f"{NO_STEPS} (no sequence of {MIN_PERIOD} allocations or more repeats "
                f"{MIN_COPIES} times or more: a loop whose step makes fewer, one tensor an "
@@ -79,7 +84,7 @@ def infer_steps(a) -> Steps:
     elif why == NO_STEPS:
         why = (f"{NO_STEPS} (what repeats covers {best / n:.0%} of the allocations, "
                f"less than {COVERAGE:.0%})")
-    return Steps(reason=why)
+    return Steps(reason=why + cut)
 
 
 def _tokens(a, allocs: np.ndarray) -> np.ndarray:
