@@ -88,7 +88,7 @@ def _tune_torch(trace, allocator, memory, as_json, steps, workers, pad=None) -> 
     if leaks.leaks:
         died = result.died_at is not None
         click.echo(leaks.headline() + ("; no setting fits a leak" if died else
-                                       "; it will run out of any memory given time"))
+                                       "; if it keeps growing, no memory is enough in the end"))
     for line in oom_lines(recording, result.recorded.result):
         click.echo(line)
     for note in recording.read_notes:                  # how the trace was read
