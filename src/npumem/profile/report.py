@@ -162,12 +162,8 @@ def _snapshot_leaks(snapshot: dict, analysis: LeakAnalysis
                     ) -> tuple[list[SiteUsage], str, list[StepLeak]]:
     """A recording's leaks are what grows step over step (`leak_analysis`); what is merely live
     at the end (weights, optimizer state, caches) is not. Without steps to judge on, the list is
-    what is live at the end, and says that it is no more than that. (`analysis` may also be
-    {device: starts} as callers once passed: the analysis is then made here; new callers
-    should call `leak_analysis.analyze_leaks`.)"""
+    what is live at the end, and says that it is no more than that."""
     traces = snapshot.get("device_traces") or []
-    if not isinstance(analysis, LeakAnalysis):
-        analysis = analyze_leaks(snapshot, list(analysis))
     if analysis.any_judged:
         growing = analysis.leaks
         rows = [SiteUsage(leak.where, leak.count, leak.live, leak.stack) for leak in growing]
