@@ -466,6 +466,13 @@ def test_pinned_host_memory_as_read(tmp_path):
     assert [s["allocated"] for s in host["segments"]] == [1 << 20, 1 << 20]
     assert host["timeline"]["allocated"] == [1 << 20, 2 << 20, 3 << 20, 2 << 20]
     assert host["timeline"]["t"] == [0.0, 1000.0, 2000.0, 5000.0]
+    # a damaged time (NaN, inf) is placed by its entry number: the answer stays valid JSON
+    data["host_traces"][1]["time_us"] = float("nan")
+    data["host_traces"][2]["time_us"] = float("inf")
+    save(data, str(path))
+    times = App(open_sources([str(path)])).host({}, None)["timeline"]["t"]
+    assert times == [0.0, 1, 2, 5000.0]
+    json.dumps(times, allow_nan=False)
 
 
 def test_a_growing_site_is_the_reports_leak():

@@ -10,6 +10,8 @@ as 0, and a list of lists (one per device, as `device_traces`) is accepted too.
 
 from __future__ import annotations
 
+import math
+
 from .source import Source
 
 POINTS = 2000             # points of the host timeline, at most
@@ -70,7 +72,9 @@ def _timeline(source: Source, entries: list[dict]) -> dict:
         else:
             continue
         when = entry.get("time_us")
-        t.append(float(when) + source.offset if isinstance(when, (int, float)) else number)
+        timed = (isinstance(when, (int, float)) and not isinstance(when, bool)
+                 and math.isfinite(when))     # NaN or inf (a damaged file) cannot be drawn
+        t.append(float(when) + source.offset if timed else number)
         level.append(total)
     if len(t) > POINTS:
         step = -(-len(t) // POINTS)
