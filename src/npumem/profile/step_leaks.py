@@ -29,7 +29,7 @@ from ..trace.snapshot.columns import ALLOC, arrays, index_type, sizes, take
 from ..units import format_size
 from .analysis import callers, live_blocks
 from .leak_site import LeakSite, frame_text, leak_site
-from .live_totals import live_changes
+from .live_totals import live_before, live_changes
 from .step_inference import find_steps
 from .steps import Steps
 from .trend import MIN_POINTS, Trend, trend
@@ -252,8 +252,6 @@ def growth_per_step(snapshot: dict, device: int = 0,
     """Live bytes at each step boundary and at the end, less the first boundary's."""
     entries = (snapshot.get("device_traces") or [[]])[device]
     starts = step_starts(snapshot, device) if starts is None else starts
-    moves, _, change = live_changes(arrays(entries))
-    total = np.r_[np.zeros(1, dtype=change.dtype), np.cumsum(change)]
-    points = total[np.r_[np.searchsorted(moves, np.asarray(starts, dtype=np.int64)),
-                         len(moves)]].tolist()
+    a = arrays(entries)
+    points = live_before(a, [*starts, len(a)]).tolist()      # (the end: past every entry)
     return [p - points[0] for p in points]
