@@ -17,7 +17,6 @@ from .errors import RequestError
 from .source import Source
 
 POINTS = 8000             # points of the replayed curve, at most (each kept point a local peak)
-CHUNK = 1 << 16           # entries played between progress reports
 
 
 def check_setting(source: Source, text: str):
@@ -57,50 +56,22 @@ def run_whatif(source: Source, config, text: str, job) -> dict:
 
 def replay_curve(source: Source, config, progress=None):
     """(entry positions, reserved bytes after each, the model's OOM record or None, reserved
-    at the start) of the recording replayed under `config`."""
-    from ..whatif import replay_cores
-    from ..whatif import torch_replay as tr
+    at the start) of the recording replayed under `config` (replay_recording's replay, with
+    the limit it infers from the recording)."""
+    from ..whatif.torch_replay import replay_recording
 
     recording = source.recording
-    start = recording.start_state(config)
-    capacity = allowed = None
-    bounds = tr.capacity_bounds(recording, start.reserved)
-    if bounds is not None:                     # as replay_recording: the limit it ran out at
-        if bounds.device_full:
-            capacity = bounds.low
-        else:
-            allowed = bounds.low
-            capacity = tr.device_total(recording)
-    core = tr._core(recording, config, start, capacity, allowed, None)
-    a = source.a
-    kinds = replay_cores.kinds(recording.free_action)
-    events: list[tuple[int, object]] = []
-    recorded: list = []
-    index, length, oom, compared, notes = 0, len(a), None, 0, []
-    while index < length:
-        if progress is not None:
-            progress(index / length)
-        at, why = core.run(kinds, a.action, a.addr, a.size, a.stream, index,
-                           min(length, index + CHUNK), True)
-        if why == replay_cores.DONE:
-            index = at
-        elif why == replay_cores.OUT_OF_MEMORY:
-            oom = tr._oom_record(at, core.oom_error())
-            events += [(at, e) for e in core.new_events()]
-            break
-        elif why == replay_cores.EVENTS:           # an alloc that made segment events
-            events += [(at - 1, e) for e in core.new_events()]
-            index = at
-        else:                                       # segment entries, a recorded OOM
-            index, oom, _, compared, stopped = tr._irregular(
-                recording, core, a, kinds, at, False, recorded, events, compared, oom, notes)
-            if stopped is not None:
-                break
+    length = max(1, len(source.a))
+    events: list = []
+    result = replay_recording(recording, config, events=events,
+                              progress=None if progress is None else
+                              lambda index: progress(index / length))
+    start_reserved = recording.start_state(config).reserved
     sign = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
     moves = [(at, sign.get(e.action, 0) * e.size) for at, e in events if e.action in sign]
     positions = np.array([at for at, _ in moves], dtype=np.int64)
-    reserved = start.reserved + np.cumsum(np.array([n for _, n in moves], dtype=np.int64))
-    return positions, reserved, oom, start.reserved
+    reserved = start_reserved + np.cumsum(np.array([n for _, n in moves], dtype=np.int64))
+    return positions, reserved, result.oom, start_reserved
 
 
 def _curve(source: Source, positions, reserved, start_reserved: int):

@@ -257,14 +257,15 @@ CHUNK = 1 << 18                      # entries played between progress reports
 def replay_recording(recording: Recording, config: TorchAllocatorConfig | None = None,
                      capacity: int | None = None, check: bool = False,
                      progress=None, allowed: int | None = None,
-                     native: bool | None = None) -> TorchReplay:
+                     native: bool | None = None, events: list | None = None) -> TorchReplay:
     """Run the recording through the model. `capacity` None: inferred where the recording hit
     a limit (the device's, or a memory fraction's: then as `allowed`), else unlimited;
     UNLIMITED: no limit whatever the recording shows. `allowed`: a memory fraction's limit in
     bytes (c10's allowed_memory_maximum), on the device the recording ran on (`capacity`
     None) or on `capacity`. `check` stops at the first divergence from the recorded segment
     events. `native` None: the native model where it covers the recording and the settings
-    (replay_cores), False: the Python model."""
+    (replay_cores), False: the Python model. `events`: a list that receives the model's
+    segment events as (entry position, event), for a curve of what it reserves."""
     config = config or TorchAllocatorConfig(recording.flavour)
     started = time.perf_counter()
     start = recording.start_state(config)
@@ -303,25 +304,29 @@ def replay_recording(recording: Recording, config: TorchAllocatorConfig | None =
             progress(index)
             said = index
         at, why = core.run(kinds, a.action, a.addr, a.size, a.stream, index,
-                           min(length, index + CHUNK), check)
+                           min(length, index + CHUNK), check or events is not None)
         if why == replay_cores.DONE:
             index = at
         elif why == replay_cores.OUT_OF_MEMORY:
             oom = _oom_record(at, core.oom_error())
             model_events += [(at, e) for e in core.new_events()]
             stopped = at
-        elif why == replay_cores.EVENTS:       # (check only) an alloc that made segments
+        elif why == replay_cores.EVENTS:       # (check or events) an alloc that made segments
             model_events += [(at - 1, e) for e in core.new_events()]
-            divergence, compared = _compare(recording, recorded, model_events, at - 1, compared)
             index = at
-            if divergence is not None:
-                stopped = at - 1
+            if check:
+                divergence, compared = _compare(recording, recorded, model_events, at - 1,
+                                                compared)
+                if divergence is not None:
+                    stopped = at - 1
         else:
             index, oom, divergence, compared, stopped = _irregular(
                 recording, core, a, kinds, at, check, recorded, model_events, compared, oom, notes)
     if check and divergence is None and oom is None:
         divergence, compared = _compare(recording, recorded, model_events, len(recording.entries),
                                         compared)
+    if events is not None:
+        events += model_events
     counts = core.counts()                    # (a replay that stopped: of what it played)
     recorded_peak, recorded_allocs, recorded_frees = _recorded_totals(recording, start.reserved)
     if not recording.segments and not recording.recorded_segment_events():
