@@ -17,6 +17,12 @@ The step begins where the copies hold least (their usual low point), so that a b
 between two steps and not inside one. The candidate periods are the distances between
 repeats of the same request; each is scored on the whole recording at once (numpy), and the
 one covering most of it, the shortest among equals, is taken.
+
+Why not `alloc.step_learner.StepLearner`, which the predictive pool uses: it learns online, from
+one stream's requests as they come, and a layer that repeats confirms it as a period (it plans
+an arena, where a wrong period costs a fallback to the pool). Judging leaks needs the opposite
+stance, on the whole recording at once: no step unless memory also returns to a level, so that
+one forward pass through identical layers is no step.
 """
 
 from __future__ import annotations
