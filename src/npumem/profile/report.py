@@ -158,6 +158,13 @@ def build_report(snapshot: dict, title: str, leaks: LeakReport | None = None,
     return report
 
 
+# The leak list's headings, by what the recording allowed to be judged
+GROWING = "Leaks: growing step over step"
+LIVE_AT_DUMP = "Live at the dump (the snapshot has no trace to tell when)"
+LIVE_AT_END = ("Allocated during the trace and still live at its end (not leaks: without steps, "
+               "growth cannot be told from memory made once)")
+
+
 def _snapshot_leaks(snapshot: dict, analysis: LeakAnalysis
                     ) -> tuple[list[SiteUsage], str, list[StepLeak]]:
     """A recording's leaks are what grows step over step (`leak_analysis`); what is merely live
@@ -167,18 +174,17 @@ def _snapshot_leaks(snapshot: dict, analysis: LeakAnalysis
     if analysis.any_judged:
         growing = analysis.leaks
         rows = [SiteUsage(leak.where, leak.count, leak.live, leak.stack) for leak in growing]
-        return rows, "Leaks: growing step over step", growing
+        return rows, GROWING, growing
     if not any(traces):              # no history: what the dump holds, where it was made
         rows = group_by_site([{"size": block.get("size", 0), "frames": block.get("frames"),
                                "requested_size": block.get("requested_size")}
                               for segment in snapshot.get("segments") or []
                               for block in segment.get("blocks") or []
                               if block.get("state") == "active_allocated"])
-        return rows, "Live at the dump (the snapshot has no trace to tell when)", []
+        return rows, LIVE_AT_DUMP, []
     rows = group_by_site([entry for trace in traces
                           for entry in live_after([], trace, len(trace) - 1)])
-    return rows, ("Allocated during the trace and still live at its end (not leaks: without "
-                  "steps, growth cannot be told from memory made once)"), []
+    return rows, LIVE_AT_END, []
 
 
 def _has_segment_events(trace) -> bool:
@@ -225,11 +231,10 @@ def format_report(report: Report, limit: int = 10) -> str:
         lines += _sites("all allocations, by site", device.by_site, limit)
     lines.append("")
     analysis = report.leak_analysis
-    if analysis is not None and analysis.steps and report.leak_heading.startswith(
-            ("Leaks: growing", "Allocated during")):
+    if analysis is not None and analysis.steps and report.leak_heading in (GROWING, LIVE_AT_END):
         lines.append("Leaks (growth at step boundaries):")
         lines += [f"  {line}" for line in analysis.lines(limit)]
-        if report.leak_heading.startswith("Leaks: growing"):
+        if report.leak_heading == GROWING:
             return _rest(report, lines, limit)
         lines.append("")
     lines.append(f"{report.leak_heading}:")
