@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..trace.snapshot.columns import ACTION_CODE
-from .series import OTHER
+from .series import OTHER, category_kinds
 from .source import Source
 
 CHILDREN = 12            # a flame node's children shown; the rest are summed into "other"
@@ -49,11 +49,7 @@ def _by_category(source: Source, live, sizes, asked, start_bytes: int) -> list[d
     a = source.a
     known = source.extras.get("category_kinds")
     if known is None:          # each distinct extra's category, once per source
-        names = [(extra.get("category") if isinstance(extra, dict) else None) or OTHER
-                 for extra in a.extras]
-        index = {name: k for k, name in enumerate(dict.fromkeys(names))}
-        known = source.extras["category_kinds"] = (
-            index, np.array([index[name] for name in names], dtype=np.int64))
+        known = source.extras["category_kinds"] = category_kinds(a)
     index, kinds = known
     of = kinds[a.extra[live]]
     totals = np.bincount(of, weights=sizes, minlength=len(index)) if len(live) else \

@@ -37,6 +37,16 @@ class Lifetimes:
     start_ends: dict[int, int]
 
 
+def category_kinds(a) -> tuple[dict[str, int], np.ndarray]:
+    """Each category (the tensor recorder's; OTHER where an entry has none) numbered in order
+    of first appearance, and each extra's number."""
+    order: dict[str, int] = {}
+    kinds = np.array([order.setdefault((extra.get("category") if isinstance(extra, dict)
+                                        else None) or OTHER, len(order)) for extra in a.extras],
+                     dtype=np.int64)
+    return order, kinds
+
+
 def lifetimes(a, free_code: int, start_addrs, allocs: np.ndarray,
               rank: np.ndarray) -> Lifetimes:
     """Each alloc's end: the next entry at its address when that is a `free_code` entry (an
@@ -138,13 +148,9 @@ class Series:
     def _categories(self, a, size) -> list[CategorySeries]:
         """Live bytes by category (the tensor recorder's), moving at each alloc and at the end
         of each allocated block; [] where no entry has a category."""
-        names = [extra.get("category") if isinstance(extra, dict) else None
-                 for extra in a.extras]
-        if not any(names):
+        if not any(isinstance(extra, dict) and extra.get("category") for extra in a.extras):
             return []
-        order: dict[str, int] = {}
-        kind_of_extra = np.array([order.setdefault(name or OTHER, len(order)) for name in names],
-                                 dtype=np.int32)
+        order, kind_of_extra = category_kinds(a)
         life = self.allocated_life
         kind = kind_of_extra[a.extra[life.allocs]] if len(life.allocs) else \
             np.zeros(0, np.int32)
